@@ -1,0 +1,166 @@
+"""Public functions: validation, dispatch, autograd and the ``torch.library`` ops.
+
+Layering: ``attention`` (validate) → ``flashrung::attention_fwd`` custom op (dispatch → kernel)
+with a fake implementation for ``torch.compile`` → autograd through ``flashrung::attention_bwd``.
+What the benchmark measures is this path, the one users call.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashrung import dispatch
+
+MAX_HEAD_DIM = 256
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _validate(q, k, v, causal, softmax_scale, impl) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            layout = "(batch, seqlen_q, heads_q, head_dim)" if name == "q" else "(batch, seqlen_k, heads_kv, head_dim)"
+            raise ValueError(f"{name} must have 4 dimensions {layout}, got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be >= 1")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride(-1) == 1), "
+                             f"got strides {t.stride()}; call {name}.contiguous() first")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree in (batch, seqlen_k, heads_kv): k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]})")
+    if v.shape[3] != q.shape[3]:
+        raise ValueError(f"v's head_dim ({v.shape[3]}) must equal q's ({q.shape[3]}); "
+                         "a separate value head dim is not supported yet")
+    head_dim = q.shape[3]
+    if head_dim > MAX_HEAD_DIM or head_dim % 8:
+        raise ValueError(f"head_dim {head_dim} is not supported: expected a multiple of 8 up to {MAX_HEAD_DIM}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]}) for GQA/MQA")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if impl is not None and not isinstance(impl, str):
+        raise TypeError(f"impl must be a kernel name (str) or None, got {type(impl).__name__}")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None):
+    problem = dispatch.Problem.of(q, k, v, causal)
+    module, _ = dispatch.select(problem, "fwd", impl)
+    return module.forward(q, k, v, causal, softmax_scale)
+
+
+@torch.library.custom_op("flashrung::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   softmax_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _run_forward(q, k, v, causal, softmax_scale, impl or None)
+    return out, lse
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, causal, softmax_scale, impl):
+    B, Sq, Hq, _ = q.shape
+    return (q.new_empty((B, Sq, Hq, v.shape[3])),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashrung::attention_bwd", mutates_args=())
+def _attention_bwd(dout: torch.Tensor, dlse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                   softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = dispatch.Problem.of(q, k, v, causal)
+    module, _ = dispatch.select(problem, "bwd")
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    return module.backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse=dlse)
+
+
+@_attention_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, causal, softmax_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.softmax_scale = softmax_scale
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dlse is None:
+        dlse = torch.zeros_like(lse)
+    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, ctx.causal, ctx.softmax_scale)
+    return dq, dk, dv, None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              softmax_scale: float | None = None, return_lse: bool = False,
+              impl: str | None = None):
+    """Exact scaled-dot-product attention.
+
+    Args:
+        q: ``(batch, seqlen_q, heads_q, head_dim)``, float16 / bfloat16 (float32 where a kernel
+           supports it).
+        k, v: ``(batch, seqlen_k, heads_kv, head_dim)``; ``heads_q % heads_kv == 0`` (GQA/MQA).
+        causal: mask future keys. With ``seqlen_q != seqlen_k`` the mask is aligned to the
+           bottom-right corner, as flash-attn >= 2.1 does: query ``i`` sees key ``j`` iff
+           ``j <= i + seqlen_k - seqlen_q``. A query that sees no key returns 0 (lse = -inf).
+        softmax_scale: defaults to ``1 / sqrt(head_dim)``.
+        return_lse: also return the log-sum-exp ``(batch, heads_q, seqlen_q)``, float32,
+           natural log.
+        impl: run this kernel by name (``"portable.fwd"``, ``"hopper.fwd"``, a ladder rung
+           ``"ladder.v3"``) instead of the best available one; raises if it cannot run.
+
+    Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim)`` in q's dtype, or ``(out, lse)``.
+    Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
+    """
+    scale = _validate(q, k, v, causal, softmax_scale, impl)
+    out, lse = _attention_fwd(q, k, v, causal, scale, impl or "")
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                    causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                    alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_func`` signature over :func:`attention`.
+
+    Features flashrung does not have raise instead of being ignored: dropout, sliding windows,
+    softcapping and ALiBi. ``deterministic`` is accepted: every flashrung kernel already is.
+    With ``return_attn_probs`` it returns ``(out, softmax_lse, None)``: the lse as flash-attn
+    does, and no probability matrix.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
+    if tuple(window_size) != (-1, -1):
+        raise ValueError(f"window_size={tuple(window_size)} (local attention) is not supported; use (-1, -1)")
+    if softcap != 0.0:
+        raise ValueError(f"softcap={softcap} is not supported by flashrung (only 0.0)")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes is not supported by flashrung")
+    if return_attn_probs:
+        out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+        return out, lse, None
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)

@@ -1,0 +1,187 @@
+"""``flashrung check`` and ``flashrung gate``: the correctness gate over an envelope.
+
+``check`` gates every automatic kernel, forward and backward, on the device it finds: on a GPU
+the real kernels at realistic sizes, on the CPU the portable kernels under the Triton
+interpreter at small sizes. ``gate --calibrate`` reports the gate's own margins: the worst
+correct kernel's ratio to the bound and the smallest injected defect's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+
+def _prepare_device(requested: str | None) -> str:
+    """Pick the device; on the CPU switch the Triton interpreter on before kernels import."""
+    device = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return device
+
+
+def _progress(it, desc: str, **_):
+    from tqdm import tqdm
+    return tqdm(it, desc=desc, unit="case", file=sys.stderr, disable=not sys.stderr.isatty())
+
+
+@dataclasses.dataclass
+class KernelSummary:
+    kernel: str
+    direction: str
+    cases: int = 0
+    passed: int = 0
+    unsupported: int = 0
+    worst: object = None
+    failures: list = dataclasses.field(default_factory=list)
+
+
+def run_check(device: str, size: str, kernels: list[str] | None = None,
+              directions=("fwd", "bwd"), progress=_progress) -> list[KernelSummary]:
+    from flashrung import dispatch, gate
+    cases = gate.envelope(size)
+    if device == "cpu":
+        cases = [c for c in cases if c.head_dim <= 64] if size == "small" else cases
+    summaries: dict[tuple[str, str], KernelSummary] = {}
+    fwd_backends = [b for b in dispatch.FORWARD_BACKENDS if b.auto]
+    bwd_backends = list(dispatch.BACKWARD_BACKENDS)
+    jobs = []
+    for case in cases:
+        q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
+        problem = dispatch.Problem.of(
+            q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
+            v.expand(case.batch, case.seqlen_k, -1, -1), case.causal)
+        if "fwd" in directions:
+            for b in fwd_backends:
+                jobs.append(("fwd", b, None, case, problem))
+        if "bwd" in directions:
+            # the backward is gated on the forward that really feeds it: the one dispatch picks
+            fwd_module, fwd_dispatch = dispatch.select(problem, "fwd")
+            for b in bwd_backends:
+                jobs.append(("bwd", b, fwd_module, case, problem))
+    if kernels:
+        jobs = [j for j in jobs if any(j[1].name == k or j[1].name.startswith(k) for k in kernels)]
+    for direction, backend, fwd_module, case, problem in progress(jobs, desc=f"gate on {device}"):
+        s = summaries.setdefault((backend.name, direction), KernelSummary(backend.name, direction))
+        module = backend.load()
+        if module.unsupported_reason(problem) is not None:
+            s.unsupported += 1
+            continue
+        if direction == "fwd":
+            result = gate.check_forward_case(module.forward, case, device, kernel=backend.name)
+        else:
+            result = gate.check_backward(fwd_module.forward, module.backward, case, device,
+                                         kernel=backend.name)
+        s.cases += 1
+        s.passed += result.passed
+        if s.worst is None or result.ratio > s.worst.ratio:
+            s.worst = result
+        if not result.passed:
+            s.failures.append(result)
+    return list(summaries.values())
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _device_label(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return "CPU (Triton interpreter)"
+
+
+def check_command(args) -> int:
+    device = _prepare_device(args.device)
+    size = args.size or ("device" if device == "cuda" else "small")
+    summaries = run_check(device, size, args.kernel, tuple(args.direction))
+    rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
+    for s in summaries:
+        rows.append([s.kernel, s.direction, str(s.cases), str(s.passed), str(s.unsupported),
+                     f"{s.worst.ratio:.3f}" if s.worst else "-", s.worst.case.label() if s.worst else "-"])
+    print(f"flashrung check on {_device_label(device)}, envelope '{size}' "
+          f"(pass iff max|kernel-oracle| <= 2*max|lowp-oracle| + 1e-4; ratio < 1 passes)")
+    print(_table(rows))
+    failures = [f for s in summaries for f in s.failures]
+    for f in failures:
+        print(f"  {f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"device": _device_label(device), "size": size, "summaries": [
+                {"kernel": s.kernel, "direction": s.direction, "cases": s.cases, "passed": s.passed,
+                 "unsupported": s.unsupported, "worst": s.worst.to_json() if s.worst else None,
+                 "failures": [f.to_json() for f in s.failures]} for s in summaries]}, fh, indent=1)
+    checked = sum(s.cases for s in summaries)
+    if checked == 0:
+        print("no kernel could run any case on this device", file=sys.stderr)
+        return 1
+    print(f"{'FAIL' if failures else 'PASS'}: {checked - len(failures)}/{checked} gated runs passed")
+    return 1 if failures else 0
+
+
+def gate_command(args) -> int:
+    device = _prepare_device(args.device)
+    from flashrung import gate, gate_mutations
+    size = args.size or ("device" if device == "cuda" else "small")
+    cases = gate.envelope(size)
+    if device == "cpu" and size == "small":
+        cases = [c for c in cases if c.head_dim <= 64]
+    if not args.calibrate:
+        print("flashrung gate: use --calibrate to sweep the envelope and the mutation battery; "
+              "`flashrung check` gates the kernels", file=sys.stderr)
+        return 2
+    cal = gate_mutations.calibrate(cases, device, progress=_progress)
+    data = cal.to_json()
+    data["device"] = _device_label(device)
+    data["rule"] = "max|kernel-oracle| <= 2*max|lowp-oracle| + 1e-4"
+    print(f"gate calibration on {data['device']} over {cal.configurations} configurations")
+    print(f"  worst correct kernel: ratio {data['worst_correct_ratio']:.3f} ({data['worst_correct_case']})")
+    print(f"  smallest defect:      ratio {data['smallest_defect_ratio']:.2f} "
+          f"({data['smallest_defect']}, {data['smallest_defect_case']})")
+    rows = [["mutation", "what it breaks", "smallest ratio"]]
+    for m in gate_mutations.MUTATIONS:
+        rows.append([m.name, m.why, f"{cal.defect_ratios.get(m.name, float('nan')):.2f}"])
+    print(_table(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(data, fh, indent=1)
+    if not cal.ok:
+        for r in cal.correct_failures:
+            print(f"  correct kernel failed: {r}")
+        for n, r in cal.defects_passed:
+            print(f"  defect NOT caught: {n}: {r}")
+        return 1
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="run the correctness gate on every kernel for this device")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--size", choices=("small", "device"), default=None,
+                   help="envelope: 'small' (interpreter-sized) or 'device' (S up to 16384)")
+    p.add_argument("--kernel", action="append", default=None, help="only this kernel (repeatable)")
+    p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
+    p.add_argument("--json", default=None, help="write the results to this file")
+    p.set_defaults(func=lambda a: check_command(_defaults(a)))
+
+    g = sub.add_parser("gate", help="the gate's calibration and mutation battery")
+    g.add_argument("--calibrate", action="store_true", help="sweep the envelope and the mutations")
+    g.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    g.add_argument("--size", choices=("small", "device"), default=None)
+    g.add_argument("--json", default=None)
+    g.set_defaults(func=gate_command)
+
+
+def _defaults(args):
+    if not args.direction:
+        args.direction = ["fwd", "bwd"]
+    return args

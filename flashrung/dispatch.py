@@ -1,0 +1,140 @@
+"""One dispatch table: which kernel runs a problem, and why.
+
+The table is ordered best-first. Each backend says whether it supports a problem and, if not,
+why; the first that does runs, and :func:`last_dispatch` reports it together with every faster
+backend that declined and its reason, so a fallback is never silent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import threading
+import warnings
+from typing import Callable
+
+import torch
+
+from flashrung import _device
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Everything dispatch may look at. Shapes follow flash-attn: q (B, Sq, Hq, D)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    causal: bool
+    device_type: str
+    capability: tuple[int, int] | None
+    interpreter: bool = False
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> "Problem":
+        return cls(
+            batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
+            heads_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
+            causal=bool(causal), device_type=q.device.type, capability=_device.capability(q.device),
+            interpreter=_device.interpreter_enabled(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A kernel family as dispatch sees it. ``module`` provides ``unsupported_reason(problem)``
+    and ``forward(q, k, v, causal, softmax_scale) -> (out, lse)`` (and ``backward`` when
+    ``direction`` includes it)."""
+
+    name: str          # public dotted name, e.g. "hopper.fwd"
+    module: str
+    direction: str     # "fwd" or "bwd"
+    auto: bool = True  # False: runs only when asked for by name (ladder rungs, variants)
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+# Best first. A backend missing here cannot run, however good it is.
+FORWARD_BACKENDS = (
+    Backend("hopper.fwd", "flashrung.kernels.hopper.fwd", "fwd"),
+    Backend("portable.fwd", "flashrung.kernels.portable.fwd", "fwd"),
+)
+# Teaching rungs and variants: never picked automatically, callable by name (impl="ladder.v3").
+EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = ()
+BACKWARD_BACKENDS = (
+    Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """What ran, and which better backends declined and why."""
+
+    kernel: str
+    direction: str
+    declined: tuple[tuple[str, str], ...] = ()
+    forced: bool = False
+
+    def __str__(self) -> str:
+        why = "; ".join(f"{name}: {reason}" for name, reason in self.declined)
+        return f"{self.kernel}" + (f" (declined: {why})" if why else "")
+
+
+_local = threading.local()
+
+
+def last_dispatch(direction: str = "fwd") -> Dispatch | None:
+    """The kernel that ran the most recent call on this thread (``"fwd"`` or ``"bwd"``)."""
+    return getattr(_local, direction, None)
+
+
+def _record(d: Dispatch) -> None:
+    setattr(_local, d.direction, d)
+
+
+def _backends(direction: str):
+    return FORWARD_BACKENDS + EXTRA_FORWARD_BACKENDS if direction == "fwd" else BACKWARD_BACKENDS
+
+
+def names(direction: str = "fwd") -> list[str]:
+    return [b.name for b in _backends(direction)]
+
+
+class UnsupportedError(ValueError):
+    pass
+
+
+def select(problem: Problem, direction: str, impl: str | None = None):
+    """Pick a backend for ``problem``. ``impl`` forces one (by full or family name: "hopper")."""
+    impl = impl or os.environ.get(f"FLASHRUNG_{direction.upper()}_IMPL") or None
+    declined = []
+    backends = _backends(direction)
+    if impl is not None:
+        wanted = [b for b in backends if b.name == impl or b.name.split(".")[0] == impl]
+        if not wanted:
+            raise ValueError(f"impl must be one of {[b.name for b in backends]} for {direction}, got {impl!r}")
+        backend = wanted[0]
+        reason = backend.load().unsupported_reason(problem)
+        if reason is not None:
+            raise UnsupportedError(f"{backend.name} cannot run this problem: {reason}")
+        d = Dispatch(backend.name, direction, forced=True)
+        _record(d)
+        return backend.load(), d
+    for backend in (b for b in backends if b.auto):
+        reason = backend.load().unsupported_reason(problem)
+        if reason is None:
+            d = Dispatch(backend.name, direction, tuple(declined))
+            _record(d)
+            if declined and problem.device_type == "cuda" and os.environ.get("FLASHRUNG_WARN_FALLBACK"):
+                warnings.warn(f"flashrung: {direction} ran {d}", stacklevel=3)
+            return backend.load(), d
+        declined.append((backend.name, reason))
+    raise UnsupportedError(
+        f"no flashrung {direction} kernel supports this problem: "
+        + "; ".join(f"{n}: {r}" for n, r in declined))

@@ -1,0 +1,196 @@
+"""Ahead-of-time compile → resource and SASS census, with no GPU.
+
+Every kernel module registers the configurations it ships as :class:`CensusSpec` objects
+(``flashrung.kernels.registry``). The census compiles each for a target architecture with
+Triton's own compiler and its bundled ``cuobjdump``, and reads back what the compiler made:
+registers per thread, shared memory per block, spill (local) bytes and SASS instruction-family
+counts. This is evidence level *SASS* (seed 001, 0x0F): it shows what instructions exist, not
+how long they take.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from typing import Any, Callable, Mapping
+
+ARCHES = {
+    # name → (capability, the shared-memory ceiling per block in bytes, opt-in)
+    "sm_80": (80, 163 * 1024),
+    "sm_90a": (90, 227 * 1024),
+    "sm_120": (120, 99 * 1024),
+}
+
+# SASS families reported by name; everything else is still counted in "total" and in "other".
+SASS_FAMILIES = (
+    "HGMMA", "HMMA", "IMMA", "QGMMA", "LDSM", "STSM", "LDGSTS", "UTMALDG", "UTMASTG", "UBLKCP",
+    "USETMAXREG", "SYNCS", "BAR", "WARPGROUP", "MUFU.EX2", "MUFU.RCP", "MUFU.LG2", "MUFU",
+    "FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "F2FP", "LDG", "STG", "LDS", "STS",
+    "LDL", "STL", "SHFL", "IMAD", "LOP3", "ISETP", "BRA", "EXIT",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CensusSpec:
+    """One compiled configuration of one kernel.
+
+    ``fn`` is the ``@triton.jit`` or ``@gluon.jit`` function; ``signature`` maps every
+    non-constexpr argument to its Triton type string (``"*fp16"``, ``"i32"``, ``"fp32"``,
+    ``"tensordesc<...>"``); ``constexprs`` gives the constexpr arguments.
+    """
+
+    kernel: str                      # dotted public name, e.g. "portable.fwd"
+    config: Mapping[str, Any]        # what a reader needs to tell configurations apart
+    fn: Any
+    signature: Mapping[str, str]
+    constexprs: Mapping[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    gluon: bool = False
+    arches: tuple[str, ...] = tuple(ARCHES)   # architectures the configuration is meant for
+    extra_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class CensusRow:
+    kernel: str
+    arch: str
+    config: dict
+    regs: int | None
+    smem_bytes: int | None
+    spill_bytes: int | None
+    sass: dict
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        if d["error"] is None:
+            del d["error"]
+        return d
+
+
+def _tool(name: str) -> str:
+    import triton
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if os.path.exists(path):
+        return path
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install triton (its wheel carries it) or the CUDA toolkit")
+    return found
+
+
+def _raw_fn(fn):
+    """The plain Python function behind a jit object (interpreted or not)."""
+    return getattr(fn, "fn", fn)
+
+
+def compile_spec(spec: CensusSpec, arch: str):
+    """Compile ``spec`` for ``arch`` without a GPU; returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    capability, _ = ARCHES[arch]
+    target = GPUTarget("cuda", capability, 32)
+    fn = spec.fn
+    if spec.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
+        from triton.runtime.jit import JITFunction
+        if not isinstance(fn, JITFunction):
+            raise RuntimeError(
+                "the census compiles real kernels: run it without TRITON_INTERPRET=1 "
+                "(`flashrung census` re-executes itself without it)")
+    src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    options = dict(num_warps=spec.num_warps, num_stages=spec.num_stages, **spec.extra_options)
+    return triton.compile(src, target=target, options=options)
+
+
+_RES_RE = re.compile(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)")
+
+
+def _res_usage(cubin_path: str) -> tuple[int, int, int, int]:
+    out = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin_path], capture_output=True,
+                         text=True, check=True).stdout
+    m = _RES_RE.search(out)
+    if not m:
+        raise RuntimeError(f"could not read resource usage from cuobjdump:\n{out}")
+    reg, stack, shared, local = map(int, m.groups())
+    return reg, stack, shared, local
+
+
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+
+
+def sass_text(cubin_path: str) -> str:
+    return subprocess.run([_tool("cuobjdump"), "-sass", cubin_path], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def count_sass(sass: str) -> dict:
+    """Instruction-family counts of a SASS listing (static counts, not executed counts)."""
+    opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
+    counts: dict[str, int] = {}
+    claimed: Counter = Counter()
+    for fam in SASS_FAMILIES:
+        n = 0
+        for op, c in opcodes.items():
+            if op == fam or op.startswith(fam + ".") or (fam == "SYNCS" and op.startswith("SYNCS")):
+                n += c
+        counts[fam] = n
+    total = sum(opcodes.values())
+    counts["total"] = total
+    counts["opcodes"] = dict(sorted(opcodes.items()))
+    return counts
+
+
+def census_one(spec: CensusSpec, arch: str) -> CensusRow:
+    try:
+        compiled = compile_spec(spec, arch)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            reg, stack, shared_static, local = _res_usage(path)
+            sass = count_sass(sass_text(path))
+        smem = int(compiled.metadata.shared)
+        return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, local, sass)
+    except Exception as exc:  # a configuration that does not compile is a row, not a crash
+        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        return CensusRow(spec.kernel, arch, dict(spec.config), None, None, None, {},
+                         error=" ".join(msg)[:500])
+
+
+def run_census(arch: str, kernel_filter: str | None = None, progress: bool = False) -> list[CensusRow]:
+    if arch not in ARCHES:
+        raise ValueError(f"arch must be one of {sorted(ARCHES)}, got {arch!r}")
+    from flashrung.kernels.registry import census_specs
+
+    specs = [s for s in census_specs() if arch in s.arches]
+    if kernel_filter:
+        specs = [s for s in specs if s.kernel == kernel_filter or s.kernel.startswith(kernel_filter + ".")
+                 or re.fullmatch(kernel_filter.replace(".", r"\.").replace("*", ".*"), s.kernel)]
+    it = specs
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(specs, desc=f"census {arch}", unit="kernel", file=sys.stderr)
+    return [census_one(s, arch) for s in it]
+
+
+def interpreter_free_env() -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def needs_reexec() -> bool:
+    """Kernels decorated under TRITON_INTERPRET=1 cannot be compiled; re-run in a clean process."""
+    import triton
+    return bool(triton.knobs.runtime.interpret)

@@ -1,0 +1,281 @@
+"""Portable attention backward in plain Triton (FlashAttention-2 algorithm).
+
+What it computes: dq, dk, dv of out = softmax(scale · q kᵀ) v given dout, the forward's out and
+its natural-log LSE, for GQA/MQA and any lengths, causal (bottom-right) or not.
+
+Structure: a preprocess computes delta = rowsum(dout ∘ out); then one program per (KV tile,
+K/V head) accumulates dk and dv over every query head of its GQA group and every query tile
+that sees it — no atomics, so the result is deterministic; then one program per (Q tile, query
+head) accumulates dq. Probabilities are recomputed from the LSE in the log2 domain. As in the
+forward, tiles fully hidden by the causal mask are skipped and only diagonal tiles are masked.
+
+Evidence: gated against the fp64/fp32 oracle's autograd (``flashrung.gate.check_backward``) in
+the CPU tests under the interpreter and on the device.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrung.evidence.census import CensusSpec
+from flashrung.kernels.portable import common
+from flashrung.kernels.portable.common import LOG2E, causal_kv_bounds, round_to, score_mask
+
+unsupported_reason = common.unsupported_reason
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA,
+                    stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
+                    stride_lb, stride_lh, seqlen_q, heads_q,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + b * stride_lb + h * stride_lh + offs_m, tl.sum(o * do, 1), mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dot(a, b, DOT_FP32: tl.constexpr):
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _lse_log2(lse):
+    # A row that saw no key has lse = -inf and contributes nothing: +inf makes its p exactly 0.
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@triton.jit
+def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, offs_mb,
+                 offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k, qk_scale_log2,
+                 HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                 DOT_FP32: tl.constexpr):
+    offs_m = start_m + offs_mb
+    row_ok = offs_m < seqlen_q
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=row_ok[:, None] & d_ok, other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :], mask=row_ok[:, None] & d_ok, other=0.0)
+    # rows past Sq: lse = +inf gives p = 0, so they add nothing
+    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+    scores_t = _dot(k, tl.trans(q), DOT_FP32) * qk_scale_log2          # (BLOCK_N, BLOCK_M)
+    p_t = tl.math.exp2(scores_t - _lse_log2(lse2)[None, :])
+    if MASKED:
+        p_t = tl.where(tl.trans(score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL)), p_t, 0.0)
+    dv += _dot(round_to(p_t, do.dtype), do, DOT_FP32)
+    dp_t = _dot(v, tl.trans(do), DOT_FP32)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += _dot(round_to(ds_t, q.dtype), q, DOT_FP32)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_kv
+    kv_h = pid_bh % heads_kv
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # Query tiles that see this KV tile: causal row i sees key j iff i >= j − (Sk − Sq).
+    # [lo, full_start) straddles the diagonal and is masked; from full_start on every row sees
+    # every key of the tile (the key tail needs no mask here: those dk/dv rows are not stored).
+    if IS_CAUSAL:
+        diag = seqlen_k - seqlen_q
+        lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
+        last_key = start_n + BLOCK_N - 1
+        full_start = tl.minimum(tl.cdiv(tl.maximum(last_key - diag, 0), BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+        full_start = tl.maximum(full_start, lo)
+    else:
+        lo = 0
+        full_start = 0
+    hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+
+    for qh in range(kv_h * group, kv_h * group + group):
+        q_base = Q + b * stride_qb + qh * stride_qh
+        do_base = DO + b * stride_dob + qh * stride_doh
+        lse_base = LSE + b * stride_lb + qh * stride_lh
+        delta_base = DELTA + b * stride_lb + qh * stride_lh
+        for start_m in range(lo, full_start, BLOCK_M):
+            dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
+                                  offs_mb, offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k,
+                                  qk_scale_log2, HEAD_DIM, True, IS_CAUSAL, DOT_FP32)
+        for start_m in range(full_start, hi, BLOCK_M):
+            dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
+                                  offs_mb, offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k,
+                                  qk_scale_log2, HEAD_DIM, False, IS_CAUSAL, DOT_FP32)
+    dk = dk * softmax_scale
+    tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
+             round_to(dk, DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
+             round_to(dv, DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                DOT_FP32: tl.constexpr):
+    offs_n = start_n + offs_nb
+    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    p = tl.math.exp2(_dot(q, tl.trans(k), DOT_FP32) * qk_scale_log2 - lse2[:, None])
+    if MASKED:
+        p = tl.where(score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL), p, 0.0)
+    dp = _dot(do, tl.trans(v), DOT_FP32)
+    ds = p * (dp - delta[:, None])
+    dq += _dot(round_to(ds, k.dtype), k, DOT_FP32)
+    return dq
+
+
+@triton.jit
+def _bwd_dq(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    kv_h = h // group
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+    q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
+    lse2 = _lse_log2(tl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=float("inf")))
+    delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):
+        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                         HEAD_DIM, False, IS_CAUSAL, DOT_FP32)
+    for start_n in range(full_end, hi, BLOCK_N):
+        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                         HEAD_DIM, True, IS_CAUSAL, DOT_FP32)
+    dq = dq * softmax_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
+             round_to(dq, DQ.dtype.element_ty), mask=q_mask)
+
+
+def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
+             dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
+             dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None):
+    """do/out (B, Sq, Hq, D), q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), lse (B, Hq, Sq) → dq, dk, dv.
+
+    ``dlse`` (B, Hq, Sq), the gradient flowing into the LSE output, enters through delta:
+    d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse))."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    if lse.stride(-1) != 1:
+        lse = lse.contiguous()
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
+    cfg = common.backward_config(D, common.capability_of(q))
+    block_d = triton.next_power_of_2(D)
+    scale = common.check_scale(softmax_scale)
+    dot_fp32 = common.dot_in_fp32(q.dtype)
+    _bwd_preprocess[(triton.cdiv(Sq, cfg.block_m), B * Hq)](
+        out, do, delta, out.stride(0), out.stride(1), out.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), Sq, Hq,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, num_warps=4)
+    if dlse is not None:
+        delta.sub_(dlse)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _bwd_dkdv[(triton.cdiv(Sk, cfg.block_n), B * Hkv)](
+        q, k, v, do, lse, delta, dk, dv, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _bwd_dq[(triton.cdiv(Sq, cfg.block_m), B * Hq)](
+        q, k, v, do, lse, delta, dq, *strides,
+        dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
+        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dq, dk, dv
+
+
+def census_specs() -> list[CensusSpec]:
+    specs = []
+    common_ints = ("stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
+                   "stride_vb", "stride_vs", "stride_vh", "stride_dob", "stride_dos", "stride_doh")
+    for arch, cap in (("sm_80", (8, 0)), ("sm_90a", (9, 0)), ("sm_120", (12, 0))):
+        for head_dim in (64, 128, 256):
+            cfg = common.backward_config(head_dim, cap)
+            config = {"head_dim": head_dim, "causal": True, "dtype": "bf16", "block_m": cfg.block_m,
+                      "block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m,
+                          "BLOCK_N": cfg.block_n, "IS_CAUSAL": True, "DOT_FP32": False}
+            ptrs = {n: "*bf16" for n in ("Q", "K", "V", "DO")}
+            sig_dkdv = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                        **{n: "i32" for n in common_ints + ("stride_dkb", "stride_dks", "stride_dkh",
+                                                             "stride_dvb", "stride_dvs", "stride_dvh",
+                                                             "stride_lb", "stride_lh", "seqlen_q",
+                                                             "seqlen_k", "heads_kv", "group")},
+                        "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+            sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
+                      **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
+                                                           "stride_lb", "stride_lh", "seqlen_q",
+                                                           "seqlen_k", "heads_q", "group")},
+                      "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+            specs.append(CensusSpec("portable.bwd_dkdv", config, _bwd_dkdv, sig_dkdv, constexprs,
+                                    cfg.num_warps, cfg.num_stages, arches=(arch,)))
+            specs.append(CensusSpec("portable.bwd_dq", config, _bwd_dq, sig_dq, constexprs,
+                                    cfg.num_warps, cfg.num_stages, arches=(arch,)))
+            specs.append(CensusSpec(
+                "portable.bwd_preprocess", {"head_dim": head_dim, "dtype": "bf16", "block_m": cfg.block_m},
+                _bwd_preprocess,
+                {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
+                 **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
+                                       "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}},
+                {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m}, 4, 1, arches=(arch,)))
+    return specs

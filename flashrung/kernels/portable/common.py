@@ -1,0 +1,142 @@
+"""Pieces the portable forward and backward share: tile configuration, the causal geometry,
+and the launch-side checks. Kept in one place so the mask and the KV-loop bounds are the same
+everywhere they are used."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrung.dispatch import Problem
+
+LOG2E = 1.4426950408889634   # log2(e): folded into the softmax scale so exp becomes exp2
+LN2 = 0.6931471805599453     # ln(2): turns the kernel's log2-domain LSE back to natural log
+
+# Head dims the portable kernels take: the tile width is the next power of two and the
+# unused columns are masked, so any multiple of 8 in range works.
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Kernels are decorated once, at import; whether they are interpreted is fixed then.
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+# The interpreter (3.6) rounds fp32 → bf16 toward zero whatever rounding is asked for, which
+# doubles the error of every bf16 store; round to nearest-even by hand there. On a GPU the
+# plain cast already rounds to nearest-even (cvt.rn).
+EMULATE_BF16_ROUNDING = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """fp32 → ``dtype`` with round-to-nearest-even, on the GPU and in the interpreter alike."""
+    if EMULATE_BF16_ROUNDING and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def causal_kv_bounds(start_m, seqlen_q, seqlen_k,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """KV range of one Q tile: ``[0, full_end)`` needs no mask, ``[full_end, hi)`` does.
+
+    Causal is bottom-right aligned: query i sees key j iff j <= i + (Sk − Sq). Tiles past ``hi``
+    are never visited (block skipping); only the diagonal tiles and the ragged key tail pay for
+    the mask.
+    """
+    whole_tiles_end = (seqlen_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        diag = seqlen_k - seqlen_q
+        hi = tl.minimum(seqlen_k, tl.maximum(start_m + BLOCK_M + diag, 0))
+        # every row of the tile sees keys < start_m + diag + 1
+        first_row_sees = tl.maximum(start_m + diag + 1, 0)
+        full_end = tl.minimum((first_row_sees // BLOCK_N) * BLOCK_N, whole_tiles_end)
+    else:
+        hi = seqlen_k
+        full_end = whole_tiles_end
+    full_end = tl.minimum(full_end, hi)
+    return full_end, hi
+
+
+@triton.jit
+def score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL: tl.constexpr):
+    """True where query ``offs_m`` may attend key ``offs_n`` and the key exists."""
+    valid = offs_n[None, :] < seqlen_k
+    if IS_CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+    return valid
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=None)
+def forward_config(head_dim: int, capability: tuple[int, int] | None) -> TileConfig:
+    """Tiles for the forward. Under the interpreter, small tiles so CPU tests cross several
+    tiles at small lengths; on sm_120 (99 KB of shared memory) one stage fewer at d > 128."""
+    if capability is None:
+        return TileConfig(32, 32, 4, 1)
+    block_d = triton.next_power_of_2(head_dim)
+    if block_d <= 64:
+        return TileConfig(128, 64, 4, 3)
+    if block_d <= 128:
+        return TileConfig(128, 64, 8, 3 if capability[0] != 12 else 2)
+    return TileConfig(64, 64, 4, 2 if capability[0] != 12 else 1)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_config(head_dim: int, capability: tuple[int, int] | None) -> TileConfig:
+    if capability is None:
+        return TileConfig(32, 32, 4, 1)
+    block_d = triton.next_power_of_2(head_dim)
+    if block_d <= 64:
+        return TileConfig(64, 64, 4, 2)
+    if block_d <= 128:
+        return TileConfig(64, 64, 8, 2 if capability[0] != 12 else 1)
+    return TileConfig(32, 64, 4, 1)
+
+
+def unsupported_reason(problem: Problem) -> str | None:
+    """Why the portable kernels cannot run ``problem``, or None."""
+    if problem.device_type == "cpu":
+        if not INTERPRETED:
+            return ("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 "
+                    "before importing flashrung, or move the tensors to a CUDA device")
+    elif problem.device_type != "cuda":
+        return f"device type {problem.device_type!r} is not supported (CUDA or CPU interpreter)"
+    elif problem.capability is not None and problem.capability < (8, 0):
+        return f"compute capability {problem.capability} < 8.0 (Ampere or newer required)"
+    if problem.dtype not in DTYPES:
+        return f"dtype {problem.dtype} is not supported (float16, bfloat16, float32)"
+    if not (MIN_HEAD_DIM <= problem.head_dim <= MAX_HEAD_DIM) or problem.head_dim % 8:
+        return f"head_dim {problem.head_dim} is not a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    if problem.head_dim_v != problem.head_dim:
+        return f"head_dim of v ({problem.head_dim_v}) differs from q/k ({problem.head_dim})"
+    return None
+
+
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """The interpreter multiplies raw bf16 bits in tl.dot: upcast its operands there."""
+    return INTERPRETED or dtype == torch.float32
+
+
+def capability_of(t: torch.Tensor):
+    if t.device.type != "cuda":
+        return None
+    from flashrung import _device
+    return _device.capability(t.device)
+
+
+def check_scale(softmax_scale: float) -> float:
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)

@@ -1,0 +1,201 @@
+"""Portable attention forward in plain Triton (FlashAttention-2 algorithm).
+
+What it computes: out = softmax(scale · q kᵀ [+ causal mask]) v and the natural-log LSE, for
+q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), any lengths, GQA/MQA by head-index mapping.
+
+Levers: online softmax in the log2 domain (log2(e) folded into the scale once on the host, so the
+inner loop is one FMA and one exp2 per score); causal block skipping with the mask applied only on
+the diagonal tiles and the ragged key tail (``causal_kv_bounds``); one program per (Q tile, head).
+
+Evidence: runs on any CUDA GPU sm_80+ and under ``TRITON_INTERPRET=1`` on the CPU; gated by
+``flashrung.gate`` in the CPU tests (interpreter) and on the device (``flashrung check``). It is
+the floor the Hopper kernels must leave behind, not a contender.
+
+``DEFECT`` exists for the gate's mutation battery only (``flashrung.gate_mutations``): each
+non-zero value compiles in one deliberate bug the gate must catch; 0 compiles none of them.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrung.evidence.census import CensusSpec
+from flashrung.kernels.portable import common
+from flashrung.kernels.portable.common import LN2, LOG2E, causal_kv_bounds, round_to, score_mask
+
+unsupported_reason = common.unsupported_reason
+
+# Deliberate defects for the mutation battery (see flashrung/gate_mutations.py).
+NO_DEFECT = 0
+DEFECT_SKIP_RESCALE = 1       # forget to rescale the accumulator when the running max moves
+DEFECT_CAUSAL_OFF_BY_ONE = 2  # causal mask lets each query see one key too many
+DEFECT_UNFOLDED_SCALE = 3     # exp2 applied to scores scaled for exp (log2(e) not folded in)
+DEFECT_PERMUTED_K_TILE = 4    # K rows of a tile read in reverse order, V rows not
+DEFECT_DROP_LAST_KV_TILE = 5  # loop stops one KV tile early
+DEFECT_UNWRITTEN_ROW = 6      # last row of every Q tile never stored
+DEFECT_LSE_LOG2 = 7           # LSE stored in base 2 instead of natural log
+
+
+@triton.jit
+def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                    stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    DOT_FP32: tl.constexpr, DEFECT: tl.constexpr):
+    """One step of the online softmax: fold KV tile ``start_n`` into (acc, row_max, row_sum)."""
+    keys = start_n + offs_n
+    key_rows = keys
+    if DEFECT == 4:
+        key_rows = start_n + (offs_n.shape[0] - 1 - offs_n)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    k = tl.load(k_base + key_rows[:, None] * stride_ks + offs_d[None, :],
+                mask=(key_rows[:, None] < seqlen_k) & d_ok, other=0.0)
+    v = tl.load(v_base + keys[:, None] * stride_vs + offs_d[None, :],
+                mask=(keys[:, None] < seqlen_k) & d_ok, other=0.0)
+    if DOT_FP32:
+        scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    if DEFECT == 3:
+        scores = scores * (qk_scale_log2 / 1.4426950408889634)
+    else:
+        scores = scores * qk_scale_log2
+    if MASKED:
+        if DEFECT == 2:
+            valid = (keys[None, :] < seqlen_k) & (keys[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q) + 1)
+        else:
+            valid = score_mask(offs_m, keys, seqlen_q, seqlen_k, IS_CAUSAL)
+        scores = tl.where(valid, scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    # A row that has seen only masked keys keeps max = -inf; subtracting 0 instead keeps
+    # exp2(-inf - (-inf)) = NaN out of the sums (its output is defined as 0 at the end).
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    p = tl.math.exp2(scores - safe_max[:, None])
+    alpha = tl.math.exp2(row_max - safe_max)
+    if DEFECT == 1:
+        alpha = tl.full(alpha.shape, 1.0, tl.float32)
+    row_sum = row_sum * alpha + tl.sum(p, 1)
+    if DOT_FP32:
+        pv = tl.dot(round_to(p, v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(round_to(p, v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return acc, new_max, row_sum
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    kv_h = h // group                       # GQA: `group` query heads share one K/V head
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    if DEFECT == 5:
+        hi = tl.maximum(hi - BLOCK_N, 0)
+        full_end = tl.minimum(full_end, hi)
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, row_max, row_sum = _kv_tile_update(
+            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+            HEAD_DIM, False, IS_CAUSAL, DOT_FP32, DEFECT)
+    for start_n in range(full_end, hi, BLOCK_N):
+        acc, row_max, row_sum = _kv_tile_update(
+            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+            HEAD_DIM, True, IS_CAUSAL, DOT_FP32, DEFECT)
+
+    # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
+    seen = row_sum > 0.0
+    out = acc / tl.where(seen, row_sum, 1.0)[:, None]
+    lse_log2 = row_max + tl.math.log2(tl.where(seen, row_sum, 1.0))
+    if DEFECT == 7:
+        lse = tl.where(seen, lse_log2, float("-inf"))
+    else:
+        lse = tl.where(seen, lse_log2 * 0.6931471805599453, float("-inf"))
+    store_ok = row_ok
+    if DEFECT == 6:
+        store_ok = row_ok & (offs_m < start_m + BLOCK_M - 1)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+             round_to(out, O.dtype.element_ty), mask=store_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=store_ok)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+            defect: int = NO_DEFECT):
+    """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), inner stride 1 → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    if out is None:
+        out = torch.empty((B, Sq, Hq, v.shape[3]), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    cfg = common.forward_config(D, common.capability_of(q))
+    grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
+    _attn_fwd[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        Sq, Sk, Hq, Hq // Hkv, common.check_scale(softmax_scale) * LOG2E,
+        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_CAUSAL=bool(causal), DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def _signature(dtype: str) -> dict:
+    ptrs = {name: f"*{dtype}" for name in ("Q", "K", "V", "O")}
+    ints = {name: "i32" for name in (
+        "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
+        "stride_vb", "stride_vs", "stride_vh", "stride_ob", "stride_os", "stride_oh",
+        "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "heads_q", "group")}
+    return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32"}
+
+
+def census_specs() -> list[CensusSpec]:
+    specs = []
+    for arch, cap in (("sm_80", (8, 0)), ("sm_90a", (9, 0)), ("sm_120", (12, 0))):
+        for head_dim in (64, 128, 256):
+            for causal in (False, True):
+                cfg = common.forward_config(head_dim, cap)
+                specs.append(CensusSpec(
+                    kernel="portable.fwd",
+                    config={"head_dim": head_dim, "causal": causal, "dtype": "bf16",
+                            "block_m": cfg.block_m, "block_n": cfg.block_n,
+                            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                    fn=_attn_fwd, signature=_signature("bf16"),
+                    constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m,
+                                "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "DOT_FP32": False,
+                                "DEFECT": NO_DEFECT},
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
+    return specs

@@ -1,0 +1,148 @@
+"""The public API: validation names the bad argument, dispatch says what ran, autograd and
+torch.compile work, flash-attn's call shape works."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flashrung
+from flashrung import gate, reference
+from conftest import DEVICE
+
+
+def qkv(B=1, Sq=17, Sk=17, Hq=2, Hkv=2, D=32, dtype=torch.float16, device=DEVICE):
+    return gate.random_inputs(gate.Case(B, Sq, Sk, Hq, Hkv, D, dtype, False), device)
+
+
+@pytest.mark.parametrize("mutate, exc, words", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dimensions"),
+    (lambda q, k, v: (q, k.float(), v), TypeError, "share a dtype"),
+    (lambda q, k, v: (q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)), TypeError, "float16, bfloat16 or float32"),
+    (lambda q, k, v: (q, k, v[:, :, :, :16]), ValueError, "v's head_dim"),
+    (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), ValueError, "head_dim 12"),
+    (lambda q, k, v: (torch.cat([q, q], -1).repeat(1, 1, 1, 5)[..., :320],) * 3, ValueError, "head_dim 320"),
+    (lambda q, k, v: (q.repeat(1, 1, 3, 1)[:, :, :3], k, v), ValueError, "multiple of heads_kv"),
+    (lambda q, k, v: (q.transpose(1, 3).contiguous().transpose(1, 3), k, v), ValueError, "stride(-1) == 1"),
+    (lambda q, k, v: (q[:, :0], k, v), ValueError, "q is empty"),
+    (lambda q, k, v: (q, k[:1, :0], v[:1, :0]), ValueError, "k is empty"),
+    (lambda q, k, v: (q, k[:, :5], v), ValueError, "k and v must agree"),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, "q must be a torch.Tensor"),
+])
+def test_bad_input_is_a_clear_error_naming_the_argument(mutate, exc, words):
+    q, k, v = qkv(device="cpu")
+    with pytest.raises(exc, match=words.replace("(", r"\(").replace(")", r"\)")):
+        flashrung.attention(*mutate(q, k, v))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_softmax_scale_is_rejected(scale):
+    q, k, v = qkv(device="cpu")
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flashrung.attention(q, k, v, softmax_scale=scale)
+
+
+def test_causal_must_be_a_bool():
+    q, k, v = qkv(device="cpu")
+    with pytest.raises(TypeError, match="causal"):
+        flashrung.attention(q, k, v, causal="yes")
+
+
+def test_unknown_impl_lists_the_choices():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="portable.fwd"):
+        flashrung.attention(q, k, v, impl="no-such-kernel")
+
+
+def test_cpu_without_interpreter_says_how_to_fix_it():
+    code = ("import torch, flashrung\n"
+            "q = torch.randn(1, 4, 1, 32, dtype=torch.float16)\n"
+            "try:\n    flashrung.attention(q, q, q)\n"
+            "except ValueError as e:\n    print('ERR', e)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout
+    assert "ERR" in out and "TRITON_INTERPRET=1" in out
+
+
+def test_dispatch_reports_the_kernel_and_who_declined():
+    q, k, v = qkv()
+    flashrung.attention(q, k, v)
+    d = flashrung.last_dispatch()
+    if DEVICE == "cpu":
+        assert d.kernel == "portable.fwd"
+        assert any(name == "hopper.fwd" for name, _ in d.declined)   # the fallback is visible
+    assert d.kernel in str(d)
+
+
+def test_forward_matches_oracle_with_lse_and_gqa_bottom_right_causal():
+    # Sq < Sk with GQA 4:1: the bottom-right causal offset and the head mapping at once
+    q, k, v = gate.random_inputs(gate.Case(2, 19, 41, 4, 1, 32, torch.float16, True), DEVICE)
+    out, lse = flashrung.attention(q, k, v, causal=True, return_lse=True)
+    ref_out, ref_lse = reference.oracle(q, k, v, True)
+    low_out, low_lse = reference.lowp(q, k, v, True)
+    assert gate.check_tensor("out", out, ref_out, low_out).passed
+    assert gate.check_tensor("lse", lse, ref_lse, low_lse).passed
+    assert lse.shape == (2, 4, 19) and lse.dtype == torch.float32
+
+
+def test_non_contiguous_inputs_use_their_strides():
+    # q taken from a (B, H, S, D) tensor: a strided view, inner stride still 1
+    base = torch.randn(1, 3, 23, 32, dtype=torch.float16).to(DEVICE)
+    q = base.transpose(1, 2)
+    k = torch.randn(1, 23, 6, 32, dtype=torch.float16).to(DEVICE)[:, :, ::2]   # every other head
+    v = torch.randn(1, 23, 3, 64, dtype=torch.float16).to(DEVICE)[..., :32]    # a column slice
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    out = flashrung.attention(q, k, v)
+    expect = flashrung.attention(q.contiguous(), k.contiguous(), v.contiguous())
+    assert torch.equal(out, expect)
+
+
+def test_fully_masked_rows_are_zero_with_minus_inf_lse():
+    # causal with Sq > Sk: the first Sq - Sk queries see no key at all
+    q, k, v = gate.random_inputs(gate.Case(1, 9, 4, 1, 1, 32, torch.float16, True), DEVICE)
+    out, lse = flashrung.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[:, :5] == 0) and torch.all(torch.isneginf(lse[..., :5]))
+    assert torch.all(torch.isfinite(out[:, 5:])) and torch.all(torch.isfinite(lse[..., 5:]))
+
+
+def test_autograd_gradients_pass_the_gate_including_lse_gradient():
+    torch.manual_seed(1)
+    q, k, v = gate.random_inputs(gate.Case(1, 21, 33, 4, 2, 32, torch.float32, True), DEVICE)
+    w = torch.randn(1, 4, 21, device=DEVICE)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = flashrung.attention(*leaves, causal=True, return_lse=True)
+    (out.square().sum() + (lse * w).sum()).backward()
+    exact = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    o, l = reference._attention(*exact, True, None, torch.float64)
+    (o.square().sum() + (l * w.double()).sum()).backward()
+    for got, ref in zip(leaves, exact):
+        assert gate.max_abs_diff(got.grad, ref.grad) < 1e-4
+    assert flashrung.last_dispatch("bwd").kernel == "portable.bwd"
+
+
+def test_torch_compile_traces_without_graph_breaks():
+    q, k, v = qkv(D=32)
+
+    def f(q, k, v):
+        return flashrung.attention(q, k, v, causal=True) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+
+
+def test_flash_attn_func_alias_and_unsupported_features():
+    q, k, v = qkv()
+    out = flashrung.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, flashrung.attention(q, k, v, causal=True))
+    out2, lse, probs = flashrung.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert probs is None and lse.shape == (1, 2, 17)
+    for kwargs, word in [({"dropout_p": 0.1}, "dropout_p"), ({"window_size": (8, 0)}, "window_size"),
+                         ({"softcap": 30.0}, "softcap"), ({"alibi_slopes": torch.ones(2)}, "alibi")]:
+        with pytest.raises(ValueError, match=word):
+            flashrung.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    q, k, v = qkv(D=64)
+    assert torch.equal(flashrung.attention(q, k, v), flashrung.attention(q, k, v, softmax_scale=1 / math.sqrt(64)))

@@ -1,0 +1,62 @@
+"""The census compiles real kernels for three architectures with no GPU, and the instructions
+that define each architecture's path show up in the SASS."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashrung.evidence import census
+
+
+def run_census(arch, kernel):
+    env = census.interpreter_free_env()
+    out = subprocess.run([sys.executable, "-m", "flashrung.cli", "census", "--arch", arch,
+                          "--kernel", kernel, "--json"], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def sm90_rows():
+    return run_census("sm_90a", "portable.fwd")
+
+
+def test_census_json_schema(sm90_rows):
+    assert len(sm90_rows) == 6   # d in {64, 128, 256} x causal
+    for row in sm90_rows:
+        assert row["kernel"] == "portable.fwd" and row["arch"] == "sm_90a"
+        assert {"head_dim", "causal"} <= set(row["config"])
+        for key in ("regs", "smem_bytes", "spill_bytes"):
+            assert isinstance(row[key], int)
+        for fam in ("HGMMA", "HMMA", "MUFU.EX2", "LDGSTS", "UTMALDG", "USETMAXREG", "total"):
+            assert isinstance(row["sass"][fam], int)
+
+
+def test_portable_forward_uses_wgmma_on_hopper_without_spills(sm90_rows):
+    for row in sm90_rows:
+        assert row["sass"]["HGMMA"] > 0 and row["sass"]["HMMA"] == 0, row
+        assert row["sass"]["MUFU.EX2"] > 0, row          # exp2 softmax
+        assert row["spill_bytes"] == 0, row
+        assert row["smem_bytes"] <= census.ARCHES["sm_90a"][1]
+
+
+def test_portable_forward_uses_mma_sync_on_ampere_and_fits_sm120():
+    rows = run_census("sm_80", "portable.fwd")
+    assert all(r["sass"]["HMMA"] > 0 and r["sass"]["HGMMA"] == 0 for r in rows)
+    rows = run_census("sm_120", "portable.fwd")
+    assert all(r["smem_bytes"] <= census.ARCHES["sm_120"][1] for r in rows), rows
+
+
+def test_count_sass_counts_families_and_predicated_instructions():
+    listing = """
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/              @P0  MUFU.EX2 R3, R3 ;
+        /*0030*/                   MUFU.RCP R4, R4 ;
+        /*0040*/              @!P1 BRA 0x100 ;
+    """
+    counts = census.count_sass(listing)
+    assert counts["HGMMA"] == 1 and counts["MUFU.EX2"] == 1 and counts["MUFU"] == 2
+    assert counts["BRA"] == 1 and counts["total"] == 4

@@ -1,0 +1,77 @@
+"""The gate itself: it passes the correct kernels, catches every injected defect where the
+defect can show, poisons outputs, and draws fresh inputs."""
+import pytest
+import torch
+
+from flashrung import gate, gate_mutations
+from flashrung.kernels.portable import bwd, fwd
+from conftest import DEVICE
+
+SMALL = [c for c in gate.envelope("small") if c.head_dim <= 64]
+
+
+@pytest.mark.parametrize("case", SMALL, ids=lambda c: c.label())
+def test_portable_forward_passes_the_gate(case):
+    result = gate.check_forward_case(fwd.forward, case, DEVICE, kernel="portable.fwd")
+    assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("case", [c for c in SMALL if c.head_dim == 32], ids=lambda c: c.label())
+def test_portable_backward_passes_the_gate(case):
+    result = gate.check_backward(fwd.forward, bwd.backward, case, DEVICE, kernel="portable.bwd")
+    assert result.passed, str(result)
+
+
+# One configuration per mutation where it must show, plus the widest one (several tiles, GQA).
+BATTERY = [gate.Case(1, 70, 70, 2, 1, 32, torch.float16, True),
+           gate.Case(1, 130, 130, 8, 1, 64, torch.bfloat16, True),
+           gate.Case(2, 97, 97, 2, 2, 32, torch.float16, False)]
+
+
+@pytest.mark.parametrize("mutation", gate_mutations.MUTATIONS, ids=lambda m: m.name)
+def test_every_injected_defect_fails_the_gate(mutation):
+    cases = gate_mutations.mutation_cases(BATTERY, mutation, DEVICE)
+    assert cases, f"no battery case can show {mutation.name}"
+    for case in cases:
+        result = gate.check_forward_case(gate_mutations.mutant_forward(mutation.defect), case, DEVICE)
+        assert not result.passed, f"{mutation.name} slipped through: {result}"
+
+
+def test_mutation_battery_has_at_least_six_distinct_defects():
+    assert len({m.defect for m in gate_mutations.MUTATIONS}) >= 6
+
+
+def test_an_unwritten_output_is_caught_because_outputs_are_poisoned():
+    # a kernel that writes nothing: with zeroed outputs it could pass where the truth is ~0;
+    # with NaN poison it fails on every row
+    def lazy(q, k, v, causal, scale, out=None, lse=None):
+        return out, lse
+    result = gate.check_forward(lazy, batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1,
+                                head_dim=32, dtype=torch.float16, causal=False, device=DEVICE)
+    assert not result.passed and result.ratio == float("inf")
+
+
+def test_each_check_draws_fresh_inputs():
+    seen = []
+
+    def spy(q, k, v, causal, scale, out=None, lse=None):
+        seen.append(q.clone())
+        return fwd.forward(q, k, v, causal, scale, out=out, lse=lse)
+    for _ in range(2):
+        gate.check_forward(spy, batch=1, seqlen_q=4, seqlen_k=4, heads_q=1, heads_kv=1, head_dim=32,
+                           dtype=torch.float16, causal=False, device=DEVICE)
+    assert not torch.equal(seen[0], seen[1])
+    assert seen[0].abs().sum() > 0
+
+
+def test_rule_is_twice_the_same_dtype_floor_plus_atol():
+    c = gate.check_tensor("x", torch.tensor([1.0 + 3e-4]), torch.tensor([1.0]), torch.tensor([1.0 + 1e-4]))
+    assert c.bound == pytest.approx(2 * 1e-4 + 1e-4, rel=1e-3) and not c.passed
+    c = gate.check_tensor("x", torch.tensor([1.0 + 2.5e-4]), torch.tensor([1.0]), torch.tensor([1.0 + 1e-4]))
+    assert c.passed
+
+
+def test_matching_minus_infinities_count_as_equal_and_nan_as_infinite():
+    assert gate.max_abs_diff(torch.tensor([float("-inf"), 1.0]), torch.tensor([float("-inf"), 1.0])) == 0
+    assert gate.max_abs_diff(torch.tensor([float("nan")]), torch.tensor([0.0])) == float("inf")
+    assert gate.max_abs_diff(torch.tensor([0.0]), torch.tensor([float("-inf")])) == float("inf")

@@ -1,0 +1,55 @@
+"""On a GPU: every automatic kernel, forward and backward, through the gate over the device
+envelope (S in {1, 17, 1000, 4097, 16384}, Sq != Sk, GQA 8:1, d in {64, 128, 256}, causal and
+not, fp16 and bf16), and the public API end to end."""
+import pytest
+import torch
+
+import flashrung
+from flashrung import dispatch, gate
+
+pytestmark = pytest.mark.gpu
+
+CASES = gate.envelope("device")
+
+
+def _problem(case):
+    q, k, v = (torch.empty(0, device="cuda", dtype=case.dtype),) * 3
+    return dispatch.Problem(case.batch, case.seqlen_q, case.seqlen_k, case.heads_q, case.heads_kv,
+                            case.head_dim, case.head_dim, case.dtype, case.causal, "cuda",
+                            torch.cuda.get_device_capability())
+
+
+@pytest.mark.parametrize("backend", [b for b in dispatch.FORWARD_BACKENDS if b.auto], ids=lambda b: b.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label())
+def test_forward_gate_on_device(backend, case):
+    module = backend.load()
+    reason = module.unsupported_reason(_problem(case))
+    if reason is not None:
+        pytest.skip(f"{backend.name}: {reason}")
+    result = gate.check_forward_case(module.forward, case, "cuda", kernel=backend.name)
+    assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label())
+def test_backward_gate_on_device(case):
+    problem = _problem(case)
+    fwd_module, _ = dispatch.select(problem, "fwd")
+    bwd_module, d = dispatch.select(problem, "bwd")
+    result = gate.check_backward(fwd_module.forward, bwd_module.backward, case, "cuda", kernel=d.kernel)
+    assert result.passed, str(result)
+
+
+def test_api_on_device_dispatches_and_differentiates():
+    q, k, v = gate.random_inputs(gate.Case(2, 1000, 1000, 8, 1, 128, torch.bfloat16, True), "cuda")
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    out = flashrung.attention(*leaves, causal=True)
+    out.float().square().sum().backward()
+    assert flashrung.last_dispatch().kernel in dispatch.names("fwd")
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_api_same_input_twice_is_bit_identical():
+    q, k, v = gate.random_inputs(gate.Case(2, 4097, 4097, 16, 2, 128, torch.bfloat16, True), "cuda")
+    a = flashrung.attention(q, k, v, causal=True)
+    b = flashrung.attention(q, k, v, causal=True)
+    assert torch.equal(a, b), f"{flashrung.last_dispatch()} is not deterministic: a race?"

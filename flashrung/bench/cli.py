@@ -1,0 +1,470 @@
+"""The instrument's commands: ``bench``, ``null``, ``compare``, ``reanchor``.
+
+``register(subparsers)`` adds them to the ``flashrung`` command line; each handler takes the
+parsed arguments and returns an exit code. Nothing here imports torch until a command needs a GPU,
+so ``flashrung bench --dry-run`` plans without one.
+
+- ``flashrung bench`` — every implementation on every row of a suite (default ``fa4-protocol``)
+  or of shapes given by flags; table, JSON (``--json``), PNG (``--plot``). Without a GPU it says
+  so and prints the plan.
+- ``flashrung null`` — ≥ 10 fresh-process A/A pairs of one kernel; stores
+  ``t_noise = p95 |margin − 1|`` for this GPU.
+- ``flashrung compare BASELINE CANDIDATE`` — two paired runs in fresh processes, the correctness
+  gate, and the keep gate: KEEP / REVERT / NULL with its figures.
+- ``flashrung reanchor --links …`` — the product of kept links against a direct paired run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+from flashrung.bench import calibration, numerators, peers, report, stats, suites, timing
+
+DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _even_int(text: str) -> int:
+    value = _positive_int(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"expected an even number (half AB, half BA), got {value}")
+    return value
+
+
+def _impl(text: str) -> str:
+    try:
+        return peers.validate_impl(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dtype(text: str) -> str:
+    try:
+        return suites.normalize_dtype(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
+    g = p.add_argument_group("shape")
+    g.add_argument("--batch", type=_positive_int,
+                   help="batch size" + (" (default: 32k tokens / seqlen)" if many else
+                                        f" (default {DEFAULT_PAIR_SHAPE['batch']})"))
+    g.add_argument("--seqlen", type=_positive_int, nargs="+" if many else None,
+                   help="query (and key) length" + ("s; with --suite, keeps only these" if many else
+                                                    f" (default {DEFAULT_PAIR_SHAPE['seqlen']})"))
+    g.add_argument("--seqlen-k", type=_positive_int, help="key length when it differs from --seqlen")
+    g.add_argument("--heads", type=_positive_int, help="query heads (default 16)")
+    g.add_argument("--kv-heads", type=_positive_int, help="key/value heads (default: --heads; fewer = GQA)")
+    g.add_argument("--headdim", type=_positive_int, nargs="+" if many else None,
+                   help="head dim (default 128)" + ("; with --suite, keeps only these" if many else ""))
+    g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
+                                                              "only that half" if many else ""))
+    g.add_argument("--dtype", type=_dtype, help="bf16 (default) or fp16")
+    g.add_argument("--mode", choices=suites.MODE_CHOICES if many else suites.MODES,
+                   help="direction" + (" (default: the suite's; fwd for free shapes)" if many else " (default fwd)"))
+
+
+def _paired_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("paired protocol (defaults: seed 000's keep protocol)")
+    d = timing.PairedProtocol()
+    g.add_argument("--alternations", type=_even_int, help=f"alternations per run (default {d.alternations}, "
+                                                           f"--quick {timing.QUICK_PAIRED.alternations})")
+    g.add_argument("--reps", type=_positive_int, help=f"timed calls per arm per alternation (default {d.reps})")
+    g.add_argument("--warmup", type=_positive_int,
+                   help=f"calls per arm before the first alternation (default {d.warmup_calls})")
+    g.add_argument("--quick", action="store_true", help="the shorter protocol, for a smoke run")
+    g.add_argument("--calibration", type=pathlib.Path,
+                   help=f"calibration file (default {calibration.default_path()})")
+    g.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the full result here")
+    g.add_argument("--seed", type=int, default=0, help="input seed")
+    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu runs the whole path under the Triton interpreter with a wall clock: a check of "
+                        "the machinery, not a measurement (its calibration is keyed 'cpu')")
+
+
+def register(subparsers) -> None:
+    b = subparsers.add_parser("bench", help="time flashrung against every peer (the project's main job)",
+                              description="Time every implementation on every row of a suite (default "
+                                          "fa4-protocol) or of the shapes given by flags, interleaved in one "
+                                          "process, with the GEMM and copy ceilings measured in the same run. "
+                                          "Prints a table; writes JSON and a PNG. Without a GPU it prints the plan.")
+    b.add_argument("--suite", choices=suites.SUITES, help="a frozen suite (default fa4-protocol when no "
+                                                          "shape is given)")
+    _shape_flags(b, many=True)
+    b.add_argument("--impl", type=_impl, action="append",
+                   help=f"an implementation to time, repeatable: {', '.join(peers.PEERS)}, flashrung, "
+                        f"flashrung:<kernel> (default: all peers and flashrung)")
+    b.add_argument("--causal-flops", choices=numerators.CAUSAL_CONVENTIONS, default=numerators.FA_HALF,
+                   help="causal numerator: fa-half (dense/2, FlashAttention papers; default) or exact "
+                        "(bottom-right triangle)")
+    b.add_argument("--dry-run", action="store_true", help="print the plan (rows, FLOPs) and exit; no GPU needed")
+    b.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="write JSON to PATH (no PATH: print JSON instead of the table)")
+    b.add_argument("--plot", type=pathlib.Path, metavar="PNG",
+                   help="write the plot here (default: next to --json PATH, same stem)")
+    b.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (a smoke run)")
+    b.add_argument("--no-gate", action="store_true", help="skip the correctness gate of flashrung kernels")
+    b.add_argument("--flex-dynamic", action="store_true",
+                   help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
+                        "minutes of compile on a full suite; flex may lose a few percent)")
+    b.add_argument("--from-json", type=pathlib.Path, metavar="PATH",
+                   help="re-render the table (and --plot) from a saved result; no GPU needed")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--seed", type=int, default=0, help="input seed")
+    b.set_defaults(func=cmd_bench)
+
+    n = subparsers.add_parser("null", help="A/A null: calibrate t_noise for this GPU",
+                              description="Run one kernel against itself in ≥ 10 fresh processes through the "
+                                          "exact paired path `compare` uses; store t_noise = p95 |margin − 1|.")
+    n.add_argument("--impl", type=_impl, default="flashrung", help="the kernel (default: flashrung's dispatch)")
+    n.add_argument("--pairs", type=_positive_int, default=stats.MIN_NULL_PAIRS,
+                   help=f"fresh-process A/A pairs (≥ {stats.MIN_NULL_PAIRS}; default {stats.MIN_NULL_PAIRS})")
+    _shape_flags(n, many=False)
+    _paired_flags(n)
+    n.set_defaults(func=cmd_null)
+
+    c = subparsers.add_parser("compare", help="keep gate: KEEP / REVERT / NULL for CANDIDATE over BASELINE",
+                              description="Two paired interleaved runs, each in a fresh process, AB/BA halves, "
+                                          "the correctness gate, and the keep threshold 1 + t_noise from "
+                                          "`flashrung null`. Margin = t_baseline / t_candidate (> 1: faster).")
+    c.add_argument("baseline", type=_impl, help="the kernel kept so far: flashrung:<kernel>, flashrung or a peer")
+    c.add_argument("candidate", type=_impl, help="the change under test, same forms")
+    c.add_argument("--t-noise", type=float, help="use this t_noise (a fraction, 0.000591 = 0.0591%%) instead of "
+                                                 "the calibration file")
+    c.add_argument("--no-gate", action="store_true", help="skip the correctness gate (the verdict says so)")
+    _shape_flags(c, many=False)
+    _paired_flags(c)
+    c.set_defaults(func=cmd_compare)
+
+    r = subparsers.add_parser("reanchor", help="product of kept links vs a direct paired run to the anchor",
+                              description="Multiply the paired margins of KEEP links (from `compare --json`) "
+                                          "and compare with a direct paired run of the current kernel against "
+                                          "the anchor, within √(links + 1)·t_noise.")
+    r.add_argument("--links", type=pathlib.Path, nargs="+", required=True,
+                   help="JSON files: `compare --json` outputs, or lists / {\"links\": [...]} of links")
+    r.add_argument("--anchor", type=_impl, help="default: the first kept link's baseline")
+    r.add_argument("--current", type=_impl, help="default: the last kept link's candidate")
+    r.add_argument("--t-noise", type=float, help="use this t_noise instead of the calibration file")
+    _shape_flags(r, many=False)
+    _paired_flags(r)
+    r.set_defaults(func=cmd_reanchor)
+
+
+# ----------------------------------------------------------------------------------------------
+# bench
+
+
+def rows_from_args(args) -> tuple[str, list[suites.Row]]:
+    """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
+    shape_given = any(getattr(args, a) is not None for a in ("batch", "heads", "kv_heads", "dtype", "seqlen_k"))
+    if args.suite is None and (shape_given or args.seqlen or args.headdim):
+        if not args.seqlen:
+            raise ValueError("free shapes need --seqlen (or pick a --suite)")
+        headdims = args.headdim or [128]
+        if len(headdims) > 1:
+            raise ValueError("free shapes take one --headdim")
+        rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
+                                kv_heads=args.kv_heads, headdim=headdims[0], seqlen_k=args.seqlen_k,
+                                dtype=args.dtype or "bfloat16", causal=bool(args.causal), mode=args.mode or "fwd")
+        return "free", rows
+    if shape_given:
+        bad = [f"--{a.replace('_', '-')}" for a in ("batch", "heads", "kv_heads", "dtype", "seqlen_k")
+               if getattr(args, a) is not None]
+        raise ValueError(f"{', '.join(bad)} would change the suite's definition; drop --suite to give free "
+                         "shapes (--seqlen, --headdim and --causal/--no-causal narrow a suite)")
+    name = args.suite or "fa4-protocol"
+    rows = suites.filter_rows(suites.suite_rows(name, args.mode), seqlens=args.seqlen, headdims=args.headdim,
+                              causal=args.causal)
+    if not rows:
+        raise ValueError(f"the filters leave no row of suite {name}")
+    return name, rows
+
+
+def _emit_json(doc: dict, target: str) -> None:
+    if target == "-":
+        json.dump(doc, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        path = report.write_json(doc, target)
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def _plot(doc: dict, args) -> None:
+    target = args.plot
+    if target is None and args.json and args.json != "-":
+        target = pathlib.Path(args.json).with_suffix(".png")
+    if target is None:
+        return
+    from flashrung.bench import plot
+    try:
+        print(f"wrote {plot.plot(doc, target)}", file=sys.stderr)
+    except plot.PlotUnavailable as exc:
+        print(f"no plot: {exc}", file=sys.stderr)
+
+
+def gpu_available() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError as exc:
+        return False, f"torch is not importable ({exc})"
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
+    return True, torch.cuda.get_device_name()
+
+
+def cmd_bench(args) -> int:
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+        print(report.results_table(doc))
+        _plot(doc, args)
+        return 0
+    try:
+        suite, rows = rows_from_args(args)
+    except ValueError as exc:
+        print(f"flashrung bench: {exc}", file=sys.stderr)
+        return 2
+    impls = list(dict.fromkeys(args.impl or peers.DEFAULT_IMPLS))
+    plan = {"suite": suite, "impls": impls, **suites.plan_json(rows, args.causal_flops)}
+    if not args.dry_run:
+        ok, what = gpu_available()
+        if not ok:
+            print(f"flashrung bench: no GPU to measure on: {what}. Here is the plan it would run "
+                  f"({len(rows)} rows × {len(impls)} implementations); nothing was timed.", file=sys.stderr)
+            args.dry_run = True
+    if args.dry_run:
+        if args.json:
+            _emit_json(plan, args.json)
+        else:
+            print(f"suite {suite}: {len(rows)} rows × implementations {', '.join(impls)}")
+            print(report.plan_table(plan))
+        return 0
+    from flashrung.bench import runner
+    protocol = timing.QUICK_BENCH if args.quick else timing.BenchProtocol()
+    print(f"flashrung bench on {what}: suite {suite}, {len(rows)} rows × {len(impls)} implementations "
+          f"({', '.join(impls)}), {'quick' if args.quick else 'default'} protocol {protocol.to_json()}",
+          file=sys.stderr)
+    doc = runner.run(rows, impls, protocol=protocol, causal_convention=args.causal_flops, gate=not args.no_gate,
+                     suite=suite, progress=not args.no_progress, command=list(sys.argv),
+                     seed=args.seed, peer_options=peers.PeerOptions(flex_dynamic=args.flex_dynamic))
+    table = report.results_table(doc)
+    if args.json == "-":
+        print(table, file=sys.stderr)
+    else:
+        print(table)
+    if args.json:
+        _emit_json(doc, args.json)
+    _plot(doc, args)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# null / compare / reanchor
+
+
+def pair_row(args) -> suites.Row:
+    d = DEFAULT_PAIR_SHAPE
+    seqlen = args.seqlen or d["seqlen"]
+    return suites.Row(batch=args.batch or d["batch"], seqlen_q=seqlen, seqlen_k=args.seqlen_k or seqlen,
+                      heads_q=args.heads or d["heads"], heads_kv=args.kv_heads or args.heads or d["heads"],
+                      headdim=args.headdim or d["headdim"], dtype=args.dtype or d["dtype"],
+                      causal=bool(args.causal), mode=args.mode or "fwd")
+
+
+def pair_protocol(args) -> timing.PairedProtocol:
+    base = timing.QUICK_PAIRED if args.quick else timing.PairedProtocol()
+    changes = {k: v for k, v in (("alternations", args.alternations), ("reps", args.reps),
+                                 ("warmup_calls", args.warmup)) if v is not None}
+    return timing.PairedProtocol(**{**base.to_json(), **changes})
+
+
+def _require_device(command: str, args) -> str | None:
+    """The calibration key of the device the command will run on, or None (after saying why)."""
+    if args.device == "cpu":
+        return "cpu"
+    ok, what = gpu_available()
+    if not ok:
+        print(f"flashrung {command}: needs a GPU: {what} (--device cpu exercises the path without one)",
+              file=sys.stderr)
+        return None
+    return what
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.4f}%"
+
+
+def _summary_line(label: str, s: stats.PairedSummary) -> str:
+    return (f"{label}: margin {s.margin:.6f} [p10 {s.lo:.6f}, p90 {s.hi:.6f}]  AB {s.margin_ab:.6f}  "
+            f"BA {s.margin_ba:.6f}  ({'agree' if s.halves_agree else 'DISAGREE'})  n={s.n}  "
+            f"unpaired {s.unpaired_ratio:.6f}")
+
+
+def cmd_null(args) -> int:
+    from flashrung.bench import worker
+    gpu = _require_device("null", args)
+    if gpu is None:
+        return 2
+    if args.pairs < stats.MIN_NULL_PAIRS:
+        print(f"flashrung null: --pairs must be ≥ {stats.MIN_NULL_PAIRS}", file=sys.stderr)
+        return 2
+    row, protocol = pair_row(args), pair_protocol(args)
+    spec = worker.Spec(baseline=args.impl, candidate=args.impl, row=row, protocol=protocol, seed=args.seed,
+                       device=args.device)
+    print(f"A/A null on {gpu}: {args.impl} vs itself, {row.label()}, {args.pairs} fresh processes, "
+          f"{protocol.alternations} alternations × {protocol.reps} reps")
+    from tqdm import tqdm
+    results = []
+    for i in tqdm(range(args.pairs), desc="A/A pairs", unit="pair"):
+        try:
+            results.append(worker.run_fresh(spec))
+        except worker.WorkerError as exc:
+            print(f"flashrung null: pair {i + 1}: {exc}", file=sys.stderr)
+            return 1
+    summaries = [stats.PairedSummary.from_json(r["summary"]) for r in results]
+    margins = [s.margin for s in summaries]
+    for i, (s, r) in enumerate(zip(summaries, results), 1):
+        print(_summary_line(f"pair {i:2d}", s) + f"  {r['wall_s']:.1f} s")
+    entry = calibration.entry_from_margins(margins, impl=args.impl, row=row.plan(), protocol=protocol.to_json(),
+                                           runs=[{"summary": r["summary"], "clocks_start": r["clocks_start"],
+                                                  "clocks_end": r["clocks_end"], "dispatch": r["dispatch"]}
+                                                 for r in results])
+    gpu_key = results[0]["gpu"]
+    path = calibration.store(gpu_key, entry, args.calibration)
+    print(f"t_noise = {_pct(entry['t_noise'])} (p95 |margin − 1|, nearest rank: with n = {len(margins)} this is "
+          f"the largest deviation); {entry['positive']} above 1, {entry['negative']} below; t_keep = "
+          f"{1 + entry['t_noise']:.6f}")
+    print(f"stored for {gpu_key!r} in {path}")
+    if args.json:
+        report.write_json({"gpu": gpu_key, **entry}, args.json)
+    return 0
+
+
+def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -> tuple[float | None, str]:
+    """t_noise for ``gpu`` (from --t-noise or the calibration file) and where it came from; a
+    calibration taken on another row or protocol is used but said so."""
+    if args.t_noise is not None:
+        if not (args.t_noise >= 0 and math.isfinite(args.t_noise)):
+            return None, "--t-noise must be a finite non-negative fraction"
+        return args.t_noise, "given by --t-noise"
+    entry = calibration.lookup(gpu, args.calibration)
+    if entry is None:
+        where = args.calibration or calibration.default_path()
+        return None, (f"no A/A calibration for {gpu!r} in {where}: run `flashrung null` on this GPU first "
+                      "(or pass --t-noise)")
+    cal_row = suites.Row.from_plan(entry["row"]) if entry.get("row") else None
+    source = f"A/A null of {entry['impl']} on {cal_row.label() if cal_row else '?'}, {entry['n']} pairs, {entry['date']}"
+    if cal_row is not None and cal_row.shape_key() != row.shape_key():
+        source += f"; NOTE: calibrated on another shape than {row.label()}"
+    if entry.get("protocol") != protocol.to_json():
+        source += f"; NOTE: calibrated with protocol {entry.get('protocol')}, this run uses {protocol.to_json()}"
+    return float(entry["t_noise"]), source
+
+
+def cmd_compare(args) -> int:
+    from flashrung.bench import worker
+    gpu = _require_device("compare", args)
+    if gpu is None:
+        return 2
+    row, protocol = pair_row(args), pair_protocol(args)
+    t_noise, source = _t_noise(args, gpu, row, protocol)
+    if t_noise is None:
+        print(f"flashrung compare: {source}", file=sys.stderr)
+        return 2
+    print(f"compare on {gpu}: baseline {args.baseline}, candidate {args.candidate}, {row.label()}")
+    print(f"t_noise {_pct(t_noise)} → t_keep {1 + t_noise:.6f} ({source})")
+    runs = []
+    for i, gate in enumerate((not args.no_gate, False), 1):
+        spec = worker.Spec(baseline=args.baseline, candidate=args.candidate, row=row, protocol=protocol,
+                           gate=gate, seed=args.seed + i - 1, device=args.device)
+        try:
+            runs.append(worker.run_fresh(spec))
+        except worker.WorkerError as exc:
+            print(f"flashrung compare: run {i}: {exc}", file=sys.stderr)
+            return 1
+    summaries = [stats.PairedSummary.from_json(r["summary"]) for r in runs]
+    gates = runs[0]["gate"] or {}
+
+    def passed(role):
+        g = gates.get(role)
+        return None if g is None else bool(g["passed"])
+    verdict = stats.keep_gate(summaries, t_noise, baseline_correct=passed("baseline"),
+                              candidate_correct=passed("candidate"))
+    for i, s in enumerate(summaries, 1):
+        print(_summary_line(f"run {i}", s))
+    if args.no_gate:
+        print("correctness gate skipped (--no-gate): the verdict rests on timing alone")
+    for role in ("baseline", "candidate"):
+        g = gates.get(role)
+        if g is not None:
+            print(f"gate {role}: {g['text']}" if g["text"].startswith(("PASS", "FAIL"))
+                  else f"gate {role}: FAIL {g['text']}")
+    print(f"\n{verdict.verdict}: margin {verdict.margin:.6f} vs t_keep {verdict.t_keep:.6f}")
+    for reason in verdict.reasons:
+        print(f"  - {reason}")
+    if args.json:
+        link = stats.Link(baseline=args.baseline, candidate=args.candidate, margin=verdict.margin,
+                          verdict=verdict.verdict, paired=True)
+        report.write_json({"link": {**link.to_json(), "row": row.plan()}, "verdict": verdict.to_json(),
+                           "t_noise_source": source, "runs": runs}, args.json)
+    return 0
+
+
+def load_links(paths) -> list[stats.Link]:
+    links = []
+    for path in paths:
+        data = json.loads(pathlib.Path(path).read_text())
+        items = data.get("links", [data]) if isinstance(data, dict) else data
+        links.extend(stats.Link.from_json(item) for item in items)
+    return links
+
+
+def cmd_reanchor(args) -> int:
+    from flashrung.bench import worker
+    try:
+        links = load_links(args.links)
+        kept = stats.kept_chain(links)
+        product = stats.chain_product(links)
+    except (ValueError, KeyError) as exc:
+        print(f"flashrung reanchor: {exc}", file=sys.stderr)
+        return 2
+    anchor = args.anchor or kept[0].baseline
+    current = args.current or kept[-1].candidate
+    gpu = _require_device("reanchor", args)
+    if gpu is None:
+        return 2
+    row, protocol = pair_row(args), pair_protocol(args)
+    t_noise, source = _t_noise(args, gpu, row, protocol)
+    if t_noise is None:
+        print(f"flashrung reanchor: {source}", file=sys.stderr)
+        return 2
+    print(f"reanchor on {gpu}: {len(kept)} kept links " + " → ".join([kept[0].baseline] + [k.candidate for k in kept])
+          + f", product {product:.6f}")
+    try:
+        direct = worker.run_fresh(worker.Spec(baseline=anchor, candidate=current, row=row, protocol=protocol,
+                                              seed=args.seed, device=args.device))
+    except worker.WorkerError as exc:
+        print(f"flashrung reanchor: {exc}", file=sys.stderr)
+        return 1
+    summary = stats.PairedSummary.from_json(direct["summary"])
+    result = stats.Reanchor(product=product, measured=summary.margin, n_links=len(kept), t_noise=t_noise)
+    print(_summary_line(f"direct {current} over {anchor}", summary))
+    print(f"{result.verdict}: product {product:.6f} vs measured {summary.margin:.6f}, gap {_pct(result.gap)} "
+          f"against tolerance {_pct(result.tolerance)} (√{len(kept) + 1} · t_noise, {source})")
+    if args.json:
+        report.write_json({"reanchor": result.to_json(), "links": [k.to_json() for k in kept], "anchor": anchor,
+                           "current": current, "direct": direct}, args.json)
+    return 0

@@ -1,0 +1,116 @@
+"""FLOP numerators: which operations a TFLOP/s figure counts (seed 001, 0x0D).
+
+Dense forward attention is two matmuls, ``QKᵀ`` and ``PV``:
+``F_fwd = 2·B·Hq·Sq·Sk·(d_qk + d_v)``. With a causal mask two conventions exist and both are
+computed here; every table says which one its numbers use:
+
+- ``fa-half``: the FlashAttention papers' convention, dense forward divided by two. Peers and
+  published figures use it, so it is the default for comparisons.
+- ``exact``: the triangular count of (query, key) pairs a query may actually see, with the mask
+  aligned bottom-right (query ``i`` sees key ``j`` iff ``j <= i + Sk - Sq``). For ``Sq = Sk = S``
+  this is ``S(S+1)/2`` pairs instead of ``S²/2``; the relative difference is ``1/S``.
+
+Backward counts five matmuls against forward's two: ``F_bwd = 2.5·F_fwd`` under either
+convention. The count omits softmax, preprocessing and recomputation, so TFLOP/s is an accounting
+throughput, not a statement that every cycle issued tensor-core work.
+
+All counts are exact Python integers (``F_fwd`` is always even, so ``2.5·F_fwd`` is an integer).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+DENSE = "dense"
+FA_HALF = "fa-half"
+EXACT = "exact"
+CAUSAL_CONVENTIONS = (FA_HALF, EXACT)
+
+# What a table prints beside its numbers, per convention.
+LABELS = {
+    DENSE: "dense 2·B·Hq·Sq·Sk·(d_qk+d_v)",
+    FA_HALF: "causal = dense/2 (FlashAttention convention)",
+    EXACT: "causal = exact bottom-right triangle",
+}
+
+# Backward performs five dominant matmuls to forward's two.
+BACKWARD_NUMERATOR = 5
+BACKWARD_DENOMINATOR = 2
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    """Number of (query, key) pairs a bottom-right-aligned causal mask allows.
+
+    Query ``i`` sees keys ``0 … i + Sk − Sq`` (clamped to ``[0, Sk)``). The last query always
+    sees all ``Sk`` keys, so counts run ``…, Sk−1, Sk`` downward until they reach zero; when
+    ``Sq > Sk`` the first ``Sq − Sk`` queries see nothing.
+    """
+    _check_positive(seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    if seqlen_q <= seqlen_k:
+        # counts Sk−Sq+1 … Sk, an arithmetic series of Sq terms
+        return seqlen_q * (2 * seqlen_k - seqlen_q + 1) // 2
+    return seqlen_k * (seqlen_k + 1) // 2
+
+
+def dense_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    _check_positive(seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    return seqlen_q * seqlen_k
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """Forward and backward FLOPs of one problem under every applicable convention."""
+
+    dense_fwd: int
+    fa_half_fwd: int | None    # None when the problem is not causal
+    exact_fwd: int | None
+
+    def forward(self, convention: str) -> int:
+        if convention == DENSE:
+            return self.dense_fwd
+        if convention == FA_HALF and self.fa_half_fwd is not None:
+            return self.fa_half_fwd
+        if convention == EXACT and self.exact_fwd is not None:
+            return self.exact_fwd
+        raise ValueError(f"convention {convention!r} does not apply to this problem "
+                         f"(causal conventions: {CAUSAL_CONVENTIONS}; non-causal: {DENSE!r})")
+
+    def backward(self, convention: str) -> int:
+        return backward_from_forward(self.forward(convention))
+
+
+def backward_from_forward(fwd: int) -> int:
+    """``2.5 × fwd``, exactly."""
+    return fwd * BACKWARD_NUMERATOR // BACKWARD_DENOMINATOR
+
+
+def count(*, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+          head_dim_v: int | None = None, causal: bool) -> FlopCount:
+    """FLOPs of ``softmax(Q Kᵀ) V`` for ``Hq`` query heads (GQA shares K/V, not work)."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    _check_positive(batch=batch, heads_q=heads_q, head_dim=head_dim, head_dim_v=head_dim_v)
+    per_pair = 2 * batch * heads_q * (head_dim + head_dim_v)
+    dense = per_pair * dense_pairs(seqlen_q, seqlen_k)
+    if not causal:
+        return FlopCount(dense_fwd=dense, fa_half_fwd=None, exact_fwd=None)
+    return FlopCount(dense_fwd=dense, fa_half_fwd=dense // 2,
+                     exact_fwd=per_pair * causal_pairs(seqlen_q, seqlen_k))
+
+
+def convention_for(causal: bool, causal_convention: str) -> str:
+    """The convention a row reports: ``dense`` unless causal, then the chosen causal one."""
+    if causal_convention not in CAUSAL_CONVENTIONS:
+        raise ValueError(f"causal_convention must be one of {CAUSAL_CONVENTIONS}, got {causal_convention!r}")
+    return causal_convention if causal else DENSE
+
+
+def tflops(flops: int, milliseconds: float) -> float:
+    """Accounting throughput in TFLOP/s (10¹² FLOP per second) of ``flops`` done in ``milliseconds``."""
+    if not milliseconds > 0:
+        raise ValueError(f"milliseconds must be positive, got {milliseconds!r}")
+    return flops / (milliseconds * 1e-3) / 1e12

@@ -1,0 +1,92 @@
+"""One PNG per suite: TFLOP/s against sequence length, a line per implementation.
+
+Panels split the rows by direction (rows of the grid) and by head dim, heads, mask and dtype
+(columns), so each panel compares implementations on one problem family; the GEMM ceiling of the
+panel's dtype, measured in the same run, is drawn as a dashed line. Flashrung kernels are drawn
+solid and thick, peers thin. Needs matplotlib (``pip install flashrung[plot]``); it is imported
+here only, with the non-interactive Agg backend.
+"""
+from __future__ import annotations
+
+import pathlib
+
+from flashrung.bench import numerators, peers
+
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def _facet(row: dict) -> tuple:
+    return (row["headdim"], row["heads_q"], row["heads_kv"], row["causal"], row["dtype"])
+
+
+def _facet_title(f: tuple) -> str:
+    d, hq, hkv, causal, dtype = f
+    h = f"H{hq}" if hq == hkv else f"H{hq}/{hkv}"
+    return f"d{d} {h} {'causal' if causal else 'non-causal'} {dtype}"
+
+
+def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable(f"matplotlib is not installed ({exc}); pip install matplotlib, or re-plot later "
+                              "with `flashrung bench --from-json RESULTS.json --plot OUT.png`") from None
+    rows = doc["rows"]
+    modes = [m for m in ("fwd", "bwd") if any(r["mode"] == m for r in rows)]
+    facets = sorted({_facet(r) for r in rows}, key=lambda f: (-f[0], f[3], f[4]))
+    if not rows:
+        raise ValueError("no rows to plot")
+    impls = doc["impls"]
+    ncols, nrows = len(facets), len(modes)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    conv = numerators.LABELS[doc.get("causal_convention", numerators.FA_HALF)]
+    for i, mode in enumerate(modes):
+        for j, facet in enumerate(facets):
+            ax = axes[i][j]
+            sel = sorted((r for r in rows if r["mode"] == mode and _facet(r) == facet), key=lambda r: r["seqlen_q"])
+            for k, impl in enumerate(impls):
+                pts = [(r["seqlen_q"], r["results"][impl]["tflops"]) for r in sel
+                       if r["results"].get(impl, {}).get("status") == "ok"]
+                if not pts:
+                    continue
+                xs, ys = zip(*pts)
+                ours = peers.is_ours(impl)
+                ax.plot(xs, ys, marker="o", ms=4 if ours else 3, lw=2.4 if ours else 1.2,
+                        color=colors[k % len(colors)], label=impl, zorder=3 if ours else 2)
+            gemm = doc.get("ceilings", {}).get(f"gemm:{facet[4]}")
+            if gemm:
+                ax.axhline(gemm["value"], ls="--", color="0.4", lw=1, label=f"GEMM ceiling {gemm['value']:.0f}")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)
+            if sel:
+                ax.set_xticks([r["seqlen_q"] for r in sel])
+                ax.set_xticklabels([f"{r['seqlen_q'] // 1024}k" if r["seqlen_q"] >= 1024 else str(r["seqlen_q"])
+                                    for r in sel])
+            ax.set_title(f"{mode} · {_facet_title(facet)}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+            if i == nrows - 1:
+                ax.set_xlabel("sequence length")
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            key = "GEMM" if lab.startswith("GEMM") else lab   # one ceiling entry whatever its value
+            handles.setdefault(key, h)
+            labels.setdefault(key, "GEMM ceiling (same run)" if key == "GEMM" else lab)
+    fig.legend(list(handles.values()), list(labels.values()), loc="lower center", ncol=min(8, len(handles)),
+               fontsize=8, frameon=False)
+    gpu = doc.get("manifest", {}).get("environment", {}).get("gpu") or "?"
+    fig.suptitle(f"flashrung bench — suite {doc.get('suite', '?')} on {gpu}; {conv}; backward = 2.5 × forward",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

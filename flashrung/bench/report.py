@@ -1,0 +1,117 @@
+"""What a person reads: the terminal table, the dry-run plan, and the JSON on disk.
+
+The table has one line per row: each implementation's TFLOP/s, the best peer, and for each
+flashrung kernel its paired margin over the best peer (median of per-round ratios, > 1 means
+ours is faster, with p10–p90) and its share of the GEMM ceiling measured in the same run. The
+FLOP convention heads the table; unsupported implementations show ``unsup`` / ``error`` in
+their cell and their reasons below, never a blank.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Iterable, Sequence
+
+from flashrung.bench import numerators, peers
+
+SHORT = {"efficient": "effic", "flashrung": "flashrung"}
+
+
+def _short(impl: str) -> str:
+    return SHORT.get(impl, impl.replace("flashrung:", "fr:"))
+
+
+def _table(header: Sequence[str], lines: Iterable[Sequence[str]], left: int = 1) -> str:
+    lines = [list(map(str, ln)) for ln in lines]
+    widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths)] + [fmt(ln) for ln in lines])
+
+
+def plan_table(plan: dict) -> str:
+    rows = plan["rows"]
+    lines = [[f"B{r['batch']} H{r['heads_q']}" + ("" if r["heads_kv"] == r["heads_q"] else f"/{r['heads_kv']}"),
+              f"{r['seqlen_q']}" if r["seqlen_q"] == r["seqlen_k"] else f"{r['seqlen_q']}x{r['seqlen_k']}",
+              r["headdim"], r["dtype"], "causal" if r["causal"] else "full", r["mode"], f"{r['flops']:,}",
+              r["flops_convention"]] for r in rows]
+    return _table(["shape", "seqlen", "d", "dtype", "mask", "mode", "FLOPs", "convention"], lines, left=1)
+
+
+def _cell(result: dict | None) -> str:
+    if result is None:
+        return "-"
+    if result["status"] == "ok":
+        return f"{result['tflops']:.1f}"
+    return "unsup" if result["status"] == "unsupported" else "error"
+
+
+def results_table(doc: dict) -> str:
+    impls = doc["impls"]
+    ours = [i for i in impls if peers.is_ours(i)]
+    conv = doc.get("causal_convention", numerators.FA_HALF)
+    head = [f"suite {doc.get('suite', '?')} — TFLOP/s = FLOPs / median time per call; causal rows count "
+            f"{numerators.LABELS[conv]}; backward = 2.5 × forward"]
+    ceil = doc.get("ceilings", {})
+    if ceil:
+        parts = [f"{k.split(':', 1)[1]} GEMM {c['value']:.1f} TFLOP/s" for k, c in ceil.items() if k.startswith("gemm:")]
+        if "copy" in ceil:
+            parts.append(f"copy {ceil['copy']['value']:.0f} GB/s")
+        head.append("ceilings measured in this run: " + ", ".join(parts))
+    header = ["row"] + [_short(i) for i in impls] + ["best peer"]
+    for o in ours:
+        header += [f"{_short(o)}/best [p10,p90]", f"{_short(o)} %ceil"]
+    lines = []
+    for row in doc["rows"]:
+        res = row["results"]
+        line = [row["label"]] + [_cell(res.get(i)) for i in impls] + [row.get("best_peer") or "-"]
+        for o in ours:
+            cmp = row.get("comparisons", {}).get(o, {}).get(row.get("best_peer") or "")
+            line.append(f"{cmp['margin']:.3f} [{cmp['lo']:.3f},{cmp['hi']:.3f}]" if cmp else "-")
+            pct = res.get(o, {}).get("percent_of_gemm_ceiling")
+            line.append(f"{pct:.1f}%" if pct is not None else "-")
+        lines.append(line)
+    out = "\n".join(head) + "\n" + _table(header, lines)
+    notes = reasons(doc)
+    if notes:
+        out += "\n\nnot measured:\n" + "\n".join(f"  {n}" for n in notes)
+    gates = doc.get("correctness") or []
+    if gates:
+        out += "\n\ncorrectness gate (flashrung kernels, reduced size):\n" + "\n".join(
+            f"  {'PASS' if g['passed'] else 'FAIL'} {g['impl']} {g.get('mode', 'fwd')} {_gate_shape(g['config'])}: "
+            f"{g['text']}" for g in gates)
+    first = {}
+    for row in doc["rows"]:
+        for impl, r in row["results"].items():
+            if r["status"] == "ok":
+                first[impl] = first.get(impl, 0.0) + r.get("first_call_s", 0.0)
+    if first:
+        out += "\n\nfirst calls (compile, load, autotune), seconds summed over rows: " + ", ".join(
+            f"{impl} {s:.1f}" for impl, s in first.items())
+    if "wall_s" in doc:
+        out += f"\nwall time {doc['wall_s']:.1f} s"
+    return out
+
+
+def _gate_shape(c: dict) -> str:
+    return (f"B{c['batch']} H{c['heads_q']}/{c['heads_kv']} S{c['seqlen_q']}x{c['seqlen_k']} d{c['head_dim']} "
+            f"{c['dtype']} {'causal' if c['causal'] else 'full'}")
+
+
+def reasons(doc: dict) -> list[str]:
+    """One line per (implementation, reason), with how many rows it covers."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for row in doc["rows"]:
+        for impl, r in row["results"].items():
+            if r["status"] != "ok":
+                seen.setdefault((impl, r["status"], r["reason"]), []).append(row["label"])
+    return [f"{impl} ({status}, {len(labels)} row{'s' if len(labels) > 1 else ''}, e.g. {labels[0]}): {reason}"
+            for (impl, status, reason), labels in seen.items()]
+
+
+def write_json(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    return path

@@ -1,0 +1,182 @@
+"""``flashrung bench`` on a GPU: rows × implementations → one results document.
+
+Per shape, the inputs are made once and shared by every implementation. Per row, every
+implementation is prepared (or marked unsupported with its reason), warmed, and then all of them
+are timed round-robin in the same process (:func:`flashrung.bench.timing.interleave`), so the
+ratio of ours to the best peer is a paired statistic, not a ratio of medians from different
+moments. Ceilings are measured first, in the same run. Correctness gates for flashrung kernels
+run last, at a reduced size, so they cannot disturb the timing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Callable, Sequence
+
+from flashrung.bench import ceilings as ceilings_mod
+from flashrung.bench import manifest as manifest_mod
+from flashrung.bench import numerators, peers, stats, timing
+from flashrung.bench.suites import Row
+
+# The gate's oracle materialises Sq × Sk scores in fp32: keep it small (seed 000's "C1
+# reduced-sequence oracle"); the kernel, dtype, heads, head dim and mask stay the row's.
+GATE_MAX_SEQLEN = 1024
+GATE_MAX_BATCH = 2
+
+
+def gate_config(row: Row) -> dict:
+    return {"batch": min(row.batch, GATE_MAX_BATCH), "seqlen_q": min(row.seqlen_q, GATE_MAX_SEQLEN),
+            "seqlen_k": min(row.seqlen_k, GATE_MAX_SEQLEN), "heads_q": row.heads_q, "heads_kv": row.heads_kv,
+            "head_dim": row.headdim, "dtype": row.dtype, "causal": row.causal}
+
+
+def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
+    """flashrung's correctness gate for ``impl`` at ``row``'s configuration (reduced in size):
+    the forward for forward rows; forward and gradients (through autograd) for backward rows."""
+    config = gate_config(row)
+    try:
+        from flashrung import gate
+        dtype = peers.torch_dtype(row.dtype)
+        if row.mode == "fwd":
+            result = gate.check_forward(peers.flashrung_forward_fn(impl), **{**config, "dtype": dtype},
+                                        device=device, seed=seed, kernel=impl)
+        else:
+            result = gate.check_backward(peers.flashrung_forward_fn(impl), peers.flashrung_backward_fn(impl),
+                                         gate.Case(**{**config, "dtype": dtype}), device, seed=seed, kernel=impl)
+        return {"impl": impl, "mode": row.mode, "config": config, "passed": bool(result.passed),
+                "ratio": float(result.ratio), "text": str(result)}
+    except Exception as exc:   # a gate that cannot run is reported as not passed, with why
+        return {"impl": impl, "mode": row.mode, "config": config, "passed": False, "ratio": None,
+                "text": f"gate could not run: {type(exc).__name__}: {peers._one_line(exc)}"}
+
+
+def _max_abs_diff(a, b) -> float:
+    return float((a.float() - b.float()).abs().max().item())
+
+
+def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: timing.BenchProtocol,
+             timer, causal_convention: str, on_impl: Callable[[str], None] = lambda s: None,
+             peer_options: peers.PeerOptions = peers.PeerOptions()) -> dict:
+    """Prepare, warm and time every implementation on one row; returns the row's results."""
+    flops, convention = row.flops(causal_convention)
+    results: dict[str, dict] = {}
+    prepared: dict[str, peers.Prepared] = {}
+    for impl in impls:
+        on_impl(f"prepare {impl}")
+        try:
+            prepared[impl] = peers.prepare(impl, row, inputs, peer_options)
+        except peers.Unsupported as exc:
+            results[impl] = {"status": exc.status, "reason": exc.reason}
+
+    # forward rows: every output against one reference, to catch a peer computing something else
+    outs = {i: p.first_out for i, p in prepared.items() if p.first_out is not None}
+    ref = "cudnn" if "cudnn" in outs else next(iter(outs), None)
+    diffs = {i: _max_abs_diff(o, outs[ref]) for i, o in outs.items() if i != ref} if ref else {}
+    for p in prepared.values():
+        p.first_out = None
+    del outs
+
+    warm, reps = {}, {}
+    for impl, p in list(prepared.items()):
+        on_impl(f"warm {impl}")
+        try:
+            warm[impl] = timing.warm_up(timer, p.fn, min_calls=max(2, protocol.warmup_calls),
+                                        min_ms=protocol.warmup_ms)
+        except Exception as exc:   # e.g. a backward that cannot run twice on one graph
+            results[impl] = {"status": "error", "reason": f"during warm-up: {type(exc).__name__}: "
+                                                          f"{peers._one_line(exc)}"}
+            del prepared[impl]
+            continue
+        reps[impl] = timing.reps_for(warm[impl].estimate_ms, target_ms=protocol.block_ms,
+                                     lo=protocol.block_reps_min, hi=protocol.block_reps_max)
+    inter = None
+    if prepared:
+        on_impl("timing")
+        inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, protocol.rounds, timer)
+
+    for impl in list(prepared):
+        times = inter.per_call(impl)
+        if min(times) <= 0:     # an implementation that did no measurable work cannot be rated
+            results[impl] = {"status": "error", "reason": f"non-positive time measured ({min(times)} ms)"}
+            del prepared[impl]
+    for impl, p in prepared.items():
+        dist = stats.Distribution.of(inter.per_call(impl))
+        results[impl] = {
+            "status": "ok", "ms": dist.median, "tflops": numerators.tflops(flops, dist.median),
+            "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": protocol.rounds,
+            "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
+            "dispatch": p.dispatch,
+        }
+        if impl in diffs:
+            results[impl]["max_abs_diff"] = {"vs": ref, "value": diffs[impl]}
+
+    ok = [i for i in impls if results.get(i, {}).get("status") == "ok"]
+    ok_peers = [i for i in ok if not peers.is_ours(i)]
+    best_peer = min(ok_peers, key=lambda i: results[i]["ms"]) if ok_peers else None
+    comparisons = {}
+    for ours in (i for i in ok if peers.is_ours(i)):
+        # margin > 1: ours is faster than the peer, per round, paired
+        comparisons[ours] = {peer: stats.summarize(inter.paired(peer, ours)).to_json() for peer in ok_peers}
+    del prepared
+    return {**row.plan(causal_convention), "label": row.label(), "results": results, "best_peer": best_peer,
+            "comparisons": comparisons, "flops_convention_label": numerators.LABELS[convention]}
+
+
+def _group_by_shape(rows: Sequence[Row]):
+    """Consecutive rows sharing a shape share inputs; order is kept."""
+    return [(key, list(group)) for key, group in itertools.groupby(rows, key=Row.shape_key)]
+
+
+def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProtocol,
+        causal_convention: str = numerators.FA_HALF, gate: bool = True, suite: str = "free",
+        progress: bool = True, command: list[str] | None = None, seed: int = 0,
+        peer_options: peers.PeerOptions = peers.PeerOptions()) -> dict:
+    """Measure ``rows`` × ``impls`` on the current GPU; returns the results document."""
+    import torch
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    manifest = manifest_mod.start(command)
+    timer = timing.CudaEventTimer()
+    ceilings = {k: c.to_json() for k, c in ceilings_mod.measure_all({r.dtype for r in rows}).items()}
+    out_rows = []
+    bar = tqdm(total=len(rows), desc="bench", unit="row", disable=not progress, dynamic_ncols=True)
+    for _, group in _group_by_shape(rows):
+        shape_row = dataclasses.replace(group[0], mode="bwd" if any(r.mode == "bwd" for r in group) else "fwd")
+        inputs = peers.make_inputs(shape_row, seed=seed)
+        for row in group:
+            bar.set_description(row.label())
+            t0 = time.perf_counter()
+            result = time_row(row, impls, inputs, protocol, timer, causal_convention,
+                              on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options)
+            result["wall_s"] = time.perf_counter() - t0
+            gemm = ceilings.get(f"gemm:{row.dtype}")
+            for impl, r in result["results"].items():
+                if r["status"] == "ok" and gemm:
+                    r["percent_of_gemm_ceiling"] = 100.0 * r["tflops"] / gemm["value"]
+            out_rows.append(result)
+            bar.update(1)
+        del inputs
+        torch.cuda.empty_cache()
+    bar.close()
+
+    correctness = []
+    if gate:
+        seen = set()
+        for row in rows:
+            for impl in impls:
+                if not peers.is_ours(impl):
+                    continue
+                key = (impl, row.mode, tuple(sorted(gate_config(row).items())))
+                if key in seen:
+                    continue
+                seen.add(key)
+                correctness.append(run_gate(impl, row, seed=seed))
+    manifest_mod.finish(manifest)
+    return {"suite": suite, "impls": list(impls), "causal_convention": causal_convention,
+            "protocol": protocol.to_json(), "peer_options": dataclasses.asdict(peer_options), "timing": "CUDA events between back-to-back calls; warm kernel time "
+            "(compile, allocation of inputs, and the forward of backward rows excluded); statistic: median per call; "
+            "implementations interleaved round-robin, first half of the rounds in order, second half reversed",
+            "ceilings": ceilings, "rows": out_rows, "correctness": correctness, "manifest": manifest,
+            "wall_s": time.perf_counter() - started}

@@ -1,0 +1,188 @@
+"""What to measure: the named suites and free shapes, expanded into rows.
+
+A row is one problem in one direction (``fwd`` or ``bwd``) with its FLOP numerator; every
+implementation is timed on every row. The suites are frozen here so a figure can always be
+traced back to the exact problem it measured:
+
+- ``fa4-protocol`` — the FlashAttention-4 paper's benchmark contract (seed 001, 0x0D): BF16,
+  batch × seqlen = 32k tokens, hidden 2048 as (d=128, H=16) and (d=64, H=32),
+  S ∈ {1k … 32k}, causal and not, forward and backward.
+- ``seed-frozen`` — the two FA5090 configurations (seed 000): B=2, H=16, S=2048, d=128, fp16,
+  non-causal (the frozen core config) and B=1, H=16, S=32768, d=128, bf16, causal (the v7
+  ladder config). Forward only by default: seed 000 measured no backward.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+from flashrung.bench import numerators
+
+MODES = ("fwd", "bwd")
+MODE_CHOICES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = ("bfloat16", "float16")
+DTYPE_ALIASES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                 "half": "float16"}
+
+FA4_TOKENS = 32 * 1024      # batch × seqlen, tokens
+FA4_HIDDEN = 2048           # heads × head_dim
+FA4_HEAD_DIMS = (128, 64)
+FA4_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+SUITES = ("fa4-protocol", "seed-frozen")
+
+
+def normalize_dtype(dtype: str) -> str:
+    try:
+        return DTYPE_ALIASES[str(dtype).replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_ALIASES)}, got {dtype!r}") from None
+
+
+def expand_mode(mode: str) -> tuple[str, ...]:
+    if mode not in MODE_CHOICES:
+        raise ValueError(f"mode must be one of {MODE_CHOICES}, got {mode!r}")
+    return MODES if mode == "fwd+bwd" else (mode,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One problem in one direction. Shapes follow flash-attn: q (B, Sq, Hq, D)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    headdim: int
+    dtype: str            # "bfloat16" | "float16"
+    causal: bool
+    mode: str             # "fwd" | "bwd"
+    headdim_v: int | None = None
+    suite: str = "free"
+
+    def __post_init__(self):
+        for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "headdim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"heads ({self.heads_q}) must be a multiple of kv-heads ({self.heads_kv})")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def dv(self) -> int:
+        return self.headdim if self.headdim_v is None else self.headdim_v
+
+    def flop_count(self) -> numerators.FlopCount:
+        return numerators.count(batch=self.batch, heads_q=self.heads_q, seqlen_q=self.seqlen_q,
+                                seqlen_k=self.seqlen_k, head_dim=self.headdim, head_dim_v=self.dv,
+                                causal=self.causal)
+
+    def flops(self, causal_convention: str = numerators.FA_HALF) -> tuple[int, str]:
+        """(FLOPs, convention) this row reports under the chosen causal convention."""
+        convention = numerators.convention_for(self.causal, causal_convention)
+        fc = self.flop_count()
+        return (fc.forward(convention) if self.mode == "fwd" else fc.backward(convention)), convention
+
+    def flops_by_convention(self) -> dict[str, int]:
+        fc = self.flop_count()
+        conventions = numerators.CAUSAL_CONVENTIONS if self.causal else (numerators.DENSE,)
+        return {c: (fc.forward(c) if self.mode == "fwd" else fc.backward(c)) for c in conventions}
+
+    def shape_key(self) -> tuple:
+        """Everything but the direction: rows sharing it share inputs."""
+        return (self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.headdim,
+                self.dv, self.dtype, self.causal)
+
+    def label(self) -> str:
+        s = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}x{self.seqlen_k}"
+        h = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
+        d = f"d{self.headdim}" if self.dv == self.headdim else f"d{self.headdim}/{self.dv}"
+        dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+        return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'} {self.mode}"
+
+    def plan(self, causal_convention: str = numerators.FA_HALF) -> dict:
+        flops, convention = self.flops(causal_convention)
+        return {
+            "batch": self.batch, "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k,
+            "heads_q": self.heads_q, "heads_kv": self.heads_kv, "headdim": self.headdim,
+            "headdim_v": self.dv, "dtype": self.dtype, "causal": self.causal, "mode": self.mode,
+            "flops": flops, "flops_convention": convention,
+            "flops_by_convention": self.flops_by_convention(), "suite": self.suite,
+        }
+
+    @classmethod
+    def from_plan(cls, d: dict) -> "Row":
+        return cls(batch=d["batch"], seqlen_q=d["seqlen_q"], seqlen_k=d["seqlen_k"], heads_q=d["heads_q"],
+                   heads_kv=d["heads_kv"], headdim=d["headdim"],
+                   headdim_v=d.get("headdim_v") if d.get("headdim_v") != d["headdim"] else None,
+                   dtype=d["dtype"], causal=bool(d["causal"]), mode=d["mode"], suite=d.get("suite", "free"))
+
+
+def fa4_protocol(modes: Sequence[str] = MODES) -> list[Row]:
+    rows = []
+    for headdim in FA4_HEAD_DIMS:
+        heads = FA4_HIDDEN // headdim
+        for causal in (False, True):
+            for seqlen in FA4_SEQLENS:
+                for mode in modes:
+                    rows.append(Row(batch=FA4_TOKENS // seqlen, seqlen_q=seqlen, seqlen_k=seqlen,
+                                    heads_q=heads, heads_kv=heads, headdim=headdim, dtype="bfloat16",
+                                    causal=causal, mode=mode, suite="fa4-protocol"))
+    return rows
+
+
+def seed_frozen(modes: Sequence[str] = ("fwd",)) -> list[Row]:
+    configs = (
+        dict(batch=2, seqlen=2048, heads=16, headdim=128, dtype="float16", causal=False),   # frozen core
+        dict(batch=1, seqlen=32768, heads=16, headdim=128, dtype="bfloat16", causal=True),  # v7 ladder
+    )
+    return [Row(batch=c["batch"], seqlen_q=c["seqlen"], seqlen_k=c["seqlen"], heads_q=c["heads"],
+                heads_kv=c["heads"], headdim=c["headdim"], dtype=c["dtype"], causal=c["causal"],
+                mode=mode, suite="seed-frozen")
+            for c in configs for mode in modes]
+
+
+SUITE_DEFAULT_MODE = {"fa4-protocol": "fwd+bwd", "seed-frozen": "fwd"}
+
+
+def suite_rows(name: str, mode: str | None = None) -> list[Row]:
+    if name not in SUITES:
+        raise ValueError(f"suite must be one of {SUITES}, got {name!r}")
+    modes = expand_mode(mode or SUITE_DEFAULT_MODE[name])
+    return fa4_protocol(modes) if name == "fa4-protocol" else seed_frozen(modes)
+
+
+def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads: int | None,
+              headdim: int, headdim_v: int | None = None, seqlen_k: int | None = None,
+              dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd") -> list[Row]:
+    """Rows for shapes given on the command line. ``batch=None`` keeps 32k tokens per row."""
+    rows = []
+    for s in seqlens:
+        if not isinstance(s, int) or s < 1:
+            raise ValueError(f"seqlen must be a positive integer, got {s!r}")
+        b = batch if batch is not None else max(1, FA4_TOKENS // s)
+        for m in expand_mode(mode):
+            rows.append(Row(batch=b, seqlen_q=s, seqlen_k=seqlen_k or s, heads_q=heads,
+                            heads_kv=kv_heads or heads, headdim=headdim,
+                            headdim_v=headdim_v if headdim_v not in (None, headdim) else None,
+                            dtype=normalize_dtype(dtype), causal=causal, mode=m))
+    return rows
+
+
+def filter_rows(rows: Iterable[Row], *, seqlens: Sequence[int] | None = None,
+                headdims: Sequence[int] | None = None, causal: bool | None = None) -> list[Row]:
+    """Narrow a suite (``--seqlen 4096 --headdim 128 --no-causal``)."""
+    out = [r for r in rows
+           if (not seqlens or r.seqlen_q in seqlens)
+           and (not headdims or r.headdim in headdims)
+           and (causal is None or r.causal == causal)]
+    return out
+
+
+def plan_json(rows: Iterable[Row], causal_convention: str = numerators.FA_HALF) -> dict:
+    return {"rows": [r.plan(causal_convention) for r in rows]}

@@ -1,0 +1,201 @@
+"""Timing runners: they only produce series; :mod:`flashrung.bench.stats` reads them.
+
+A *timer* measures a block of back-to-back calls and returns one time per call in
+milliseconds. :class:`CudaEventTimer` records a chain of CUDA events between calls (one event
+between neighbours, so no call is timed twice and nothing but the kernels sits between them) and
+resolves them after one synchronisation; :class:`ClockTimer` reads any clock and serves CPU runs
+and synthetic tests, where the "kernel" advances a virtual clock.
+
+Two schedules, one rule: implementations alternate inside one process, the first half of the
+rounds in one order and the second half reversed, so every implementation is measured next to
+every other under the same clock state, and an advantage from running first or second shows up
+as a difference between the halves instead of hiding in the margin.
+
+- :func:`interleave` — the bench: n implementations, round-robin blocks, per-call times kept.
+- :func:`paired_run` — compare / null / reanchor: two arms, AB then BA halves, one block time per
+  arm per alternation (the median of its calls), returned as a :class:`~flashrung.bench.stats.PairedRun`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from flashrung.bench import stats
+
+
+class ClockTimer:
+    """Per-call times from a clock that reads seconds (``time.perf_counter`` by default).
+
+    ``sync`` runs before each reading (e.g. ``torch.cuda.synchronize``) so asynchronous work is
+    counted where it ran.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None):
+        self._now = now
+        self._sync = sync or (lambda: None)
+
+    def block(self, fn: Callable[[], Any], reps: int):
+        times = []
+        self._sync()
+        t0 = self._now()
+        for _ in range(reps):
+            fn()
+            self._sync()
+            t1 = self._now()
+            times.append((t1 - t0) * 1e3)
+            t0 = t1
+        return times
+
+    def resolve(self, handle) -> list[float]:
+        return list(handle)
+
+
+class CudaEventTimer:
+    """Per-call times from a chain of CUDA events on the current stream."""
+
+    def __init__(self):
+        import torch
+        self._torch = torch
+
+    def block(self, fn: Callable[[], Any], reps: int):
+        events = [self._torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+        events[0].record()
+        for i in range(reps):
+            fn()
+            events[i + 1].record()
+        return events
+
+    def resolve(self, handle) -> list[float]:
+        handle[-1].synchronize()
+        return [a.elapsed_time(b) for a, b in zip(handle, handle[1:])]
+
+
+def measure(timer, fn: Callable[[], Any], reps: int) -> list[float]:
+    return timer.resolve(timer.block(fn, reps))
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    calls: int
+    estimate_ms: float      # median of the warm-up calls after the first
+
+
+def warm_up(timer, fn: Callable[[], Any], *, min_calls: int, min_ms: float) -> Warmup:
+    """Run ``fn`` at least ``min_calls`` times and for at least ``min_ms``; estimate one call.
+
+    The estimate ignores the first call (it may compile or load) and sizes the timed blocks.
+    """
+    if min_calls < 2:
+        raise ValueError(f"min_calls must be ≥ 2 (the first call is never an estimate), got {min_calls}")
+    times = measure(timer, fn, min_calls)
+    steady = times[1:]
+    estimate = float(np.median(steady))
+    remaining = min_ms - sum(steady)
+    if remaining > 0:
+        extra = min(10_000, math.ceil(remaining / max(estimate, 1e-6)))
+        more = measure(timer, fn, extra)
+        steady += more
+        estimate = float(np.median(steady))
+    return Warmup(calls=1 + len(steady), estimate_ms=estimate)
+
+
+def reps_for(estimate_ms: float, *, target_ms: float, lo: int, hi: int) -> int:
+    """Calls per block: enough to fill ``target_ms``, within [lo, hi]."""
+    if estimate_ms <= 0:
+        return hi
+    return int(min(hi, max(lo, math.ceil(target_ms / estimate_ms))))
+
+
+def half_reversed_orders(names: Sequence[str], rounds: int) -> list[tuple[str, ...]]:
+    """Round ``r`` runs ``names`` in order for the first half of the rounds, reversed after."""
+    if rounds < 2 or rounds % 2:
+        raise ValueError(f"rounds must be an even number ≥ 2, got {rounds!r}")
+    fwd, rev = tuple(names), tuple(reversed(names))
+    return [fwd if r < rounds // 2 else rev for r in range(rounds)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchProtocol:
+    """How each (row, implementation) is timed in ``flashrung bench``.
+
+    Defaults keep the full fa4-protocol suite with six implementations to a few minutes on an
+    H200 (seconds of kernel time per row, see the report); ``QUICK`` cuts them for a smoke run.
+    """
+
+    warmup_calls: int = 3          # at least, after the untimed first call
+    warmup_ms: float = 25.0        # at least, ms of warm-up per implementation per row
+    rounds: int = 6                # round-robin rounds (even: half forward order, half reversed)
+    block_ms: float = 20.0         # target ms per block
+    block_reps_min: int = 2
+    block_reps_max: int = 20
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+QUICK_BENCH = BenchProtocol(warmup_calls=2, warmup_ms=5.0, rounds=2, block_ms=5.0, block_reps_min=1,
+                            block_reps_max=10)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedProtocol:
+    """The paired keep-test protocol (seed 000, 2.8: 120 alternations, order halves)."""
+
+    alternations: int = 120        # even; first half AB, second half BA
+    reps: int = 5                  # timed calls per arm per alternation (block time = their median)
+    block_warmup: int = 1          # untimed calls before each block, so a block never starts cold
+    warmup_calls: int = 25         # per arm, before the first alternation
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+QUICK_PAIRED = PairedProtocol(alternations=40, reps=3, block_warmup=1, warmup_calls=10)
+
+
+@dataclasses.dataclass
+class Interleaved:
+    """Per implementation: per-round lists of per-call times, the reps used and the order."""
+
+    times: dict[str, list[list[float]]]
+    reps: dict[str, int]
+    orders: list[tuple[str, ...]]
+
+    def per_call(self, name: str) -> list[float]:
+        return [t for block in self.times[name] for t in block]
+
+    def block_medians(self, name: str) -> list[float]:
+        return [float(np.median(block)) for block in self.times[name]]
+
+    def paired(self, baseline: str, candidate: str) -> stats.PairedRun:
+        """The rounds as a paired run of ``candidate`` over ``baseline``."""
+        order = tuple(stats.AB if o.index(baseline) < o.index(candidate) else stats.BA for o in self.orders)
+        return stats.PairedRun(tuple(self.block_medians(baseline)), tuple(self.block_medians(candidate)), order)
+
+
+def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], rounds: int, timer, *,
+               block_warmup: int = 0) -> Interleaved:
+    """Round-robin blocks over ``fns``; times resolve after the last round (one synchronisation)."""
+    names = list(fns)
+    orders = half_reversed_orders(names, rounds)
+    handles: dict[str, list] = {n: [] for n in names}
+    for order in orders:
+        for name in order:
+            for _ in range(block_warmup):
+                fns[name]()
+            handles[name].append(timer.block(fns[name], reps[name]))
+    times = {n: [timer.resolve(h) for h in handles[n]] for n in names}
+    return Interleaved(times=times, reps=dict(reps), orders=orders)
+
+
+def paired_run(baseline: Callable[[], Any], candidate: Callable[[], Any], protocol: PairedProtocol,
+               timer) -> stats.PairedRun:
+    """One paired, interleaved run of two arms (both already warm): AB halves, then BA."""
+    fns = {"baseline": baseline, "candidate": candidate}
+    result = interleave(fns, {"baseline": protocol.reps, "candidate": protocol.reps},
+                        protocol.alternations, timer, block_warmup=protocol.block_warmup)
+    return result.paired("baseline", "candidate")

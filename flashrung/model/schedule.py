@@ -1,0 +1,123 @@
+"""Tile costs across a launch: causal live-block counts and makespan on identical machines
+(seed 001, 0x0B).
+
+With causal masking, query tile m sees only the K/V tiles up to its last visible key, so tile
+costs differ; the kernel finishes when the most-loaded SM finishes. For M = N and a square
+aligned problem, tile m has ``m + 1`` live K/V blocks. Seed 001's toy: costs [1..6] on three
+workers take 9 in lexical order and 7 in longest-processing-time-first (LPT) order, which meets
+the lower bound ``max(sum/P, max)``.
+
+The causal convention is the project's (bottom-right aligned): query i sees key j iff
+``j <= i + (Sk - Sq)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(**xs: int) -> None:
+    for k, v in xs.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+
+
+def kv_blocks(seqlen_k: int, block_n: int) -> int:
+    _check(seqlen_k=seqlen_k, block_n=block_n)
+    return _ceil_div(seqlen_k, block_n)
+
+
+def q_blocks(seqlen_q: int, block_m: int) -> int:
+    _check(seqlen_q=seqlen_q, block_m=block_m)
+    return _ceil_div(seqlen_q, block_m)
+
+
+def live_blocks(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int,
+                causal: bool = True) -> int:
+    """K/V tiles that hold at least one visible score for query tile ``q_tile``."""
+    nq = q_blocks(seqlen_q, block_m)
+    nk = kv_blocks(seqlen_k, block_n)
+    if not 0 <= q_tile < nq:
+        raise ValueError(f"q_tile must be in [0, {nq}), got {q_tile!r}")
+    if not causal:
+        return nk
+    last_row = min((q_tile + 1) * block_m, seqlen_q) - 1
+    last_key = last_row + (seqlen_k - seqlen_q)
+    if last_key < 0:
+        return 0          # every row of this tile sees no key (Sq > Sk, bottom-right aligned)
+    return min(nk, last_key // block_n + 1)
+
+
+def masked_blocks(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int) -> int:
+    """Live K/V tiles of ``q_tile`` that need the causal mask (they hold a hidden score)."""
+    live = live_blocks(q_tile, block_m, block_n, seqlen_q, seqlen_k)
+    first_row = q_tile * block_m
+    first_row_last_key = first_row + (seqlen_k - seqlen_q)   # the first row sees keys <= this
+    # A K/V tile is mask-free when its last key is visible to the tile's first row.
+    unmasked = 0
+    for j in range(live):
+        if min((j + 1) * block_n, seqlen_k) - 1 <= first_row_last_key:
+            unmasked += 1
+    return live - unmasked
+
+
+def causal_costs(block_m: int, block_n: int, seqlen_q: int, seqlen_k: int,
+                 causal: bool = True) -> list[int]:
+    """Live K/V block count per query tile: the cheap cost proxy J_m of seed 001 0x0B."""
+    return [live_blocks(m, block_m, block_n, seqlen_q, seqlen_k, causal)
+            for m in range(q_blocks(seqlen_q, block_m))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    tile: int
+    worker: int
+    start: float
+    finish: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    assignments: tuple[Assignment, ...]
+    loads: tuple[float, ...]
+
+    @property
+    def makespan(self) -> float:
+        return max(self.loads)
+
+
+def list_schedule(costs: Sequence[float], order: Sequence[int], workers: int) -> Schedule:
+    """Greedy first-free list scheduling: each tile in ``order`` goes to the least-loaded worker
+    (lowest index on ties), as a persistent kernel's next free SM would take it."""
+    _check(workers=workers)
+    if sorted(order) != list(range(len(costs))):
+        raise ValueError("order must be a permutation of range(len(costs))")
+    loads = [0.0] * workers
+    out = []
+    for tile in order:
+        w = min(range(workers), key=lambda p: (loads[p], p))
+        start = loads[w]
+        loads[w] = start + costs[tile]
+        out.append(Assignment(tile, w, start, loads[w]))
+    return Schedule(tuple(out), tuple(loads))
+
+
+def lexical_order(costs: Sequence[float]) -> list[int]:
+    return list(range(len(costs)))
+
+
+def lpt_order(costs: Sequence[float]) -> list[int]:
+    """Longest first; equal costs keep the later tile first, as reversing the m-block order does."""
+    return sorted(range(len(costs)), key=lambda i: (-costs[i], -i))
+
+
+def makespan_lower_bound(costs: Sequence[float], workers: int) -> float:
+    """max(sum/P, max): no schedule on P identical workers finishes earlier."""
+    _check(workers=workers)
+    if not costs:
+        return 0.0
+    return max(sum(costs) / workers, max(costs))

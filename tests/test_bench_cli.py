@@ -1,0 +1,161 @@
+"""`flashrung bench | null | compare | reanchor` argument handling and the no-GPU paths."""
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flashrung.bench import cli, suites
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="flashrung")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli.register(sub)
+    return parser.parse_args(list(argv))
+
+
+def run(capsys, *argv):
+    args = parse(*argv)
+    rc = args.func(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_dry_run_json_prints_the_fa4_plan(capsys):
+    rc, out, _ = run(capsys, "bench", "--suite", "fa4-protocol", "--dry-run", "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    assert len(plan["rows"]) == 48
+    required = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "headdim", "dtype", "causal", "mode",
+                "flops", "flops_convention"}
+    assert all(required <= set(r) for r in plan["rows"])
+    first = plan["rows"][0]
+    assert (first["batch"], first["seqlen_q"], first["flops"], first["flops_convention"]) == (32, 1024, 274_877_906_944, "dense")
+    causal = [r for r in plan["rows"] if r["causal"]]
+    assert all(r["flops_convention"] == "fa-half" for r in causal)
+    assert {r["mode"] for r in plan["rows"]} == {"fwd", "bwd"}
+
+
+def test_exact_convention_is_labelled(capsys):
+    rc, out, _ = run(capsys, "bench", "--suite", "seed-frozen", "--dry-run", "--json", "--causal-flops", "exact")
+    rows = json.loads(out)["rows"]
+    assert rc == 0 and [r["flops_convention"] for r in rows] == ["dense", "exact"]
+    assert rows[1]["flops"] == rows[1]["flops_by_convention"]["exact"] > rows[1]["flops_by_convention"]["fa-half"]
+
+
+def test_suite_filters_and_free_shapes():
+    _, rows = cli.rows_from_args(parse("bench", "--suite", "fa4-protocol", "--seqlen", "4096", "--headdim", "128",
+                                       "--no-causal", "--mode", "fwd"))
+    assert [(r.batch, r.seqlen_q, r.headdim, r.causal, r.mode) for r in rows] == [(8, 4096, 128, False, "fwd")]
+    name, rows = cli.rows_from_args(parse("bench", "--seqlen", "2048", "8192", "--heads", "32", "--kv-heads", "8",
+                                          "--headdim", "64", "--causal", "--dtype", "fp16", "--mode", "fwd+bwd"))
+    assert name == "free" and len(rows) == 4
+    assert {(r.batch, r.seqlen_q) for r in rows} == {(16, 2048), (4, 8192)}      # 32k tokens when --batch is absent
+    assert all(r.heads_kv == 8 and r.dtype == "float16" and r.causal for r in rows)
+    name, rows = cli.rows_from_args(parse("bench"))
+    assert name == "fa4-protocol" and len(rows) == 48
+
+
+def test_bad_arguments_say_what_to_fix(capsys):
+    rc, _, err = run(capsys, "bench", "--suite", "seed-frozen", "--batch", "3", "--dry-run")
+    assert rc == 2 and "--batch" in err and "suite" in err
+    rc, _, err = run(capsys, "bench", "--heads", "16", "--dry-run")
+    assert rc == 2 and "--seqlen" in err
+    with pytest.raises(SystemExit):
+        parse("bench", "--impl", "cutlass")
+    with pytest.raises(SystemExit):
+        parse("compare", "cudnn", "flashrung:")
+    with pytest.raises(SystemExit):
+        parse("null", "--alternations", "7")
+    with pytest.raises(ValueError, match="multiple of kv-heads"):
+        suites.free_rows(seqlens=[128], batch=1, heads=6, kv_heads=4, headdim=64)
+
+
+def test_impl_list_defaults_to_every_peer_and_flashrung(capsys):
+    rc, out, _ = run(capsys, "bench", "--seqlen", "1024", "--dry-run", "--json", "--impl", "cudnn",
+                     "--impl", "flashrung:portable", "--impl", "cudnn")
+    assert json.loads(out)["impls"] == ["cudnn", "flashrung:portable"]
+    rc, out, _ = run(capsys, "bench", "--seqlen", "1024", "--dry-run", "--json")
+    assert json.loads(out)["impls"] == ["cudnn", "flash", "efficient", "flex", "fa4", "flashrung"]
+
+
+def _no_gpu():
+    import torch
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="checks the message a machine without a GPU prints")
+def test_plain_bench_without_a_gpu_says_so_and_prints_the_plan():
+    proc = subprocess.run([sys.executable, "-m", "flashrung.bench", "bench"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0
+    assert "no GPU" in proc.stderr and "nothing was timed" in proc.stderr
+    assert "274,877,906,944" in proc.stdout and "fa-half" in proc.stdout
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="checks the message a machine without a GPU prints")
+def test_paired_commands_without_a_gpu_refuse_plainly(capsys, tmp_path):
+    for argv in (("null",), ("compare", "cudnn", "flashrung")):
+        rc, _, err = run(capsys, *argv, "--calibration", str(tmp_path / "c.json"))
+        assert rc == 2 and "needs a GPU" in err
+
+
+def test_reanchor_rejects_a_broken_chain_before_touching_a_gpu(capsys, tmp_path):
+    links = tmp_path / "links.json"
+    links.write_text(json.dumps({"links": [
+        {"baseline": "flashrung:ladder.v5", "candidate": "flashrung:a", "margin": 1.004, "verdict": "KEEP", "paired": True},
+        {"baseline": "flashrung:b", "candidate": "flashrung:c", "margin": 1.01, "verdict": "KEEP", "paired": True}]}))
+    rc, _, err = run(capsys, "reanchor", "--links", str(links))
+    assert rc == 2 and "chain is broken" in err
+
+
+def test_links_load_from_compare_outputs_and_lists(tmp_path):
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"link": {"baseline": "x", "candidate": "y", "margin": 1.01, "verdict": "KEEP",
+                                      "paired": True, "row": {}}, "verdict": {}}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps([{"baseline": "y", "candidate": "z", "margin": 1.02, "verdict": "KEEP", "paired": True}]))
+    links = cli.load_links([a, b])
+    assert [(l.baseline, l.candidate) for l in links] == [("x", "y"), ("y", "z")]
+
+
+TINY = ["--batch", "1", "--seqlen", "64", "--heads", "2", "--headdim", "32", "--dtype", "fp16", "--device", "cpu",
+        "--quick", "--alternations", "4", "--reps", "1", "--warmup", "2"]
+
+
+def test_null_compare_reanchor_run_their_fresh_process_path_on_cpu(capsys, tmp_path):
+    """The machinery end to end on the CPU (wall clock, interpreter): the numbers mean nothing,
+    the plumbing — fresh processes, calibration, verdict, links, re-anchor — is what is checked."""
+    cal = tmp_path / "cal.json"
+    rc, out, err = run(capsys, "null", "--impl", "flash", "--pairs", "10", "--calibration", str(cal), *TINY)
+    assert rc == 0, err
+    entry = json.loads(cal.read_text())["cpu"]
+    assert entry["n"] == 10 and len(entry["margins"]) == 10 and entry["impl"] == "flash"
+    assert entry["t_noise"] == pytest.approx(max(abs(m - 1) for m in entry["margins"]))
+    assert "t_noise =" in out and out.count("pair ") >= 10
+
+    # the calibration just stored is the threshold compare reads
+    link_path = tmp_path / "link.json"
+    rc, out, err = run(capsys, "compare", "flash", "flashrung:portable", "--calibration", str(cal),
+                       "--json", str(link_path), *TINY)
+    assert rc == 0, err
+    assert f"t_keep {1 + entry['t_noise']:.6f}" in out and "gate candidate: PASS" in out
+    doc = json.loads(link_path.read_text())
+    verdict = doc["verdict"]["verdict"]
+    assert verdict in ("KEEP", "REVERT", "NULL") and f"\n{verdict}: margin" in out
+    assert len(doc["runs"]) == 2 and doc["runs"][0]["pid"] != doc["runs"][1]["pid"]      # two fresh processes
+    assert doc["link"]["paired"] and doc["link"]["margin"] == doc["verdict"]["runs"][0]["margin"]
+
+    links = tmp_path / "links.json"
+    links.write_text(json.dumps([{**doc["link"], "verdict": "KEEP"}]))
+    rc, out, err = run(capsys, "reanchor", "--links", str(links), "--t-noise", "0.01", *TINY)
+    assert rc == 0, err
+    assert "1 kept links flash → flashrung:portable" in out
+    assert any(w in out for w in ("CONSISTENT", "OVERSHOOT", "UNDERSHOOT"))
+
+
+def test_compare_without_a_calibration_asks_for_the_null(capsys, tmp_path):
+    rc, _, err = run(capsys, "compare", "flash", "flash", "--calibration", str(tmp_path / "none.json"), *TINY)
+    assert rc == 2 and "flashrung null" in err

@@ -1,0 +1,60 @@
+"""The instrument on a GPU: one tiny row through every peer, one fresh-process paired run."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashrung.bench import peers, runner, stats, suites, timing, worker
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TINY = dict(batch=2, seqlen_q=256, seqlen_k=256, heads_q=4, heads_kv=4, headdim=64, dtype="bfloat16", causal=True)
+
+
+def test_tiny_rows_end_to_end():
+    rows = [suites.Row(**TINY, mode="fwd"), suites.Row(**TINY, mode="bwd")]
+    doc = runner.run(rows, list(peers.DEFAULT_IMPLS), protocol=timing.QUICK_BENCH, progress=False)
+    json.dumps(doc, default=str)                     # the document is writable as is
+    assert doc["ceilings"]["gemm:bfloat16"]["value"] > 10 and doc["ceilings"]["copy"]["value"] > 100
+    for row in doc["rows"]:
+        assert set(row["results"]) == set(peers.DEFAULT_IMPLS)       # nobody silently skipped
+        for impl, r in row["results"].items():
+            assert r["status"] in ("ok", "unsupported", "error")
+            if r["status"] == "ok":
+                assert r["tflops"] > 0 and r["distribution"]["n"] >= 2
+            else:
+                assert r["reason"]
+        assert row["results"]["flashrung"]["status"] == "ok", row["results"]["flashrung"]
+        assert row["results"]["cudnn"]["status"] == "ok" or row["results"]["flash"]["status"] == "ok"
+        if row["mode"] == "fwd":
+            # every forward output agrees with the reference peer to bf16 accuracy
+            for impl, r in row["results"].items():
+                if "max_abs_diff" in r:
+                    assert r["max_abs_diff"]["value"] < 0.05, (impl, r["max_abs_diff"])
+    assert doc["correctness"] and all(g["passed"] for g in doc["correctness"]), doc["correctness"]
+    env = doc["manifest"]["environment"]
+    assert env["gpu"] and env["sm_count"] > 0 and doc["manifest"]["clocks_end"]["source"]
+
+
+def test_fresh_process_a_a_pair_is_near_one():
+    spec = worker.Spec("cudnn", "cudnn", suites.Row(**{**TINY, "batch": 8, "seqlen_q": 1024, "seqlen_k": 1024},
+                                                   mode="fwd"),
+                       timing.PairedProtocol(alternations=20, reps=3, block_warmup=1, warmup_calls=5))
+    out = worker.run_fresh(spec, timeout_s=600)
+    s = stats.PairedSummary.from_json(out["summary"])
+    assert s.n == 20 and abs(s.margin - 1) < 0.05
+
+
+def test_cli_bench_writes_json_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "flashrung.bench", "bench", "--seqlen", "512", "1024", "--batch", "2",
+                           "--heads", "4", "--headdim", "64", "--impl", "cudnn", "--impl", "flashrung", "--quick",
+                           "--no-progress", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 2 and out.with_suffix(".png").exists()
+    assert "flashrung/best" in proc.stdout

@@ -1,0 +1,55 @@
+"""Causal live blocks and makespan on identical machines (seed 001 0x0B)."""
+import pytest
+
+from flashrung.model import schedule as S
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_square_causal_live_blocks_is_q_tile_plus_one(block):
+    seqlen = 16 * block
+    assert S.causal_costs(block, block, seqlen, seqlen) == [m + 1 for m in range(16)]
+    # Only the diagonal block of each query tile needs the mask.
+    assert all(S.masked_blocks(m, block, block, seqlen, seqlen) == 1 for m in range(16))
+
+
+def test_non_causal_and_rectangular_blocks():
+    assert S.causal_costs(128, 128, 1024, 1024, causal=False) == [8] * 8
+    # M = 2N: query tile m reaches key tile 2m + 1.
+    assert S.causal_costs(128, 64, 512, 512) == [2, 4, 6, 8]
+    # Ragged tail: last query tile of 1000 rows is short but still sees every key.
+    assert S.causal_costs(128, 128, 1000, 1000)[-1] == 8
+
+
+def test_bottom_right_alignment():
+    # Sk > Sq: the queries sit at the end of the keys, so every tile sees the prefix.
+    assert S.causal_costs(128, 128, 256, 1024) == [7, 8]
+    # Sq > Sk: the first rows see no key at all.
+    assert S.causal_costs(128, 128, 1024, 256) == [0, 0, 0, 0, 0, 0, 1, 2]
+
+
+def test_lexical_vs_lpt_makespan_oracle():
+    costs = [1, 2, 3, 4, 5, 6]
+    lex = S.list_schedule(costs, S.lexical_order(costs), 3)
+    lpt = S.list_schedule(costs, S.lpt_order(costs), 3)
+    assert sorted(lex.loads) == [5, 7, 9] and lex.makespan == 9
+    assert lpt.loads == (7, 7, 7) and lpt.makespan == 7
+    assert S.makespan_lower_bound(costs, 3) == 7
+    assert S.lpt_order(costs) == [5, 4, 3, 2, 1, 0]
+
+
+def test_lpt_on_a_causal_launch_beats_lexical():
+    costs = S.causal_costs(128, 128, 8192, 8192) * 8        # 8 heads of 64 query tiles
+    workers = 132
+    lex = S.list_schedule(costs, S.lexical_order(costs), workers).makespan
+    lpt = S.list_schedule(costs, S.lpt_order(costs), workers).makespan
+    lb = S.makespan_lower_bound(costs, workers)
+    assert lb <= lpt < lex
+
+
+def test_schedule_validation():
+    with pytest.raises(ValueError, match="permutation"):
+        S.list_schedule([1, 2], [0, 0], 2)
+    with pytest.raises(ValueError, match="q_tile"):
+        S.live_blocks(8, 128, 128, 1024, 1024)
+    with pytest.raises(ValueError, match="workers"):
+        S.makespan_lower_bound([1], 0)

@@ -64,8 +64,9 @@ class CensusRow:
     config: dict
     regs: int | None
     smem_bytes: int | None
-    spill_bytes: int | None
+    spill_bytes: int | None          # spill stores + loads, from ptxas -v (and cuobjdump LOCAL)
     sass: dict
+    stack_bytes: int | None = None
     error: str | None = None
 
     def to_json(self) -> dict:
@@ -129,6 +130,34 @@ def _res_usage(cubin_path: str) -> tuple[int, int, int, int]:
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
 
 
+_PTX_TARGET = re.compile(r"^\s*\.target\s+(sm_\w+)", re.M)
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_spills(ptx: str) -> tuple[int, int]:
+    """(stack frame bytes, spill store + load bytes) as ``ptxas -v`` reports them for this PTX.
+
+    cuobjdump's LOCAL stays 0 when ptxas spills into the stack frame, so spills are read here."""
+    target = _PTX_TARGET.search(ptx)
+    if not target:
+        raise RuntimeError("PTX without a .target line")
+    from triton.backends.nvidia.compiler import get_ptxas
+    capability = int(re.sub(r"\D", "", target.group(1)))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        # the same ptxas Triton assembles with (a newer one for sm_100+)
+        out = subprocess.run([get_ptxas(capability).path, "-v", f"-arch={target.group(1)}", src, "-o",
+                              os.path.join(tmp, "k.o")], capture_output=True, text=True, check=True)
+    found = _PTXAS_SPILL.findall(out.stdout + out.stderr)
+    if not found:
+        raise RuntimeError(f"could not read spills from ptxas -v:\n{out.stderr}")
+    stack = max(int(f[0]) for f in found)
+    spills = sum(int(f[1]) + int(f[2]) for f in found)
+    return stack, spills
+
+
 def sass_text(cubin_path: str) -> str:
     return subprocess.run([_tool("cuobjdump"), "-sass", cubin_path], capture_output=True,
                           text=True, check=True).stdout
@@ -160,8 +189,10 @@ def census_one(spec: CensusSpec, arch: str) -> CensusRow:
                 f.write(compiled.asm["cubin"])
             reg, stack, shared_static, local = _res_usage(path)
             sass = count_sass(sass_text(path))
+        _, spills = ptxas_spills(compiled.asm["ptx"])
         smem = int(compiled.metadata.shared)
-        return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, local, sass)
+        return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, max(local, spills), sass,
+                         stack_bytes=stack)
     except Exception as exc:  # a configuration that does not compile is a row, not a crash
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return CensusRow(spec.kernel, arch, dict(spec.config), None, None, None, {},
@@ -175,7 +206,7 @@ def run_census(arch: str, kernel_filter: str | None = None, progress: bool = Fal
 
     specs = [s for s in census_specs() if arch in s.arches]
     if kernel_filter:
-        specs = [s for s in specs if s.kernel == kernel_filter or s.kernel.startswith(kernel_filter + ".")
+        specs = [s for s in specs if s.kernel.startswith(kernel_filter)
                  or re.fullmatch(kernel_filter.replace(".", r"\.").replace("*", ".*"), s.kernel)]
     it = specs
     if progress:

@@ -23,6 +23,7 @@ from flashrung.kernels.portable import common
 from flashrung.kernels.portable.common import LOG2E, causal_kv_bounds, round_to, score_mask
 
 unsupported_reason = common.unsupported_reason
+PREPROCESS_BLOCK_M = 64    # rows of dO ∘ O reduced per program; memory-bound, any size works
 
 
 @triton.jit
@@ -221,26 +222,28 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     block_d = triton.next_power_of_2(D)
     scale = common.check_scale(softmax_scale)
     dot_fp32 = common.dot_in_fp32(q.dtype)
-    _bwd_preprocess[(triton.cdiv(Sq, cfg.block_m), B * Hq)](
+    _bwd_preprocess[(triton.cdiv(Sq, PREPROCESS_BLOCK_M), B * Hq)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2),
         do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), Sq, Hq,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, num_warps=4)
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4)
     if dlse is not None:
         delta.sub_(dlse)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    _bwd_dkdv[(triton.cdiv(Sk, cfg.block_n), B * Hkv)](
+    _bwd_dkdv[(triton.cdiv(Sk, cfg.dkdv.block_n), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _bwd_dq[(triton.cdiv(Sq, cfg.block_m), B * Hq)](
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
+        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dkdv.num_warps,
+        num_stages=cfg.dkdv.num_stages)
+    _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
+        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dq.num_warps,
+        num_stages=cfg.dq.num_stages)
     return dq, dk, dv
 
 
@@ -248,34 +251,34 @@ def census_specs() -> list[CensusSpec]:
     specs = []
     common_ints = ("stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
                    "stride_vb", "stride_vs", "stride_vh", "stride_dob", "stride_dos", "stride_doh")
+    ptrs = {n: "*bf16" for n in ("Q", "K", "V", "DO")}
+    sig_dkdv = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                **{n: "i32" for n in common_ints + ("stride_dkb", "stride_dks", "stride_dkh",
+                                                     "stride_dvb", "stride_dvs", "stride_dvh",
+                                                     "stride_lb", "stride_lh", "seqlen_q",
+                                                     "seqlen_k", "heads_kv", "group")},
+                "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+    sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
+              **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
+                                                   "stride_lb", "stride_lh", "seqlen_q",
+                                                   "seqlen_k", "heads_q", "group")},
+              "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+    sig_pre = {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
+               **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
+                                     "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}}
     for arch, cap in (("sm_80", (8, 0)), ("sm_90a", (9, 0)), ("sm_120", (12, 0))):
         for head_dim in (64, 128, 256):
             cfg = common.backward_config(head_dim, cap)
-            config = {"head_dim": head_dim, "causal": True, "dtype": "bf16", "block_m": cfg.block_m,
-                      "block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-            constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m,
-                          "BLOCK_N": cfg.block_n, "IS_CAUSAL": True, "DOT_FP32": False}
-            ptrs = {n: "*bf16" for n in ("Q", "K", "V", "DO")}
-            sig_dkdv = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
-                        **{n: "i32" for n in common_ints + ("stride_dkb", "stride_dks", "stride_dkh",
-                                                             "stride_dvb", "stride_dvs", "stride_dvh",
-                                                             "stride_lb", "stride_lh", "seqlen_q",
-                                                             "seqlen_k", "heads_kv", "group")},
-                        "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
-            sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
-                      **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
-                                                           "stride_lb", "stride_lh", "seqlen_q",
-                                                           "seqlen_k", "heads_q", "group")},
-                      "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
-            specs.append(CensusSpec("portable.bwd_dkdv", config, _bwd_dkdv, sig_dkdv, constexprs,
-                                    cfg.num_warps, cfg.num_stages, arches=(arch,)))
-            specs.append(CensusSpec("portable.bwd_dq", config, _bwd_dq, sig_dq, constexprs,
-                                    cfg.num_warps, cfg.num_stages, arches=(arch,)))
+            for name, fn, sig, tile in (("portable.bwd_dkdv", _bwd_dkdv, sig_dkdv, cfg.dkdv),
+                                        ("portable.bwd_dq", _bwd_dq, sig_dq, cfg.dq)):
+                config = {"head_dim": head_dim, "causal": True, "dtype": "bf16", "block_m": tile.block_m,
+                          "block_n": tile.block_n, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
+                constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": tile.block_m,
+                              "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "DOT_FP32": False}
+                specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
+                                        tile.num_stages, arches=(arch,)))
             specs.append(CensusSpec(
-                "portable.bwd_preprocess", {"head_dim": head_dim, "dtype": "bf16", "block_m": cfg.block_m},
-                _bwd_preprocess,
-                {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
-                 **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
-                                       "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}},
-                {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m}, 4, 1, arches=(arch,)))
+                "portable.bwd_preprocess", {"head_dim": head_dim, "dtype": "bf16", "block_m": PREPROCESS_BLOCK_M},
+                _bwd_preprocess, sig_pre,
+                {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": PREPROCESS_BLOCK_M}, 4, 1, arches=(arch,)))
     return specs

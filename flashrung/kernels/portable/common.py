@@ -90,19 +90,35 @@ def forward_config(head_dim: int, capability: tuple[int, int] | None) -> TileCon
         return TileConfig(128, 64, 4, 3)
     if block_d <= 128:
         return TileConfig(128, 64, 8, 3 if capability[0] != 12 else 2)
-    return TileConfig(64, 64, 4, 2 if capability[0] != 12 else 1)
+    # d256: every tile shape tried spills on sm_90a (64x64x4w: 4.6 KB; this one: 240 B, the
+    # least of 64/128 rows x 16/32/64 keys x 4/8 warps); the portable kernel is the floor here
+    return TileConfig(64, 32, 8, 2 if capability[0] != 12 else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    dkdv: TileConfig     # one program per KV tile (block_n keys), looping over block_m query tiles
+    dq: TileConfig       # one program per Q tile (block_m queries), looping over block_n key tiles
 
 
 @functools.lru_cache(maxsize=None)
-def backward_config(head_dim: int, capability: tuple[int, int] | None) -> TileConfig:
+def backward_config(head_dim: int, capability: tuple[int, int] | None) -> BackwardConfig:
+    """Backward tiles, chosen from the sm_90a census as the shapes with the fewest spilled bytes
+    (dk and dv both live in registers across the whole query loop): d64 spills nothing; d128's
+    dk/dv kernel spills 288 B at best and d256's 3 KB, where the portable kernel is only the floor.
+    sm_120 keeps every tile under its 99 KB of shared memory."""
     if capability is None:
-        return TileConfig(32, 32, 4, 1)
+        tile = TileConfig(32, 32, 4, 1)
+        return BackwardConfig(tile, tile)
     block_d = triton.next_power_of_2(head_dim)
+    small_smem = capability[0] == 12
     if block_d <= 64:
-        return TileConfig(64, 64, 4, 2)
+        return BackwardConfig(TileConfig(32, 128, 8, 1), TileConfig(64, 64, 4, 2))
     if block_d <= 128:
-        return TileConfig(64, 64, 8, 2 if capability[0] != 12 else 1)
-    return TileConfig(32, 64, 4, 1)
+        return BackwardConfig(TileConfig(16, 64, 4, 1), TileConfig(64, 64, 4, 1))
+    if small_smem:
+        return BackwardConfig(TileConfig(16, 64, 4, 1), TileConfig(16, 64, 4, 1))
+    return BackwardConfig(TileConfig(64, 64, 8, 1), TileConfig(32, 128, 8, 1))
 
 
 def unsupported_reason(problem: Problem) -> str | None:

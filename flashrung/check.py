@@ -7,6 +7,7 @@ correct kernel's ratio to the bound and the smallest injected defect's.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -39,8 +40,15 @@ class KernelSummary:
     failures: list = dataclasses.field(default_factory=list)
 
 
+def _compile_group(job) -> tuple:
+    """Jobs that share a compiled kernel: the same backend, direction, head dim, dtype, mask."""
+    direction, backend, _, case, _ = job
+    return (backend.name, direction, case.head_dim, str(case.dtype), case.causal)
+
+
 def run_check(device: str, size: str, kernels: list[str] | None = None,
-              directions=("fwd", "bwd"), progress=_progress) -> list[KernelSummary]:
+              directions=("fwd", "bwd"), progress=_progress,
+              shard: tuple[int, int] = (0, 1)) -> list[KernelSummary]:
     from flashrung import dispatch, gate
     cases = gate.envelope(size)
     if device == "cpu":
@@ -64,6 +72,12 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
                 jobs.append(("bwd", b, fwd_module, case, problem))
     if kernels:
         jobs = [j for j in jobs if any(j[1].name == k or j[1].name.startswith(k) for k in kernels)]
+    index, count = shard
+    if count > 1:
+        # whole compile groups per shard, so shards compile in parallel instead of all compiling all
+        groups = sorted({_compile_group(j) for j in jobs})
+        mine = {g for i, g in enumerate(groups) if i % count == index}
+        jobs = [j for j in jobs if _compile_group(j) in mine]
     for direction, backend, fwd_module, case, problem in progress(jobs, desc=f"gate on {device}"):
         s = summaries.setdefault((backend.name, direction), KernelSummary(backend.name, direction))
         module = backend.load()
@@ -100,27 +114,78 @@ def _device_label(device: str) -> str:
     return "CPU (Triton interpreter)"
 
 
+def _summary_json(s: KernelSummary) -> dict:
+    return {"kernel": s.kernel, "direction": s.direction, "cases": s.cases, "passed": s.passed,
+            "unsupported": s.unsupported, "worst": s.worst.to_json() if s.worst else None,
+            "failures": [f.to_json() for f in s.failures]}
+
+
+def _merge(parts: list[list[dict]]) -> list[dict]:
+    merged: dict[tuple[str, str], dict] = {}
+    for part in parts:
+        for s in part:
+            m = merged.setdefault((s["kernel"], s["direction"]), {
+                "kernel": s["kernel"], "direction": s["direction"], "cases": 0, "passed": 0,
+                "unsupported": 0, "worst": None, "failures": []})
+            for key in ("cases", "passed", "unsupported"):
+                m[key] += s[key]
+            m["failures"] += s["failures"]
+            if s["worst"] and (m["worst"] is None or s["worst"]["ratio"] > m["worst"]["ratio"]):
+                m["worst"] = s["worst"]
+    return list(merged.values())
+
+
+def _run_sharded(args, jobs: int) -> list[dict]:
+    """Run the check in ``jobs`` processes (compiles are CPU-bound and dominate on a GPU)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for i in range(jobs):
+            out = os.path.join(tmp, f"shard{i}.json")
+            cmd = [sys.executable, "-m", "flashrung.cli", "check", "--shard", f"{i}/{jobs}", "--json", out,
+                   "--size", args.size] + (["--device", args.device] if args.device else [])
+            for k in args.kernel or []:
+                cmd += ["--kernel", k]
+            for d in args.direction:
+                cmd += ["--direction", d]
+            procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
+        parts = []
+        for proc, out in procs:
+            if proc.wait() not in (0, 1) or not os.path.exists(out):
+                raise RuntimeError(f"check shard failed with exit code {proc.returncode}")
+            with open(out) as fh:
+                parts.append(json.load(fh)["summaries"])
+    return _merge(parts)
+
+
 def check_command(args) -> int:
     device = _prepare_device(args.device)
-    size = args.size or ("device" if device == "cuda" else "small")
-    summaries = run_check(device, size, args.kernel, tuple(args.direction))
+    args.size = args.size or ("device" if device == "cuda" else "small")
+    size = args.size
+    index, count = (int(x) for x in args.shard.split("/")) if args.shard else (0, 1)
+    if args.jobs > 1 and count == 1:
+        summaries = _run_sharded(args, args.jobs)
+    else:
+        summaries = [_summary_json(s) for s in run_check(device, size, args.kernel, tuple(args.direction),
+                                                         shard=(index, count))]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
-        rows.append([s.kernel, s.direction, str(s.cases), str(s.passed), str(s.unsupported),
-                     f"{s.worst.ratio:.3f}" if s.worst else "-", s.worst.case.label() if s.worst else "-"])
+        worst = s["worst"]
+        rows.append([s["kernel"], s["direction"], str(s["cases"]), str(s["passed"]), str(s["unsupported"]),
+                     f"{worst['ratio']:.3f}" if worst else "-", worst["case"] if worst else "-"])
+    failures = [f for s in summaries for f in s["failures"]]
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"device": _device_label(device), "size": size, "summaries": summaries}, fh, indent=1)
+    if count > 1:
+        return 1 if failures else 0
     print(f"flashrung check on {_device_label(device)}, envelope '{size}' "
           f"(pass iff max|kernel-oracle| <= 2*max|lowp-oracle| + 1e-4; ratio < 1 passes)")
     print(_table(rows))
-    failures = [f for s in summaries for f in s.failures]
     for f in failures:
-        print(f"  {f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": _device_label(device), "size": size, "summaries": [
-                {"kernel": s.kernel, "direction": s.direction, "cases": s.cases, "passed": s.passed,
-                 "unsupported": s.unsupported, "worst": s.worst.to_json() if s.worst else None,
-                 "failures": [f.to_json() for f in s.failures]} for s in summaries]}, fh, indent=1)
-    checked = sum(s.cases for s in summaries)
+        print(f"  FAIL {f['kernel']} {f['case']}: ratio {f['ratio']:.3f}")
+    checked = sum(s["cases"] for s in summaries)
     if checked == 0:
         print("no kernel could run any case on this device", file=sys.stderr)
         return 1
@@ -171,6 +236,9 @@ def register(sub) -> None:
     p.add_argument("--kernel", action="append", default=None, help="only this kernel (repeatable)")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes to spread the check over (whole compile groups each)")
+    p.add_argument("--shard", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=lambda a: check_command(_defaults(a)))
 
     g = sub.add_parser("gate", help="the gate's calibration and mutation battery")

@@ -66,7 +66,15 @@ FORWARD_BACKENDS = (
     Backend("portable.fwd", "flashrung.kernels.portable.fwd", "fwd"),
 )
 # Teaching rungs and variants: never picked automatically, callable by name (impl="ladder.v3").
-EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = ()
+EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
+    Backend("ladder.v0", "flashrung.kernels.ladder.v0", "fwd", auto=False),
+    Backend("ladder.v1", "flashrung.kernels.ladder.v1", "fwd", auto=False),
+    Backend("ladder.v2", "flashrung.kernels.ladder.v2", "fwd", auto=False),
+    Backend("ladder.v3", "flashrung.kernels.ladder.v3", "fwd", auto=False),
+    Backend("ladder.v4", "flashrung.kernels.ladder.v4", "fwd", auto=False),
+    Backend("ladder.v5", "flashrung.kernels.ladder.v5", "fwd", auto=False),
+    Backend("ladder.v7", "flashrung.kernels.ladder.v7", "fwd", auto=False),
+)
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),
 )
@@ -110,22 +118,64 @@ class UnsupportedError(ValueError):
     pass
 
 
+def parse_impl(impl: str) -> tuple[str, dict[str, str]]:
+    """``"hopper.fwd@pingpong=true,block_n=64"`` → ``("hopper.fwd", {"pingpong": "true", ...})``.
+
+    The part after ``@`` overrides fields of the kernel's chosen configuration: how a single
+    lever is priced against the default through the same public entry point users call."""
+    name, _, spec = impl.partition("@")
+    overrides = {}
+    for item in filter(None, spec.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"impl {impl!r}: expected name@key=value[,key=value...], got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return name.strip(), overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A backend module run with configuration overrides (``impl="name@key=value"``)."""
+
+    module: object
+    overrides: tuple[tuple[str, str], ...]
+
+    def unsupported_reason(self, problem: Problem) -> str | None:
+        reason = self.module.unsupported_reason(problem)
+        if reason is None:
+            self.module.config_with(problem, dict(self.overrides))   # raises on a bad override
+        return reason
+
+    def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None):
+        problem = Problem.of(q, k, v, causal)
+        config = self.module.config_with(problem, dict(self.overrides))
+        return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
+
+
 def select(problem: Problem, direction: str, impl: str | None = None):
     """Pick a backend for ``problem``. ``impl`` forces one (by full or family name: "hopper")."""
     impl = impl or os.environ.get(f"FLASHRUNG_{direction.upper()}_IMPL") or None
     declined = []
     backends = _backends(direction)
     if impl is not None:
-        wanted = [b for b in backends if b.name == impl or b.name.split(".")[0] == impl]
+        name, overrides = parse_impl(impl)
+        wanted = [b for b in backends if b.name == name or b.name.split(".")[0] == name]
         if not wanted:
-            raise ValueError(f"impl must be one of {[b.name for b in backends]} for {direction}, got {impl!r}")
+            raise ValueError(f"impl must be one of {[b.name for b in backends]} for {direction} "
+                             f"(optionally name@key=value,...), got {impl!r}")
         backend = wanted[0]
-        reason = backend.load().unsupported_reason(problem)
+        module = backend.load()
+        if overrides:
+            if not hasattr(module, "config_with"):
+                raise ValueError(f"{backend.name} takes no configuration overrides (got {impl!r})")
+            module = Variant(module, tuple(sorted(overrides.items())))
+        reason = module.unsupported_reason(problem)
         if reason is not None:
             raise UnsupportedError(f"{backend.name} cannot run this problem: {reason}")
-        d = Dispatch(backend.name, direction, forced=True)
+        label = backend.name + (impl[impl.index("@"):] if overrides else "")
+        d = Dispatch(label, direction, forced=True)
         _record(d)
-        return backend.load(), d
+        return module, d
     for backend in (b for b in backends if b.auto):
         reason = backend.load().unsupported_reason(problem)
         if reason is None:

@@ -146,3 +146,14 @@ def test_flash_attn_func_alias_and_unsupported_features():
 def test_default_scale_is_inverse_sqrt_head_dim():
     q, k, v = qkv(D=64)
     assert torch.equal(flashrung.attention(q, k, v), flashrung.attention(q, k, v, softmax_scale=1 / math.sqrt(64)))
+
+
+def test_impl_overrides_parse_and_are_refused_by_kernels_without_a_config():
+    from flashrung import dispatch
+    assert dispatch.parse_impl("hopper.fwd@pingpong=true, block_n=64") == (
+        "hopper.fwd", {"pingpong": "true", "block_n": "64"})
+    with pytest.raises(ValueError, match="key=value"):
+        dispatch.parse_impl("hopper.fwd@pingpong")
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="no configuration overrides"):
+        flashrung.attention(q, k, v, impl="portable.fwd@block_m=64")

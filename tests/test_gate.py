@@ -75,3 +75,14 @@ def test_matching_minus_infinities_count_as_equal_and_nan_as_infinite():
     assert gate.max_abs_diff(torch.tensor([float("-inf"), 1.0]), torch.tensor([float("-inf"), 1.0])) == 0
     assert gate.max_abs_diff(torch.tensor([float("nan")]), torch.tensor([0.0])) == float("inf")
     assert gate.max_abs_diff(torch.tensor([0.0]), torch.tensor([float("-inf")])) == float("inf")
+
+
+def test_sharded_check_results_merge_counts_and_keep_the_worst():
+    from flashrung.check import _merge
+    a = [{"kernel": "k", "direction": "fwd", "cases": 2, "passed": 2, "unsupported": 1,
+          "worst": {"ratio": 0.3, "case": "a"}, "failures": []}]
+    b = [{"kernel": "k", "direction": "fwd", "cases": 3, "passed": 2, "unsupported": 0,
+          "worst": {"ratio": 1.5, "case": "b"}, "failures": [{"ratio": 1.5, "case": "b"}]}]
+    (m,) = _merge([a, b])
+    assert (m["cases"], m["passed"], m["unsupported"]) == (5, 4, 1)
+    assert m["worst"]["case"] == "b" and len(m["failures"]) == 1

@@ -8,6 +8,7 @@ CENSUS_MODULES = (
     "flashrung.kernels.portable.fwd",
     "flashrung.kernels.portable.bwd",
     "flashrung.kernels.hopper.fwd",
+    "flashrung.kernels.ladder",
 )
 
 

@@ -1,0 +1,59 @@
+"""The FA5090 ladder (seed 000) rebuilt in Gluon: one lever per rung, one rung per file.
+
+``v0`` naive (CUDA-core FMA, scalar staging, precise expf) -> ``v1`` mma.sync with ldmatrix ->
+``v2`` XOR-swizzled shared tiles -> ``v3`` 16-byte cp.async -> ``v4`` exp2 with log2(e) folded
+into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches. Each rung
+module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
+``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """One rung: its dispatch name, module, parent and the lever that separates them."""
+
+    name: str             # "ladder.v3": the name dispatch and the CLI use
+    module: str           # dotted module path
+    parent: str | None    # the rung its paired margin is measured against
+    lever: str
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+RUNGS: tuple[Rung, ...] = (
+    Rung("ladder.v0", "flashrung.kernels.ladder.v0", None,
+         "baseline: CUDA-core FMA, scalar 2-byte staging, precise expf"),
+    Rung("ladder.v1", "flashrung.kernels.ladder.v1", "ladder.v0",
+         "mma.sync (mma_v2) with ldmatrix-fed operands"),
+    Rung("ladder.v2", "flashrung.kernels.ladder.v2", "ladder.v1",
+         "XOR-swizzled shared tiles"),
+    Rung("ladder.v3", "flashrung.kernels.ladder.v3", "ladder.v2",
+         "16-byte cp.async staging, single buffer"),
+    Rung("ladder.v4", "flashrung.kernels.ladder.v4", "ladder.v3",
+         "exp2 with log2(e) folded into the host-side scale"),
+    Rung("ladder.v5", "flashrung.kernels.ladder.v5", "ladder.v4",
+         "HeaviestFirst (LPT) CTA order for causal"),
+    Rung("ladder.v7", "flashrung.kernels.ladder.v7", "ladder.v5",
+         "four keeps: 64x32 tile, rescale skip, mask specialization, causal loop split"),
+)
+
+
+def rung(name: str) -> Rung:
+    """The rung called ``name`` ("ladder.v3" or "v3")."""
+    for r in RUNGS:
+        if name in (r.name, r.name.split(".")[1]):
+            return r
+    raise ValueError(f"name must be one of {[r.name for r in RUNGS]}, got {name!r}")
+
+
+def census_specs():
+    """Every rung's census configurations, in ladder order."""
+    specs = []
+    for r in RUNGS:
+        specs.extend(r.load().census_specs())
+    return specs

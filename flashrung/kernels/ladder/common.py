@@ -1,0 +1,445 @@
+"""Pieces every ladder rung shares, written once: host validation and launch, layouts, tile
+staging, masking, the online-softmax update and the epilogue.
+
+A rung file holds only its kernel (the loop that composes these pieces) and the switch that is
+its lever; everything here is the common ground the rungs stand on, so that two neighbouring
+rungs differ by their lever alone.
+
+Conventions (flashrung-wide): q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hkv, D)`` with
+``Hq % Hkv == 0``; causal masking aligned bottom-right (query ``i`` sees key ``j`` iff
+``j <= i + Sk - Sq``); the returned LSE is ``(B, Hq, Sq)`` fp32 in the natural-log base; a query
+row that sees no key has ``out = 0`` and ``lse = -inf``.
+
+Numerics, in one place:
+
+* ``softmax_update`` is the one online-softmax step. ``EXP2=False`` (v0–v3) keeps the running
+  max ``m`` in the natural-log domain and calls libdevice ``expf`` (precise: one ``MUFU.EX2``
+  and eight FMA/ALU instructions of range reduction per call). ``EXP2=True`` (v4 on) keeps
+  ``m`` in the log2 domain and calls ``exp2`` (``ex2.approx.ftz.f32``, one ``MUFU.EX2``); the
+  host folds ``log2(e)`` into the score scale (``host_scale``), so the base change costs no
+  instruction in the loop.
+* The fully-masked-row guard: the exponent is taken against ``m_eff`` (0 where the running max
+  is still ``-inf``), so a row that has seen only masked keys keeps ``p = 0``, ``l = 0`` and a
+  zero accumulator instead of ``exp(-inf - -inf) = NaN``; ``finalize`` turns ``l = 0`` into
+  ``out = 0`` and ``lse = -inf``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import torch
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
+LN2 = 0.6931471805599453    # ln(2): turns a log2-domain LSE back into the natural base
+
+DTYPES = (torch.float16, torch.bfloat16)
+MIN_CAPABILITY = (8, 0)        # mma.sync m16n8k16 with bf16 and cp.async: Ampere and newer
+COPY_BYTES = 16                # one cp.async / one ldmatrix row: 16 bytes
+ELEMENT_BYTES = 2              # fp16 / bf16
+MAX_GRID_Y = 65535             # CUDA limit of the second grid dimension (batch * heads_q here)
+SWIZZLE_PHASES = 8             # 128-byte bank period / 16-byte chunk: eight phases, 3 XOR bits
+
+# The same constants as seen from inside a kernel (jit code reads only constexpr globals).
+COPY_BYTES_K = gl.constexpr(COPY_BYTES)
+LN2_K = gl.constexpr(LN2)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Tile and launch shape shared by the rungs (seed 000: 64-row CTAs, 64-key blocks)."""
+
+    block_m: int = 64    # query rows per CTA
+    block_n: int = 64    # keys per inner-loop block
+    num_warps: int = 4   # 16 query rows per warp: one m16n8k16 row slab each
+
+    def __post_init__(self):
+        if self.block_m != 16 * self.num_warps:
+            raise ValueError(f"block_m must be 16 * num_warps (one 16-row mma slab per warp), got "
+                             f"block_m={self.block_m}, num_warps={self.num_warps}")
+        if self.block_n not in (16, 32, 64, 128):
+            raise ValueError(f"block_n must be one of 16, 32, 64, 128, got {self.block_n}")
+
+    def constexprs(self) -> dict:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+def unsupported_reason(problem, head_dims: tuple[int, ...]) -> str | None:
+    """Why a ladder rung cannot run ``problem``; ``None`` when it can."""
+    if problem.interpreter:
+        return "Gluon kernels do not run under TRITON_INTERPRET=1"
+    if problem.device_type != "cuda":
+        return f"needs a CUDA device, got {problem.device_type!r}"
+    if problem.capability is None or tuple(problem.capability) < MIN_CAPABILITY:
+        return f"needs sm_80 or newer (mma.sync, cp.async), got capability {problem.capability}"
+    if problem.dtype not in DTYPES:
+        return f"supports float16 and bfloat16, got {problem.dtype}"
+    if problem.head_dim not in head_dims:
+        return f"supports head_dim in {head_dims}, got {problem.head_dim}"
+    if problem.head_dim_v != problem.head_dim:
+        return f"needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}"
+    if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv != 0:
+        return f"needs heads_q % heads_kv == 0, got {problem.heads_q} and {problem.heads_kv}"
+    if problem.batch * problem.heads_q > MAX_GRID_Y:
+        return (f"needs batch * heads_q <= {MAX_GRID_Y} (the second launch axis), "
+                f"got {problem.batch * problem.heads_q}")
+    return None
+
+
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+             head_dims: tuple[int, ...]) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the argument and the fix."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if t.stride(3) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides "
+                             f"{t.stride()}: pass {name}.contiguous()")
+        # Batch/head strides of a size-1 dimension are never used; the sequence stride always is
+        # (the copies of masked tail rows still form their addresses).
+        strides = [st for i, (st, n) in enumerate(zip(t.stride()[:3], t.shape[:3])) if n > 1 or i == 1]
+        if any(st % (COPY_BYTES // ELEMENT_BYTES) for st in strides) or t.data_ptr() % COPY_BYTES:
+            raise ValueError(f"{name} must be 16-byte aligned with strides that are multiples of 8 "
+                             f"elements (16-byte copies), got strides {t.stride()}: pass {name}.contiguous()")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, _, Hq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k must be (batch={B}, seqlen_k, heads_kv, head_dim={D}), got {tuple(k.shape)}")
+    if D not in head_dims:
+        raise ValueError(f"head_dim must be one of {head_dims}, got {D}")
+    Hkv = k.shape[2]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
+    if q.shape[0] * Hq > MAX_GRID_Y:
+        raise ValueError(f"batch * heads_q must be <= {MAX_GRID_Y}, got {q.shape[0] * Hq}: split the batch")
+    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+        # The running max is taken over raw scores and scaled afterwards; that commutes with the
+        # scale only when it is positive.
+        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+
+
+def host_scale(softmax_scale: float, exp2: bool) -> float:
+    """The one scale fold: the kernel multiplies raw scores by this; log2(e) joins it for exp2."""
+    return softmax_scale * LOG2E if exp2 else softmax_scale
+
+
+def launch(kernel, q, k, v, causal: bool, softmax_scale: float, *, cfg: TileConfig, exp2: bool,
+           heaviest_first: bool = False, head_dims: tuple[int, ...], constexprs: dict | None = None,
+           options: dict | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    """Validate, allocate (or check the caller's) ``out``/``lse`` and launch ``kernel`` with the
+    ladder's argument list."""
+    validate(q, k, v, softmax_scale, head_dims)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    if out is None:
+        out = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device)       # (b, s_q, h, d)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(3) != 1:
+        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype} with a contiguous last dimension, "
+                         f"got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    if lse is None:
+        lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)    # (b, h, s_q)
+    elif (lse.shape != (B, Hq, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous()
+          or lse.device != q.device):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, Hq, Sq)} on {q.device}, "
+                         f"got {tuple(lse.shape)} {lse.dtype}")
+    if B == 0 or Sq == 0 or Hq == 0:
+        return out, lse
+    n_m = cdiv(Sq, cfg.block_m)
+    # HeaviestFirst launches one flat grid ordered by descending query tile; the others keep the
+    # query tile on the fastest launch axis, as the seed's baseline did.
+    grid = (n_m * B * Hq,) if heaviest_first else (n_m, B * Hq)
+    kernel[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        Sq, Sk, Hq, Hq // Hkv, host_scale(float(softmax_scale), exp2),
+        HEAD_DIM=D, IS_CAUSAL=bool(causal), **cfg.constexprs(), **(constexprs or {}),
+        num_warps=cfg.num_warps, num_stages=1, **(options or {}),
+    )
+    return out, lse
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# The kernel argument list, shared by every rung (census signature and launcher agree on it).
+RUNTIME_ARGS = (
+    "q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr",
+    "stride_qb", "stride_qs", "stride_qh",
+    "stride_kb", "stride_ks", "stride_kh",
+    "stride_vb", "stride_vs", "stride_vh",
+    "stride_ob", "stride_os", "stride_oh",
+    "seqlen_q", "seqlen_k", "heads_q", "group", "qk_scale",
+)
+
+
+def signature(dtype: str = "fp16") -> dict:
+    """Triton type strings for the runtime arguments (for the ahead-of-time census)."""
+    sig = {}
+    for name in RUNTIME_ARGS:
+        if name == "lse_ptr":
+            sig[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            sig[name] = f"*{dtype}"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def census_spec(kernel_name: str, fn, *, head_dim: int, causal: bool, cfg: TileConfig,
+                extra: dict | None = None, config_extra: dict | None = None, options: dict | None = None):
+    """One :class:`CensusSpec` of a rung kernel with the shared signature."""
+    from flashrung.evidence.census import CensusSpec
+
+    constexprs = {"HEAD_DIM": head_dim, "IS_CAUSAL": causal, **cfg.constexprs(), **(extra or {})}
+    config = {"head_dim": head_dim, "causal": causal, "dtype": "fp16",
+              "tile": f"{cfg.block_m}x{cfg.block_n}", "num_warps": cfg.num_warps, **(config_extra or {})}
+    return CensusSpec(kernel=kernel_name, config=config, fn=fn, signature=signature("fp16"),
+                      constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1, gluon=True,
+                      extra_options=dict(options or {}))
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------------
+
+@gluon.constexpr_function
+def mma_layout(num_warps):
+    """mma.sync m16n8k16 accumulator layout: warps stacked along the query rows."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def fma_layout(cols, num_warps):
+    """CUDA-core accumulator layout for v0: each thread owns a 4-row x (cols/8) block, warps
+    stacked along rows; the S (cols = BLOCK_N) and O (cols = HEAD_DIM) accumulators then share
+    one row distribution, so row statistics move between them without data movement."""
+    return gl.BlockedLayout([4, cols // 8], [4, 8], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def row_major_layout():
+    """Unswizzled row-major shared tile: element (r, c) at r*D + c (v0, v1). A ring of tiles
+    ``[stages, rows, cols]`` takes the same 2-D layout (indexed along its leading dimension)."""
+    return gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+
+
+@gluon.constexpr_function
+def xor_swizzled_layout():
+    """The seed's XOR swizzle, offset(r, c) = r*D + (c ^ ((r & 7) << 3)): 16-byte chunks
+    (8 halves) permuted within each row by the low three row bits (v2 on)."""
+    return gl.SwizzledSharedLayout(COPY_BYTES // ELEMENT_BYTES, 1, SWIZZLE_PHASES, [1, 0])
+
+
+@gluon.constexpr_function
+def scalar_copy_layout(num_warps):
+    """One 2-byte element per thread per load: the seed's scalar staging loop (64 B per warp)."""
+    return gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def vector_copy_layout(cols, num_warps):
+    """Eight halves (16 bytes) per thread per copy: one cp.async.cg per chunk, 512 B per warp."""
+    vec = COPY_BYTES // ELEMENT_BYTES
+    lanes_per_row = min(32, cols // vec)
+    return gl.BlockedLayout([1, vec], [32 // lanes_per_row, lanes_per_row], [num_warps, 1], [1, 0])
+
+
+# --------------------------------------------------------------------------------------------
+# Staging global -> shared
+# --------------------------------------------------------------------------------------------
+
+@gluon.jit
+def stage_tile_scalar(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """Load a (ROWS, COLS) tile through registers, 2 bytes per thread per load; rows at or past
+    ``n_rows`` are zero (a finite value the mask then removes)."""
+    L: gl.constexpr = scalar_copy_layout(gl.num_warps())
+    r = gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    c = gl.arange(0, COLS, gl.SliceLayout(0, L))
+    x = gl.load(base + r[:, None] * stride_row + c[None, :], mask=(r < n_rows)[:, None], other=0.0)
+    smem.store(x)
+
+
+@gluon.jit
+def stage_tile_async(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """Issue cp.async copies of a (ROWS, COLS) tile, 16 bytes per thread per copy, no register
+    destination; rows at or past ``n_rows`` are zero-filled (src-size 0). The caller commits
+    and waits. The host guarantees 16-byte alignment (``validate``); the hint lets the compiler
+    see it without launch-time specialization, so ahead-of-time and JIT code agree."""
+    L: gl.constexpr = vector_copy_layout(COLS, gl.num_warps())
+    r = gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    c = gl.arange(0, COLS, gl.SliceLayout(0, L))
+    ptrs = gl.multiple_of(base + r[:, None] * stride_row + c[None, :], [1, COPY_BYTES_K])
+    async_copy.async_copy_global_to_shared(smem, ptrs, mask=(r < n_rows)[:, None])
+
+
+@gluon.jit
+def stage_kv_scalar(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Stage the key block starting at ``start_n`` through registers, 2 bytes per load."""
+    stage_tile_scalar(k_dst, k_base + start_n.to(gl.int64) * stride_ks, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+    stage_tile_scalar(v_dst, v_base + start_n.to(gl.int64) * stride_vs, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
+
+
+@gluon.jit
+def issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """cp.async the key block starting at ``start_n`` into ``k_dst``/``v_dst`` (one commit
+    group for both tiles; the caller commits)."""
+    stage_tile_async(k_dst, k_base + start_n.to(gl.int64) * stride_ks, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+    stage_tile_async(v_dst, v_base + start_n.to(gl.int64) * stride_vs, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
+
+
+# --------------------------------------------------------------------------------------------
+# Which tile a program owns
+# --------------------------------------------------------------------------------------------
+
+@gluon.jit
+def program_tile(heads_q, BLOCK_M: gl.constexpr):
+    """Grid (query tiles, batch*heads) with the query tile on the fastest launch axis: each
+    head's cheapest causal tile is dispatched first (the order v0-v4 inherit from the seed)."""
+    pid_bh = gl.program_id(1)
+    return pid_bh // heads_q, pid_bh % heads_q, gl.program_id(0) * BLOCK_M
+
+
+@gluon.jit
+def program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M: gl.constexpr):
+    """Flat grid in HeaviestFirst (LPT) order: primary key the query tile, descending (under
+    causality a tile's cost grows with its index), secondary key batch*heads."""
+    pid = gl.program_id(0)
+    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+    n_bh = gl.num_programs(0) // n_m
+    pid_bh = pid % n_bh
+    tile = n_m - 1 - pid // n_bh
+    return pid_bh // heads_q, pid_bh % heads_q, tile * BLOCK_M
+
+
+# --------------------------------------------------------------------------------------------
+# Masking and loop bounds
+# --------------------------------------------------------------------------------------------
+
+@gluon.jit
+def kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """One past the last key any row of this query tile may see (bottom-right causal)."""
+    if IS_CAUSAL:
+        hi = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + seqlen_k - seqlen_q, 0))
+    else:
+        hi = seqlen_k
+    return hi
+
+
+@gluon.jit
+def kv_interior_end(start_m, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Key blocks starting before this offset need no mask for any row of the tile: they lie
+    inside ``seqlen_k`` and, causal, at or left of the first row's diagonal. A multiple of
+    BLOCK_N (blocks start at 0)."""
+    if IS_CAUSAL:
+        limit = gl.minimum(seqlen_k, gl.maximum(start_m + seqlen_k - seqlen_q + 1, 0))
+    else:
+        limit = seqlen_k
+    return (limit // BLOCK_N) * BLOCK_N
+
+
+@gluon.jit
+def mask_scores(s, offs_m, offs_n, seqlen_k, causal_shift, IS_CAUSAL: gl.constexpr):
+    """-inf where the key is past ``seqlen_k`` or, causal, right of the row's diagonal."""
+    keep = offs_n[None, :] < seqlen_k
+    if IS_CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_shift)
+    return gl.where(keep, s, float("-inf"))
+
+
+# --------------------------------------------------------------------------------------------
+# Online softmax and epilogue
+# --------------------------------------------------------------------------------------------
+
+@gluon.jit
+def softmax_update(s, m_i, l_i, qk_scale, EXP2: gl.constexpr):
+    """One online-softmax step on raw scores ``s`` (masked entries -inf).
+
+    Returns ``p`` (unnormalised probabilities), ``alpha`` (the factor for the previous
+    accumulator and sum), the new running max and the new running sum. ``qk_scale`` is
+    ``host_scale(softmax_scale, EXP2)``; with ``EXP2`` everything is in the log2 domain.
+    """
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    m_eff = gl.where(m_new == float("-inf"), 0.0, m_new)
+    x = s * qk_scale - m_eff[:, None]
+    if EXP2:
+        p = gl.exp2(x)
+        alpha = gl.exp2(m_i - m_eff)
+    else:
+        p = gl.extra.libdevice.exp(x)
+        alpha = gl.extra.libdevice.exp(m_i - m_eff)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def finalize(acc, m_i, l_i, EXP2: gl.constexpr):
+    """Normalise the accumulator and form the natural-log LSE; rows that saw no key
+    (``l == 0``) give ``out = 0`` and ``lse = -inf``."""
+    empty = l_i == 0.0
+    inv_l = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+    out = acc * inv_l[:, None]
+    if EXP2:
+        lse = (m_i + gl.log2(l_i)) * LN2_K
+    else:
+        lse = m_i + gl.log(l_i)
+    lse = gl.where(empty, float("-inf"), lse)
+    return out, lse
+
+
+@gluon.jit
+def store_tile(o_base, lse_base, out, lse, n_rows, stride_os, BLOCK_M: gl.constexpr,
+               HEAD_DIM: gl.constexpr):
+    """Write ``out`` (BLOCK_M, HEAD_DIM) in the caller's layout and the row LSE; rows at or
+    past ``n_rows`` (the query tail) are not written."""
+    L: gl.constexpr = out.type.layout
+    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, L))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, L))
+    keep = rows < n_rows
+    gl.store(o_base + rows[:, None] * stride_os + cols[None, :], out.to(o_base.dtype.element_ty),
+             mask=keep[:, None])
+    gl.store(lse_base + rows, lse, mask=keep)
+
+
+@gluon.jit
+def tile_bases(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m,
+               stride_qb, stride_qs, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+               stride_ob, stride_os, stride_oh, seqlen_q, heads_q, group):
+    """Base pointers of this CTA's query tile, its (shared, GQA) K/V head, output and LSE.
+    Batch/head/tile offsets in 64-bit: (b, h, s) products overflow 32 bits at long context."""
+    b64 = b.to(gl.int64)
+    h64 = h.to(gl.int64)
+    hk64 = (h // group).to(gl.int64)
+    m64 = start_m.to(gl.int64)
+    q_base = q_ptr + b64 * stride_qb + h64 * stride_qh + m64 * stride_qs
+    k_base = k_ptr + b64 * stride_kb + hk64 * stride_kh
+    v_base = v_ptr + b64 * stride_vb + hk64 * stride_vh
+    o_base = o_ptr + b64 * stride_ob + h64 * stride_oh + m64 * stride_os
+    lse_base = lse_ptr + (b64 * heads_q + h64) * seqlen_q + m64
+    return q_base, k_base, v_base, o_base, lse_base

@@ -1,0 +1,216 @@
+"""ladder.v3 — 16-byte cp.async staging (LDGSTS), single buffer.
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v2): Q, K and V reach shared memory by ``cp.async.cg`` 16 bytes per thread
+(8 halves, 512 B per warp-instruction) instead of v2's scalar loop (one 2-byte load and one
+2-byte shared store per element, through a register). The copy has no register destination,
+so nothing is scoreboarded on the data and the staged values stop occupying registers; the
+instruction count of staging falls by the width ratio (8x). Rows past the sequence are
+zero-filled by the copy itself (src-size 0). Still single-buffered: each key block is copied,
+waited for (``wait_group(0)``) and consumed before the next is issued — the copy mechanism is
+the only change.
+
+The double-buffered arm (``PipelineConfig(kv_stages=2)``) prefetches block j+1 into the second
+slot while block j is consumed (one commit per iteration, ``wait_group(1)``, a final drain). It
+is measured against the single buffer and kept only if it wins here; on sm_120 it lost 12.9%
+because the second stage cost a CTA per SM under the 99 KB budget — on the H200's 227 KB it does
+not, so the seed's reason to reject it is gone and only a measurement can decide.
+
+Prediction (seed 000: 1.512x from the copy width alone, 129.46 TFLOP/s): a gain driven by the
+8x fewer staging instructions and the freed registers; on the H200 the scalar staging of v2
+already keeps all of a tile's loads in flight (the compiler issues them before any store), so
+the latency part of the seed's gain should be smaller here.
+
+Evidence (census, no GPU; ``tests/test_ladder.py``): ``LDGSTS`` appears (v2 has none) and the
+scalar ``LDG``/``STS`` of the K/V staging disappear; fewer registers and no spills at D=128.
+Shared memory: single buffer as v2; the double-buffered arm adds one K and one V tile. H200
+timing and profile: docs/ladder.md (to be measured).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from flashrung.kernels.ladder import common
+from flashrung.kernels.ladder.common import (
+    finalize, issue_kv_async, kv_loop_end, mask_scores, mma_layout, program_tile, softmax_update,
+    stage_tile_async, store_tile, tile_bases, xor_swizzled_layout,
+)
+
+NAME = "ladder.v3"
+PARENT = "ladder.v2"
+LEVER = "16-byte cp.async (LDGSTS) staging instead of the scalar 2-byte loop; single buffer"
+HEAD_DIMS = (64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig(common.TileConfig):
+    """The double-buffered arm's tile plus the depth of its K/V ring (one prologue commit, so
+    exactly two slots; the single buffer is ``attention_fwd_v3`` itself)."""
+
+    kv_stages: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.kv_stages != 2:
+            raise ValueError(f"kv_stages must be 2 (the single buffer is the shipped kernel), "
+                             f"got {self.kv_stages}")
+
+    def constexprs(self) -> dict:
+        return {**super().constexprs(), "KV_STAGES": self.kv_stages}
+
+
+CONFIG = common.TileConfig(block_m=64, block_n=64, num_warps=4)   # ships: single buffer
+DOUBLE_BUFFER = PipelineConfig(block_m=64, block_n=64, num_warps=4, kv_stages=2)
+
+
+@gluon.jit
+def attention_fwd_v3(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+):
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    SMEM: gl.constexpr = xor_swizzled_layout()
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    b, h, start_m = program_tile(heads_q, BLOCK_M)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
+    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
+    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    causal_shift = seqlen_k - seqlen_q
+    for start_n in range(0, hi, BLOCK_N):
+        issue_kv_async(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
+                       BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
+        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
+        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
+        acc = acc * alpha[:, None]
+        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_smem.load(DOT_B), acc)
+        gl.thread_barrier()  # every warp is done reading K/V before the next copy overwrites them
+
+    out, lse = finalize(acc, m_i, l_i, False)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+@gluon.jit
+def attention_fwd_v3_kv2(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr,
+):
+    """The double-buffered arm: a ring of KV_STAGES (= 2) K/V slots, block j+1 in flight while
+    block j is consumed."""
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    SMEM: gl.constexpr = xor_swizzled_layout()
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    b, h, start_m = program_tile(heads_q, BLOCK_M)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
+    async_copy.commit_group()
+    # Prologue: block 0 into slot 0 (zero rows, no global reads, when the loop is empty).
+    issue_kv_async(k_smem.index(0), v_smem.index(0), k_base, v_base, gl.to_tensor(0), hi,
+                   stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+    async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 1)  # groups complete in order: Q is in
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
+    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    causal_shift = seqlen_k - seqlen_q
+    for start_n in range(0, hi, BLOCK_N):
+        j = start_n // BLOCK_N
+        # Block j+1 into the other slot (a zero-row copy past the end keeps one commit per
+        # iteration, so wait_group(KV_STAGES - 1) always means "block j has landed").
+        nxt = start_n + BLOCK_N
+        issue_kv_async(k_smem.index((j + 1) % KV_STAGES), v_smem.index((j + 1) % KV_STAGES),
+                       k_base, v_base, nxt, hi - nxt, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(KV_STAGES - 1)
+        gl.thread_barrier()
+        k_cur = k_smem.index(j % KV_STAGES)
+        v_cur = v_smem.index(j % KV_STAGES)
+        s = mma_v2(q, k_cur.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
+        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
+        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
+        acc = acc * alpha[:, None]
+        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_cur.load(DOT_B), acc)
+        gl.thread_barrier()  # every warp is done reading this slot before a copy overwrites it
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetch before the CTA exits
+
+    out, lse = finalize(acc, m_i, l_i, False)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+def unsupported_reason(problem) -> str | None:
+    return common.unsupported_reason(problem, HEAD_DIMS)
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
+    return common.launch(attention_fwd_v3, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=False,
+                         head_dims=HEAD_DIMS, out=out, lse=lse)
+
+
+def forward_double_buffer(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
+    """The double-buffered arm (same signature as ``forward``), for paired measurement."""
+    return common.launch(attention_fwd_v3_kv2, q, k, v, causal, softmax_scale, cfg=DOUBLE_BUFFER,
+                         exp2=False, head_dims=HEAD_DIMS, out=out, lse=lse)
+
+
+def census_specs():
+    specs = [common.census_spec(NAME, attention_fwd_v3, head_dim=d, causal=c, cfg=CONFIG,
+                                config_extra={"kv_stages": 1})
+             for d in HEAD_DIMS for c in (False, True)]
+    specs += [common.census_spec(NAME, attention_fwd_v3_kv2, head_dim=d, causal=False,
+                                 cfg=DOUBLE_BUFFER, config_extra={"kv_stages": 2})
+              for d in HEAD_DIMS]
+    return specs

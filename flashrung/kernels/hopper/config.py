@@ -1,0 +1,123 @@
+"""The Hopper forward's frozen configuration and the one function that chooses it.
+
+Every schedule switch of ``hopper.fwd`` is a field of :class:`HopperFwdConfig`; the compile-cache
+key is the config itself (``dataclasses.astuple``), never a hand-written list. Budgets (shared
+memory, the register file, warpgroup counts) are checked here on the host, so a configuration
+that cannot fit fails with a ``ValueError`` before anything is compiled or launched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+# Hardware budgets of sm_90a (seed 001, 0x02).
+SMEM_PER_BLOCK_BYTES = 227 * 1024          # opt-in dynamic shared memory per block
+REGISTER_FILE_WORDS = 65536                # 32-bit registers per SM
+MIN_REGS_PER_THREAD, MAX_REGS_PER_THREAD = 24, 256   # setmaxnreg range, multiples of 8
+THREADS_PER_WARPGROUP = 128
+ROWS_PER_CONSUMER_WARPGROUP = 64           # one wgmma M atom (m64) per consumer warpgroup
+BARRIER_BYTES = 8
+# The compiler reserves a little shared memory next to our buffers (barriers, alignment);
+# keep this margin so the host check errs on the safe side of the 227 KiB ceiling.
+SMEM_MARGIN_BYTES = 1024
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# Conditional rescaling lets unnormalized probabilities reach 2^τ: τ ≤ 15 keeps them below the
+# fp16 maximum (65504) with margin; FA4 uses τ = 8 for 16-bit inputs (seed 001, 0x09).
+MAX_RESCALE_THRESHOLD = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperFwdConfig:
+    """One compiled schedule of the Hopper forward.
+
+    ``block_m`` query rows per CTA are split over ``block_m // 64`` consumer warpgroups, each its
+    own warp-specialized partition; one extra 1-warp partition issues every TMA load.
+    """
+
+    block_m: int = 128           # query rows per CTA: 64 × consumer warpgroups (128 → 2, 192 → 3)
+    block_n: int = 128           # keys per K/V tile (one ring stage)
+    num_kv_stages: int = 2       # depth of the K/V shared-memory ring
+    overlap: bool = True         # intra-warpgroup: softmax(j) overlaps PV(j-1) (wait(1)/wait(0))
+    pingpong: bool = False       # inter-warpgroup: consumers take turns issuing their GEMMs
+    persistent: bool = False     # grid = #SMs, each CTA walks tiles with a stride (host-side only)
+    lpt: bool = False            # heaviest-first tile order (reverse m-blocks, L2-sized head sections)
+    consumer_regs: int = 240     # per-thread registers of each worker consumer warpgroup
+    producer_regs: int = 24      # per-thread registers of the TMA producer warp
+    # Levers of the overlapped schedule, off until paired timing on the H200 says otherwise:
+    late_rescale: bool = False   # O *= alpha after QK(j+1) is issued, in its shadow (FA3's order)
+    pack_p: bool = False         # P → 16 bits two at a time in the accumulator layout (no PRMT repair)
+    rescale_threshold: float = 0.0   # > 0: FA4's conditional rescale, τ in log2 units (8.0); 0: always
+
+    @property
+    def num_consumers(self) -> int:
+        return self.block_m // ROWS_PER_CONSUMER_WARPGROUP
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        """Shared memory the kernel allocates: Q (reused for O), the K and V rings, barriers."""
+        q = self.block_m * head_dim * elem_bytes
+        kv = 2 * self.num_kv_stages * self.block_n * head_dim * elem_bytes
+        # q ready/empty per consumer, k/v ready/empty per stage, one turn barrier per consumer
+        bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
+        return q + kv + bars
+
+    def check(self, head_dim: int, elem_bytes: int = 2) -> None:
+        """Raise ``ValueError`` if this configuration cannot be built for ``head_dim``."""
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        if self.block_m % ROWS_PER_CONSUMER_WARPGROUP or not 1 <= self.num_consumers <= 3:
+            raise ValueError(f"block_m must be 64, 128 or 192 (64 rows per consumer warpgroup), got {self.block_m}")
+        # Triton block shapes (the TMA box) are powers of two; wgmma needs N, K multiples of 16.
+        if self.block_n not in (16, 32, 64, 128, 256):
+            raise ValueError(f"block_n must be a power of two in [16, 256], got {self.block_n}")
+        if self.num_kv_stages < 1:
+            raise ValueError(f"num_kv_stages must be >= 1, got {self.num_kv_stages}")
+        if not 0.0 <= self.rescale_threshold <= MAX_RESCALE_THRESHOLD:
+            raise ValueError(f"rescale_threshold must be in [0, {MAX_RESCALE_THRESHOLD}] (log2 units; 0 = off), "
+                             f"got {self.rescale_threshold}")
+        if not self.overlap and (self.late_rescale or self.rescale_threshold > 0):
+            raise ValueError("late_rescale and rescale_threshold are levers of the overlapped schedule: "
+                             "they need overlap=True")
+        for name in ("consumer_regs", "producer_regs"):
+            regs = getattr(self, name)
+            if regs % 8 or not MIN_REGS_PER_THREAD <= regs <= MAX_REGS_PER_THREAD:
+                raise ValueError(f"{name} must be a multiple of 8 in [24, 256] (setmaxnreg), got {regs}")
+        # The register file is shared by every warpgroup of the CTA: the consumers, and the
+        # producer's warpgroup (its 1 warp is padded to a warpgroup).
+        words = THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
+        if words > REGISTER_FILE_WORDS:
+            raise ValueError(
+                f"{self.num_consumers} consumer warpgroups × {self.consumer_regs} regs + producer "
+                f"{self.producer_regs} regs need {words} registers per SM, more than {REGISTER_FILE_WORDS}")
+        smem = self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
+        if smem > SMEM_PER_BLOCK_BYTES:
+            raise ValueError(
+                f"block_m={self.block_m}, block_n={self.block_n}, num_kv_stages={self.num_kv_stages} at "
+                f"head_dim={head_dim} needs {smem} bytes of shared memory, more than {SMEM_PER_BLOCK_BYTES}")
+
+
+# Default per head dim. Starting points from the feasibility probe on our H200 (d128: 2 consumer
+# warpgroups × 64 rows, 128-key tiles, 240/24 registers: 628 TFLOP/s, a 3-stage ring measured the
+# same) and from FA4's sm90 table (d256 needs a narrower K/V tile to fit Q + ring in 227 KiB and
+# the 64×256 fp32 O accumulator in registers; FA4's 80-key tile is not a power of two, which a
+# Triton block must be, so 64). FA4's 192-row tile for d64 spills here at 160 registers with
+# 128-key tiles (SASS census), so d64 keeps 128 rows. To be re-priced with paired timing on the H200.
+_BY_HEAD_DIM = {
+    64: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=3),
+    128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2),
+    256: HopperFwdConfig(block_m=128, block_n=64, num_kv_stages=2),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _select(head_dim: int, causal: bool) -> HopperFwdConfig:
+    base = _BY_HEAD_DIM[head_dim]
+    # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
+    return dataclasses.replace(base, lpt=causal)
+
+
+def select_config(problem) -> HopperFwdConfig:
+    """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached)."""
+    if problem.head_dim not in _BY_HEAD_DIM:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}")
+    return _select(problem.head_dim, bool(problem.causal))

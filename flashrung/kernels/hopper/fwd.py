@@ -1,0 +1,745 @@
+"""hopper.fwd — the sm_90a attention forward in Gluon: TMA, wgmma, warp specialization.
+
+What it computes: ``out = softmax(scale · q kᵀ [+ causal mask]) v`` and the natural-log LSE, for
+q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), fp16/bf16, D ∈ {64, 128, 256}, GQA ``Hq % Hkv == 0``,
+causal masks aligned bottom-right.
+
+Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's primitives:
+
+* a CTA owns ``BLOCK_M`` query rows, split into 64-row halves, one per *consumer warpgroup*, each
+  its own ``gl.warp_specialize`` partition with a large register budget (``setmaxnreg``);
+* one 1-warp *producer* partition with a tiny register budget issues every TMA load: Q once per
+  tile (one box per consumer), K and V into an ``NUM_KV_STAGES``-deep ring guarded by
+  ``*_ready_bars`` (TMA transaction bytes) and ``*_empty_bars`` (one arrival per consumer);
+* QKᵀ runs on ``warpgroup_mma`` with both operands in shared memory; the online softmax runs in
+  registers with ``exp2`` and the folded scale; P goes from registers straight into the PV
+  ``warpgroup_mma`` as its A operand;
+* switches: the intra-warpgroup overlap (issue QK(j) and PV(j-1) together, ``wait(1)`` → softmax(j)
+  → ``wait(0)``, the last behind a branch so ptxas cannot hoist it above the exponentials: see
+  ``pipeline.wait_mma_after_softmax``), the inter-warpgroup pingpong (a GEMM-issue token passed through mbarriers,
+  since Gluon 3.6 has no named barriers), heaviest-first (LPT) tile order, a persistent grid, and
+  three softmax-side levers: the O rescale in the shadow of the next QK (``late_rescale``), P
+  packed to 16 bits two at a time (``pack_p``) and FA4's conditional rescaling with a retained
+  reference (``rescale_threshold``); ``config_with`` applies ``impl="hopper.fwd@key=value"`` overrides;
+* causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
+* O is normalized in registers, written into the consumer's (now free) Q buffer and stored by TMA.
+
+Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA
+bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its
+store is clipped (never writes the next batch); no transposed or padded copies are made.
+
+Evidence: SASS census (``census_specs``; HGMMA, UTMALDG, USETMAXREG, zero spills, shared memory
+≤ 227 KiB) and the gate on the H200 (``python -m flashrung.kernels.hopper.selfcheck``). The
+feasibility probe of this structure measured 628 TFLOP/s at d128 on our H200; this kernel's own
+numbers go in docs/hopper.md as they are measured.
+"""
+# No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
+# annotations at trace time, which must therefore be real classes, not strings.
+import dataclasses
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
+
+from flashrung.kernels.hopper.config import (
+    ROWS_PER_CONSUMER_WARPGROUP,
+    SUPPORTED_HEAD_DIMS,
+    HopperFwdConfig,
+    select_config,
+)
+from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, wait_mma_after_softmax, wait_turn
+from flashrung.kernels.hopper.schedule import head_section, kv_tile_range, tile_coords
+from flashrung.kernels.hopper.softmax import (
+    finalize,
+    fold_scale,
+    mask_scores,
+    online_softmax,
+    online_softmax_retained,
+    to_operand_dtype,
+)
+
+KERNEL_NAME = "hopper.fwd"
+CONSUMER_WARPS = 4        # one warpgroup: the wgmma issue unit
+PRODUCER_WARPS = 1        # TMA is issued by one thread; the rest of its warpgroup is padding
+TMA_ALIGN_BYTES = 16      # TMA: base address and every non-unit stride a multiple of 16 bytes
+_ROWS = gl.constexpr(ROWS_PER_CONSUMER_WARPGROUP)
+_CONSUMER_WARPS = gl.constexpr(CONSUMER_WARPS)
+_PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_SIG_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+# --------------------------------------------------------------------------- shared state
+
+
+@aggregate
+class _Shared:
+    """Shared-memory buffers and mbarriers, handed to every partition."""
+
+    q_bufs: gl.shared_memory_descriptor        # [consumers, 1, 64, 1, D]; reused for O
+    k_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
+    v_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
+    q_ready_bars: gl.shared_memory_descriptor  # per consumer: its Q box landed
+    q_empty_bars: gl.shared_memory_descriptor  # per consumer: its Q buffer (O staging) is free
+    k_ready_bars: gl.shared_memory_descriptor  # per stage: K tile landed
+    k_empty_bars: gl.shared_memory_descriptor  # per stage: every consumer finished QK on it
+    v_ready_bars: gl.shared_memory_descriptor
+    v_empty_bars: gl.shared_memory_descriptor
+    turn_bars: gl.shared_memory_descriptor     # per consumer: the pingpong GEMM-issue token
+
+    @gluon.constexpr_function
+    def __init__(self, q_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
+                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars):
+        self.q_bufs = q_bufs
+        self.k_bufs = k_bufs
+        self.v_bufs = v_bufs
+        self.q_ready_bars = q_ready_bars
+        self.q_empty_bars = q_empty_bars
+        self.k_ready_bars = k_ready_bars
+        self.k_empty_bars = k_empty_bars
+        self.v_ready_bars = v_ready_bars
+        self.v_empty_bars = v_empty_bars
+        self.turn_bars = turn_bars
+
+
+@aggregate
+class _Sizes:
+    """Runtime scalars every partition needs to walk the same tiles."""
+
+    seqlen_q: gl.tensor
+    seqlen_k: gl.tensor
+    heads_q: gl.tensor
+    group: gl.tensor          # q heads per K/V head (GQA)
+    num_m_blocks: gl.tensor
+    num_tiles: gl.tensor
+    head_section: gl.tensor   # (batch, head) columns per LPT section
+
+    @gluon.constexpr_function
+    def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section):
+        self.seqlen_q = seqlen_q
+        self.seqlen_k = seqlen_k
+        self.heads_q = heads_q
+        self.group = group
+        self.num_m_blocks = num_m_blocks
+        self.num_tiles = num_tiles
+        self.head_section = head_section
+
+
+# --------------------------------------------------------------------------- producer
+
+
+@gluon.jit
+def _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS: gl.constexpr):
+    for wg in gl.static_range(NUM_CONSUMERS):
+        mbarrier.wait(sh.q_empty_bars.index(wg), q_phase ^ 1)
+        mbarrier.expect(sh.q_ready_bars.index(wg), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(wg),
+                                        sh.q_bufs.index(wg))
+
+
+@gluon.jit
+def _load_kv_tile(desc, bufs, ready_bars, empty_bars, b, kv_head, j, count,
+                  BLOCK_N: gl.constexpr, NUM_KV_STAGES: gl.constexpr):
+    idx, phase = ring_slot(count, NUM_KV_STAGES)
+    mbarrier.wait(empty_bars.index(idx), phase ^ 1)
+    mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [b, j * BLOCK_N, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
+
+
+@gluon.jit
+def _producer_partition(q_desc, k_desc, v_desc, sh, sz,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_KV_STAGES: gl.constexpr,
+                        NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr):
+    count = 0      # K/V ring items loaded so far, across persistent tiles
+    tile_iter = 0
+    batch_heads = sz.num_tiles // sz.num_m_blocks
+    for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, LPT)
+        kv_head = h // sz.group
+        row0 = m_block * BLOCK_M
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        q_phase = tile_iter & 1
+        if n_kv > 0:
+            # K_0 first: it streams while the Q buffers are still draining the previous tile's O.
+            _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, 0, count,
+                          BLOCK_N, NUM_KV_STAGES)
+            _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS)
+            _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, 0, count,
+                          BLOCK_N, NUM_KV_STAGES)
+            for j in range(1, n_kv):
+                _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j, count + j,
+                              BLOCK_N, NUM_KV_STAGES)
+                _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j, count + j,
+                              BLOCK_N, NUM_KV_STAGES)
+        else:
+            # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
+            # consumers' barrier phases stay in step; they write out = 0, lse = -inf
+            _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS)
+        count += n_kv
+        tile_iter += 1
+
+
+# --------------------------------------------------------------------------- consumers
+
+
+@gluon.jit
+def _qk(q, sh, idx, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr):
+    """Issue S = Q Kᵀ for ring slot ``idx`` (async; both operands in shared memory)."""
+    k = sh.k_bufs.index(idx).reshape([BLOCK_N, HEAD_DIM])
+    s0 = gl.zeros([_ROWS, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q, k.permute((1, 0)), s0, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _pv(p_op, acc, sh, idx, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Issue O += P V for ring slot ``idx`` (async; P from registers)."""
+    v = sh.v_bufs.index(idx).reshape([BLOCK_N, HEAD_DIM])
+    return warpgroup_mma(p_op, v, acc, is_async=True)
+
+
+@gluon.jit
+def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.constexpr):
+    """O ← O · alpha (per row). Thresholded: only when ``rescale`` (warpgroup-uniform) is set;
+    otherwise every alpha of a row that has seen a key is exactly 1 and the multiply is skipped."""
+    a = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    if THRESHOLDED:
+        if rescale:
+            acc = acc * a
+    else:
+        acc = acc * a
+    return acc
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+    """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
+    if RESCALE_THRESHOLD > 0:
+        p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
+                                                              RESCALE_THRESHOLD)
+    else:
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE)
+        rescale = alpha
+    return p, alpha, m_i, l_i, rescale
+
+
+@gluon.jit
+def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2,
+                     WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, MASK: gl.constexpr,
+                     LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+    """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
+
+    ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
+    QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
+    order); without it they were applied at the end of the previous step.
+    """
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    k_idx, k_phase = ring_slot(count + j, NUM_KV_STAGES)
+    v_idx, v_phase = ring_slot(count + j - 1, NUM_KV_STAGES)
+    mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
+    mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
+    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
+    s = _qk(q, sh, k_idx, BLOCK_N, HEAD_DIM, s_layout)
+    if LATE_RESCALE:
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
+    acc = _pv(p_op, acc, sh, v_idx, BLOCK_N, HEAD_DIM)
+    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    # wait(1): the older group (QK) is done, PV may still run
+    s = warpgroup_mma_wait(1, deps=[s])
+    mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+    if MASK:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
+    p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, RESCALE_THRESHOLD)
+    # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
+    # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
+    l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+    mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+    if not LATE_RESCALE:
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
+    p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, PACK_P), p_layout)
+    return acc, p_op, m_i, l_i, alpha, rescale, turn
+
+
+@gluon.jit
+def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
+                       WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, LATE_RESCALE: gl.constexpr,
+                       PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+    """Two-stage schedule (seed 001, 0x05): QK(0)+softmax(0); steady QK(j)‖PV(j-1); drain PV."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    if n_kv > 0:
+        idx, phase = ring_slot(count, NUM_KV_STAGES)
+        mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+        s = _qk(q, sh, idx, BLOCK_N, HEAD_DIM, s_layout)
+        s = warpgroup_mma_wait(0, deps=[s])
+        mbarrier.arrive(sh.k_empty_bars.index(idx))
+        # the first tile is masked unconditionally: one tile, and it may be the only one
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
+        # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
+        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, RESCALE_THRESHOLD)
+        p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, PACK_P), p_layout)
+        for j in range(1, n_unmasked):
+            acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N,
+                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, False,
+                LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)
+        for j in range(gl.maximum(n_unmasked, 1), n_kv):
+            acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N,
+                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, True,
+                LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)
+        idx, phase = ring_slot(count + n_kv - 1, NUM_KV_STAGES)
+        mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+        if LATE_RESCALE:
+            acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
+        acc = _pv(p_op, acc, sh, idx, BLOCK_N, HEAD_DIM)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        mbarrier.arrive(sh.v_empty_bars.index(idx))
+    return acc, m_i, l_i, turn
+
+
+@gluon.jit
+def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
+                 WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                 PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, MASK: gl.constexpr):
+    """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    idx, phase = ring_slot(count + j, NUM_KV_STAGES)
+    mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
+    s = _qk(q, sh, idx, BLOCK_N, HEAD_DIM, s_layout)
+    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=[s])
+    mbarrier.arrive(sh.k_empty_bars.index(idx))
+    if MASK:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+    mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
+    acc = _pv(p_op, acc, sh, idx, BLOCK_N, HEAD_DIM)
+    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+    mbarrier.arrive(sh.v_empty_bars.index(idx))
+    return acc, m_i, l_i, turn
+
+
+@gluon.jit
+def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
+                   WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+    for j in range(0, n_unmasked):
+        acc, m_i, l_i, turn = _serial_step(
+            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N, HEAD_DIM,
+            NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, False)
+    for j in range(n_unmasked, n_kv):
+        acc, m_i, l_i, turn = _serial_step(
+            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N, HEAD_DIM,
+            NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, True)
+    return acc, m_i, l_i, turn
+
+
+@gluon.jit
+def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
+                        WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr, LPT: gl.constexpr, OVERLAP: gl.constexpr,
+                        PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, LATE_RESCALE: gl.constexpr,
+                        PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+    """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    q_buf = sh.q_bufs.index(WG)                      # [1, 64, 1, D], the TMA box
+    q = q_buf.reshape([_ROWS, HEAD_DIM])             # the same bytes as a wgmma operand
+    count = 0
+    turn = 0
+    tile_iter = 0
+    batch_heads = sz.num_tiles // sz.num_m_blocks
+    for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, LPT)
+        row0 = m_block * BLOCK_M
+        my_row0 = row0 + WG * _ROWS
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([_ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([_ROWS, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
+        if OVERLAP:
+            acc, m_i, l_i, turn = _attend_overlapped(
+                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, BLOCK_N,
+                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, LATE_RESCALE,
+                PACK_P, RESCALE_THRESHOLD)
+        else:
+            acc, m_i, l_i, turn = _attend_serial(
+                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, BLOCK_N,
+                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE)
+        count += n_kv
+
+        # epilogue: LSE straight to global, O through the Q buffer (free: the last QK is done)
+        out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(l_i, out_rows))
+        lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
+        lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
+        gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
+        if my_row0 < sz.seqlen_q:
+            q.store(out.to(q_buf.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], q_buf)
+            tma.store_wait(0)
+        mbarrier.arrive(sh.q_empty_bars.index(WG))
+        tile_iter += 1
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads_q", "group", "num_m_blocks", "num_tiles",
+                              "head_section"])
+def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
+                     seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, qk_scale_log2,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
+                     OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
+                     LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
+    dtype: gl.constexpr = q_desc.dtype
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
+    q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
+    turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
+    k_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+    k_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+    v_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+    v_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+    for i in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(q_ready_bars.index(i), count=1)     # the producer's expect-tx arrival
+        mbarrier.init(q_empty_bars.index(i), count=1)     # its one consumer
+        mbarrier.init(turn_bars.index(i), count=1)        # the previous consumer in the ring
+    for i in gl.static_range(NUM_KV_STAGES):
+        mbarrier.init(k_ready_bars.index(i), count=1)
+        mbarrier.init(v_ready_bars.index(i), count=1)
+        # every consumer warpgroup reads every K/V tile: each releases it once (one elected
+        # arrival per 4-warp partition)
+        mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
+    sh = _Shared(q_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
+                 v_ready_bars, v_empty_bars, turn_bars)
+    sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section)
+
+    # Argument tuples are written inline: built in a variable first they lose their
+    # constexpr-ness (Gluon 3.6). The default partition is consumer 0; its register budget is
+    # what the compiler leaves after the workers' requests.
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
+                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+        ], [_PRODUCER_WARPS], [PRODUCER_REGS])
+    elif NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
+                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+        ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
+                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
+                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --------------------------------------------------------------------------- host
+
+
+def _smem_layout(dtype: torch.dtype, rows: int, head_dim: int):
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], _GL_DTYPES[dtype])
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """4-D TMA descriptor over ``t`` (B, S, H, D) as it lies in memory, box [1, rows, 1, D]."""
+    head_dim = t.shape[3]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim],
+                            _smem_layout(t.dtype, rows, head_dim))
+
+
+def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True) -> dict:
+    """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere."""
+    return dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
+        IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
+        SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
+        RESCALE_THRESHOLD=float(cfg.rescale_threshold),
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+    )
+
+
+def layout_reason(*tensors: torch.Tensor, names=("q", "k", "v")) -> str | None:
+    """Why TMA cannot address these tensors where they lie, or ``None`` if it can."""
+    for name, t in zip(names if len(tensors) > 1 else ("tensor",), tensors):
+        elem = t.element_size()
+        if t.dim() != 4:
+            return f"{name} must be 4-D (batch, seqlen, heads, head_dim), got {t.dim()}-D"
+        if t.stride(3) != 1:
+            return f"{name}.stride(-1) must be 1 for TMA, got {t.stride(3)}"
+        bad = [s for s in t.stride()[:3] if s <= 0 or (s * elem) % TMA_ALIGN_BYTES]
+        if bad:
+            return (f"{name} strides {tuple(t.stride())} must be positive multiples of "
+                    f"{TMA_ALIGN_BYTES // elem} elements for TMA")
+        if t.data_ptr() % TMA_ALIGN_BYTES:
+            return f"{name}.data_ptr() must be {TMA_ALIGN_BYTES}-byte aligned for TMA"
+    return None
+
+
+def unsupported_reason(problem) -> str | None:
+    """Why ``hopper.fwd`` cannot run ``problem`` (a :class:`flashrung.dispatch.Problem`), or ``None``."""
+    if problem.device_type != "cuda":
+        return f"needs a CUDA tensor, got device {problem.device_type!r}"
+    if problem.interpreter:
+        return "Gluon kernels do not run under TRITON_INTERPRET=1"
+    if problem.capability != (9, 0):
+        return f"needs compute capability 9.0 (Hopper, sm_90a), got {problem.capability}"
+    if problem.dtype not in _GL_DTYPES:
+        return f"needs float16 or bfloat16, got {problem.dtype}"
+    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}"
+    if problem.head_dim_v != problem.head_dim:
+        return f"head_dim_v must equal head_dim ({problem.head_dim}), got {problem.head_dim_v}"
+    if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
+        return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
+    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+    num_tiles = num_m_blocks * batch * heads_q
+    if cfg.persistent and not warmup:
+        grid = min(num_tiles, _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+    else:
+        grid = num_tiles
+    section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size())
+    args = (
+        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse,
+        seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
+        fold_scale(softmax_scale),
+    )
+    constexprs = _constexprs(cfg, head_dim, causal, softmax_scale > 0)
+    if warmup:
+        return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(grid,))
+    _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
+
+
+def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
+    """Compile (into Triton's cache) what :func:`forward` will run for this configuration, without
+    launching: the sizes are runtime arguments, so one compile serves every shape. Needs a CUDA
+    driver (the target is queried from it); the tensors stay on the CPU."""
+    cfg.check(head_dim, torch.empty((), dtype=dtype).element_size())
+    q = torch.empty((1, cfg.block_m, 1, head_dim), dtype=dtype)
+    k = torch.empty((1, cfg.block_n, 1, head_dim), dtype=dtype)
+    lse = torch.empty((1, 1, cfg.block_m), dtype=torch.float32)
+    return _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+            config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
+            lse: torch.Tensor | None = None):
+    """Attention forward on sm_90a.
+
+    q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32 natural log.
+    ``config`` overrides :func:`select_config` (for ablations). ``out``/``lse`` are written in
+    place when given (``lse`` contiguous; ``out`` with strides TMA can take). Inputs TMA cannot
+    address where they lie (see :func:`layout_reason`) are copied once with ``.contiguous()``.
+    """
+    from flashrung.dispatch import Problem
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"shapes must be q (B, Sq, Hq, D), k = v (B, Sk, Hkv, D); got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    problem = Problem.of(q, k, v, causal)
+    reason = unsupported_reason(problem)
+    if reason is not None:
+        raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
+    cfg = config if config is not None else select_config(problem)
+    cfg.check(problem.head_dim, q.element_size())
+    softmax_scale = float(softmax_scale)
+
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    if out is None:
+        out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    elif layout_reason(out) is not None:
+        raise ValueError(f"out cannot be written by TMA: {layout_reason(out)}")
+    if lse is None:
+        lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    elif lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != torch.float32 or not lse.is_contiguous() \
+            or lse.device != q.device:
+        raise ValueError(f"lse must be a contiguous ({batch}, {heads_q}, {seqlen_q}) float32 tensor on {q.device}")
+    if batch == 0 or seqlen_q == 0 or heads_q == 0:
+        return out, lse
+    if seqlen_k == 0:            # no key at all: every row is empty
+        return out.zero_(), lse.fill_(float("-inf"))
+    if layout_reason(q, k, v) is not None:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+
+    with torch.cuda.device(q.device):      # Triton launches on the current device
+        _launch(q, k, v, out, lse, causal, softmax_scale, cfg)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- census
+
+
+def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16):
+    """The :class:`CensusSpec` of one configuration (what ``forward`` would compile)."""
+    from flashrung.evidence.census import CensusSpec
+
+    t = _SIG_DTYPES[dtype]
+    q_lay = _smem_layout(dtype, ROWS_PER_CONSUMER_WARPGROUP, head_dim)
+    kv_lay = _smem_layout(dtype, cfg.block_n, head_dim)
+    q_sig = f"tensordesc<{t}[1, {ROWS_PER_CONSUMER_WARPGROUP}, 1, {head_dim}],{q_lay!r}>"
+    kv_sig = f"tensordesc<{t}[1, {cfg.block_n}, 1, {head_dim}],{kv_lay!r}>"
+    signature = {
+        "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
+        "seqlen_q": "i32", "seqlen_k": "i32", "heads_q": "i32", "group": "i32", "num_m_blocks": "i32",
+        "num_tiles": "i32", "head_section": "i32", "qk_scale_log2": "fp32",
+    }
+    config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t)
+    return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
+                      constexprs=_constexprs(cfg, head_dim, causal), num_warps=CONSUMER_WARPS, gluon=True,
+                      arches=("sm_90a",))
+
+
+def _parse_override(key: str, value, current):
+    """``value`` (a string from ``impl="hopper.fwd@key=value"``, or already typed) as ``current``'s type."""
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"override {key}={value!r}: expected true or false")
+    if isinstance(current, int):
+        if isinstance(value, bool):
+            raise ValueError(f"override {key}={value!r}: expected an integer")
+        try:
+            return int(str(value).strip(), 0) if not isinstance(value, int) else value
+        except ValueError:
+            raise ValueError(f"override {key}={value!r}: expected an integer") from None
+    if isinstance(current, float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"override {key}={value!r}: expected a number") from None
+    raise ValueError(f"override {key}: field of type {type(current).__name__} cannot be overridden")
+
+
+def config_with(problem, overrides: dict) -> HopperFwdConfig:
+    """:func:`select_config` for ``problem`` with ``overrides`` applied (``{"pingpong": "true"}``).
+
+    Values may be strings (as parsed from ``impl="hopper.fwd@pingpong=true,block_n=64"``) or typed.
+    Raises ``ValueError`` for an unknown key (listing the valid ones), a value of the wrong type,
+    or a combination that does not fit the hardware budgets at ``problem.head_dim``.
+    """
+    base = select_config(problem)
+    valid = [f.name for f in dataclasses.fields(HopperFwdConfig)]
+    changes = {}
+    for key, value in dict(overrides).items():
+        if key not in valid:
+            raise ValueError(f"unknown {KERNEL_NAME} config key {key!r}; valid keys: {', '.join(valid)}")
+        changes[key] = _parse_override(key, value, getattr(base, key))
+    cfg = dataclasses.replace(base, **changes)
+    cfg.check(problem.head_dim, problem.dtype.itemsize)
+    return cfg
+
+
+def default_config(head_dim: int, causal: bool) -> HopperFwdConfig:
+    """:func:`select_config` for a problem of this head dim and mask (dtype and shape do not matter)."""
+    from flashrung.dispatch import Problem
+
+    return select_config(Problem(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+                                 head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal, device_type="cuda",
+                                 capability=(9, 0)))
+
+
+def census_specs():
+    """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype."""
+    return [census_spec(default_config(d, causal), d, causal, dtype)
+            for d in SUPPORTED_HEAD_DIMS for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)]

@@ -1,0 +1,136 @@
+"""Numerics of the Hopper forward, in one place.
+
+* One scale fold: scores are multiplied by ``softmax_scale · log2(e)`` so every exponential is a
+  single ``exp2`` (``MUFU.EX2``), fused with the max subtraction into one FFMA per element.
+* One online update: running max ``m`` (in the folded log2 domain), running sum ``l``, and the
+  factor ``alpha`` that moves the output accumulator to the new max.
+* One fully-masked-row guard: a row whose max is still ``-inf`` subtracts 0 instead, so it keeps
+  ``p = 0`` and ``alpha = 1`` rather than NaN.
+* The LSE is returned in natural log: ``lse = (m + log2 l) · ln 2``; a row that saw no key has
+  ``l = 0``, output 0 and ``lse = -inf``.
+* Optional conditional rescaling (FA4, seed 001 0x09): ``m`` is a *retained reference*, moved to
+  the row's running max only when that max grew by more than a threshold τ (log2 domain). ``l`` and O stay in the retained frame, so ``O / l`` and the LSE
+  ``(m + log2 l) · ln 2`` are exact as before; unnormalized probabilities are bounded by ``2^τ``
+  (τ = 8: 256, far inside bf16 and fp16). Each row decides for itself; one warpgroup-wide
+  reduction decides whether any row moved, so the branch that skips the O rescale is uniform.
+* Optional packed conversion of P to 16 bits: ``cvt.rn.{bf16,f16}x2.f32`` on adjacent pairs of the
+  accumulator layout, in place of the per-element conversions the compiler emits once P is in the
+  wgmma operand layout (which ptxas then repairs with one ``PRMT`` per register).
+"""
+from __future__ import annotations
+
+import math
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+_LN_2 = gl.constexpr(LN_2)
+
+
+def fold_scale(softmax_scale: float) -> float:
+    """The factor applied to raw ``q·k`` scores: ``softmax_scale · log2(e)``."""
+    return float(softmax_scale) * LOG2_E
+
+
+@gluon.jit
+def mask_scores(s, rows, cols, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
+    """Scores of keys ``>= Sk`` (and, if causal, right of the bottom-right diagonal) → ``-inf``.
+
+    ``rows``/``cols`` are absolute query/key indices in the slice layouts of ``s``.
+    """
+    keep = gl.expand_dims(cols, 0) < seqlen_k
+    if IS_CAUSAL:
+        keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + (seqlen_k - seqlen_q))
+    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
+def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
+    """One online-softmax step on raw scores ``s``.
+
+    Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
+    max and the new running sum. The caller rescales its output accumulator by ``alpha``.
+    """
+    if SCALE_POSITIVE:
+        # max(s)·c == max(s·c) for c > 0: one multiply per row instead of one per score, and
+        # the scale folds into the exp2 argument as one FFMA per score
+        m_tile = gl.max(s, 1) * qk_scale_log2
+        t = s
+        c = qk_scale_log2
+    else:
+        # c <= 0 would turn a masked -inf into +inf (or NaN): scale first, then re-mask
+        t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
+        m_tile = gl.max(t, 1)
+        c = 1.0
+    m_new = gl.maximum(m_i, m_tile)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(t * c - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr):
+    """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09).
+
+    A row moves its reference ``m`` to its running max only when that max grew by more than
+    ``THRESHOLD`` (log2 units); otherwise its ``alpha`` is exactly 1. Also returns ``rescale``, a
+    scalar for the whole warpgroup: false when no row moved, so the caller may skip the O rescale.
+    The decision per row needs nothing beyond the row max, so the exponentials never wait for the
+    warpgroup-wide reduction; only the O rescale does.
+    """
+    if SCALE_POSITIVE:
+        m_tile = gl.max(s, 1) * qk_scale_log2
+        t = s
+        c = qk_scale_log2
+    else:
+        t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
+        m_tile = gl.max(t, 1)
+        c = 1.0
+    m_cand = gl.maximum(m_i, m_tile)
+    # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
+    grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
+    m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(t * c - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    rescale = gl.max(grow, 0) > THRESHOLD
+    return p, alpha, m_new, l_new, rescale
+
+
+@gluon.jit
+def _cvt_pair_bf16(a):
+    return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [a], dtype=gl.bfloat16,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def _cvt_pair_f16(a):
+    return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [a], dtype=gl.float16,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def to_operand_dtype(p, dtype: gl.constexpr, PACKED: gl.constexpr):
+    """``p`` (fp32) as ``dtype``; with ``PACKED``, two elements per instruction in p's own layout."""
+    if PACKED:
+        if dtype == gl.bfloat16:
+            out = _cvt_pair_bf16(p)
+        else:
+            out = _cvt_pair_f16(p)
+    else:
+        out = p.to(dtype)
+    return out
+
+
+@gluon.jit
+def finalize(acc, m_i, l_i):
+    """Normalized output (fp32) and natural-log LSE of a finished row block."""
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * gl.expand_dims(1.0 / l_safe, 1)
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * _LN_2)
+    return out, lse

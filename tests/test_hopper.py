@@ -1,0 +1,414 @@
+"""hopper.fwd: what the compiler made of it (CPU, ahead-of-time) and what it computes (sm_90 GPU).
+
+CPU tests compile the shipped configurations for sm_90a and read the SASS back (census): tensor
+cores (HGMMA), TMA (UTMALDG), register reallocation (USETMAXREG), no local-memory traffic, shared
+memory within 227 KiB, and the softmax placed between the QK wait and the PV wait. GPU tests run
+the correctness gate and need compute capability 9.0.
+"""
+import dataclasses
+import functools
+import re
+
+import pytest
+import torch
+
+from flashrung.dispatch import Problem
+from flashrung.kernels.hopper import fwd
+from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, select_config
+from flashrung.kernels.hopper.schedule import head_section
+
+HEAD_DIMS = (64, 128, 256)
+
+
+def _problem(**changes) -> Problem:
+    base = dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, head_dim=128, head_dim_v=128,
+                dtype=torch.bfloat16, causal=False, device_type="cuda", capability=(9, 0), interpreter=False)
+    base.update(changes)
+    return Problem(**base)
+
+
+# --------------------------------------------------------------------------- census (CPU)
+
+
+# Gluon cannot compile in a process that imported Triton under TRITON_INTERPRET=1 (the CPU test
+# set-up), so the compiles run in a clean child process, like the census command does.
+_CENSUS_SCRIPT = r"""
+import dataclasses, json, os, re, sys, tempfile
+import torch
+from flashrung.evidence.census import census_one, compile_spec, sass_text
+from flashrung.kernels.hopper import fwd
+
+def windows(sass):
+    # for each wgmma wait(1) (QK done, PV pending): MUFU.EX2 count up to the next wgmma wait
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(?:\s+(gsb0, 0x[01]))?", sass)
+    out, cur = [], None
+    for op, arg in ops:
+        if op == "WARPGROUP.DEPBAR.LE" and arg == "gsb0, 0x1":
+            cur = 0
+        elif op == "WARPGROUP.DEPBAR.LE" and cur is not None:
+            out.append(cur)
+            cur = None
+        elif cur is not None and op == "MUFU.EX2":
+            cur += 1
+    return out
+
+def steady_loop(sass):
+    # the steady-state KV loop: from the back-edge target to the back edge around the first wait(1)
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    first = next((i for i, (_, t) in enumerate(ins) if "DEPBAR.LE gsb0, 0x1" in t), None)
+    if first is None:
+        return None
+    for j in range(first, len(ins)):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", ins[j][1])
+        if m and int(m.group(1), 16) < ins[first][0] and not ins[j][1].startswith("@!P"):
+            body = ins[where[int(m.group(1), 16)]: j + 1]
+            break
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for _, t in body]
+    rs = lambda t: re.search(r"HGMMA\S* R\d+, R\d+", t) is not None     # P from registers: PV
+    pv = [k for k, (_, t) in enumerate(body) if t.startswith("HGMMA") and rs(t)]
+    return dict(prmt=ops.count("PRMT"), fmul=ops.count("FMUL"), ldl=ops.count("LDL") + ops.count("STL"),
+                fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]))
+
+result = {}
+for label, d, causal, changes in json.loads(sys.argv[1]):
+    cfg = dataclasses.replace(fwd.default_config(d, causal), **changes)
+    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16)
+    row = census_one(spec, "sm_90a")
+    entry = dict(row=row.to_json())
+    if row.error is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(compile_spec(spec, "sm_90a").asm["cubin"])
+            sass = sass_text(path)
+            entry["windows"] = windows(sass)
+            entry["loop"] = steady_loop(sass)
+    result[label] = entry
+print(json.dumps(result))
+"""
+
+CENSUS_CONFIGS = [(f"d{d}-{'causal' if c else 'full'}", d, c, {}) for d in HEAD_DIMS for c in (False, True)]
+CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False}))
+CENSUS_CONFIGS.append(("d128-full-late-packed", 128, False, {"late_rescale": True, "pack_p": True}))
+CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.0}))
+
+
+@pytest.fixture(scope="module")
+def census():
+    import json
+    import subprocess
+    import sys
+
+    from flashrung.evidence.census import interpreter_free_env
+
+    out = subprocess.run([sys.executable, "-c", _CENSUS_SCRIPT, json.dumps(CENSUS_CONFIGS)], capture_output=True,
+                         text=True, env=interpreter_free_env(), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_default_config_census(census, head_dim, causal):
+    entry = census[f"d{head_dim}-{'causal' if causal else 'full'}"]
+    row = entry["row"]
+    assert "error" not in row, row["error"]
+    sass = row["sass"]
+    assert sass["HGMMA"] > 0, "QKᵀ and PV must run on wgmma"
+    assert sass["UTMALDG"] > 0, "Q, K, V must arrive by TMA"
+    assert sass["UTMASTG"] > 0, "O must leave by TMA"
+    assert sass["USETMAXREG"] > 0, "producer/consumer register reallocation missing"
+    # spills land in the stack frame; LDL/STL in the SASS is the direct evidence
+    assert row["spill_bytes"] == 0
+    assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
+    cfg = fwd.default_config(head_dim, causal)
+    assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_softmax_overlaps_pv_in_sass(census, head_dim, causal):
+    # ptxas hoists a plain wait(0) above the exp2 block (softmax(j) would wait for PV(j-1));
+    # the kernel keeps it behind a branch. Every steady-state window between wait(1) and wait(0)
+    # must hold a whole tile of exponentials: BLOCK_N·64 scores over 128 threads.
+    windows = census[f"d{head_dim}-{'causal' if causal else 'full'}"]["windows"]
+    per_tile = fwd.default_config(head_dim, causal).block_n * 64 // 128
+    assert windows, "no wgmma wait(1): the overlapped schedule is missing"
+    assert all(n >= per_tile for n in windows), windows
+
+
+def test_serial_schedule_has_no_overlap_window(census):
+    entry = census["d128-full-serial"]
+    assert "error" not in entry["row"] and entry["windows"] == []
+
+
+def test_levers_in_sass(census):
+    base = census["d128-full"]["loop"]
+    late = census["d128-full-late-packed"]
+    assert late["row"]["spill_bytes"] == 0 and late["loop"]["ldl"] == 0
+    # packed conversion: the PRMT repair of every P register is gone
+    assert base["prmt"] >= 32 and late["loop"]["prmt"] == 0
+    # late rescale: the 64 multiplies of O (64 rows × 128 columns over 128 threads) come before the
+    # PV issue, around the QK issue (in its shadow); the default has them after wait(0)
+    assert base["fmul_before_pv"] == 0 and late["loop"]["fmul_before_pv"] >= 64
+    assert all(n >= 64 for n in late["windows"]), late["windows"]      # the softmax still overlaps PV
+
+
+def test_threshold_keeps_overlap_and_registers(census):
+    entry = census["d64-full-threshold"]
+    assert entry["row"]["spill_bytes"] == 0 and entry["loop"]["ldl"] == 0
+    assert entry["windows"] and all(n >= 128 * 64 // 128 for n in entry["windows"]), entry["windows"]
+
+
+# --------------------------------------------------------------------------- config and dispatch (CPU)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_select_config_defaults_fit(head_dim):
+    for causal in (False, True):
+        cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal))
+        cfg.check(head_dim)
+        assert cfg.lpt == causal        # heaviest-first order only pays when tiles are unequal
+        assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal)) is cfg
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(num_kv_stages=3), "shared memory"),             # d256: 64 KiB Q + 3 × 64 KiB ring
+    (dict(block_n=80), "power of two"),
+    (dict(block_m=96), "block_m"),
+    (dict(block_m=192), "registers"),                     # 3 × 240 regs do not fit the file
+    (dict(consumer_regs=244), "multiple of 8"),
+    (dict(num_kv_stages=0), "num_kv_stages"),
+    (dict(rescale_threshold=-1.0), "rescale_threshold"),
+    (dict(rescale_threshold=16.0), "rescale_threshold"),      # 2^16 > the fp16 maximum
+    (dict(overlap=False, late_rescale=True), "overlap"),
+    (dict(overlap=False, rescale_threshold=8.0), "overlap"),
+])
+def test_config_check_rejects(changes, match):
+    cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)
+    with pytest.raises(ValueError, match=match):
+        cfg.check(256)
+
+
+def test_config_with_parses_string_overrides():
+    problem = _problem()
+    cfg = fwd.config_with(problem, {"pingpong": "true", "persistent": "True", "consumer_regs": "232",
+                                    "rescale_threshold": "8", "lpt": "0"})
+    assert cfg == dataclasses.replace(select_config(problem), pingpong=True, persistent=True, consumer_regs=232,
+                                      rescale_threshold=8.0, lpt=False)
+    assert fwd.config_with(problem, {"pack_p": True, "block_n": 64}).block_n == 64
+    assert fwd.config_with(problem, {}) == select_config(problem)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"pingpnog": "true"}, r"unknown .*'pingpnog'.*valid keys: block_m, block_n, .*pingpong"),
+    ({"pingpong": "maybe"}, "true or false"),
+    ({"block_n": "wide"}, "integer"),
+    ({"block_n": True}, "integer"),
+    ({"rescale_threshold": "high"}, "number"),
+    ({"block_m": "192"}, "registers"),                    # 3 × 240 registers do not fit
+    ({"block_n": "80"}, "power of two"),
+])
+def test_config_with_rejects(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        fwd.config_with(_problem(), overrides)
+
+
+def test_config_check_rejects_head_dim():
+    with pytest.raises(ValueError, match="head_dim"):
+        HopperFwdConfig().check(96)
+
+
+def test_supported_problem_has_no_reason():
+    assert fwd.unsupported_reason(_problem()) is None
+    assert fwd.unsupported_reason(_problem(dtype=torch.float16, causal=True, head_dim=64, head_dim_v=64)) is None
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(device_type="cpu", capability=None), "CUDA"),
+    (dict(interpreter=True), "TRITON_INTERPRET"),
+    (dict(capability=(8, 0)), "9.0"),
+    (dict(capability=(10, 0)), "9.0"),
+    (dict(capability=(12, 0)), "9.0"),
+    (dict(dtype=torch.float32), "float16 or bfloat16"),
+    (dict(head_dim=96, head_dim_v=96), "head_dim"),
+    (dict(head_dim=512, head_dim_v=512), "head_dim"),
+    (dict(head_dim_v=64), "head_dim_v"),
+    (dict(heads_q=6, heads_kv=4), "multiple"),
+])
+def test_unsupported_reason(changes, match):
+    reason = fwd.unsupported_reason(_problem(**changes))
+    assert reason is not None and re.search(match, reason), reason
+
+
+def test_layout_reason():
+    q = torch.empty(2, 100, 4, 128, dtype=torch.bfloat16)
+    assert fwd.layout_reason(q, q, q) is None
+    qkv = torch.empty(2, 100, 3, 4, 128, dtype=torch.bfloat16)          # packed: strides TMA can take
+    assert fwd.layout_reason(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]) is None
+    wide = torch.empty(2, 100, 4, 132, dtype=torch.bfloat16)[..., :128]  # row of 264 bytes: not 16-aligned
+    assert "multiples" in fwd.layout_reason(q, wide, q)
+    assert "stride(-1)" in fwd.layout_reason(q.transpose(2, 3).contiguous().transpose(2, 3), q, q)
+    flat = torch.empty(2 * 100 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 100, 4, 128)
+    assert "aligned" in fwd.layout_reason(flat, q, q)
+
+
+def test_forward_rejects_bad_input():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="cannot run"):
+        fwd.forward(q, q, q, False, 0.125)                 # CPU tensors
+    with pytest.raises(TypeError, match="dtype"):
+        fwd.forward(q, q.bfloat16(), q, False, 0.125)
+    with pytest.raises(ValueError, match="shapes"):
+        fwd.forward(q, q[..., :32], q, False, 0.125)
+    with pytest.raises(ValueError, match="4-D"):
+        fwd.forward(q[0], q, q, False, 0.125)
+
+
+def test_head_section_keeps_gqa_groups_together():
+    for heads_q, heads_kv in ((32, 32), (32, 4), (8, 1)):
+        section = head_section(16384, heads_q, heads_kv, 128, 2)
+        assert section >= heads_q // heads_kv and section % (heads_q // heads_kv) == 0
+
+
+def test_census_specs_cover_every_default():
+    specs = fwd.census_specs()
+    seen = {(s.config["head_dim"], s.config["causal"], s.config["dtype"]) for s in specs}
+    assert seen == {(d, c, t) for d in HEAD_DIMS for c in (False, True) for t in ("fp16", "bf16")}
+    assert all(s.gluon and s.arches == ("sm_90a",) for s in specs)
+
+
+# --------------------------------------------------------------------------- gate (sm_90 GPU)
+
+on_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs a CUDA device of compute capability 9.0 (Hopper)")
+
+
+def _gate(forward_fn=fwd.forward, **kw):
+    from flashrung.gate import check_forward
+
+    result = check_forward(forward_fn, device="cuda", **kw)
+    assert result.passed, str(result)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen", [1, 17, 1000, 4097])   # single row; sub-tile; tails; one past 4096
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_square(head_dim, causal, dtype, seqlen):
+    heads = 2 if seqlen > 1000 else 4
+    _gate(batch=2, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads, heads_kv=heads, head_dim=head_dim,
+          dtype=dtype, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [
+    (1000, 17),    # causal: most rows see no key at all (out 0, lse -inf)
+    (17, 1000),    # causal: a short query block at the end of a long key sequence
+    (333, 4097),   # key tail of one, several unmasked tiles before the diagonal
+    (4097, 1000),
+])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_unequal_lengths(head_dim, causal, seqlen_q, seqlen_k):
+    _gate(batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=2, heads_kv=2, head_dim=head_dim,
+          dtype=torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_gqa_8_to_1(head_dim, causal):
+    _gate(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=16, heads_kv=2, head_dim=head_dim,
+          dtype=torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_deterministic():
+    torch.manual_seed(0)
+    q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out1, lse1 = fwd.forward(q, k, v, True, 128 ** -0.5)
+    out2, lse2 = fwd.forward(q, k, v, True, 128 ** -0.5)
+    assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
+
+
+def _switches():
+    base = fwd.default_config(128, True)
+    return [
+        dict(overlap=not base.overlap),
+        dict(pingpong=not base.pingpong),
+        dict(pingpong=True, overlap=False),
+        dict(persistent=not base.persistent),
+        dict(lpt=not base.lpt),
+        dict(num_kv_stages=1),
+        dict(num_kv_stages=3),
+        dict(block_n=64),
+        dict(block_m=64),
+        dict(consumer_regs=232, producer_regs=32),
+        dict(late_rescale=True),
+        dict(pack_p=True),
+        dict(rescale_threshold=8.0),
+        dict(late_rescale=True, pack_p=True, rescale_threshold=8.0, pingpong=True),
+    ]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("changes", _switches(), ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_gate_each_switch(changes, causal):
+    cfg = dataclasses.replace(fwd.default_config(128, causal), **changes)
+    _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=1000, seqlen_k=777, heads_q=6,
+          heads_kv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gate_retained_reference_and_packed_p(dtype):
+    # scale 0.5 at d64: log2 scores with a spread of ~6, so a row's max jumps by more than τ = 8
+    # in early tiles (reference moved, O rescaled) and stays within it later (both branches run)
+    cfg = dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0)
+    _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=300, seqlen_k=2000, heads_q=4,
+          heads_kv=2, head_dim=64, dtype=dtype, causal=False, softmax_scale=0.5)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_gate_three_consumer_warpgroups():
+    cfg = dataclasses.replace(fwd.default_config(64, True), block_m=192, consumer_regs=160, block_n=64)
+    _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=1000, seqlen_k=777, heads_q=4,
+          heads_kv=4, head_dim=64, dtype=torch.float16, causal=True)
+
+
+def test_selfcheck_timing_only_checks_every_timed_configuration():
+    from flashrung.kernels.hopper import selfcheck
+
+    rows = selfcheck.build_rows(timing_only=True)
+    timed = [r for r in rows if r["kind"] == "time"]
+    checked = {(json_key(r)) for r in rows if r["kind"] == "check"}
+    assert timed and all(json_key(r) in checked for r in timed)
+    assert {r["kind"] for r in rows} == {"check", "time", "time_cudnn"}
+    # the combinations of the issue are timed, and every timed configuration fits the budgets
+    labels = {(r["d"], r["causal"], r["variant"]) for r in timed}
+    assert (128, False, "pingpong=True,persistent=True,consumer_regs=232") in labels
+    assert (256, False, "persistent=True,consumer_regs=232") in labels
+    assert (64, False, "block_m=192,consumer_regs=160,block_n=64,persistent=True") in labels
+    for r in timed:
+        HopperFwdConfig(**r["cfg"]).check(r["d"])
+    assert len(timed) == len({(json_key(r), tuple(r["shape"])) for r in timed}), "a configuration is timed twice"
+
+
+def json_key(row):
+    import json
+
+    return json.dumps([row["cfg"], row["d"], row["causal"]], sort_keys=True)

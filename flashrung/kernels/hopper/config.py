@@ -100,18 +100,28 @@ class HopperFwdConfig:
 # warpgroups × 64 rows, 128-key tiles, 240/24 registers: 628 TFLOP/s, a 3-stage ring measured the
 # same) and from FA4's sm90 table (d256 needs a narrower K/V tile to fit Q + ring in 227 KiB and
 # the 64×256 fp32 O accumulator in registers; FA4's 80-key tile is not a power of two, which a
-# Triton block must be, so 64). FA4's 192-row tile for d64 spills here at 160 registers with
-# 128-key tiles (SASS census), so d64 keeps 128 rows. To be re-priced with paired timing on the H200.
+# Triton block must be, so 64). FA4's 192×128 tile for d64 spills here at 160 registers (SASS
+# census); 192×64 does not, and measured +7.9% over 128×128 on the H200 (B4 H32 S8k bf16,
+# do_bench median, unpaired; 420 → 453 TFLOP/s). At d256 the FA3-order rescale with packed P
+# measured +4.3% (645 → 673, same protocol); causal d256 keeps them off: there they spill.
+# d128: no switch beat run-to-run noise (±2–3% between two runs of the default). Each choice is
+# to be confirmed with paired margins (`flashrung compare`).
 _BY_HEAD_DIM = {
-    64: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=3),
+    64: HopperFwdConfig(block_m=192, block_n=64, num_kv_stages=3, consumer_regs=160),
     128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2),
     256: HopperFwdConfig(block_m=128, block_n=64, num_kv_stages=2),
+}
+# Levers kept for non-causal problems only, per head dim.
+_NON_CAUSAL_LEVERS = {
+    256: dict(late_rescale=True, pack_p=True),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool) -> HopperFwdConfig:
     base = _BY_HEAD_DIM[head_dim]
+    if not causal:
+        base = dataclasses.replace(base, **_NON_CAUSAL_LEVERS.get(head_dim, {}))
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal)
 

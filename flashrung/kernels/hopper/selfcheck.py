@@ -199,8 +199,12 @@ def _timing_rows(quick: bool, sanity: bool) -> list[dict]:
     for b, s, h, d, causal in TIME_SHAPES:
         shape = (b, s, s, h, h)
         variants = [("default", {})] + ([] if quick else _switches(d, causal) + _combos(d, causal))
+        seen = []
         for n, (label, change) in enumerate(variants):
             cfg = _cfg_dict(d, causal, **change)
+            if cfg in seen:      # a switch the default already has set: the same kernel twice
+                continue
+            seen.append(cfg)
             if sanity:
                 rows.append(dict(kind="check", variant=label, cfg=cfg, d=d, causal=causal, dtype="bfloat16",
                                  shape=SANITY_SHAPE[0], why=SANITY_SHAPE[1]))

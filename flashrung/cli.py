@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+        except Exception as exc:   # one broken subcommand must not take the others down, loudly
+            print(f"flashrung: the commands of {name} are unavailable: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
             continue
         module.register(sub)
     return parser

@@ -1,0 +1,447 @@
+"""`flashrung ladder`: the census without a GPU, argument validation, the table and JSON from
+synthetic rows, the climb's plumbing on a virtual clock, the ncu parsing; on a GPU, the real climb.
+
+The census compiles in an interpreter-free subprocess (Gluon cannot compile under
+TRITON_INTERPRET=1, which the CPU suite sets), as tests/test_census.py does.
+"""
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashrung.bench import cli as bench_cli
+from flashrung.bench import stats, timing
+from flashrung.evidence import census
+from flashrung.kernels import ladder
+from flashrung.kernels.ladder import cli
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="flashrung")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli.register(sub)
+    return parser.parse_args(["ladder", *argv])
+
+
+def run_cli(*argv, timeout=900):
+    return subprocess.run([sys.executable, "-m", "flashrung.cli", "ladder", *argv], capture_output=True, text=True,
+                          env=census.interpreter_free_env(), timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------
+# Census mode (no GPU)
+# ------------------------------------------------------------------------------------------
+
+def test_census_json_has_every_registered_config_of_the_chosen_rungs():
+    proc = run_cli("--only", "v1,v3", "--arch", "sm_90a", "--json", *(["--census"] if HAS_GPU else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["mode"] == "census" and doc["arch"] == "sm_90a" and "SASS" in doc["evidence"]
+    if not HAS_GPU:
+        assert "no CUDA GPU" in doc["no_gpu_reason"] and "no GPU" in proc.stderr
+    expected = [(r.name, dict(s.config)) for r in (ladder.rung("v1"), ladder.rung("v3"))
+                for s in r.load().census_specs()]
+    assert [(r["kernel"], r["config"]) for r in doc["rows"]] == expected       # 4 + 6, ladder order
+    for row in doc["rows"]:
+        assert not row.get("error"), row
+        s = row["sass"]
+        assert s["HMMA"] == row["config"]["head_dim"]                       # mma.sync, d per loop body
+        if row["kernel"] == "ladder.v1":
+            assert s["LDGSTS"] == 0 and s["LDG"] > 0                        # scalar staging
+        else:
+            assert s["LDGSTS"] > 0 and s["LDG"] == 0                        # v3's lever: cp.async
+        assert 0 < row["smem_bytes"] <= doc["smem_budget_bytes"] == 227 * 1024
+
+
+def test_census_table_reports_the_sm120_budget_and_says_there_is_no_gpu():
+    proc = run_cli("--only", "v3", "--arch", "sm_120", *(["--census"] if HAS_GPU else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    if not HAS_GPU:
+        assert "no GPU here" in out
+    assert "evidence level: SASS" in out
+    assert "shared memory per block on sm_120: budget 99 KB (101,376 B)" in out and "the seed's card" in out
+    assert "largest here 81,920 B (ladder.v3 d128 full 64x64 kv_stages=2)" in out
+    assert "all 6 configurations fit" in out
+    header = next(ln for ln in out.splitlines() if ln.startswith("rung"))
+    for col in ("config", "regs", "smem B", "spill B", "HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "FFMA"):
+        assert col in header
+
+
+def _census_row(kernel, smem, error=None, **config):
+    cfg = {"head_dim": 128, "causal": False, "dtype": "fp16", "tile": "64x64", "num_warps": 4, **config}
+    if error:
+        return {"kernel": kernel, "arch": "sm_120", "config": cfg, "regs": None, "smem_bytes": None,
+                "spill_bytes": None, "sass": {}, "error": error}
+    sass = {"HMMA": 128, "LDSM": 72, "LDGSTS": 24, "MUFU.EX2": 34, "FFMA": 224}
+    return {"kernel": kernel, "arch": "sm_120", "config": cfg, "regs": 255, "smem_bytes": smem, "spill_bytes": 0,
+            "sass": sass}
+
+
+def test_census_table_flags_configs_over_budget_and_compile_errors():
+    rows = [_census_row("ladder.v3", 49152, kv_stages=1), _census_row("ladder.x", 120 * 1024, variant="big"),
+            _census_row("ladder.y", 0, error="RuntimeError: out of resources")]
+    text = cli.format_census(rows, "sm_120", no_gpu="torch sees no CUDA GPU")
+    assert "no GPU here (torch sees no CUDA GPU)" in text
+    assert "1 of 2 configurations do NOT fit: ladder.x d128 full 64x64 variant=big" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("ladder.x"))
+    assert line.split()[-1] == "NO" and "122880" in line
+    assert "ERROR" in next(ln for ln in text.splitlines() if ln.startswith("ladder.y"))
+    assert "kv_stages=1" in next(ln for ln in text.splitlines() if ln.startswith("ladder.v3"))
+
+
+# ------------------------------------------------------------------------------------------
+# Arguments
+# ------------------------------------------------------------------------------------------
+
+def test_only_names_rungs_in_ladder_order_and_refuses_unknown_ones(capsys):
+    assert parse("--only", "ladder.v4,v3,v3").only == ("ladder.v3", "ladder.v4")
+    with pytest.raises(SystemExit):
+        parse("--only", "v3,v6")
+    err = capsys.readouterr().err
+    assert "--only: unknown rung 'v6'" in err and "v0, v1, v2, v3, v4, v5, v7" in err
+    with pytest.raises(SystemExit):
+        parse("--only", ",")
+    assert "expected comma-separated rung names" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("--config", "c")
+    with pytest.raises(SystemExit):
+        parse("--census", "--profile")       # one mode at a time
+    assert parse("--config", "B").config == "b"
+    assert cli.selected_configs("both") == ["A", "B"] and cli.selected_configs("a") == ["A"]
+
+
+def test_profile_without_ncu_says_so_and_fails(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))          # nothing on PATH, ncu least of all
+    args = parse("--profile")
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "ncu (Nsight Compute) is not on PATH" in err and "Nothing was profiled" in err
+
+
+def test_compare_command_parses_as_the_row_it_names():
+    """The table points to `flashrung compare` for the keep verdict: its line must select
+    exactly the configuration the margin was measured at."""
+    parser = argparse.ArgumentParser(prog="flashrung")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench_cli.register(sub)
+    for config in cli.CONFIGS.values():
+        line = cli.compare_command(config, "ladder.v4", "ladder.v5")
+        args = parser.parse_args(line.split()[1:])
+        assert (args.baseline, args.candidate) == ("flashrung:ladder.v4", "flashrung:ladder.v5")
+        assert bench_cli.pair_row(args).shape_key() == config.shape_key()
+
+
+def test_paired_alternations_fill_the_time_budget():
+    p = cli.DEFAULT_PROTOCOL      # 8 s of kernel time per margin, 5 + 1 calls per arm per alternation
+    assert p.alternations_for(0.30, 0.25) == 120                  # fast rungs: the seed's 120
+    assert p.alternations_for(60.0, 40.0) == 12                   # 8000 / (6 * 100) = 13.3 -> even 12
+    assert p.alternations_for(5000.0, 5000.0) == 10               # never below ten (five per order)
+    assert cli.QUICK_PROTOCOL.alternations_for(0.1, 0.1) == 40
+    proto = p.paired(20.0, 15.0)
+    assert proto.alternations % 2 == 0 and proto.reps == 5 and proto.warmup_calls == 0
+    assert stats.half_orders(proto.alternations)                  # valid for the paired runner
+
+
+# ------------------------------------------------------------------------------------------
+# Rates, table and JSON from synthetic rows
+# ------------------------------------------------------------------------------------------
+
+CEILINGS = {"gemm:float16": {"value": 550.0}, "mma_sync:float16": {"value": 400.0, "tile": "128x128x32 w2x4 s3"},
+            "gemm:bfloat16": {"value": 700.0}, "mma_sync:bfloat16": {"value": 440.0, "tile": "128x256x32 w2x4 s3"}}
+
+
+def _summary(margin, lo, hi, ab, ba, n=40):
+    return {"vs": "?", "n": n, "margin": margin, "lo": lo, "hi": hi, "margin_ab": ab, "margin_ba": ba,
+            "unpaired_ratio": margin, "halves_agree": (ab > 1) == (ba > 1), "order_effect": ab / ba - 1}
+
+
+def _gate(passed, ratio):
+    return {"passed": passed, "ratio": ratio, "text": f"{'PASS' if passed else 'FAIL'} ratio {ratio}",
+            "config": {"batch": 2, "seqlen_q": cli.GATE_SEQLEN, "seqlen_k": cli.GATE_SEQLEN}}
+
+
+def synthetic_doc():
+    a, b = cli.CONFIGS["A"], cli.CONFIGS["B"]
+    v0, v1, v2 = (ladder.rung(n) for n in ("v0", "v1", "v2"))
+    rows = []
+    r = cli.rate(cli.new_row("A", v0), 2.0, a, CEILINGS)
+    r.update(status="ok", margin_note="the anchor (no parent)", gate=_gate(True, 0.41))
+    rows.append(r)
+    r = cli.rate(cli.new_row("A", v1), 0.25, a, CEILINGS)
+    r.update(status="ok", margin=_summary(8.0, 7.9, 8.1, 8.02, 7.98), gate=_gate(True, 0.30))
+    rows.append(r)
+    r = cli.new_row("B", v0)
+    r.update(status="skipped", reason=cli.SKIPS[("ladder.v0", "B")])
+    rows.append(r)
+    r = cli.rate(cli.new_row("B", v1), 20.0, b, CEILINGS)
+    r.update(status="ok", margin_note="parent ladder.v0 skipped at config B", gate=_gate(False, 1.7))
+    rows.append(r)
+    r = cli.rate(cli.new_row("B", v2), 16.0, b, CEILINGS)
+    r.update(status="ok", margin=_summary(1.25, 1.2, 1.3, 1.01, 0.99), gate=_gate(True, 0.5))
+    rows.append(r)
+    return {"mode": "climb", "configs": {n: {**c.plan(), "label": c.label()} for n, c in cli.CONFIGS.items()},
+            "rungs": [{"name": x.name, "parent": x.parent, "lever": x.lever} for x in (v0, v1, v2)],
+            "ceilings": CEILINGS, "rows": rows,
+            "compare_commands": {"B ladder.v1 -> ladder.v2": cli.compare_command(b, "ladder.v1", "ladder.v2")},
+            "manifest": {"environment": {"gpu": "NVIDIA H200"}}, "wall_s": 12.0}
+
+
+def test_rates_follow_the_fa_convention_and_the_measured_ceilings():
+    doc = synthetic_doc()
+    a_v1, b_v1 = doc["rows"][1], doc["rows"][3]
+    # A: 4*2*16*2048^2*128 = 68,719,476,736 FLOPs in 0.25 ms
+    assert a_v1["flops"] == 68_719_476_736 and a_v1["tflops"] == pytest.approx(274.877906944)
+    assert a_v1["percent_of_gemm_ceiling"] == pytest.approx(100 * 274.877906944 / 550)
+    assert a_v1["percent_of_mma_sync_ceiling"] == pytest.approx(100 * 274.877906944 / 400)
+    # B: causal counts dense / 2 (FlashAttention convention): 4*16*32768^2*128 / 2 in 20 ms, bf16 ceilings
+    assert b_v1["flops_convention"] == "fa-half" and b_v1["flops"] == 4 * 16 * 32768 ** 2 * 128 // 2
+    assert b_v1["tflops"] == pytest.approx(4 * 16 * 32768 ** 2 * 128 / 2 / 20e-3 / 1e12)
+    assert b_v1["percent_of_mma_sync_ceiling"] == pytest.approx(100 * b_v1["tflops"] / 440)
+
+
+def test_table_shows_every_column_and_every_reason():
+    doc = synthetic_doc()
+    text = cli.format_table(doc)
+    assert "flashrung ladder on NVIDIA H200" in text and "causal = dense/2" in text
+    assert "float16 cuBLAS GEMM 550.0" in text and "mma.sync GEMM 440.0 (tile 128x256x32 w2x4 s3)" in text
+    head = next(ln for ln in text.splitlines() if ln.split()[:2] == ["config", "rung"])
+    lines = {(ln.split()[0], ln.split()[1]): ln for ln in text.splitlines() if ln[:2] in ("A ", "B ")}
+    assert "TFLOP/s" in head and "%mma.sync" in head and "vs parent" in head and "gate" in head and "lever" in head
+    assert "274.9" in lines["A", "v1"] and "50.0%" in lines["A", "v1"] and "68.7%" in lines["A", "v1"]
+    assert "8.000x [7.900,8.100] n=40" in lines["A", "v1"] and "PASS 0.30" in lines["A", "v1"]
+    assert "anchor" in lines["A", "v0"] and ladder.rung("v0").lever in lines["A", "v0"]
+    assert "skipped" in lines["B", "v0"]
+    assert "parent ladder.v0 skipped at config B" in lines["B", "v1"] and "FAIL 1.70" in lines["B", "v1"]
+    assert "1.250x [1.200,1.300] n=40 AB/BA disagree" in lines["B", "v2"]
+    assert "B ladder.v0: skipped: CUDA-core FMA at S=32768" in text
+    assert "B ladder.v1: gate FAIL ratio 1.7" in text
+    assert "flashrung compare flashrung:ladder.v1 flashrung:ladder.v2 --batch 1 --heads 16 --seqlen 32768" in text
+    assert f"S{cli.GATE_SEQLEN}" in text
+
+
+def test_json_round_trip_renders_the_same_table(tmp_path, capsys):
+    doc = synthetic_doc()
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps(doc))
+    args = parse("--from-json", str(path))
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == cli.format_table(doc).strip()
+
+
+def test_plot_of_the_climb(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = cli.plot_climb(synthetic_doc(), tmp_path / "climb.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------
+# The climb's plumbing on a virtual clock (what the GPU run does, with kernels that only
+# advance a clock: skips, margins, gates, JSON and plot are checked; no number is a measurement)
+# ------------------------------------------------------------------------------------------
+
+COST_MS = {"ladder.v0": 10.0, "ladder.v1": 2.0, "ladder.v2": 1.6, "ladder.v3": 1.0, "ladder.v4": 0.8,
+           "ladder.v5": 0.8, "ladder.v7": 0.5}
+
+
+class VirtualClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from flashrung.bench import ceilings, peers, runner
+
+    clock = VirtualClock()
+    scale = {"A": 1.0, "B": 20.0}
+    gated = []
+
+    def prepare(impl, row, inputs, options=None):
+        cost = COST_MS[impl.split(":", 1)[1]] * scale["A" if row.seqlen_q == 2048 else "B"] / 1e3
+
+        def fn():
+            clock.t += cost
+        return peers.Prepared(fn=fn, first_out=object(), dispatch={"fwd": {"kernel": impl}}, first_call_s=0.1)
+
+    def run_gate(impl, row, seed=0, device="cuda"):
+        gated.append((impl, row))
+        passed = impl != "flashrung:ladder.v2"
+        return {"impl": impl, "mode": "fwd", "config": runner.gate_config(row), "passed": passed,
+                "ratio": 0.5 if passed else 3.0, "text": f"{'PASS' if passed else 'FAIL'} {impl}"}
+
+    monkeypatch.setattr(bench_cli, "gpu_available", lambda: (True, "Virtual GPU"))
+    monkeypatch.setattr(peers, "prepare", prepare)
+    monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0, device="cuda": None)
+    monkeypatch.setattr(runner, "run_gate", run_gate)
+    monkeypatch.setattr(timing, "CudaEventTimer", lambda: timing.ClockTimer(now=clock.now))
+    monkeypatch.setattr(ceilings, "gemm", lambda dtype, timer: ceilings.Ceiling(
+        "gemm", dtype, 1.0, 600.0, "TFLOP/s", "virtual"))
+    monkeypatch.setattr(cli, "measure_mma_sync", lambda dtype, timer, on_tile: {
+        "kind": "mma_sync", "dtype": dtype, "value": 400.0, "tile": "virtual", "tiles": []})
+    return gated
+
+
+def test_climb_plumbing_on_a_virtual_clock(fake_gpu, tmp_path, capsys):
+    path = tmp_path / "ladder.json"
+    args = parse("--quick", "--no-progress", "--json", str(path))
+    rc = args.func(args)
+    out, err = capsys.readouterr()
+    assert rc == 1                                            # ladder.v2 fails its (fake) gate
+    doc = json.loads(path.read_text())
+    assert (tmp_path / "ladder.png").exists() or "no plot" in err
+    rows = {(r["config"], r["rung"]): r for r in doc["rows"]}
+    assert len(rows) == 2 * len(ladder.RUNGS)
+    assert rows["B", "ladder.v0"]["status"] == "skipped" and rows["B", "ladder.v0"]["gate"] is None
+    # every measured row: the virtual kernel's time exactly, rated against the fake ceilings
+    for (config, rung), r in rows.items():
+        if r["status"] != "ok":
+            continue
+        ms = COST_MS[rung] * (1.0 if config == "A" else 20.0)
+        assert r["ms"] == pytest.approx(ms)
+        assert r["percent_of_mma_sync_ceiling"] == pytest.approx(100 * r["tflops"] / 400.0)
+        assert r["dispatch"] == {"fwd": {"kernel": f"flashrung:{rung}"}}
+    # margins: the paired runner's ratio of the two virtual costs, AB/BA halves agreeing
+    for (config, rung), r in rows.items():
+        parent = ladder.rung(rung).parent
+        if parent is None or (config, parent) == ("B", "ladder.v0"):
+            assert r["margin"] is None and r["margin_note"]
+            continue
+        assert r["margin"]["margin"] == pytest.approx(COST_MS[parent] / COST_MS[rung])
+        assert r["margin"]["vs"] == parent and r["margin"]["n"] == r["margin"]["protocol"]["alternations"]
+    assert rows["B", "ladder.v1"]["margin_note"] == "parent ladder.v0 skipped at config B"
+    # the gate ran at the reduced size of each config's dtype and mask, for every measured rung
+    assert len(fake_gpu) == 2 * len(ladder.RUNGS) - 1
+    for impl, row in fake_gpu:
+        assert row.seqlen_q == cli.GATE_SEQLEN and row.batch <= cli.GATE_MAX_BATCH and row.headdim == 128
+    assert {(r.dtype, r.causal) for _, r in fake_gpu} == {("float16", False), ("bfloat16", True)}
+    assert "ladder.v2: gate FAIL" in out and doc["manifest"]["command"]
+    assert len(doc["compare_commands"]) == 2 * len(ladder.RUNGS) - 3
+
+
+def test_only_narrows_the_climb_and_names_the_missing_parent(fake_gpu, tmp_path, capsys):
+    args = parse("--quick", "--no-progress", "--only", "v3,v4", "--config", "a", "--no-gate", "--json", "-")
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["config"], r["rung"]) for r in doc["rows"]] == [("A", "ladder.v3"), ("A", "ladder.v4")]
+    assert doc["rows"][0]["margin_note"] == "parent ladder.v2 not selected (--only)"
+    assert doc["rows"][1]["margin"]["margin"] == pytest.approx(COST_MS["ladder.v3"] / COST_MS["ladder.v4"])
+    assert list(doc["ceilings"]) == ["gemm:float16", "mma_sync:float16"]     # config A's dtype only
+    assert fake_gpu == []
+
+
+# ------------------------------------------------------------------------------------------
+# Profile: ncu's CSV and its errors (synthetic), the retry without rejected metrics
+# ------------------------------------------------------------------------------------------
+
+WAVEFRONTS = "smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum"
+LDSM = "smsp__inst_executed_op_ldsm.sum"
+LDSM_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum"
+
+
+def ncu_csv(values: dict) -> str:
+    cols = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", *values]
+    units = ["", "", "", "", "", *(u for _, u in values.values())]
+    data = ["0", "4242", "python", "127.0.0.1", "attention_fwd_v1", *(v for v, _ in values.values())]
+    quote = lambda cells: ",".join(f'"{c}"' for c in cells)   # noqa: E731
+    return "\n".join(["==PROF== Connected to process 4242", quote(cols), quote(units), quote(data),
+                      "==PROF== Disconnected from process 4242"])
+
+
+def test_parse_ncu_raw_csv_and_derive_wavefronts_per_ldmatrix():
+    text = ncu_csv({"gpu__time_duration.sum": ("1,234,567", "nsecond"),
+                    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("41.5", "%"),
+                    WAVEFRONTS: ("3,200", ""), LDSM: ("100", "inst"),
+                    "sm__cycles_active.avg": ("900", "cycle"), "sm__cycles_elapsed.avg": ("1000", "cycle")})
+    rows = cli.parse_ncu_csv(text)
+    assert len(rows) == 1
+    assert rows[0]["gpu__time_duration.sum"] == (1234567.0, "nsecond")
+    assert rows[0]["Kernel Name"] == ("attention_fwd_v1", "")
+    d = cli.derived(rows[0])
+    assert d["ldsm_wavefronts_per_instruction"] == 32.0 and d["sm_active_pct"] == 90.0
+    assert cli.parse_ncu_csv("==PROF== no kernels were profiled\n") == []
+
+    doc = {"shape": cli.PROFILE_ROW.plan(), "ncu_version": "2025.3.1", "dropped": [LDSM_CONFLICTS],
+           "rows": [{"rung": "ladder.v1", "status": "ok", "metrics": rows[0], "derived": d},
+                    {"rung": "ladder.v2", "status": "error", "reason": "ncu exited 1: boom"}]}
+    text = cli.format_profile(doc)
+    line = next(ln for ln in text.splitlines() if ln.startswith("ladder.v1"))
+    assert "1234.6" in line and "41.5" in line and "32.00" in line and "90.0" in line and "n/a" in line
+    assert "B1 H16 S4096 d128 bfloat16 causal" in text and "--clock-control none" in text
+    assert f"not collected (this ncu or GPU has no such metric): {LDSM_CONFLICTS}" in text
+    assert "ladder.v2: ncu exited 1: boom" in text
+
+
+def test_ncu_command_profiles_one_warm_launch_of_the_rung_without_locking_clocks():
+    cmd = cli.ncu_command("ncu", ["a.sum", "b.pct"], "ladder.v3")
+    assert cmd[:3] == ["ncu", "--clock-control", "none"]
+    assert cmd[cmd.index("--metrics") + 1] == "a.sum,b.pct"
+    assert cmd[cmd.index("--launch-skip") + 1] == "1" and cmd[cmd.index("--launch-count") + 1] == "1"
+    child = cmd[cmd.index(sys.executable):]
+    assert child[:5] == [sys.executable, "-m", "flashrung.kernels.ladder.cli", "--profile-target", "ladder.v3"]
+    assert "--causal" in child and child[child.index("--seqlen") + 1] == "4096"
+
+
+def test_profile_drops_the_metrics_ncu_rejects_and_retries(monkeypatch):
+    calls = []
+
+    def fake_run(cmd, **kw):
+        metrics = cmd[cmd.index("--metrics") + 1].split(",")
+        calls.append(metrics)
+        if LDSM_CONFLICTS in metrics:
+            return subprocess.CompletedProcess(cmd, 1, "", f"==ERROR== Failed to find metric {LDSM_CONFLICTS}\n")
+        return subprocess.CompletedProcess(cmd, 0, ncu_csv({m: ("1", "") for m in metrics}), "")
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    metrics, dropped = [m.name for m in cli.PROFILE_METRICS], []
+    result = cli.profile_one("ncu", "ladder.v2", metrics, dropped)
+    assert result["status"] == "ok" and dropped == [LDSM_CONFLICTS]
+    assert len(calls) == 2 and LDSM_CONFLICTS not in metrics and set(result["metrics"]) == set(metrics)
+    # the next rung starts from the pruned list: one call
+    cli.profile_one("ncu", "ladder.v3", metrics, dropped)
+    assert len(calls) == 3
+
+    monkeypatch.setattr(cli.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, "", "==ERROR== ERR_NVGPUCTRPERM - no permission to access the GPU performance counters"))
+    failed = cli.profile_one("ncu", "ladder.v4", metrics, dropped)
+    assert failed["status"] == "error" and "ERR_NVGPUCTRPERM" in failed["reason"] and "exited 1" in failed["reason"]
+
+
+# ------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_climb_on_the_gpu(tmp_path):
+    path = tmp_path / "ladder.json"
+    proc = run_cli("--quick", "--only", "v3,v4", "--config", "a", "--no-progress", "--json", str(path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(path.read_text())
+    assert doc["ceilings"]["gemm:float16"]["value"] > 0 and doc["ceilings"]["mma_sync:float16"]["value"] > 0
+    v3, v4 = doc["rows"]
+    for r in (v3, v4):
+        assert r["status"] == "ok" and r["tflops"] > 0 and r["gate"]["passed"], r
+        assert r["dispatch"]["fwd"]["kernel"] == r["rung"]                     # the public path ran the rung
+    assert v4["margin"]["vs"] == "ladder.v3" and v4["margin"]["n"] >= 10
+    assert "v4" in proc.stdout and "%mma.sync" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="needs ncu (Nsight Compute) on PATH")
+def test_profile_on_the_gpu(tmp_path):
+    path = tmp_path / "profile.json"
+    proc = run_cli("--profile", "--only", "v0,v1", "--no-progress", "--json", str(path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(path.read_text())
+    rows = {r["rung"]: r for r in doc["rows"]}
+    tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    assert rows["ladder.v1"]["metrics"][tensor][0] > rows["ladder.v0"]["metrics"][tensor][0]

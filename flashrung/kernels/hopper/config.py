@@ -114,14 +114,22 @@ _BY_HEAD_DIM = {
 # Levers kept for non-causal problems only, per head dim.
 _NON_CAUSAL_LEVERS = {
     256: dict(late_rescale=True, pack_p=True),
+    # packed P at d128: paired margin 1.0145 (KEEP; two fresh-process runs, AB/BA agreeing,
+    # t_keep 1.000411 from the A/A null; B2 H16 S16384 bf16 non-causal, H200)
+    128: dict(pack_p=True),
+}
+# Levers kept for causal problems: packed P at d128 causal won a paired margin of 1.0118
+# (KEEP, same protocol, B2 H16 S16384 bf16 causal, H200).
+_CAUSAL_LEVERS = {
+    128: dict(pack_p=True),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool) -> HopperFwdConfig:
     base = _BY_HEAD_DIM[head_dim]
-    if not causal:
-        base = dataclasses.replace(base, **_NON_CAUSAL_LEVERS.get(head_dim, {}))
+    levers = _CAUSAL_LEVERS if causal else _NON_CAUSAL_LEVERS
+    base = dataclasses.replace(base, **levers.get(head_dim, {}))
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal)
 

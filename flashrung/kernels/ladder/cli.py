@@ -735,7 +735,7 @@ PROFILE_METRICS = (
 
 def ncu_command(ncu: str, metrics, rung: str, row: suites.Row = PROFILE_ROW) -> list[str]:
     return [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
-            "--print-units", "base", "--print-metric-name", "name", "--kernel-name-base", "function",
+            "--print-units", "base", "--kernel-name-base", "function",
             "--kernel-name", PROFILE_KERNELS, "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
             sys.executable, "-m", "flashrung.kernels.ladder.cli", "--profile-target", rung,
             "--batch", str(row.batch), "--heads", str(row.heads_q), "--seqlen", str(row.seqlen_q),

@@ -259,6 +259,12 @@ def _compiled_flex(dynamic: bool):
                  "accumulated_cache_size_limit"):
         if hasattr(dynamo_config, knob):
             setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), FLEX_RECOMPILE_LIMIT))
+    # Backward rows replay one graph with retain_graph=True; compiled backwards that donate their
+    # saved buffers refuse that (seen on the H200 with torch 2.11: every flex backward row
+    # errored). Donation saves memory, not time, so switch it off for the timed graphs.
+    import torch._functorch.config as functorch_config
+    if hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
     return torch.compile(flex_attention, dynamic=dynamic)
 
 

@@ -406,7 +406,10 @@ def measure(device: str = "cuda", repeats: int = 3, table: str = "h200", progres
                                  "clock64 span / globaltimer span during the wgmma benchmark "
                                  "(the clock a tensor-bound kernel runs at)")
     measured_table = base.with_figures(**figs)
-    measured_table = dataclasses.replace(measured_table, gpu=props.name)
+    measured_table = dataclasses.replace(
+        measured_table, gpu=props.name,
+        note=f"Measured on {props.name} by `flashrung model --measure`; each figure names its kernel "
+             "and statistic, and the manifest below gives the clocks and versions of the run.")
     manifest = {
         "gpu": props.name,
         "capability": f"{cap[0]}.{cap[1]}",

@@ -31,7 +31,7 @@ import torch
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
 LN2 = 0.6931471805599453    # ln(2): turns a log2-domain LSE back into the natural base
@@ -314,6 +314,36 @@ def issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, str
     stage_tile_async(v_dst, v_base + start_n.to(gl.int64) * stride_vs, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
 
 
+@gluon.jit
+def stage_q_tile(q_smem, q_base, n_rows, stride_qs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 ASYNC_COPY: gl.constexpr):
+    """Stage the query tile and make it visible to every warp: through registers (v0-v2) or by
+    cp.async, waited for at once (v3 on)."""
+    if ASYNC_COPY:
+        stage_tile_async(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+    else:
+        stage_tile_scalar(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM)
+    gl.thread_barrier()
+
+
+@gluon.jit
+def stage_kv_block(k_smem, v_smem, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, ASYNC_COPY: gl.constexpr):
+    """Stage the key block starting at ``start_n`` into the single K/V buffer and make it visible
+    to every warp: through registers (v0-v2) or by cp.async, waited for at once (v3 on)."""
+    if ASYNC_COPY:
+        issue_kv_async(k_smem, v_smem, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                       BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+    else:
+        stage_kv_scalar(k_smem, v_smem, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                        BLOCK_N, HEAD_DIM)
+    gl.thread_barrier()
+
+
 # --------------------------------------------------------------------------------------------
 # Which tile a program owns
 # --------------------------------------------------------------------------------------------
@@ -336,6 +366,17 @@ def program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M: gl.constexpr):
     pid_bh = pid % n_bh
     tile = n_m - 1 - pid // n_bh
     return pid_bh // heads_q, pid_bh % heads_q, tile * BLOCK_M
+
+
+@gluon.jit
+def cta_tile(seqlen_q, heads_q, BLOCK_M: gl.constexpr, HEAVIEST_FIRST: gl.constexpr):
+    """(batch, head, first query row) of this program, in HeaviestFirst order (v5 on, causal) or
+    the seed's order."""
+    if HEAVIEST_FIRST:
+        b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
+    else:
+        b, h, start_m = program_tile(heads_q, BLOCK_M)
+    return b, h, start_m
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,3 +484,105 @@ def tile_bases(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m,
     o_base = o_ptr + b64 * stride_ob + h64 * stride_oh + m64 * stride_os
     lse_base = lse_ptr + (b64 * heads_q + h64) * seqlen_q + m64
     return q_base, k_base, v_base, o_base, lse_base
+
+
+# --------------------------------------------------------------------------------------------
+# The mma.sync flash loop (v1 on)
+# --------------------------------------------------------------------------------------------
+
+@gluon.jit
+def mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Raw scores S = Q K^T of one key block on ``mma_v2`` (K fed by ldmatrix), masked unless the
+    caller knows the block is interior (``MASKED=False``)."""
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
+    if MASKED:
+        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
+    return s
+
+
+@gluon.jit
+def mma_pv(acc, p, v_smem):
+    """O += P V on ``mma_v2``. S's accumulator fragment is PV's A fragment: the conversion of P
+    moves no data (seed 000, 2.3, mechanism 1)."""
+    MMA: gl.constexpr = acc.type.layout
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    return mma_v2(gl.convert_layout(p.to(v_smem.dtype), DOT_A), v_smem.load(DOT_B), acc)
+
+
+@gluon.jit
+def allocate_and_stage_q(q_base, n_rows, stride_qs, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SMEM: gl.constexpr,
+                         ASYNC_COPY: gl.constexpr):
+    """The single-buffered Q/K/V tiles; Q staged and read into mma A fragments (ldmatrix, once
+    per CTA). Returns (q, k_smem, v_smem)."""
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
+    stage_q_tile(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM, ASYNC_COPY)
+    q = q_smem.load(gl.DotOperandLayout(0, mma_layout(gl.num_warps()), 2))
+    return q, k_smem, v_smem
+
+
+@gluon.jit
+def flash_state(start_m, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, ROW: gl.constexpr,
+                ACC: gl.constexpr):
+    """The running max (-inf), running sum (0), output accumulator (0) and absolute query rows
+    of a fresh tile; ``ROW`` is the row layout of the scores, ``ACC`` the accumulator's."""
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, ACC)
+    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    return m_i, l_i, acc, offs_m
+
+
+@gluon.jit
+def mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
+              k_base, v_base, stride_ks, stride_vs, qk_scale, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              ASYNC_COPY: gl.constexpr, EXP2: gl.constexpr):
+    """One key block of the single-buffered loop (v1-v5): stage K/V, S = Q K^T, mask, online
+    softmax, rescale O, O += P V. Returns (acc, m_i, l_i)."""
+    stage_kv_block(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
+                   BLOCK_N, HEAD_DIM, ASYNC_COPY)
+    s = mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
+    acc = mma_pv(acc * alpha[:, None], p, v_smem)
+    gl.thread_barrier()  # every warp is done reading K/V before the next block overwrites them
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def attention_mma_cp_async(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+    qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr,
+):
+    """The whole single-buffered cp.async kernel of v3-v5 (XOR-swizzled tiles); each switch is
+    one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain), ``HEAVIEST_FIRST`` the
+    CTA order (v5). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
+    moving that one line changes their SASS, so the two bodies stay apart.)"""
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    b, h, start_m = cta_tile(seqlen_q, heads_q, BLOCK_M, HEAVIEST_FIRST)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+    q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
+                                             HEAD_DIM, xor_swizzled_layout(), True)
+    m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
+    causal_shift = seqlen_k - seqlen_q
+    for start_n in range(0, hi, BLOCK_N):
+        acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
+                                  k_base, v_base, stride_ks, stride_vs, qk_scale,
+                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2)
+    out, lse = finalize(acc, m_i, l_i, EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)

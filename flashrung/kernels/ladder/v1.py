@@ -19,19 +19,18 @@ Evidence (census, no GPU; ``tests/test_ladder.py``): ``HMMA.16816.F32`` appears,
 ``head_dim`` of them per loop body (64x64 tile, 4 warps: D/2 for QK^T plus D/2 for PV), fed by
 ``LDSM``; shared memory 3 tiles = 24 KiB (D=64) / 48 KiB (D=128). The ldmatrix bank conflicts of
 the row-major tiles (the reason for v2) are not visible statically: they need ncu
-(``smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm``). H200 timing and profile:
-docs/ladder.md (to be measured).
+(``smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm``). H200 (ladder --quick, CUDA events; margin = in-process paired vs parent): 46.4 TFLOP/s at A,
+3.716x vs v0; 48.0 at B (B1 H16 S32768 d128 bf16 causal). Profile: not measured. docs/ladder.md.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    finalize, kv_loop_end, mask_scores, mma_layout, program_tile, row_major_layout, softmax_update,
-    stage_kv_scalar, stage_tile_scalar, store_tile, tile_bases,
+    allocate_and_stage_q, finalize, flash_state, kv_loop_end, mma_block, mma_layout, program_tile,
+    row_major_layout, store_tile, tile_bases,
 )
 
 NAME = "ladder.v1"
@@ -42,19 +41,14 @@ CONFIG = common.TileConfig(block_m=64, block_n=64, num_warps=4)
 
 
 @gluon.jit
-def attention_fwd_v1(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
-    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
-    seqlen_q, seqlen_k, heads_q, group, qk_scale,
-    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def attention_mma_scalar_staged(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+    qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, SMEM: gl.constexpr,
 ):
+    """v1's kernel with the shared-tile layout as a parameter (v2's lever is that layout)."""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    SMEM: gl.constexpr = row_major_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     b, h, start_m = program_tile(heads_q, BLOCK_M)
@@ -62,34 +56,33 @@ def attention_fwd_v1(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
         seqlen_q, heads_q, group)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_scalar(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)  # ldmatrix, once per CTA
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    # Scalar staging (v0's) into SMEM; mma_block runs both matmuls on mma_v2, and P stays in
+    # registers: S's accumulator fragment is PV's A fragment.
+    q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
+                                             HEAD_DIM, SMEM, False)
+    m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        stage_kv_scalar(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
-                        BLOCK_N, HEAD_DIM)
-        gl.thread_barrier()
-        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
-        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
-        acc = acc * alpha[:, None]
-        # S's accumulator fragment is PV's A fragment: this conversion moves no data.
-        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_smem.load(DOT_B), acc)
-        gl.thread_barrier()  # every warp is done reading K/V before the next block overwrites them
-
+        acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
+                                  k_base, v_base, stride_ks, stride_vs, qk_scale,
+                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, False, False)
     out, lse = finalize(acc, m_i, l_i, False)
     store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+@gluon.jit
+def attention_fwd_v1(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+):
+    attention_mma_scalar_staged(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, SMEM=row_major_layout())
 
 
 def unsupported_reason(problem) -> str | None:

@@ -19,19 +19,18 @@ clear gain, smaller than 8x; afterwards global-load latency (long scoreboard) do
 Evidence: the census shows the same instruction mix as v1 (same ``HMMA``/``LDSM`` counts, same
 shared bytes) — bank conflicts are an address property and cannot be seen in SASS; the
 difference must come from ncu (``l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum``,
-ldsm wavefronts per instruction). H200 timing and profile: docs/ladder.md (to be measured).
+ldsm wavefronts per instruction).
+H200 timing (ladder --quick): 127.6 TFLOP/s at A (2.758x vs v1, paired in-process), 149.8 at B
+(3.099x). Bank-conflict counters: not measured. docs/ladder.md.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from flashrung.kernels.ladder import common
-from flashrung.kernels.ladder.common import (
-    finalize, kv_loop_end, mask_scores, mma_layout, program_tile, softmax_update, stage_kv_scalar,
-    stage_tile_scalar, store_tile, tile_bases, xor_swizzled_layout,
-)
+from flashrung.kernels.ladder.common import xor_swizzled_layout
+from flashrung.kernels.ladder.v1 import attention_mma_scalar_staged
 
 NAME = "ladder.v2"
 PARENT = "ladder.v1"
@@ -48,47 +47,11 @@ def attention_fwd_v2(
     seqlen_q, seqlen_k, heads_q, group, qk_scale,
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 ):
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_scalar(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)  # ldmatrix, once per CTA
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
-    causal_shift = seqlen_k - seqlen_q
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-    for start_n in range(0, hi, BLOCK_N):
-        stage_kv_scalar(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
-                        BLOCK_N, HEAD_DIM)
-        gl.thread_barrier()
-        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
-        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
-        acc = acc * alpha[:, None]
-        # S's accumulator fragment is PV's A fragment: this conversion moves no data.
-        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_smem.load(DOT_B), acc)
-        gl.thread_barrier()  # every warp is done reading K/V before the next block overwrites them
-
-    out, lse = finalize(acc, m_i, l_i, False)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    # The lever: SMEM = the XOR swizzle (v1: row_major_layout()); everything else is v1's.
+    attention_mma_scalar_staged(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, SMEM=xor_swizzled_layout())
 
 
 def unsupported_reason(problem) -> str | None:

@@ -25,8 +25,10 @@ the latency part of the seed's gain should be smaller here.
 
 Evidence (census, no GPU; ``tests/test_ladder.py``): ``LDGSTS`` appears (v2 has none) and the
 scalar ``LDG``/``STS`` of the K/V staging disappear; fewer registers and no spills at D=128.
-Shared memory: single buffer as v2; the double-buffered arm adds one K and one V tile. H200
-timing and profile: docs/ladder.md (to be measured).
+Shared memory: single buffer as v2; the double-buffered arm adds one K and one V tile.
+H200 timing (ladder --quick): 232.5 TFLOP/s at A (1.826x vs v2, paired in-process), 255.5 at B
+(1.702x); the double-buffered arm read +8.5% at A and -2.1% at B (do_bench, unpaired): not kept.
+docs/ladder.md.
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    finalize, issue_kv_async, kv_loop_end, mask_scores, mma_layout, program_tile, softmax_update,
-    stage_tile_async, store_tile, tile_bases, xor_swizzled_layout,
+    attention_mma_cp_async, finalize, issue_kv_async, kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile,
+    softmax_update, stage_tile_async, store_tile, tile_bases, xor_swizzled_layout,
 )
 
 NAME = "ladder.v3"
@@ -77,50 +79,11 @@ def attention_fwd_v3(
     seqlen_q, seqlen_k, heads_q, group, qk_scale,
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 ):
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
-    causal_shift = seqlen_k - seqlen_q
-    for start_n in range(0, hi, BLOCK_N):
-        issue_kv_async(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
-                       BLOCK_N, HEAD_DIM)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
-        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
-        acc = acc * alpha[:, None]
-        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_smem.load(DOT_B), acc)
-        gl.thread_barrier()  # every warp is done reading K/V before the next copy overwrites them
-
-    out, lse = finalize(acc, m_i, l_i, False)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    # The lever: the cp.async body (v2: scalar staging); tiles, expf and order are v2's.
+    attention_mma_cp_async(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, EXP2=False, HEAVIEST_FIRST=False)
 
 
 @gluon.jit
@@ -136,9 +99,7 @@ def attention_fwd_v3_kv2(
     block j is consumed."""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
     SMEM: gl.constexpr = xor_swizzled_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
@@ -179,11 +140,9 @@ def attention_fwd_v3_kv2(
         gl.thread_barrier()
         k_cur = k_smem.index(j % KV_STAGES)
         v_cur = v_smem.index(j % KV_STAGES)
-        s = mma_v2(q, k_cur.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
+        s = mma_scores(q, k_cur, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
         p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
-        acc = acc * alpha[:, None]
-        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_cur.load(DOT_B), acc)
+        acc = mma_pv(acc * alpha[:, None], p, v_cur)
         gl.thread_barrier()  # every warp is done reading this slot before a copy overwrites it
     async_copy.wait_group(0)  # drain the trailing zero-row prefetch before the CTA exits
 

@@ -19,21 +19,17 @@ ladder config, none non-causal.
 
 Evidence (census): the loop body's instruction families (HMMA, MUFU.EX2, LDGSTS, FFMA, FMUL)
 equal v4's; the difference is the tile decode before the loop. The persistent-grid arm of the
-seed (0.9875x there) is not implemented here. H200 timing and profile: docs/ladder.md (to be
-measured).
+seed (0.9875x there) is not implemented here.
+H200 timing (ladder --quick): 0.997x vs v4 at A (no causal work to reorder) and 0.931x at B
+(paired in-process): LPT loses on the H200 at config B. docs/ladder.md.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from flashrung.kernels.ladder import common
-from flashrung.kernels.ladder.common import (
-    finalize, issue_kv_async, kv_loop_end, mask_scores, mma_layout, program_tile,
-    program_tile_heaviest_first, softmax_update, stage_tile_async, store_tile, tile_bases,
-    xor_swizzled_layout,
-)
+from flashrung.kernels.ladder.common import attention_mma_cp_async
 
 NAME = "ladder.v5"
 PARENT = "ladder.v4"
@@ -52,53 +48,11 @@ def attention_fwd_v5(
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAVIEST_FIRST: gl.constexpr,
 ):
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    if HEAVIEST_FIRST:
-        b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
-    else:
-        b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
-    causal_shift = seqlen_k - seqlen_q
-    for start_n in range(0, hi, BLOCK_N):
-        issue_kv_async(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
-                       BLOCK_N, HEAD_DIM)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
-        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
-        acc = acc * alpha[:, None]
-        acc = mma_v2(gl.convert_layout(p.to(dtype), DOT_A), v_smem.load(DOT_B), acc)
-        gl.thread_barrier()  # every warp is done reading K/V before the next copy overwrites them
-
-    out, lse = finalize(acc, m_i, l_i, EXP2)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    # The lever: HEAVIEST_FIRST (v4: False; the host sets it when causal); the rest is v4's.
+    attention_mma_cp_async(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, EXP2=EXP2, HEAVIEST_FIRST=HEAVIEST_FIRST)
 
 
 def unsupported_reason(problem) -> str | None:

@@ -38,8 +38,10 @@ specialization keeps (3, 4) should transfer, the tile keep (1) is the most occup
 Evidence (census, no GPU; ``tests/test_ladder.py``): registers and spill instructions per switch
 (each switch off in turn against all on); the rescale skip appears as ``VOTE.ANY`` and a
 predicated ``BRA``; the specialized variants carry two copies of the block body (``MUFU.EX2`` =
-2 x (BLOCK_M*BLOCK_N/128 + 2)). H200 timing, the paired margin of each switch and the profile:
-docs/ladder.md (to be measured).
+2 x (BLOCK_M*BLOCK_N/128 + 2)).
+H200 timing (ladder --quick): 0.715x vs v5 at A, 0.762x at B (paired in-process): the keeps
+lose here (227 KB of SMEM never limits; registers cap occupancy at d128, so the 64x32 tile buys no
+CTA). Per-switch figures and the condition: docs/ladder.md.
 """
 from __future__ import annotations
 
@@ -47,13 +49,11 @@ import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    finalize, issue_kv_async, kv_interior_end, kv_loop_end, mask_scores, mma_layout, program_tile,
-    program_tile_heaviest_first, softmax_update, stage_tile_async, store_tile, tile_bases,
-    xor_swizzled_layout,
+    allocate_and_stage_q, cta_tile, finalize, flash_state, kv_interior_end, kv_loop_end, mma_layout, mma_pv,
+    mma_scores, softmax_update, stage_kv_block, store_tile, tile_bases, xor_swizzled_layout,
 )
 
 NAME = "ladder.v7"
@@ -173,24 +173,15 @@ def _attend_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_
                   k_base, v_base, stride_ks, stride_vs, qk_scale,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, RESCALE_SKIP: gl.constexpr):
-    MMA: gl.constexpr = acc.type.layout
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    issue_kv_async(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
-                   BLOCK_N, HEAD_DIM)
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
-    if MASKED:
-        s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
+    stage_kv_block(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
+                   BLOCK_N, HEAD_DIM, True)
+    s = mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
     p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, True)
     if RESCALE_SKIP:
         acc = rescale_unless_identity(acc, alpha)
     else:
         acc = acc * alpha[:, None]
-    acc = mma_v2(gl.convert_layout(p.to(q.dtype), DOT_A), v_smem.load(DOT_B), acc)
+    acc = mma_pv(acc, p, v_smem)
     gl.thread_barrier()  # every warp is done reading K/V before the next copy overwrites them
     return acc, m_i, l_i
 
@@ -205,34 +196,17 @@ def attention_fwd_v7(
     HEAVIEST_FIRST: gl.constexpr, RESCALE_SKIP: gl.constexpr, MASK_MODE: gl.constexpr,
 ):
     MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    if HEAVIEST_FIRST:
-        b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
-    else:
-        b, h, start_m = program_tile(heads_q, BLOCK_M)
+    b, h, start_m = cta_tile(seqlen_q, heads_q, BLOCK_M, HEAVIEST_FIRST)
     q_base, k_base, v_base, o_base, lse_base = tile_bases(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
         seqlen_q, heads_q, group)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
+                                             HEAD_DIM, xor_swizzled_layout(), True)
+    m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
     if MASK_MODE == MASK_SPLIT:
         mid = kv_interior_end(start_m, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)

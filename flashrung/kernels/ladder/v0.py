@@ -26,7 +26,8 @@ Evidence (census, no GPU; ``tests/test_ladder.py``): no ``HMMA``/``HGMMA`` in th
 ``FFMA`` dominates: 64*D per loop body from the two FMA matmuls (per thread 64*64*D/128 for
 QK^T plus 64*D*64/128 for PV) on top of the softmax's; ``MUFU.EX2`` = 36 per body (32 scores
 and 4 row rescales per thread: the FMA layout gives each thread 4 rows). Shared memory: three
-tiles plus the 64x64 P buffer, 32 KiB (D=64) / 56 KiB (D=128). H200 (ladder --quick, CUDA events): 12.0 TFLOP/s at config A (B2 H16 S2048 d128 fp16); not timed at B.
+tiles plus the 64x64 P buffer, 32 KiB (D=64) / 56 KiB (D=128).
+H200 (ladder --quick, CUDA events): 12.0 TFLOP/s at config A (B2 H16 S2048 d128 fp16); not timed at B.
 Profile: not measured. Walkthrough: docs/ladder.md.
 """
 from __future__ import annotations

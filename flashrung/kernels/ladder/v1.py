@@ -19,7 +19,8 @@ Evidence (census, no GPU; ``tests/test_ladder.py``): ``HMMA.16816.F32`` appears,
 ``head_dim`` of them per loop body (64x64 tile, 4 warps: D/2 for QK^T plus D/2 for PV), fed by
 ``LDSM``; shared memory 3 tiles = 24 KiB (D=64) / 48 KiB (D=128). The ldmatrix bank conflicts of
 the row-major tiles (the reason for v2) are not visible statically: they need ncu
-(``smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm``). H200 (ladder --quick, CUDA events; margin = in-process paired vs parent): 46.4 TFLOP/s at A,
+(``smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldsm``).
+H200 (ladder --quick, CUDA events; margin = in-process paired vs parent): 46.4 TFLOP/s at A,
 3.716x vs v0; 48.0 at B (B1 H16 S32768 d128 bf16 causal). Profile: not measured. docs/ladder.md.
 """
 from __future__ import annotations

@@ -34,6 +34,10 @@ class Problem:
     device_type: str
     capability: tuple[int, int] | None
     interpreter: bool = False
+    # Memory layout, for kernels whose loads have layout rules (TMA): the (B, S, H, D) strides of
+    # q, k, v in elements, and the largest power of two (≤ 256 bytes) dividing all their addresses.
+    strides: tuple[tuple[int, ...], ...] = ()
+    ptr_alignment: int = 256
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> "Problem":
@@ -42,7 +46,14 @@ class Problem:
             heads_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
             causal=bool(causal), device_type=q.device.type, capability=_device.capability(q.device),
             interpreter=_device.interpreter_enabled(),
+            strides=tuple(tuple(t.stride()) for t in (q, k, v)),
+            ptr_alignment=min(_alignment(t.data_ptr()) for t in (q, k, v)),
         )
+
+
+def _alignment(address: int, cap: int = 256) -> int:
+    """The largest power of two, up to ``cap``, that divides ``address``."""
+    return cap if address % cap == 0 else address & -address
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,3 +157,18 @@ def test_impl_overrides_parse_and_are_refused_by_kernels_without_a_config():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="no configuration overrides"):
         flashrung.attention(q, k, v, impl="portable.fwd@block_m=64")
+
+
+def test_hopper_declines_layouts_tma_cannot_address_instead_of_copying():
+    # a packed qkv view with a head dim of 72 elements (144 bytes: not a 16-byte multiple stride)
+    # must fall back visibly to the portable kernel, not be copied behind the user's back
+    import dataclasses
+    from flashrung import dispatch
+    from flashrung.kernels.hopper import fwd as hopper
+    good = dispatch.Problem(1, 128, 128, 2, 2, 64, 64, torch.bfloat16, False, "cuda", (9, 0),
+                            strides=((128 * 128, 128, 64, 1),) * 3, ptr_alignment=256)
+    assert hopper.unsupported_reason(good) is None
+    odd_stride = dataclasses.replace(good, strides=((128 * 3 * 68, 3 * 68, 68, 1),) * 3)
+    assert "multiples of 8 elements" in hopper.unsupported_reason(odd_stride)
+    misaligned = dataclasses.replace(good, ptr_alignment=2)
+    assert "16-byte aligned" in hopper.unsupported_reason(misaligned)

@@ -137,6 +137,31 @@ class _Sizes:
         self.head_section = head_section
 
 
+@aggregate
+class _Schedule:
+    """The kernel's compile-time arguments, handed to every partition as one value."""
+
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    HEAD_DIM: gl.constexpr
+    NUM_KV_STAGES: gl.constexpr
+    NUM_CONSUMERS: gl.constexpr
+    IS_CAUSAL: gl.constexpr
+    LPT: gl.constexpr
+    OVERLAP: gl.constexpr
+    PINGPONG: gl.constexpr
+    SCALE_POSITIVE: gl.constexpr
+    LATE_RESCALE: gl.constexpr
+    PACK_P: gl.constexpr
+    RESCALE_THRESHOLD: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, **values):
+        # by keyword, one per field; the aggregate rejects a name it lacks and a field left unset
+        for name, value in values.items():
+            setattr(self, name, gl.constexpr(value))
+
+
 # --------------------------------------------------------------------------- producer
 
 
@@ -159,39 +184,49 @@ def _load_kv_tile(desc, bufs, ready_bars, empty_bars, b, kv_head, j, count,
 
 
 @gluon.jit
-def _producer_partition(q_desc, k_desc, v_desc, sh, sz,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_KV_STAGES: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr):
+def _producer_partition(q_desc, k_desc, v_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     batch_heads = sz.num_tiles // sz.num_m_blocks
     for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, LPT)
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         kv_head = h // sz.group
-        row0 = m_block * BLOCK_M
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        row0 = m_block * c.BLOCK_M
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
         q_phase = tile_iter & 1
         if n_kv > 0:
             # K_0 first: it streams while the Q buffers are still draining the previous tile's O.
             _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, 0, count,
-                          BLOCK_N, NUM_KV_STAGES)
-            _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS)
+                          c.BLOCK_N, c.NUM_KV_STAGES)
+            _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
             _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, 0, count,
-                          BLOCK_N, NUM_KV_STAGES)
+                          c.BLOCK_N, c.NUM_KV_STAGES)
             for j in range(1, n_kv):
                 _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j, count + j,
-                              BLOCK_N, NUM_KV_STAGES)
+                              c.BLOCK_N, c.NUM_KV_STAGES)
                 _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j, count + j,
-                              BLOCK_N, NUM_KV_STAGES)
+                              c.BLOCK_N, c.NUM_KV_STAGES)
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
             # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-            _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS)
+            _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
         count += n_kv
         tile_iter += 1
 
 
 # --------------------------------------------------------------------------- consumers
+
+
+@gluon.constexpr_function
+def _acc_layout(cols):
+    """The wgmma accumulator of one consumer warpgroup, 64 rows × ``cols`` (S: BLOCK_N, O: HEAD_DIM)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.constexpr_function
+def _p_operand_layout(head_dim):
+    """P in registers as the A operand of the PV wgmma (its parent is O's accumulator layout)."""
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(head_dim), k_width=2)
 
 
 @gluon.jit
@@ -236,88 +271,74 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 @gluon.jit
 def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2,
-                     WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                     PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, MASK: gl.constexpr,
-                     LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+                     WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
     order); without it they were applied at the end of the previous step.
     """
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    k_idx, k_phase = ring_slot(count + j, NUM_KV_STAGES)
-    v_idx, v_phase = ring_slot(count + j - 1, NUM_KV_STAGES)
+    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
+    k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
+    v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
     mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
-    s = _qk(q, sh, k_idx, BLOCK_N, HEAD_DIM, s_layout)
-    if LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
-    acc = _pv(p_op, acc, sh, v_idx, BLOCK_N, HEAD_DIM)
-    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    s = _qk(q, sh, k_idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
+    if c.LATE_RESCALE:
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+    acc = _pv(p_op, acc, sh, v_idx, c.BLOCK_N, c.HEAD_DIM)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
     # wait(1): the older group (QK) is done, PV may still run
     s = warpgroup_mma_wait(1, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(k_idx))
     if MASK:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
-    p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, RESCALE_THRESHOLD)
+        cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD)
     # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
     # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
     l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
     mbarrier.arrive(sh.v_empty_bars.index(v_idx))
-    if not LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
-    p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, PACK_P), p_layout)
+    if not c.LATE_RESCALE:
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+    p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
     return acc, p_op, m_i, l_i, alpha, rescale, turn
 
 
 @gluon.jit
 def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
-                       WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, LATE_RESCALE: gl.constexpr,
-                       PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+                       WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05): QK(0)+softmax(0); steady QK(j)‖PV(j-1); drain PV."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
     if n_kv > 0:
-        idx, phase = ring_slot(count, NUM_KV_STAGES)
+        idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-        s = _qk(q, sh, idx, BLOCK_N, HEAD_DIM, s_layout)
+        s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
         s = warpgroup_mma_wait(0, deps=[s])
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         # the first tile is masked unconditionally: one tile, and it may be the only one
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
+        cols = gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
-        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, RESCALE_THRESHOLD)
-        p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, PACK_P), p_layout)
+        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD)
+        p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
         for j in range(1, n_unmasked):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N,
-                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, False,
-                LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, False, c)
         for j in range(gl.maximum(n_unmasked, 1), n_kv):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N,
-                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, True,
-                LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)
-        idx, phase = ring_slot(count + n_kv - 1, NUM_KV_STAGES)
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, True, c)
+        idx, phase = ring_slot(count + n_kv - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-        if LATE_RESCALE:
-            acc = _rescale_acc(acc, alpha, rescale, o_layout, RESCALE_THRESHOLD > 0)
-        acc = _pv(p_op, acc, sh, idx, BLOCK_N, HEAD_DIM)
+        if c.LATE_RESCALE:
+            acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+        acc = _pv(p_op, acc, sh, idx, c.BLOCK_N, c.HEAD_DIM)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
         mbarrier.arrive(sh.v_empty_bars.index(idx))
     return acc, m_i, l_i, turn
@@ -325,32 +346,28 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, 
 
 @gluon.jit
 def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
-                 WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, MASK: gl.constexpr):
+                 WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    idx, phase = ring_slot(count + j, NUM_KV_STAGES)
+    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
+    idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
-    s = _qk(q, sh, idx, BLOCK_N, HEAD_DIM, s_layout)
-    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(idx))
     if MASK:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, IS_CAUSAL)
-    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE)
+    acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
     p_op = gl.convert_layout(p.to(q.dtype), p_layout)
     mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, PINGPONG)
-    acc = _pv(p_op, acc, sh, idx, BLOCK_N, HEAD_DIM)
-    pass_turn(sh.turn_bars, WG, NUM_CONSUMERS, PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    acc = _pv(p_op, acc, sh, idx, c.BLOCK_N, c.HEAD_DIM)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
     mbarrier.arrive(sh.v_empty_bars.index(idx))
     return acc, m_i, l_i, turn
@@ -358,57 +375,44 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
 
 @gluon.jit
 def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
-                   WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+                   WG: gl.constexpr, c):
     for j in range(0, n_unmasked):
         acc, m_i, l_i, turn = _serial_step(
-            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N, HEAD_DIM,
-            NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, False)
+            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, False, c)
     for j in range(n_unmasked, n_kv):
         acc, m_i, l_i, turn = _serial_step(
-            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, BLOCK_N, HEAD_DIM,
-            NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, True)
+            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, True, c)
     return acc, m_i, l_i, turn
 
 
 @gluon.jit
 def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
-                        WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, NUM_KV_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, LPT: gl.constexpr, OVERLAP: gl.constexpr,
-                        PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr, LATE_RESCALE: gl.constexpr,
-                        PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+                        WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     q_buf = sh.q_bufs.index(WG)                      # [1, 64, 1, D], the TMA box
-    q = q_buf.reshape([_ROWS, HEAD_DIM])             # the same bytes as a wgmma operand
+    q = q_buf.reshape([_ROWS, c.HEAD_DIM])           # the same bytes as a wgmma operand
     count = 0
     turn = 0
     tile_iter = 0
     batch_heads = sz.num_tiles // sz.num_m_blocks
     for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, LPT)
-        row0 = m_block * BLOCK_M
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
+        row0 = m_block * c.BLOCK_M
         my_row0 = row0 + WG * _ROWS
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([_ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([_ROWS, HEAD_DIM], gl.float32, o_layout)
+        acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
-        if OVERLAP:
+        if c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
-                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, BLOCK_N,
-                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE, LATE_RESCALE,
-                PACK_P, RESCALE_THRESHOLD)
+                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
-                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, BLOCK_N,
-                HEAD_DIM, NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, PINGPONG, SCALE_POSITIVE)
+                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
         count += n_kv
 
         # epilogue: LSE straight to global, O through the Q buffer (free: the last QK is done)
@@ -466,41 +470,32 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                  v_ready_bars, v_empty_bars, turn_bars)
     sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section)
 
+    c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
+                  NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
+                  SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD)
+
     # Argument tuples are written inline: built in a variable first they lose their
-    # constexpr-ness (Gluon 3.6). The default partition is consumer 0; its register budget is
-    # what the compiler leaves after the workers' requests.
+    # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
+    # default partition is consumer 0; its register budget is what the compiler leaves after the
+    # workers' requests.
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
-                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
-                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 2, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                   NUM_KV_STAGES, NUM_CONSUMERS, IS_CAUSAL, LPT, OVERLAP, PINGPONG,
-                                   SCALE_POSITIVE, LATE_RESCALE, PACK_P, RESCALE_THRESHOLD)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, BLOCK_M, BLOCK_N, NUM_KV_STAGES,
-                                   NUM_CONSUMERS, IS_CAUSAL, LPT)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, c)),
+            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 2, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -529,20 +524,27 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
     )
 
 
+def _strides_reason(name: str, strides, ptr_alignment: int, elem_bytes: int) -> str | None:
+    """Why TMA cannot address a (B, S, H, D) tensor with these strides and address alignment."""
+    if strides[3] != 1:
+        return f"{name}.stride(-1) must be 1 for TMA, got {strides[3]}"
+    if any(st <= 0 or (st * elem_bytes) % TMA_ALIGN_BYTES for st in strides[:3]):
+        return (f"{name} strides {tuple(strides)} must be positive multiples of "
+                f"{TMA_ALIGN_BYTES // elem_bytes} elements for TMA")
+    if ptr_alignment % TMA_ALIGN_BYTES:
+        return f"{name}.data_ptr() must be {TMA_ALIGN_BYTES}-byte aligned for TMA"
+    return None
+
+
 def layout_reason(*tensors: torch.Tensor, names=("q", "k", "v")) -> str | None:
     """Why TMA cannot address these tensors where they lie, or ``None`` if it can."""
     for name, t in zip(names if len(tensors) > 1 else ("tensor",), tensors):
-        elem = t.element_size()
         if t.dim() != 4:
             return f"{name} must be 4-D (batch, seqlen, heads, head_dim), got {t.dim()}-D"
-        if t.stride(3) != 1:
-            return f"{name}.stride(-1) must be 1 for TMA, got {t.stride(3)}"
-        bad = [s for s in t.stride()[:3] if s <= 0 or (s * elem) % TMA_ALIGN_BYTES]
-        if bad:
-            return (f"{name} strides {tuple(t.stride())} must be positive multiples of "
-                    f"{TMA_ALIGN_BYTES // elem} elements for TMA")
-        if t.data_ptr() % TMA_ALIGN_BYTES:
-            return f"{name}.data_ptr() must be {TMA_ALIGN_BYTES}-byte aligned for TMA"
+        address = t.data_ptr()
+        reason = _strides_reason(name, t.stride(), address & -address if address else 256, t.element_size())
+        if reason is not None:
+            return reason
     return None
 
 
@@ -562,6 +564,13 @@ def unsupported_reason(problem) -> str | None:
         return f"head_dim_v must equal head_dim ({problem.head_dim}), got {problem.head_dim_v}"
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
+    # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
+    # through a hidden copy here.
+    elem_bytes = torch.empty((), dtype=problem.dtype).element_size()
+    for name, strides in zip(("q", "k", "v"), problem.strides):
+        reason = _strides_reason(name, strides, problem.ptr_alignment, elem_bytes)
+        if reason is not None:
+            return reason
     return None
 
 

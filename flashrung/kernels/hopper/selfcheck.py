@@ -17,7 +17,7 @@ neither the gate nor the bench layer. It
 ``--timing-only`` skips the correctness battery and keeps one sanity check (a multi-tile, GQA,
 Sq < Sk shape) for every configuration it times, run right before that configuration's timing.
 
-Rows run in a child process with a deadline, so a hang costs one row, not the session; every
+Rows run in a child process with a deadline, so a hang costs one row, not the whole run; every
 row catches its own exception. The last thing printed is a compact table.
 """
 from __future__ import annotations

@@ -80,20 +80,10 @@ def bound_of(times: dict[str, float]) -> tuple[float, tuple[str, ...]]:
     return top, names
 
 
-@dataclasses.dataclass(frozen=True)
-class ForwardLedger:
-    tile: Tile
-    rates: str
-    element_bytes: int
-    flops: int
-    exps: int
-    qk_instructions: int     # MMA instructions (m x n_max coverage) for S = QKᵀ
-    pv_instructions: int     # ... for O += PV
-    qk_smem_bytes: int
-    pv_smem_bytes: int
-    mma_cycles: float
-    smem_cycles: float
-    exp_cycles: float
+class _ResourceTotals:
+    """What a ledger derives from its three resource times (``mma_cycles``, ``smem_cycles``,
+    ``exp_cycles``): the lower bound (perfect overlap), the resources that set it, and the serial
+    subtotal (no overlap)."""
 
     def times(self) -> dict[str, float]:
         return {"mma": self.mma_cycles, "smem": self.smem_cycles, "exp": self.exp_cycles}
@@ -109,6 +99,22 @@ class ForwardLedger:
     @property
     def serial(self) -> float:
         return sum(self.times().values())
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardLedger(_ResourceTotals):
+    tile: Tile
+    rates: str
+    element_bytes: int
+    flops: int
+    exps: int
+    qk_instructions: int     # MMA instructions (m x n_max coverage) for S = QKᵀ
+    pv_instructions: int     # ... for O += PV
+    qk_smem_bytes: int
+    pv_smem_bytes: int
+    mma_cycles: float
+    smem_cycles: float
+    exp_cycles: float
 
     def to_json(self) -> dict:
         return {
@@ -161,7 +167,7 @@ def forward(rates: RateTable, tile: Tile, element_bytes: int = 2) -> ForwardLedg
 
 
 @dataclasses.dataclass(frozen=True)
-class BackwardLedger:
+class BackwardLedger(_ResourceTotals):
     tile: Tile
     rates: str
     element_bytes: int
@@ -179,21 +185,6 @@ class BackwardLedger:
     @property
     def smem_cycles(self) -> float:
         return self.smem_mma_cycles + self.smem_ds_cycles + self.smem_dq_cycles
-
-    def times(self) -> dict[str, float]:
-        return {"mma": self.mma_cycles, "smem": self.smem_cycles, "exp": self.exp_cycles}
-
-    @property
-    def bound(self) -> float:
-        return bound_of(self.times())[0]
-
-    @property
-    def bound_resources(self) -> tuple[str, ...]:
-        return bound_of(self.times())[1]
-
-    @property
-    def serial(self) -> float:
-        return sum(self.times().values())
 
     def to_json(self) -> dict:
         return {

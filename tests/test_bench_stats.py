@@ -155,6 +155,24 @@ def test_interleave_pairs_any_two_of_n_implementations():
     assert run.order == ("AB", "AB", "BA", "BA")
 
 
+def test_each_block_is_preheated_by_its_own_implementation():
+    # a timed block must start from its own implementation's steady state (power and clock),
+    # never from the previous implementation's: the untimed preheat calls come right before it
+    log = []
+
+    def kernel(name):
+        def fn():
+            log.append(name)
+        return fn
+    fns = {"x": kernel("x"), "y": kernel("y")}
+    timing.interleave(fns, {"x": 2, "y": 1}, 2, timing.ClockTimer(now=lambda: 0.0), block_warmup={"x": 3, "y": 1})
+    assert "".join(log) == "xxxxx" + "yy" + "yy" + "xxxxx"
+    assert timing.preheat_calls(2.0, 100.0) == 50
+    assert timing.preheat_calls(300.0, 100.0) == 1
+    assert timing.preheat_calls(2.0, 0.0) == 0
+    assert timing.BenchProtocol().block_preheat_ms >= 5 * timing.BenchProtocol().block_ms
+
+
 def test_warm_up_and_reps_sizing():
     clock = {"t": 0.0}
 

@@ -93,7 +93,10 @@ CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False}))
 CENSUS_CONFIGS.append(("d128-full-late-packed", 128, False, {"late_rescale": True, "pack_p": True}))
 # the plain schedule, without the softmax-side levers, to show what each lever removes or moves
 CENSUS_CONFIGS.append(("d128-full-plain", 128, False, {"late_rescale": False, "pack_p": False}))
-CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.0}))
+CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.0, "wait_pv_early": False,
+                                                          "pingpong": False}))
+# the FA3 order at d64 (whose default is FA4's order), to keep the gated wait(0) under test
+CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False}))
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +133,34 @@ def test_default_config_census(census, head_dim, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_softmax_overlaps_pv_in_sass(census, head_dim, causal):
-    # ptxas hoists a plain wait(0) above the exp2 block (softmax(j) would wait for PV(j-1));
-    # the kernel keeps it behind a branch. Every steady-state window between wait(1) and wait(0)
-    # must hold a whole tile of exponentials: BLOCK_N·64 scores over 128 threads.
+def test_softmax_placement_in_sass(census, head_dim, causal):
+    # FA3's order: ptxas hoists a plain wait(0) above the exp2 block (softmax(j) would wait for
+    # PV(j-1)); the kernel keeps it behind a branch, so every steady-state window between wait(1)
+    # and wait(0) holds a whole tile of exponentials (BLOCK_N·64 scores over 128 threads).
+    # FA4's order (wait_pv_early): only the row max sits in that window; the tile's exponentials
+    # come after PV(j-1)'s wait, where the other warpgroup's GEMMs (pingpong) cover them.
     windows = census[f"d{head_dim}-{'causal' if causal else 'full'}"]["windows"]
-    per_tile = fwd.default_config(head_dim, causal).block_n * 64 // 128
+    cfg = fwd.default_config(head_dim, causal)
+    per_tile = cfg.block_n * 64 // 128
     assert windows, "no wgmma wait(1): the overlapped schedule is missing"
-    assert all(n >= per_tile for n in windows), windows
+    if cfg.wait_pv_early:
+        assert all(n < per_tile for n in windows), windows
+    else:
+        assert all(n >= per_tile for n in windows), windows
+
+
+def test_fa3_order_keeps_the_gated_wait(census):
+    entry = census["d64-full-fa3-order"]
+    per_tile = entry["row"]["config"]["block_n"] * 64 // 128
+    assert entry["windows"] and all(n >= per_tile for n in entry["windows"]), entry["windows"]
+
+
+def test_q_in_registers_in_sass(census):
+    # d64's default loads Q once per tile with ldmatrix and feeds QK as a register-A wgmma
+    cfg = fwd.default_config(64, False)
+    assert cfg.q_in_registers
+    assert census["d64-full"]["row"]["sass"]["LDSM"] > 0
+    assert census["d128-full"]["row"]["sass"]["LDSM"] == 0     # d128 keeps Q in shared memory
 
 
 def test_serial_schedule_has_no_overlap_window(census):
@@ -188,6 +211,8 @@ def test_select_config_defaults_fit(head_dim):
     (dict(rescale_threshold=16.0), "rescale_threshold"),      # 2^16 > the fp16 maximum
     (dict(overlap=False, late_rescale=True), "overlap"),
     (dict(overlap=False, rescale_threshold=8.0), "overlap"),
+    (dict(overlap=False, wait_pv_early=True), "overlap"),
+    (dict(wait_pv_early=True, rescale_threshold=8.0), "wait_pv_early"),
 ])
 def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)

@@ -91,9 +91,11 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         reps[impl] = timing.reps_for(warm[impl].estimate_ms, target_ms=protocol.block_ms,
                                      lo=protocol.block_reps_min, hi=protocol.block_reps_max)
     inter = None
+    preheat = {i: timing.preheat_calls(warm[i].estimate_ms, protocol.block_preheat_ms) for i in prepared}
     if prepared:
         on_impl("timing")
-        inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, protocol.rounds, timer)
+        inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, protocol.rounds, timer,
+                                  block_warmup=preheat)
 
     for impl in list(prepared):
         times = inter.per_call(impl)
@@ -105,6 +107,7 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         results[impl] = {
             "status": "ok", "ms": dist.median, "tflops": numerators.tflops(flops, dist.median),
             "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": protocol.rounds,
+            "preheat_calls_per_block": preheat[impl],
             "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
             "dispatch": p.dispatch,
         }
@@ -177,6 +180,8 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
     return {"suite": suite, "impls": list(impls), "causal_convention": causal_convention,
             "protocol": protocol.to_json(), "peer_options": dataclasses.asdict(peer_options), "timing": "CUDA events between back-to-back calls; warm kernel time "
             "(compile, allocation of inputs, and the forward of backward rows excluded); statistic: median per call; "
-            "implementations interleaved round-robin, first half of the rounds in order, second half reversed",
+            "implementations interleaved round-robin, first half of the rounds in order, second half reversed; "
+            "each block preceded by untimed calls of the same implementation for block_preheat_ms (its own "
+            "power/clock steady state)",
             "ceilings": ceilings, "rows": out_rows, "correctness": correctness, "manifest": manifest,
             "wall_s": time.perf_counter() - started}

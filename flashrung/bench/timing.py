@@ -132,13 +132,30 @@ class BenchProtocol:
     block_ms: float = 20.0         # target ms per block
     block_reps_min: int = 2
     block_reps_max: int = 20
+    # Untimed calls of the same implementation right before each timed block, for at least this
+    # long. An H200 running attention sits at its power limit (≈690 W) and its clock follows the
+    # power drawn over the last tens of milliseconds: a 20 ms block that starts right after a
+    # lighter implementation runs on the clock that one left behind. Interleaved without this,
+    # FA4 and cuDNN read 735 and 668 TFLOP/s at B2 H16 S16k d128 (each following a lighter peer)
+    # where each one run alone for 3 s measured 662–669 and 601–606 at the same 1.64–1.67 GHz.
+    # Preheating times every implementation at its own steady state, as it runs in a model.
+    block_preheat_ms: float = 100.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
 QUICK_BENCH = BenchProtocol(warmup_calls=2, warmup_ms=5.0, rounds=2, block_ms=5.0, block_reps_min=1,
-                            block_reps_max=10)
+                            block_reps_max=10, block_preheat_ms=20.0)
+
+
+def preheat_calls(estimate_ms: float, preheat_ms: float) -> int:
+    """Untimed calls before a block: enough to run ``preheat_ms`` (none when it is 0)."""
+    if preheat_ms <= 0:
+        return 0
+    if estimate_ms <= 0:
+        return 1
+    return int(math.ceil(preheat_ms / estimate_ms))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,14 +195,17 @@ class Interleaved:
 
 
 def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], rounds: int, timer, *,
-               block_warmup: int = 0) -> Interleaved:
-    """Round-robin blocks over ``fns``; times resolve after the last round (one synchronisation)."""
+               block_warmup: int | Mapping[str, int] = 0) -> Interleaved:
+    """Round-robin blocks over ``fns``; times resolve after the last round (one synchronisation).
+
+    ``block_warmup``: untimed calls before each block, one count for all or one per name."""
     names = list(fns)
     orders = half_reversed_orders(names, rounds)
+    warm = block_warmup if isinstance(block_warmup, Mapping) else {n: block_warmup for n in names}
     handles: dict[str, list] = {n: [] for n in names}
     for order in orders:
         for name in order:
-            for _ in range(block_warmup):
+            for _ in range(warm.get(name, 0)):
                 fns[name]()
             handles[name].append(timer.block(fns[name], reps[name]))
     times = {n: [timer.resolve(h) for h in handles[n]] for n in names}

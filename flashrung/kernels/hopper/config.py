@@ -48,6 +48,14 @@ class HopperFwdConfig:
     late_rescale: bool = False   # O *= alpha after QK(j+1) is issued, in its shadow (FA3's order)
     pack_p: bool = False         # P → 16 bits two at a time in the accumulator layout (no PRMT repair)
     rescale_threshold: float = 0.0   # > 0: FA4's conditional rescale, τ in log2 units (8.0); 0: always
+    # Q loaded once per tile into registers, QK as a register-A wgmma: shared-memory operand
+    # traffic drops from Q+K+V to K+V per consumer and K/V tile (−20% at d128), for 64·D/128
+    # more registers per thread
+    q_in_registers: bool = False
+    # FA4's order inside the overlapped step: wait(0) for PV(j-1) right after the row max, so
+    # only the max overlaps PV(j-1) and the exponentials overlap the other consumer's GEMMs
+    # (which takes pingpong to line up); False: the whole softmax runs under PV(j-1) (FA3)
+    wait_pv_early: bool = False
 
     @property
     def num_consumers(self) -> int:
@@ -75,9 +83,12 @@ class HopperFwdConfig:
         if not 0.0 <= self.rescale_threshold <= MAX_RESCALE_THRESHOLD:
             raise ValueError(f"rescale_threshold must be in [0, {MAX_RESCALE_THRESHOLD}] (log2 units; 0 = off), "
                              f"got {self.rescale_threshold}")
-        if not self.overlap and (self.late_rescale or self.rescale_threshold > 0):
-            raise ValueError("late_rescale and rescale_threshold are levers of the overlapped schedule: "
-                             "they need overlap=True")
+        if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
+            raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
+                             "schedule: they need overlap=True")
+        if self.wait_pv_early and self.rescale_threshold > 0:
+            raise ValueError("wait_pv_early splits the plain online softmax; it cannot be combined with "
+                             "rescale_threshold > 0")
         for name in ("consumer_regs", "producer_regs"):
             regs = getattr(self, name)
             if regs % 8 or not MIN_REGS_PER_THREAD <= regs <= MAX_REGS_PER_THREAD:
@@ -102,34 +113,36 @@ class HopperFwdConfig:
 # the 64×256 fp32 O accumulator in registers; FA4's 80-key tile is not a power of two, which a
 # Triton block must be, so 64). FA4's 192×128 tile for d64 spills here at 160 registers (SASS
 # census); 192×64 does not, and measured +7.9% over 128×128 on the H200 (B4 H32 S8k bf16,
-# do_bench median, unpaired; 420 → 453 TFLOP/s). At d256 the FA3-order rescale with packed P
-# measured +4.3% (645 → 673, same protocol); causal d256 keeps them off: there they spill.
-# d128: no switch beat run-to-run noise (±2–3% between two runs of the default). Each choice is
-# to be confirmed with paired margins (`flashrung compare`).
+# do_bench median, unpaired; 420 → 453 TFLOP/s). Levers below carry their paired margins
+# (`flashrung compare`, two fresh-process runs, AB/BA halves agreeing, t_keep 1.000411 from the
+# A/A null; H200, bf16).
 _BY_HEAD_DIM = {
     64: HopperFwdConfig(block_m=192, block_n=64, num_kv_stages=3, consumer_regs=160),
     128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2),
     256: HopperFwdConfig(block_m=128, block_n=64, num_kv_stages=2),
 }
-# Levers kept for non-causal problems only, per head dim.
-_NON_CAUSAL_LEVERS = {
-    256: dict(late_rescale=True, pack_p=True),
-    # packed P at d128: paired margin 1.0145 (KEEP; two fresh-process runs, AB/BA agreeing,
-    # t_keep 1.000411 from the A/A null; B2 H16 S16384 bf16 non-causal, H200)
-    128: dict(pack_p=True),
-}
-# Levers kept for causal problems: packed P at d128 causal won a paired margin of 1.0118
-# (KEEP, same protocol, B2 H16 S16384 bf16 causal, H200).
-_CAUSAL_LEVERS = {
-    128: dict(pack_p=True),
+# FA4's schedule (pingpong between the consumer warpgroups, PV waited right after the row max)
+# with packed P and Q in registers, at d64 (B4 H32 S8192): margin 1.0872 non-causal, 1.0942
+# causal. The same schedule at d256 (B2 H16 S8192): 1.0802 non-causal, 1.0100 causal. At d128
+# it did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events: 0.989).
+_FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
+_LEVERS = {
+    # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
+    (64, False): dict(_FA4_SCHEDULE, pack_p=True, q_in_registers=True),
+    (64, True): dict(_FA4_SCHEDULE, pack_p=True, q_in_registers=True),
+    # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384)
+    (128, False): dict(pack_p=True),
+    (128, True): dict(pack_p=True),
+    # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
+    # paired margin above was taken on top of it. Causal d256 spills with them.
+    (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
+    (256, True): dict(_FA4_SCHEDULE),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool) -> HopperFwdConfig:
-    base = _BY_HEAD_DIM[head_dim]
-    levers = _CAUSAL_LEVERS if causal else _NON_CAUSAL_LEVERS
-    base = dataclasses.replace(base, **levers.get(head_dim, {}))
+    base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal)
 

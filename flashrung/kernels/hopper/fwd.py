@@ -66,6 +66,8 @@ from flashrung.kernels.hopper.softmax import (
     mask_scores,
     online_softmax,
     online_softmax_retained,
+    softmax_exp,
+    softmax_row_max,
     to_operand_dtype,
 )
 
@@ -154,6 +156,8 @@ class _Schedule:
     LATE_RESCALE: gl.constexpr
     PACK_P: gl.constexpr
     RESCALE_THRESHOLD: gl.constexpr
+    Q_IN_REGISTERS: gl.constexpr
+    WAIT_PV_EARLY: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -229,9 +233,16 @@ def _p_operand_layout(head_dim):
     return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(head_dim), k_width=2)
 
 
+@gluon.constexpr_function
+def _q_operand_layout(block_n):
+    """Q in registers as the A operand of the QK wgmma (its parent is S's accumulator layout)."""
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(block_n), k_width=2)
+
+
 @gluon.jit
 def _qk(q, sh, idx, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr):
-    """Issue S = Q Kᵀ for ring slot ``idx`` (async; both operands in shared memory)."""
+    """Issue S = Q Kᵀ for ring slot ``idx`` (async; K in shared memory, Q in shared memory or, with
+    ``Q_IN_REGISTERS``, already in registers)."""
     k = sh.k_bufs.index(idx).reshape([BLOCK_N, HEAD_DIM])
     s0 = gl.zeros([_ROWS, BLOCK_N], gl.float32, s_layout)
     return warpgroup_mma(q, k.permute((1, 0)), s0, use_acc=False, is_async=True)
@@ -297,12 +308,24 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
     if MASK:
         cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-    p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD)
-    # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
-    # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
-    l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
-    mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+    if c.WAIT_PV_EARLY:
+        # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
+        # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
+        # warpgroup's GEMMs instead
+        t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i)
+        m_i = m_new
+        rescale = alpha
+    else:
+        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
+                                                    c.RESCALE_THRESHOLD)
+        # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
+        # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
+        l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        mbarrier.arrive(sh.v_empty_bars.index(v_idx))
     if not c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
     p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
@@ -407,12 +430,17 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
         l_i = gl.zeros([_ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
+        if c.Q_IN_REGISTERS:
+            # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
+            q_op = q.load(_q_operand_layout(c.BLOCK_N))
+        else:
+            q_op = q
         if c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
-                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
+                q_op, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
-                q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
+                q_op, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
         count += n_kv
 
         # epilogue: LSE straight to global, O through the Q buffer (free: the last QK is done)
@@ -441,7 +469,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -473,7 +501,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
-                  RESCALE_THRESHOLD=RESCALE_THRESHOLD)
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
+                  WAIT_PV_EARLY=WAIT_PV_EARLY)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -519,7 +548,8 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
-        RESCALE_THRESHOLD=float(cfg.rescale_threshold),
+        RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
+        WAIT_PV_EARLY=cfg.wait_pv_early,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

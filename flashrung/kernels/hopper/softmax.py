@@ -47,11 +47,11 @@ def mask_scores(s, rows, cols, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
-    """One online-softmax step on raw scores ``s``.
+def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
+    """First phase of :func:`online_softmax`: the new running max (log2 domain).
 
-    Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
-    max and the new running sum. The caller rescales its output accumulator by ``alpha``.
+    Returns ``(t, c, m_new)``: the exponent of score ``i`` is ``t[i]·c − m_new``. Split out so a
+    schedule may wait for the previous PV between the max and the exponentials (FA4's order).
     """
     if SCALE_POSITIVE:
         # max(s)·c == max(s·c) for c > 0: one multiply per row instead of one per score, and
@@ -64,11 +64,28 @@ def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
         t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
         m_tile = gl.max(t, 1)
         c = 1.0
-    m_new = gl.maximum(m_i, m_tile)
+    return t, c, gl.maximum(m_i, m_tile)
+
+
+@gluon.jit
+def softmax_exp(t, c, m_i, m_new, l_i):
+    """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``."""
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(t * c - gl.expand_dims(m_safe, 1))
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, l_new
+
+
+@gluon.jit
+def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
+    """One online-softmax step on raw scores ``s``.
+
+    Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
+    max and the new running sum. The caller rescales its output accumulator by ``alpha``.
+    """
+    t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i)
     return p, alpha, m_new, l_new
 
 
@@ -82,22 +99,11 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     The decision per row needs nothing beyond the row max, so the exponentials never wait for the
     warpgroup-wide reduction; only the O rescale does.
     """
-    if SCALE_POSITIVE:
-        m_tile = gl.max(s, 1) * qk_scale_log2
-        t = s
-        c = qk_scale_log2
-    else:
-        t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
-        m_tile = gl.max(t, 1)
-        c = 1.0
-    m_cand = gl.maximum(m_i, m_tile)
+    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE)
     # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
     grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
     m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(t * c - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, 1)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i)
     rescale = gl.max(grow, 0) > THRESHOLD
     return p, alpha, m_new, l_new, rescale
 

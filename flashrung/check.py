@@ -15,6 +15,27 @@ import sys
 
 import torch
 
+# what the caching allocator guarantees a fresh tensor's address to be a multiple of
+ALLOCATION_ALIGNMENT_BYTES = 256
+
+
+def gate_problem(case, device):
+    """The :class:`~flashrung.dispatch.Problem` of the inputs the gate will pass for ``case``:
+    contiguous, freshly allocated (B, S, H, D) tensors, described without allocating them."""
+    from flashrung import dispatch, gate
+
+    q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
+    problem = dispatch.Problem.of(
+        q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
+        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal)
+    # expanded views have zero strides: describe the contiguous tensors instead, or a kernel with
+    # layout rules (TMA) would decline every case the gate is about to run
+    shapes = ((case.batch, case.seqlen_q, case.heads_q, case.head_dim),
+              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
+              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim))
+    return dataclasses.replace(problem, strides=tuple(torch.empty(s, device="meta").stride() for s in shapes),
+                               ptr_alignment=ALLOCATION_ALIGNMENT_BYTES)
+
 
 def _prepare_device(requested: str | None) -> str:
     """Pick the device; on the CPU switch the Triton interpreter on before kernels import."""
@@ -58,10 +79,7 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
     bwd_backends = list(dispatch.BACKWARD_BACKENDS)
     jobs = []
     for case in cases:
-        q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
-        problem = dispatch.Problem.of(
-            q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
-            v.expand(case.batch, case.seqlen_k, -1, -1), case.causal)
+        problem = gate_problem(case, device)
         if "fwd" in directions:
             for b in fwd_backends:
                 jobs.append(("fwd", b, None, case, problem))

@@ -86,3 +86,24 @@ def test_sharded_check_results_merge_counts_and_keep_the_worst():
     (m,) = _merge([a, b])
     assert (m["cases"], m["passed"], m["unsupported"]) == (5, 4, 1)
     assert m["worst"]["case"] == "b" and len(m["failures"]) == 1
+
+
+def test_check_describes_the_inputs_the_gate_passes():
+    # `flashrung check` asks each kernel whether it supports a case before gating it; the problem
+    # it asks about must carry the strides of the contiguous inputs the gate creates (expanded
+    # placeholders have zero strides, which a TMA kernel rightly declines: it would then skip the
+    # whole envelope and pass vacuously)
+    import dataclasses
+
+    from flashrung.check import gate_problem
+    from flashrung.kernels.hopper import fwd as hopper
+
+    for case in gate.envelope("device"):
+        problem = gate_problem(case, "cpu")
+        assert problem.strides[0] == torch.empty(case.batch, case.seqlen_q, case.heads_q, case.head_dim,
+                                                 device="meta").stride()
+        assert problem.strides[1] == torch.empty(case.batch, case.seqlen_k, case.heads_kv, case.head_dim,
+                                                 device="meta").stride()
+        on_hopper = dataclasses.replace(problem, device_type="cuda", capability=(9, 0), interpreter=False)
+        if case.head_dim in (64, 128, 256):
+            assert hopper.unsupported_reason(on_hopper) is None, case.label()

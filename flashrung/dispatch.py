@@ -188,7 +188,11 @@ def select(problem: Problem, direction: str, impl: str | None = None):
         _record(d)
         return module, d
     for backend in (b for b in backends if b.auto):
-        reason = backend.load().unsupported_reason(problem)
+        module = backend.load()
+        # a kernel may also step aside where it runs but a later one was measured faster; a
+        # forced ``impl`` still runs it there
+        reason = module.unsupported_reason(problem) or (
+            module.auto_decline_reason(problem) if hasattr(module, "auto_decline_reason") else None)
         if reason is None:
             d = Dispatch(backend.name, direction, tuple(declined))
             _record(d)

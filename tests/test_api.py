@@ -172,3 +172,23 @@ def test_hopper_declines_layouts_tma_cannot_address_instead_of_copying():
     assert "multiples of 8 elements" in hopper.unsupported_reason(odd_stride)
     misaligned = dataclasses.replace(good, ptr_alignment=2)
     assert "16-byte aligned" in hopper.unsupported_reason(misaligned)
+
+
+def test_automatic_dispatch_passes_short_causal_d64_to_the_faster_kernel():
+    # measured: portable.fwd beats hopper.fwd at d64 causal S=1024 on the H200; automatic dispatch
+    # must pick it there and say why, while a forced impl still runs hopper.fwd
+    import dataclasses
+    from flashrung import dispatch
+    from flashrung.kernels.hopper import fwd as hopper
+    short = dispatch.Problem(2, 1024, 1024, 4, 4, 64, 64, torch.bfloat16, True, "cuda", (9, 0),
+                             strides=((1024 * 4 * 64, 4 * 64, 64, 1),) * 3, ptr_alignment=256)
+    module, d = dispatch.select(short, "fwd")
+    assert d.kernel == "portable.fwd"
+    assert d.declined and d.declined[0][0] == "hopper.fwd" and "measured faster" in d.declined[0][1]
+    module, d = dispatch.select(short, "fwd", impl="hopper.fwd")
+    assert d.kernel == "hopper.fwd" and d.forced
+    for other in (dataclasses.replace(short, seqlen_q=2048, seqlen_k=2048), dataclasses.replace(short, causal=False),
+                  dataclasses.replace(short, head_dim=128, head_dim_v=128,
+                                      strides=((1024 * 4 * 128, 4 * 128, 128, 1),) * 3)):
+        assert hopper.auto_decline_reason(other) is None
+        assert dispatch.select(other, "fwd")[1].kernel == "hopper.fwd"

@@ -97,6 +97,7 @@ CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.
                                                           "pingpong": False}))
 # the FA3 order at d64 (whose default is FA4's order), to keep the gated wait(0) under test
 CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False}))
+CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4}))
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +154,17 @@ def test_fa3_order_keeps_the_gated_wait(census):
     entry = census["d64-full-fa3-order"]
     per_tile = entry["row"]["config"]["block_n"] * 64 // 128
     assert entry["windows"] and all(n >= per_tile for n in entry["windows"]), entry["windows"]
+
+
+def test_exp2_split_moves_exponentials_off_mufu(census):
+    # one exponential in four on the FMA pipe: a quarter of the tile's MUFU.EX2 disappear, each
+    # replaced by FA4's FADD.RM range reduction and three FFMAs, with no F2I/FRND (MUFU-pipe) help
+    base, split = census["d64-full"]["row"], census["d64-full-exp2-split4"]["row"]
+    assert split["spill_bytes"] == 0
+    # every P exponential goes through the split; the per-row alpha exponentials stay on MUFU
+    assert 0.70 * base["sass"]["MUFU.EX2"] <= split["sass"]["MUFU.EX2"] <= 0.80 * base["sass"]["MUFU.EX2"]
+    assert split["sass"]["opcodes"].get("FADD.RM", 0) > 0
+    assert not any(op.startswith("FRND") for op in split["sass"]["opcodes"])
 
 
 def test_q_in_registers_in_sass(census):
@@ -213,6 +225,8 @@ def test_select_config_defaults_fit(head_dim):
     (dict(overlap=False, rescale_threshold=8.0), "overlap"),
     (dict(overlap=False, wait_pv_early=True), "overlap"),
     (dict(wait_pv_early=True, rescale_threshold=8.0), "wait_pv_early"),
+    (dict(exp2_fma_every=3), "exp2_fma_every"),
+    (dict(overlap=False, exp2_fma_every=4), "overlap"),
 ])
 def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)

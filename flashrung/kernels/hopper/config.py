@@ -56,6 +56,9 @@ class HopperFwdConfig:
     # only the max overlaps PV(j-1) and the exponentials overlap the other consumer's GEMMs
     # (which takes pingpong to line up); False: the whole softmax runs under PV(j-1) (FA3)
     wait_pv_early: bool = False
+    # FA4's exp2 split (seed 001, 0x09): one exponential in N on the FMA pipe (degree-3
+    # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8)
+    exp2_fma_every: int = 0
 
     @property
     def num_consumers(self) -> int:
@@ -86,6 +89,10 @@ class HopperFwdConfig:
         if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
             raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
                              "schedule: they need overlap=True")
+        if self.exp2_fma_every not in (0, 2, 4, 8):
+            raise ValueError(f"exp2_fma_every must be 0 (off), 2, 4 or 8, got {self.exp2_fma_every}")
+        if self.exp2_fma_every and not self.overlap:
+            raise ValueError("exp2_fma_every is a lever of the overlapped schedule: it needs overlap=True")
         if self.wait_pv_early and self.rescale_threshold > 0:
             raise ValueError("wait_pv_early splits the plain online softmax; it cannot be combined with "
                              "rescale_threshold > 0")

@@ -158,6 +158,7 @@ class _Schedule:
     RESCALE_THRESHOLD: gl.constexpr
     Q_IN_REGISTERS: gl.constexpr
     WAIT_PV_EARLY: gl.constexpr
+    EXP2_FMA_EVERY: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -269,13 +270,14 @@ def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.co
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr):
+def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+                  EXP2_FMA_EVERY: gl.constexpr):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                              RESCALE_THRESHOLD)
+                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY)
     else:
-        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY)
         rescale = alpha
     return p, alpha, m_i, l_i, rescale
 
@@ -315,12 +317,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
         t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
-        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i)
+        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY)
         m_i = m_new
         rescale = alpha
     else:
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
-                                                    c.RESCALE_THRESHOLD)
+                                                    c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
@@ -349,7 +351,8 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, 
         cols = gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
-        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD)
+        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
+                                                    c.EXP2_FMA_EVERY)
         p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
         for j in range(1, n_unmasked):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
@@ -469,7 +472,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
-                     Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
+                     EXP2_FMA_EVERY: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -502,7 +506,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
-                  WAIT_PV_EARLY=WAIT_PV_EARLY)
+                  WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -549,7 +553,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
-        WAIT_PV_EARLY=cfg.wait_pv_early,
+        WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -601,6 +605,22 @@ def unsupported_reason(problem) -> str | None:
         reason = _strides_reason(name, strides, problem.ptr_alignment, elem_bytes)
         if reason is not None:
             return reason
+    return None
+
+
+# Where the portable kernel was measured faster, automatic dispatch passes it the problem (a
+# forced impl="hopper.fwd" still runs here). H200, bf16, `flashrung bench` with preheated blocks,
+# B32 H32 d64 causal: S=1024 portable.fwd 250.2 vs hopper.fwd 214.7 TFLOP/s; S=2048 a tie
+# (303.8 / 304.5). Few K/V tiles per query tile leave the warp-specialized pipeline no steady state.
+SHORT_CAUSAL_D64_MAX_SEQLEN = 1024
+
+
+def auto_decline_reason(problem) -> str | None:
+    """Why automatic dispatch should prefer the next kernel for ``problem``, or ``None``."""
+    if problem.head_dim == 64 and problem.causal and \
+            max(problem.seqlen_q, problem.seqlen_k) <= SHORT_CAUSAL_D64_MAX_SEQLEN:
+        return (f"d64 causal with seqlen <= {SHORT_CAUSAL_D64_MAX_SEQLEN}: portable.fwd measured faster "
+                f"(250 vs 215 TFLOP/s at B32 H32 S1024, H200)")
     return None
 
 

@@ -13,6 +13,9 @@
   ``(m + log2 l) · ln 2`` are exact as before; unnormalized probabilities are bounded by ``2^τ``
   (τ = 8: 256, far inside bf16 and fp16). Each row decides for itself; one warpgroup-wide
   reduction decides whether any row moved, so the branch that skips the O rescale is uniform.
+* Optional exp2 split (FA4, seed 001 0x09): one exponential in ``N`` is evaluated on the FMA
+  pipe instead of MUFU, by Cody–Waite range reduction and FA4's degree-3 polynomial
+  (``flashrung.model.exp2poly`` is its reference: max relative error 8.77e-5 in FP32).
 * Optional packed conversion of P to 16 bits: ``cvt.rn.{bf16,f16}x2.f32`` on adjacent pairs of the
   accumulator layout, in place of the per-element conversions the compiler emits once P is in the
   wgmma operand layout (which ptxas then repairs with one ``PRMT`` per register).
@@ -20,13 +23,73 @@
 from __future__ import annotations
 
 import math
+import struct
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from flashrung.model import exp2poly
+
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 _LN_2 = gl.constexpr(LN_2)
+# one emulated exponential in this many (0: every exponential on MUFU)
+EXP2_FMA_CHOICES = (0, 2, 4, 8)
+
+
+def _f32_hex(x: float) -> str:
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _emulated_exp2_ptx(out: str, x: str, k: int) -> str:
+    """PTX for ``out = 2^x`` on the FP32/ALU pipes (FA4's steps; seed 001 0x09).
+
+    x ← max(x, −127); t = x + C rounded toward −∞ (C = 2^23 + 2^22 leaves floor(x) in t's low
+    mantissa bits); f = x − (t − C) ∈ [0, 1); p(f) by three FMAs; 2^x = p(f) with floor(x) added
+    into the exponent field (t's bits shifted left by 23). No MUFU, no F2I/FRND.
+    """
+    c0, c1, c2, c3 = (_f32_hex(c) for c in exp2poly.COEFFS)
+    magic = _f32_hex(exp2poly.MAGIC)
+    return (f"mov.b32 xf{k}, {x}; max.f32 xf{k}, xf{k}, {_f32_hex(exp2poly.CLAMP_LO)}; "
+            f"add.rm.f32 tf{k}, xf{k}, {magic}; sub.f32 nf{k}, tf{k}, {magic}; sub.f32 ff{k}, xf{k}, nf{k}; "
+            f"fma.rn.f32 pf{k}, ff{k}, {c3}, {c2}; fma.rn.f32 pf{k}, pf{k}, ff{k}, {c1}; "
+            f"fma.rn.f32 pf{k}, pf{k}, ff{k}, {c0}; mov.b32 tb{k}, tf{k}; shl.b32 tb{k}, tb{k}, 23; "
+            f"mov.b32 pb{k}, pf{k}; add.s32 {out}, pb{k}, tb{k};")
+
+
+def _exp2_split_asm(every: int) -> str:
+    """Inline PTX over ``every`` adjacent exponentials: the last on the FMA pipe, the rest MUFU."""
+    k = every - 1
+    lines = [f".reg .f32 xf{k}, tf{k}, nf{k}, ff{k}, pf{k}, mf;", f".reg .b32 tb{k}, pb{k};"]
+    for i in range(k):
+        lines.append(f"mov.b32 mf, ${every + i}; ex2.approx.ftz.f32 mf, mf; mov.b32 ${i}, mf;")
+    lines.append(_emulated_exp2_ptx(f"${k}", f"${2 * every - 1}", k))
+    return "{ " + " ".join(lines) + " }"
+
+
+def _constraints(every: int) -> str:
+    return ",".join(["=r"] * every + ["r"] * every)
+
+
+# Triton evaluates these at trace time; one compiled variant per split
+_SPLIT2_ASM, _SPLIT2_CON = gl.constexpr(_exp2_split_asm(2)), gl.constexpr(_constraints(2))
+_SPLIT4_ASM, _SPLIT4_CON = gl.constexpr(_exp2_split_asm(4)), gl.constexpr(_constraints(4))
+_SPLIT8_ASM, _SPLIT8_CON = gl.constexpr(_exp2_split_asm(8)), gl.constexpr(_constraints(8))
+
+
+@gluon.jit
+def exp2_split(x, EVERY: gl.constexpr):
+    """``2^x`` elementwise (FP32); with ``EVERY = N > 0`` one element in N is computed on the FMA
+    pipe (the MUFU pipe, 16 results/cycle/SM, is what the softmax of a d = 64 tile waits on)."""
+    if EVERY == 2:
+        y = gl.inline_asm_elementwise(_SPLIT2_ASM, _SPLIT2_CON, [x], dtype=gl.float32, is_pure=True, pack=2)
+    elif EVERY == 4:
+        y = gl.inline_asm_elementwise(_SPLIT4_ASM, _SPLIT4_CON, [x], dtype=gl.float32, is_pure=True, pack=4)
+    elif EVERY == 8:
+        y = gl.inline_asm_elementwise(_SPLIT8_ASM, _SPLIT8_CON, [x], dtype=gl.float32, is_pure=True, pack=8)
+    else:
+        y = gl.exp2(x)
+    return y
 
 
 def fold_scale(softmax_scale: float) -> float:
@@ -68,29 +131,30 @@ def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
 
 
 @gluon.jit
-def softmax_exp(t, c, m_i, m_new, l_i):
+def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0):
     """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``."""
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(t * c - gl.expand_dims(m_safe, 1))
+    p = exp2_split(t * c - gl.expand_dims(m_safe, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, l_new
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
+def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0):
     """One online-softmax step on raw scores ``s``.
 
     Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
     max and the new running sum. The caller rescales its output accumulator by ``alpha``.
     """
     t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY)
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
-def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr):
+def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
+                            EXP2_FMA_EVERY: gl.constexpr = 0):
     """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09).
 
     A row moves its reference ``m`` to its running max only when that max grew by more than
@@ -103,7 +167,7 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
     grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
     m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY)
     rescale = gl.max(grow, 0) > THRESHOLD
     return p, alpha, m_new, l_new, rescale
 

@@ -16,11 +16,14 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   ``warpgroup_mma`` as its A operand;
 * switches: the intra-warpgroup overlap (issue QK(j) and PV(j-1) together, ``wait(1)`` → softmax(j)
   → ``wait(0)``, the last behind a branch so ptxas cannot hoist it above the exponentials: see
-  ``pipeline.wait_mma_after_softmax``), the inter-warpgroup pingpong (a GEMM-issue token passed through mbarriers,
-  since Gluon 3.6 has no named barriers), heaviest-first (LPT) tile order, a persistent grid, and
-  three softmax-side levers: the O rescale in the shadow of the next QK (``late_rescale``), P
-  packed to 16 bits two at a time (``pack_p``) and FA4's conditional rescaling with a retained
-  reference (``rescale_threshold``); ``config_with`` applies ``impl="hopper.fwd@key=value"`` overrides;
+  ``pipeline.wait_mma_after_softmax``), or FA4's order (``wait_pv_early``: PV(j-1) waited right
+  after the row max), the inter-warpgroup pingpong (a GEMM-issue token passed through mbarriers,
+  since Gluon 3.6 has no named barriers), Q in registers for QK (``q_in_registers``),
+  heaviest-first (LPT) tile order, a persistent grid, and four softmax-side levers: the O rescale
+  in the shadow of the next QK (``late_rescale``), P packed to 16 bits two at a time
+  (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``)
+  and FA4's exp2 split onto the FMA pipe (``exp2_fma_every``); ``config_with`` applies
+  ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
 * O is normalized in registers, written into the consumer's (now free) Q buffer and stored by TMA.
 
@@ -29,9 +32,9 @@ bounds every dimension, so a tile that runs past ``S`` reads zeros (never the ne
 store is clipped (never writes the next batch); no transposed or padded copies are made.
 
 Evidence: SASS census (``census_specs``; HGMMA, UTMALDG, USETMAXREG, zero spills, shared memory
-≤ 227 KiB) and the gate on the H200 (``python -m flashrung.kernels.hopper.selfcheck``). The
-feasibility probe of this structure measured 628 TFLOP/s at d128 on our H200; this kernel's own
-numbers go in docs/hopper.md as they are measured.
+≤ 227 KiB), the gate on the H200 (``flashrung check --kernel hopper.fwd``: 84/84), paired
+margins of every default lever (``flashrung compare``) and the preheated ``fa4-protocol`` bench;
+figures and their protocols are in docs/hopper.md.
 """
 # No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
 # annotations at trace time, which must therefore be real classes, not strings.

@@ -455,3 +455,17 @@ def json_key(row):
     import json
 
     return json.dumps([row["cfg"], row["d"], row["causal"]], sort_keys=True)
+
+
+def test_selfcheck_battery_fits_today_defaults():
+    # every row of the full battery (not only the timed ones) must be a configuration that
+    # passes the host check: a default moving under a fixed row must not crash the battery
+    from flashrung.kernels.hopper import selfcheck
+
+    rows = selfcheck.build_rows(timing_only=False)
+    for r in rows:
+        if r.get("cfg") is not None:       # cuDNN timing rows carry no configuration
+            HopperFwdConfig(**r["cfg"]).check(r["d"])
+    variants = {r["variant"] for r in rows if r["kind"] == "check"}
+    assert any("wait_pv_early" in v for v in variants) and any("exp2_fma_every" in v for v in variants)
+    assert any("q_in_registers" in v for v in variants) and "exp2 split fp16" in variants

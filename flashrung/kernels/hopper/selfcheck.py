@@ -75,7 +75,12 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     candidates += [
         ("late_rescale", dict(late_rescale=not base.late_rescale)),
         ("pack_p", dict(pack_p=not base.pack_p)),
-        ("rescale_threshold", dict(rescale_threshold=RESCALE_THRESHOLD if base.rescale_threshold == 0 else 0.0)),
+        # the retained reference splits nothing: it runs in FA3's order
+        ("rescale_threshold", dict(rescale_threshold=RESCALE_THRESHOLD if base.rescale_threshold == 0 else 0.0,
+                                   wait_pv_early=False)),
+        ("wait_pv_early", dict(wait_pv_early=not base.wait_pv_early)),
+        ("q_in_registers", dict(q_in_registers=not base.q_in_registers)),
+        ("exp2_fma_every", dict(exp2_fma_every=4 if base.exp2_fma_every == 0 else 0)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 
@@ -181,7 +186,7 @@ def build_rows(quick: bool = False, timing_only: bool = False) -> list[dict]:
                 rows.append(dict(kind="check", variant=label, cfg=_cfg_dict(d, causal, **change), d=d,
                                  causal=causal, dtype="bfloat16", shape=shape, why=why))
     # the new numerics in the paths the bf16 rows above do not take: fp16 packing, a negative scale
-    levers = dict(late_rescale=True, pack_p=True, rescale_threshold=RESCALE_THRESHOLD)
+    levers = dict(late_rescale=True, pack_p=True, rescale_threshold=RESCALE_THRESHOLD, wait_pv_early=False)
     rows.append(dict(kind="check", variant="levers fp16", cfg=_cfg_dict(64, True, **levers), d=64, causal=True,
                      dtype="float16", shape=(2, 1000, 777, 4, 2), why="fp16 packed P, retained reference"))
     rows.append(dict(kind="check", variant="levers, scale<0", cfg=_cfg_dict(128, False, **levers), d=128,
@@ -190,6 +195,12 @@ def build_rows(quick: bool = False, timing_only: bool = False) -> list[dict]:
     rows.append(dict(kind="check", variant="levers, scale 0.5", cfg=_cfg_dict(64, False, **levers), d=64,
                      causal=False, dtype="bfloat16", shape=(2, 300, 2000, 4, 2), scale=0.5,
                      why="log2 scores spread ~6: the retained reference moves early, stays later"))
+    split = dict(exp2_fma_every=2)
+    rows.append(dict(kind="check", variant="exp2 split fp16", cfg=_cfg_dict(64, True, **split), d=64, causal=True,
+                     dtype="float16", shape=(2, 1000, 777, 4, 2), why="emulated exp2 feeding fp16 packed P"))
+    rows.append(dict(kind="check", variant="exp2 split, scale<0", cfg=_cfg_dict(128, False, **split), d=128,
+                     causal=False, dtype="bfloat16", shape=(2, 300, 700, 2, 2), scale=-0.05,
+                     why="emulated exp2 on re-masked scores of a negative scale"))
     return rows + _timing_rows(quick, sanity=False)
 
 

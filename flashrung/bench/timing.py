@@ -139,8 +139,8 @@ class BenchProtocol:
     # FA4 and cuDNN read 735 and 668 TFLOP/s at B2 H16 S16k d128 (each following a lighter peer)
     # where each one run alone for 3 s measured 662–669 and 601–606 at the same 1.64–1.67 GHz.
     # Preheating times every implementation at its own steady state, as it runs in a model. The
-    # clock's settling, measured per call (FA4 at that shape): +5…13 % for the first ~75–100 ms
-    # after idle or after a lighter kernel, steady from ~150 ms on.
+    # clock's settling, measured per call (FA4 at that shape): up to +13 % after idle and +19 %
+    # after a lighter kernel for the first ~75–100 ms, steady from ~150 ms on.
     block_preheat_ms: float = 150.0
 
     def to_json(self) -> dict:

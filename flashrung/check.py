@@ -17,6 +17,8 @@ import torch
 
 # what the caching allocator guarantees a fresh tensor's address to be a multiple of
 ALLOCATION_ALIGNMENT_BYTES = 256
+# distinct reasons printed per kernel when it declines cases (the JSON keeps them all)
+MAX_REASONS_SHOWN = 3
 
 
 def gate_problem(case, device):
@@ -58,6 +60,7 @@ class KernelSummary:
     passed: int = 0
     unsupported: int = 0
     worst: object = None
+    declined: dict = dataclasses.field(default_factory=dict)    # reason -> cases
     failures: list = dataclasses.field(default_factory=list)
 
 
@@ -99,8 +102,10 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
     for direction, backend, fwd_module, case, problem in progress(jobs, desc=f"gate on {device}"):
         s = summaries.setdefault((backend.name, direction), KernelSummary(backend.name, direction))
         module = backend.load()
-        if module.unsupported_reason(problem) is not None:
+        reason = module.unsupported_reason(problem)
+        if reason is not None:
             s.unsupported += 1
+            s.declined[reason] = s.declined.get(reason, 0) + 1
             continue
         if direction == "fwd":
             result = gate.check_forward_case(module.forward, case, device, kernel=backend.name)
@@ -135,7 +140,7 @@ def _device_label(device: str) -> str:
 def _summary_json(s: KernelSummary) -> dict:
     return {"kernel": s.kernel, "direction": s.direction, "cases": s.cases, "passed": s.passed,
             "unsupported": s.unsupported, "worst": s.worst.to_json() if s.worst else None,
-            "failures": [f.to_json() for f in s.failures]}
+            "failures": [f.to_json() for f in s.failures], "declined": dict(s.declined)}
 
 
 def _merge(parts: list[list[dict]]) -> list[dict]:
@@ -144,9 +149,11 @@ def _merge(parts: list[list[dict]]) -> list[dict]:
         for s in part:
             m = merged.setdefault((s["kernel"], s["direction"]), {
                 "kernel": s["kernel"], "direction": s["direction"], "cases": 0, "passed": 0,
-                "unsupported": 0, "worst": None, "failures": []})
+                "unsupported": 0, "worst": None, "failures": [], "declined": {}})
             for key in ("cases", "passed", "unsupported"):
                 m[key] += s[key]
+            for reason, n in s.get("declined", {}).items():
+                m["declined"][reason] = m["declined"].get(reason, 0) + n
             m["failures"] += s["failures"]
             if s["worst"] and (m["worst"] is None or s["worst"]["ratio"] > m["worst"]["ratio"]):
                 m["worst"] = s["worst"]
@@ -201,6 +208,10 @@ def check_command(args) -> int:
     print(f"flashrung check on {_device_label(device)}, envelope '{size}' "
           f"(pass iff max|kernel-oracle| <= 2*max|lowp-oracle| + 1e-4; ratio < 1 passes)")
     print(_table(rows))
+    # a kernel that declines cases passes only what it ran: say what it left out and why
+    for s in summaries:
+        for reason, n in sorted(s.get("declined", {}).items(), key=lambda kv: -kv[1])[:MAX_REASONS_SHOWN]:
+            print(f"  {s['kernel']} {s['direction']} declined {n} case{'s' if n > 1 else ''}: {reason}")
     for f in failures:
         print(f"  FAIL {f['kernel']} {f['case']}: ratio {f['ratio']:.3f}")
     checked = sum(s["cases"] for s in summaries)

@@ -107,3 +107,16 @@ def test_check_describes_the_inputs_the_gate_passes():
         on_hopper = dataclasses.replace(problem, device_type="cuda", capability=(9, 0), interpreter=False)
         if case.head_dim in (64, 128, 256):
             assert hopper.unsupported_reason(on_hopper) is None, case.label()
+
+
+def test_check_reports_why_a_kernel_declined_cases(capsys):
+    # a kernel that declines cases passes only what it ran: the check must say what it left out
+    import argparse
+
+    from flashrung.check import check_command
+
+    args = argparse.Namespace(device="cpu", size="small", shard=None, jobs=1, kernel=["hopper.fwd"],
+                              direction=["fwd"], json=None)
+    assert check_command(args) == 1          # nothing could run on the CPU
+    out = capsys.readouterr().out
+    assert "hopper.fwd fwd declined" in out and "CUDA" in out

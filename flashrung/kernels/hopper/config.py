@@ -25,6 +25,9 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # Conditional rescaling lets unnormalized probabilities reach 2^τ: τ ≤ 15 keeps them below the
 # fp16 maximum (65504) with margin; FA4 uses τ = 8 for 16-bit inputs (seed 001, 0x09).
 MAX_RESCALE_THRESHOLD = 15.0
+# exp2 split: one emulated exponential in this many (0: every exponential on MUFU); each value is
+# one inline-PTX block in softmax.exp2_split
+EXP2_FMA_CHOICES = (0, 2, 4, 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +92,8 @@ class HopperFwdConfig:
         if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
             raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
                              "schedule: they need overlap=True")
-        if self.exp2_fma_every not in (0, 2, 4, 8):
-            raise ValueError(f"exp2_fma_every must be 0 (off), 2, 4 or 8, got {self.exp2_fma_every}")
+        if self.exp2_fma_every not in EXP2_FMA_CHOICES:
+            raise ValueError(f"exp2_fma_every must be one of {EXP2_FMA_CHOICES} (0 = off), got {self.exp2_fma_every}")
         if self.exp2_fma_every and not self.overlap:
             raise ValueError("exp2_fma_every is a lever of the overlapped schedule: it needs overlap=True")
         if self.wait_pv_early and self.rescale_threshold > 0:

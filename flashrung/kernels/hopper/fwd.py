@@ -232,15 +232,11 @@ def _acc_layout(cols):
 
 
 @gluon.constexpr_function
-def _p_operand_layout(head_dim):
-    """P in registers as the A operand of the PV wgmma (its parent is O's accumulator layout)."""
-    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(head_dim), k_width=2)
-
-
-@gluon.constexpr_function
-def _q_operand_layout(block_n):
-    """Q in registers as the A operand of the QK wgmma (its parent is S's accumulator layout)."""
-    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(block_n), k_width=2)
+def _a_operand_layout(cols):
+    """A register operand of a wgmma whose accumulator is 64 × ``cols``: P for PV (cols = HEAD_DIM,
+    the conversion from S's accumulator is free in SASS) and, with ``Q_IN_REGISTERS``, Q for QK
+    (cols = BLOCK_N)."""
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(cols), k_width=2)
 
 
 @gluon.jit
@@ -296,7 +292,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
     """
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
     v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
@@ -343,7 +339,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, 
     """Two-stage schedule (seed 001, 0x05): QK(0)+softmax(0); steady QK(j)‖PV(j-1); drain PV."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     if n_kv > 0:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         mbarrier.wait(sh.k_ready_bars.index(idx), phase)
@@ -379,7 +375,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
     """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _p_operand_layout(c.HEAD_DIM)
+    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(idx), phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
@@ -438,7 +434,7 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
         mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
         if c.Q_IN_REGISTERS:
             # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
-            q_op = q.load(_q_operand_layout(c.BLOCK_N))
+            q_op = q.load(_a_operand_layout(c.BLOCK_N))
         else:
             q_op = q
         if c.OVERLAP:

@@ -33,8 +33,6 @@ from flashrung.model import exp2poly
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 _LN_2 = gl.constexpr(LN_2)
-# one emulated exponential in this many (0: every exponential on MUFU)
-EXP2_FMA_CHOICES = (0, 2, 4, 8)
 
 
 def _f32_hex(x: float) -> str:

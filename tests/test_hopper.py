@@ -93,11 +93,20 @@ CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False}))
 CENSUS_CONFIGS.append(("d128-full-late-packed", 128, False, {"late_rescale": True, "pack_p": True}))
 # the plain schedule, without the softmax-side levers, to show what each lever removes or moves
 CENSUS_CONFIGS.append(("d128-full-plain", 128, False, {"late_rescale": False, "pack_p": False}))
+_D64_QREG = {"block_n": 64, "q_in_registers": True}      # the 192×64 tile with Q in registers
 CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.0, "wait_pv_early": False,
-                                                          "pingpong": False}))
+                                                          "pingpong": False, **_D64_QREG}))
 # the FA3 order at d64 (whose default is FA4's order), to keep the gated wait(0) under test
-CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False}))
+CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False, **_D64_QREG}))
+CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4}))
+CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
+
+
+# d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
+# across the first tile's QK (8–12 bytes per consumer and tile, 56 B in all, before the KV loop);
+# the tile measured 1.0705 paired over the spill-free 192×64 one (config.py)
+PROLOGUE_SPILL_BYTES = {(64, True): 64}
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +134,13 @@ def test_default_config_census(census, head_dim, causal):
     assert sass["UTMALDG"] > 0, "Q, K, V must arrive by TMA"
     assert sass["UTMASTG"] > 0, "O must leave by TMA"
     assert sass["USETMAXREG"] > 0, "producer/consumer register reallocation missing"
-    # spills land in the stack frame; LDL/STL in the SASS is the direct evidence
-    assert row["spill_bytes"] == 0
-    assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
+    # spills land in the stack frame; LDL/STL in the SASS is the direct evidence. The steady KV
+    # loop never touches local memory; outside it only the allowance below may
+    assert entry["loop"]["ldl"] == 0, f"local-memory traffic in the KV loop: {sass['opcodes']}"
+    allowance = PROLOGUE_SPILL_BYTES.get((head_dim, causal), 0)
+    assert row["spill_bytes"] <= allowance
+    if not allowance:
+        assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
     cfg = fwd.default_config(head_dim, causal)
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
 
@@ -168,11 +181,21 @@ def test_exp2_split_moves_exponentials_off_mufu(census):
 
 
 def test_q_in_registers_in_sass(census):
-    # d64's default loads Q once per tile with ldmatrix and feeds QK as a register-A wgmma
-    cfg = fwd.default_config(64, False)
-    assert cfg.q_in_registers
-    assert census["d64-full"]["row"]["sass"]["LDSM"] > 0
-    assert census["d128-full"]["row"]["sass"]["LDSM"] == 0     # d128 keeps Q in shared memory
+    # with the switch, Q is loaded once per tile with ldmatrix and feeds QK as a register-A wgmma;
+    # the defaults keep Q in shared memory (d64's 192×128 tile has no registers for it)
+    assert not fwd.default_config(64, False).q_in_registers
+    assert census["d64-full-qreg"]["row"]["sass"]["LDSM"] > 0
+    assert census["d64-full"]["row"]["sass"]["LDSM"] == 0
+    assert census["d128-full"]["row"]["sass"]["LDSM"] == 0
+
+
+def test_tree_reduce_moves_no_data(census):
+    # the tree reshapes the row reductions inside each thread's registers: the same FMNMX, FADD
+    # and shuffles as the chain, no shared-memory round trip, no spill
+    base, tree = census["d128-full"]["row"], census["d128-full-tree"]["row"]
+    assert tree["spill_bytes"] == 0
+    for op in ("FMNMX", "FADD", "SHFL.BFLY", "STS", "LDS"):
+        assert tree["sass"]["opcodes"].get(op, 0) == base["sass"]["opcodes"].get(op, 0), op
 
 
 def test_serial_schedule_has_no_overlap_window(census):
@@ -210,6 +233,19 @@ def test_select_config_defaults_fit(head_dim):
         cfg.check(head_dim)
         assert cfg.lpt == causal        # heaviest-first order only pays when tiles are unequal
         assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal)) is cfg
+
+
+@pytest.mark.parametrize("head_dim, seqlen, persistent", [
+    (128, 1024, True), (128, 2048, True), (128, 2049, False), (128, 16384, False),
+    (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
+def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
+    # one CTA per SM only where it measured faster: short d128 problems, every d64 problem; the
+    # longer of Sq and Sk decides (config.PERSISTENT_MAX_SEQLEN)
+    for causal in (False, True):
+        for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert cfg.persistent is persistent, (head_dim, causal, sq, sk)
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -445,7 +481,7 @@ def test_selfcheck_timing_only_checks_every_timed_configuration():
     labels = {(r["d"], r["causal"], r["variant"]) for r in timed}
     assert (128, False, "pingpong=True,persistent=True,consumer_regs=232") in labels
     assert (256, False, "persistent=True,consumer_regs=232") in labels
-    assert (64, False, "persistent=True") in labels        # over the 192x64 default
+    assert (64, False, "persistent=False") in labels       # d64 is persistent by default
     for r in timed:
         HopperFwdConfig(**r["cfg"]).check(r["d"])
     assert len(timed) == len({(json_key(r), tuple(r["shape"])) for r in timed}), "a configuration is timed twice"

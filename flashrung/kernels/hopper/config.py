@@ -62,6 +62,9 @@ class HopperFwdConfig:
     # FA4's exp2 split (seed 001, 0x09): one exponential in N on the FMA pipe (degree-3
     # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8)
     exp2_fma_every: int = 0
+    # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
+    # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128
+    tree_reduce: bool = False
 
     @property
     def num_consumers(self) -> int:
@@ -121,25 +124,27 @@ class HopperFwdConfig:
 # warpgroups × 64 rows, 128-key tiles, 240/24 registers: 628 TFLOP/s, a 3-stage ring measured the
 # same) and from FA4's sm90 table (d256 needs a narrower K/V tile to fit Q + ring in 227 KiB and
 # the 64×256 fp32 O accumulator in registers; FA4's 80-key tile is not a power of two, which a
-# Triton block must be, so 64). FA4's 192×128 tile for d64 spills here at 160 registers (SASS
-# census); 192×64 does not, and measured +7.9% over 128×128 on the H200 (B4 H32 S8k bf16,
-# do_bench median, unpaired; 420 → 453 TFLOP/s). Levers below carry their paired margins
-# (`flashrung compare`, two fresh-process runs, AB/BA halves agreeing, t_keep 1.000411 from the
-# A/A null; H200, bf16).
+# Triton block must be, so 64). d64 takes FA4's 192×128 tile (three consumer warpgroups at 160
+# registers): with FA4's order P(j) reuses P(j-1)'s registers, and with Q left in shared memory
+# it fits (0 spill non-causal; causal keeps 8–12 bytes per consumer live across the first tile's
+# QK, outside the KV loop). Against the 192×64 tile with Q in registers it measured (paired,
+# `flashrung compare`, B4 H32 S8192 bf16): 1.1228 / 1.1231 non-causal, 1.0705 / 1.0703 causal.
+# Levers below carry their paired margins (`flashrung compare`, two fresh-process runs, AB/BA
+# halves agreeing, t_keep 1.000411 from the A/A null; H200, bf16).
 _BY_HEAD_DIM = {
-    64: HopperFwdConfig(block_m=192, block_n=64, num_kv_stages=3, consumer_regs=160),
+    64: HopperFwdConfig(block_m=192, block_n=128, num_kv_stages=3, consumer_regs=160),
     128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2),
     256: HopperFwdConfig(block_m=128, block_n=64, num_kv_stages=2),
 }
-# FA4's schedule (pingpong between the consumer warpgroups, PV waited right after the row max)
-# with packed P and Q in registers, at d64 (B4 H32 S8192): margin 1.0872 non-causal, 1.0942
-# causal. The same schedule at d256 (B2 H16 S8192): 1.0802 non-causal, 1.0100 causal. At d128
-# it did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events: 0.989).
+# FA4's schedule (pingpong between the consumer warpgroups, PV waited right after the row max),
+# with packed P: at d64 (then on 192×64 tiles with Q in registers, B4 H32 S8192) 1.0872
+# non-causal, 1.0942 causal; at d256 (B2 H16 S8192) 1.0802 non-causal, 1.0100 causal. At d128 it
+# did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events: 0.989).
 _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
-    (64, False): dict(_FA4_SCHEDULE, pack_p=True, q_in_registers=True),
-    (64, True): dict(_FA4_SCHEDULE, pack_p=True, q_in_registers=True),
+    (64, False): dict(_FA4_SCHEDULE, pack_p=True),
+    (64, True): dict(_FA4_SCHEDULE, pack_p=True),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384)
     (128, False): dict(pack_p=True),
     (128, True): dict(pack_p=True),
@@ -148,17 +153,26 @@ _LEVERS = {
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
     (256, True): dict(_FA4_SCHEDULE),
 }
+# The persistent grid (one CTA per SM walking the heaviest-first order with a stride) up to this
+# max(Sq, Sk); longer problems launch one CTA per tile and let the hardware hand out tiles as SMs
+# free up. Screening on the H200 (bf16, interleaved CUDA events, persistent ÷ per-tile grid):
+# d128 S1024 1.051 / 1.138 (non-causal / causal), S2048 1.046 / 1.064, S16384 1.009 / 0.984; d64
+# (192×128) S1024 1.113 non-causal, S2048 1.066 causal, S8192 1.012 / 1.048; d256 S8192 1.009 /
+# 0.890. A static stride balances unequal causal tiles worse than the hardware's dynamic
+# hand-out once tiles are long; short problems gain from the prologue the persistent CTA hides.
+PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 2048, 256: 0}
 
 
 @functools.lru_cache(maxsize=None)
-def _select(head_dim: int, causal: bool) -> HopperFwdConfig:
+def _select(head_dim: int, causal: bool, persistent: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
-    return dataclasses.replace(base, lpt=causal)
+    return dataclasses.replace(base, lpt=causal, persistent=persistent)
 
 
 def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached)."""
     if problem.head_dim not in _BY_HEAD_DIM:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}")
-    return _select(problem.head_dim, bool(problem.causal))
+    persistent = max(problem.seqlen_q, problem.seqlen_k) <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
+    return _select(problem.head_dim, bool(problem.causal), persistent)

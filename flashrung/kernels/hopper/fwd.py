@@ -162,6 +162,7 @@ class _Schedule:
     Q_IN_REGISTERS: gl.constexpr
     WAIT_PV_EARLY: gl.constexpr
     EXP2_FMA_EVERY: gl.constexpr
+    TREE_REDUCE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -270,13 +271,13 @@ def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.co
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
-                  EXP2_FMA_EVERY: gl.constexpr):
+                  EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY)
+                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE)
     else:
-        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE)
         rescale = alpha
     return p, alpha, m_i, l_i, rescale
 
@@ -313,15 +314,15 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
         # warpgroup's GEMMs instead
-        t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE)
+        t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
-        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY)
+        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
         rescale = alpha
     else:
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
-                                                    c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY)
+                                                    c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
@@ -351,7 +352,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, 
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
-                                                    c.EXP2_FMA_EVERY)
+                                                    c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
         for j in range(1, n_unmasked):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
@@ -386,7 +387,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
     if MASK:
         cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE)
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE)
     acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
     p_op = gl.convert_layout(p.to(q.dtype), p_layout)
     mbarrier.wait(sh.v_ready_bars.index(idx), phase)
@@ -472,7 +473,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
-                     EXP2_FMA_EVERY: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -505,7 +507,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
-                  WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY)
+                  WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -552,7 +554,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
-        WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every,
+        WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -788,11 +790,13 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     return cfg
 
 
-def default_config(head_dim: int, causal: bool) -> HopperFwdConfig:
-    """:func:`select_config` for a problem of this head dim and mask (dtype and shape do not matter)."""
+def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFwdConfig:
+    """:func:`select_config` for a problem of this head dim, mask and sequence length (dtype does not
+    matter). The compiled kernel is the same at every length; only the host-side grid
+    (``persistent``) depends on it, so the default length is a long one."""
     from flashrung.dispatch import Problem
 
-    return select_config(Problem(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+    return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=1, heads_kv=1, head_dim=head_dim,
                                  head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal, device_type="cuda",
                                  capability=(9, 0)))
 

@@ -16,6 +16,12 @@
 * Optional exp2 split (FA4, seed 001 0x09): one exponential in ``N`` is evaluated on the FMA
   pipe instead of MUFU, by Cody–Waite range reduction and FA4's degree-3 polynomial
   (``flashrung.model.exp2poly`` is its reference: max relative error 8.77e-5 in FP32).
+* Row reductions (max, sum) as a chain or as a tree. A chain folds a row's 2·N/8 values per
+  thread one after another: N/4 − 1 dependent ``FMNMX``/``FADD``, latency no other warp of the
+  warpgroup hides while the next GEMM waits for this P. The tree halves the row while both halves
+  sit in the same thread (every column bit above the n8 group is a register bit of the wgmma
+  accumulator), so each level is independent instructions and the depth is log2(N/8) + 1 before
+  the quad's two shuffles. Same instruction count, no data movement (SASS census).
 * Optional packed conversion of P to 16 bits: ``cvt.rn.{bf16,f16}x2.f32`` on adjacent pairs of the
   accumulator layout, in place of the per-element conversions the compiler emits once P is in the
   wgmma operand layout (which ptxas then repairs with one ``PRMT`` per register).
@@ -107,8 +113,51 @@ def mask_scores(s, rows, cols, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
     return gl.where(keep, s, float("-inf"))
 
 
+# Columns of one n8 group of the wgmma accumulator: 2 registers × 4 lanes of a quad. Above it every
+# column bit is a register bit, so halving a row there moves no data between threads.
+TREE_LEAF_COLS = 8
+
+
+@gluon.constexpr_function
+def _tree_levels(cols):
+    levels = 0
+    while cols > TREE_LEAF_COLS and cols % 2 == 0:
+        cols //= 2
+        levels += 1
+    return levels
+
+
 @gluon.jit
-def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
+def row_max(x, TREE: gl.constexpr):
+    """``max(x, 1)`` as a chain (Triton's in-thread order) or, with ``TREE``, halving first.
+
+    The result is correct for any layout; only in the wgmma accumulator layout is every halving
+    free of shuffles. It comes back in ``SliceLayout(1, layout of x)`` either way."""
+    if TREE:
+        rows_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
+        for _ in gl.static_range(_tree_levels(x.shape[1])):
+            x = gl.max(x.reshape([x.shape[0], 2, x.shape[1] // 2]), 1)
+        out = gl.convert_layout(gl.max(x, 1), rows_layout)
+    else:
+        out = gl.max(x, 1)
+    return out
+
+
+@gluon.jit
+def row_sum(x, TREE: gl.constexpr):
+    """``sum(x, 1)``; with ``TREE`` pairwise by halving (see :func:`row_max`)."""
+    if TREE:
+        rows_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
+        for _ in gl.static_range(_tree_levels(x.shape[1])):
+            x = gl.sum(x.reshape([x.shape[0], 2, x.shape[1] // 2]), 1)
+        out = gl.convert_layout(gl.sum(x, 1), rows_layout)
+    else:
+        out = gl.sum(x, 1)
+    return out
+
+
+@gluon.jit
+def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False):
     """First phase of :func:`online_softmax`: the new running max (log2 domain).
 
     Returns ``(t, c, m_new)``: the exponent of score ``i`` is ``t[i]·c − m_new``. Split out so a
@@ -117,42 +166,43 @@ def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr):
     if SCALE_POSITIVE:
         # max(s)·c == max(s·c) for c > 0: one multiply per row instead of one per score, and
         # the scale folds into the exp2 argument as one FFMA per score
-        m_tile = gl.max(s, 1) * qk_scale_log2
+        m_tile = row_max(s, TREE) * qk_scale_log2
         t = s
         c = qk_scale_log2
     else:
         # c <= 0 would turn a masked -inf into +inf (or NaN): scale first, then re-mask
         t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
-        m_tile = gl.max(t, 1)
+        m_tile = row_max(t, TREE)
         c = 1.0
     return t, c, gl.maximum(m_i, m_tile)
 
 
 @gluon.jit
-def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0):
+def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
     """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``."""
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = exp2_split(t * c - gl.expand_dims(m_safe, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, 1)
+    l_new = l_i * alpha + row_sum(p, TREE)
     return p, alpha, l_new
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0):
+def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
+                   TREE: gl.constexpr = False):
     """One online-softmax step on raw scores ``s``.
 
     Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
     max and the new running sum. The caller rescales its output accumulator by ``alpha``.
     """
-    t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY)
+    t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
-                            EXP2_FMA_EVERY: gl.constexpr = 0):
+                            EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
     """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09).
 
     A row moves its reference ``m`` to its running max only when that max grew by more than
@@ -161,11 +211,11 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     The decision per row needs nothing beyond the row max, so the exponentials never wait for the
     warpgroup-wide reduction; only the O rescale does.
     """
-    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE)
+    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
     # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
     grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
     m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
     rescale = gl.max(grow, 0) > THRESHOLD
     return p, alpha, m_new, l_new, rescale
 

@@ -236,10 +236,10 @@ def test_select_config_defaults_fit(head_dim):
 
 
 @pytest.mark.parametrize("head_dim, seqlen, persistent", [
-    (128, 1024, True), (128, 2048, True), (128, 2049, False), (128, 16384, False),
+    (128, 1024, True), (128, 4096, True), (128, 4097, False), (128, 16384, False),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: short d128 problems, every d64 problem; the
+    # one CTA per SM only where it measured faster: d128 up to 4k, every d64 problem; the
     # longer of Sq and Sk decides (config.PERSISTENT_MAX_SEQLEN)
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
@@ -505,3 +505,15 @@ def test_selfcheck_battery_fits_today_defaults():
     variants = {r["variant"] for r in rows if r["kind"] == "check"}
     assert any("wait_pv_early" in v for v in variants) and any("exp2_fma_every" in v for v in variants)
     assert any("q_in_registers" in v for v in variants) and "exp2 split fp16" in variants
+
+
+def test_separate_o_buffer_is_budgeted():
+    # O's own staging buffer costs block_m × D × 2 bytes more: it fits at d64 and d128 (their
+    # defaults use it) and not next to d256's Q and ring
+    for d in (64, 128):
+        cfg = fwd.default_config(d, False)
+        assert cfg.separate_o
+        plain = dataclasses.replace(cfg, separate_o=False)
+        assert cfg.smem_bytes(d, 2) - plain.smem_bytes(d, 2) == cfg.block_m * d * 2
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(fwd.default_config(256, False), separate_o=True).check(256)

@@ -65,18 +65,24 @@ class HopperFwdConfig:
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
     # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128
     tree_reduce: bool = False
+    # O staged in its own shared buffer instead of Q's: Q is released as soon as the tile's last
+    # QK is done (the next tile's Q loads under this tile's epilogue) and the O store is waited
+    # only before the buffer is written again (it runs under the next tile's mainloop)
+    separate_o: bool = False
 
     @property
     def num_consumers(self) -> int:
         return self.block_m // ROWS_PER_CONSUMER_WARPGROUP
 
     def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
-        """Shared memory the kernel allocates: Q (reused for O), the K and V rings, barriers."""
+        """Shared memory the kernel allocates: Q (also O's staging unless ``separate_o``), the K and V
+        rings, barriers."""
         q = self.block_m * head_dim * elem_bytes
+        o = q if self.separate_o else 0
         kv = 2 * self.num_kv_stages * self.block_n * head_dim * elem_bytes
         # q ready/empty per consumer, k/v ready/empty per stage, one turn barrier per consumer
         bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
-        return q + kv + bars
+        return q + o + kv + bars
 
     def check(self, head_dim: int, elem_bytes: int = 2) -> None:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim``."""
@@ -131,9 +137,13 @@ class HopperFwdConfig:
 # `flashrung compare`, B4 H32 S8192 bf16): 1.1228 / 1.1231 non-causal, 1.0705 / 1.0703 causal.
 # Levers below carry their paired margins (`flashrung compare`, two fresh-process runs, AB/BA
 # halves agreeing, t_keep 1.000411 from the A/A null; H200, bf16).
+# O gets its own staging buffer at d64 and d128 (`separate_o`; d256 has no shared memory left for
+# it): screening on the H200 (bf16, interleaved CUDA events, ÷ the default of the time) d128
+# S1024 1.066 / 1.037 (non-causal / causal), S2048 1.048, S4096 1.002 / 1.003 (1.055 / 1.056 with
+# the persistent grid), S16384 1.002; d64 S1024 1.067, S2048 causal 1.022, S8192 1.000.
 _BY_HEAD_DIM = {
-    64: HopperFwdConfig(block_m=192, block_n=128, num_kv_stages=3, consumer_regs=160),
-    128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2),
+    64: HopperFwdConfig(block_m=192, block_n=128, num_kv_stages=3, consumer_regs=160, separate_o=True),
+    128: HopperFwdConfig(block_m=128, block_n=128, num_kv_stages=2, separate_o=True),
     256: HopperFwdConfig(block_m=128, block_n=64, num_kv_stages=2),
 }
 # FA4's schedule (pingpong between the consumer warpgroups, PV waited right after the row max),
@@ -155,12 +165,14 @@ _LEVERS = {
 }
 # The persistent grid (one CTA per SM walking the heaviest-first order with a stride) up to this
 # max(Sq, Sk); longer problems launch one CTA per tile and let the hardware hand out tiles as SMs
-# free up. Screening on the H200 (bf16, interleaved CUDA events, persistent ÷ per-tile grid):
-# d128 S1024 1.051 / 1.138 (non-causal / causal), S2048 1.046 / 1.064, S16384 1.009 / 0.984; d64
-# (192×128) S1024 1.113 non-causal, S2048 1.066 causal, S8192 1.012 / 1.048; d256 S8192 1.009 /
-# 0.890. A static stride balances unequal causal tiles worse than the hardware's dynamic
-# hand-out once tiles are long; short problems gain from the prologue the persistent CTA hides.
-PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 2048, 256: 0}
+# free up. Screening on the H200 (bf16, interleaved CUDA events, persistent ÷ per-tile grid; O
+# still staged in Q's buffer): d128 S1024 1.051 / 1.138 (non-causal / causal), S2048 1.046 /
+# 1.064, S16384 1.009 / 0.984; d64 (192×128) S1024 1.113 non-causal, S2048 1.066 causal, S8192
+# 1.012 / 1.048; d256 S8192 1.009 / 0.890. With O in its own buffer, d128 S4096: 1.055 / 1.056.
+# A static stride balances unequal causal tiles worse than the hardware's dynamic hand-out once
+# tiles are long; shorter problems gain the tile prologues and epilogues the persistent CTA
+# overlaps with loads.
+PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 4096, 256: 0}
 
 
 @functools.lru_cache(maxsize=None)

@@ -93,11 +93,12 @@ _SIG_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 class _Shared:
     """Shared-memory buffers and mbarriers, handed to every partition."""
 
-    q_bufs: gl.shared_memory_descriptor        # [consumers, 1, 64, 1, D]; reused for O
+    q_bufs: gl.shared_memory_descriptor        # [consumers, 1, 64, 1, D]
+    o_bufs: gl.shared_memory_descriptor        # O staging for the TMA store: q_bufs itself, or its own
     k_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
     v_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
     q_ready_bars: gl.shared_memory_descriptor  # per consumer: its Q box landed
-    q_empty_bars: gl.shared_memory_descriptor  # per consumer: its Q buffer (O staging) is free
+    q_empty_bars: gl.shared_memory_descriptor  # per consumer: its Q buffer is free for the next tile
     k_ready_bars: gl.shared_memory_descriptor  # per stage: K tile landed
     k_empty_bars: gl.shared_memory_descriptor  # per stage: every consumer finished QK on it
     v_ready_bars: gl.shared_memory_descriptor
@@ -105,9 +106,10 @@ class _Shared:
     turn_bars: gl.shared_memory_descriptor     # per consumer: the pingpong GEMM-issue token
 
     @gluon.constexpr_function
-    def __init__(self, q_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
+    def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
                  k_empty_bars, v_ready_bars, v_empty_bars, turn_bars):
         self.q_bufs = q_bufs
+        self.o_bufs = o_bufs
         self.k_bufs = k_bufs
         self.v_bufs = v_bufs
         self.q_ready_bars = q_ready_bars
@@ -163,6 +165,7 @@ class _Schedule:
     WAIT_PV_EARLY: gl.constexpr
     EXP2_FMA_EVERY: gl.constexpr
     TREE_REDUCE: gl.constexpr
+    SEPARATE_O: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -418,6 +421,7 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     q_buf = sh.q_bufs.index(WG)                      # [1, 64, 1, D], the TMA box
+    o_buf = sh.o_bufs.index(WG)
     q = q_buf.reshape([_ROWS, c.HEAD_DIM])           # the same bytes as a wgmma operand
     count = 0
     turn = 0
@@ -445,20 +449,36 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
             acc, m_i, l_i, turn = _attend_serial(
                 q_op, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
         count += n_kv
+        if c.SEPARATE_O:
+            # every QK of the tile is done: the producer may load the next tile's Q while this
+            # one's epilogue runs
+            mbarrier.arrive(sh.q_empty_bars.index(WG))
 
-        # epilogue: LSE straight to global, O through the Q buffer (free: the last QK is done)
+        # epilogue: LSE straight to global, O through shared memory and a TMA store
         out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(l_i, out_rows))
         lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
         lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
         gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
         if my_row0 < sz.seqlen_q:
-            q.store(out.to(q_buf.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], q_buf)
-            tma.store_wait(0)
-        mbarrier.arrive(sh.q_empty_bars.index(WG))
+            if c.SEPARATE_O:
+                # the previous tile's store must have read the buffer; it ran under this tile
+                tma.store_wait(0)
+                o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
+            else:
+                # O goes through the Q buffer (free: the last QK is done); the next Q may only
+                # land once the store has read it
+                q.store(out.to(q_buf.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], q_buf)
+                tma.store_wait(0)
+        if not c.SEPARATE_O:
+            mbarrier.arrive(sh.q_empty_bars.index(WG))
         tile_iter += 1
+    # a TMA store still reading shared memory must finish before the CTA exits
+    tma.store_wait(0)
 
 
 # --------------------------------------------------------------------------- kernel
@@ -473,14 +493,18 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
-                     EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr):
+                     EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if SEPARATE_O:
+        o_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+    else:
+        o_bufs = q_bufs
     q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
     q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
     turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
@@ -499,7 +523,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
         # arrival per 4-warp partition)
         mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS)
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
-    sh = _Shared(q_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
+    sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars)
     sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section)
 
@@ -507,7 +531,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
-                  WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE)
+                  WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
+                  SEPARATE_O=SEPARATE_O)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -555,6 +580,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
+        SEPARATE_O=cfg.separate_o,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

@@ -1,0 +1,118 @@
+"""Probes for ``compute-sanitizer`` on warp-specialized Gluon kernels.
+
+``racecheck`` reports hazards on ``hopper.fwd`` between a read at the kernel's ``def`` line and
+writes at its ``gl.warp_specialize`` line: shared-memory bytes that hold Triton's own dispatch
+state (each worker warp reads its partition id with ``LDS.U8`` after a CTA-wide ``BAR.SYNC 1``;
+the default partition writes the ids before that barrier and the exit code after the join
+barrier). These kernels tell whether the report belongs to ``hopper.fwd`` or to the dispatch:
+
+* ``minimal`` — a 4-warp default partition and one 1-warp worker, each writing its half of a
+  global vector; no shared memory of its own, no partition-local barrier.
+* ``hopper-shaped`` — the partition shape of ``hopper.fwd`` at d64 (a 4-warp default, two 4-warp
+  workers, one 1-warp worker padded to a warpgroup, ``setmaxnreg`` budgets 160/160/24), each
+  partition with its own shared buffer and a barrier of its own (a store, then a load by other
+  threads); no mbarrier, TMA or wgmma.
+* ``hopper-fwd`` — ``hopper.fwd`` itself at B1 S300 Hq2 Hkv1 d64 bf16, non-causal then causal.
+
+Run under the sanitizer on a GPU, e.g.
+``compute-sanitizer --tool racecheck python -m flashrung.evidence.ws_probe hopper-shaped``.
+Each probe checks its own output and exits non-zero if it is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+PROBES = ("minimal", "hopper-shaped", "hopper-fwd")
+VECTOR = 128                                   # elements each partition writes
+HOPPER_SHAPED_WORKERS = ((4, 160), (4, 160), (1, 24))   # (warps, registers) as hopper.fwd at d64
+DEFAULT_WARPS = 4
+
+
+@gluon.jit
+def _write_half(ptr, BASE: gl.constexpr, N: gl.constexpr, WARPS: gl.constexpr):
+    offs = gl.arange(0, N, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    gl.store(ptr + BASE + offs, offs.to(gl.float32) + BASE)
+
+
+@gluon.jit
+def minimal_kernel(ptr, N: gl.constexpr):
+    gl.warp_specialize([(_write_half, (ptr, 0, N, 4)), (_write_half, (ptr, N, N, 1))], [1], [24])
+
+
+@gluon.jit
+def _through_shared(ptr, buf, BASE: gl.constexpr, N: gl.constexpr, WARPS: gl.constexpr):
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    offs = gl.arange(0, N, layout=lay)
+    buf.store(offs.to(gl.float32) + BASE)
+    # the load reads what other threads stored: the partition's own barrier sits between them
+    gl.store(ptr + BASE + offs, buf.load(lay))
+
+
+@gluon.jit
+def hopper_shaped_kernel(ptr, N: gl.constexpr):
+    lay: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    b0 = gl.allocate_shared_memory(gl.float32, [N], lay)
+    b1 = gl.allocate_shared_memory(gl.float32, [N], lay)
+    b2 = gl.allocate_shared_memory(gl.float32, [N], lay)
+    b3 = gl.allocate_shared_memory(gl.float32, [N], lay)
+    gl.warp_specialize([
+        (_through_shared, (ptr, b0, 0, N, 4)),
+        (_through_shared, (ptr, b1, N, N, 4)),
+        (_through_shared, (ptr, b2, 2 * N, N, 4)),
+        (_through_shared, (ptr, b3, 3 * N, N, 1)),
+    ], [4, 4, 1], [160, 160, 24])
+
+
+def census_specs():
+    """Both probe kernels as census specs (compiled without a GPU by the tests)."""
+    from flashrung.evidence.census import CensusSpec
+
+    return [CensusSpec(kernel=f"ws_probe.{name}", config={"N": VECTOR}, fn=fn, signature={"ptr": "*fp32"},
+                       constexprs={"N": VECTOR}, num_warps=DEFAULT_WARPS, gluon=True, arches=("sm_90a",))
+            for name, fn in (("minimal", minimal_kernel), ("hopper-shaped", hopper_shaped_kernel))]
+
+
+def run(probe: str) -> bool:
+    """Launch ``probe`` on the current GPU; True if its output is right."""
+    if probe == "hopper-fwd":
+        from flashrung.kernels.hopper import fwd
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ok = True
+        for causal in (False, True):
+            q = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+            k = torch.randn(1, 300, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+            v = torch.randn(1, 300, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+            out, _ = fwd.forward(q, k, v, causal, 0.125)
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2).float(), k.transpose(1, 2).repeat_interleave(2, 1).float(),
+                v.transpose(1, 2).repeat_interleave(2, 1).float(), is_causal=causal, scale=0.125).transpose(1, 2)
+            ok &= bool((out.float() - ref).abs().max() < 2e-2)
+        return ok
+    parts = 2 if probe == "minimal" else 4
+    out = torch.full((parts * VECTOR,), float("nan"), device="cuda")
+    kernel = minimal_kernel if probe == "minimal" else hopper_shaped_kernel
+    kernel[(2,)](out, VECTOR, num_warps=DEFAULT_WARPS)
+    torch.cuda.synchronize()
+    return torch.equal(out, torch.arange(parts * VECTOR, device="cuda", dtype=torch.float32))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("probe", choices=PROBES)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ws_probe needs a CUDA GPU (sm_90)", file=sys.stderr)
+        return 2
+    ok = run(args.probe)
+    print(f"ws_probe {args.probe}: {'output correct' if ok else 'OUTPUT WRONG'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The sanitizer probes have the dispatch and barrier structure of hopper.fwd (CPU, sm_90a SASS).
+
+The racecheck hazards on hopper.fwd sit on Triton's warp-specialization dispatch bytes; the
+``hopper-shaped`` probe reproduces them only if it has the same dispatch (a CTA-wide barrier 1)
+and the same partition-local named barriers, which is what these tests pin down.
+"""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r"""
+import json, os, re, tempfile, torch
+from flashrung.evidence.census import compile_spec, sass_text
+from flashrung.evidence import ws_probe
+from flashrung.kernels.hopper import fwd
+
+def barriers(spec):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compile_spec(spec, "sm_90a").asm["cubin"])
+        sass = sass_text(path)
+    ids = sorted(set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+(?:, 0x[0-9a-f]+)?)", sass)))
+    return dict(ids=ids, lds_u8=len(re.findall(r"LDS\.U8", sass)), setmaxnreg=len(re.findall(r"USETMAXREG", sass)))
+
+out = {spec.kernel: barriers(spec) for spec in ws_probe.census_specs()}
+out["hopper.fwd"] = barriers(fwd.census_spec(fwd.default_config(64, False), 64, False, torch.bfloat16))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def structure():
+    from flashrung.evidence.census import interpreter_free_env
+
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                         env=interpreter_free_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_probe_has_the_dispatch(structure):
+    # workers read their partition id from shared memory after the CTA-wide barrier 1
+    for name in ("ws_probe.minimal", "ws_probe.hopper-shaped", "hopper.fwd"):
+        assert "0x1" in structure[name]["ids"], name
+        assert structure[name]["lds_u8"] >= 1 and structure[name]["setmaxnreg"] > 0, name
+
+
+def test_hopper_shaped_probe_has_hopper_fwd_barriers(structure):
+    # the same named barriers (the default partition's 0, the 4-warp workers' 2 and 3, 128
+    # threads each) as hopper.fwd at d64; the minimal probe has none besides the dispatch
+    assert structure["ws_probe.hopper-shaped"]["ids"] == structure["hopper.fwd"]["ids"]
+    assert structure["ws_probe.minimal"]["ids"] == ["0x1"]
+    assert any(re.fullmatch(r"0x[0-9a-f]+, 0x80", i) for i in structure["hopper.fwd"]["ids"])
+
+
+def test_probe_cli_rejects_unknown_probe():
+    from flashrung.evidence import ws_probe
+
+    with pytest.raises(SystemExit):
+        ws_probe.main(["nonsense"])

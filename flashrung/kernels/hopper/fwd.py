@@ -21,18 +21,21 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   since Gluon 3.6 has no named barriers), Q in registers for QK (``q_in_registers``),
   heaviest-first (LPT) tile order, a persistent grid, and four softmax-side levers: the O rescale
   in the shadow of the next QK (``late_rescale``), P packed to 16 bits two at a time
-  (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``)
-  and FA4's exp2 split onto the FMA pipe (``exp2_fma_every``); ``config_with`` applies
+  (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``),
+  FA4's exp2 split onto the FMA pipe (``exp2_fma_every``) and tree-shaped row reductions
+  (``tree_reduce``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
-* O is normalized in registers, written into the consumer's (now free) Q buffer and stored by TMA.
+* O is normalized in registers, written to shared memory and stored by TMA: into its own buffer
+  (``separate_o``: Q is released right after the tile's last QK and the store is waited only
+  before the buffer is reused), or into the consumer's Q buffer once the last QK is done.
 
 Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA
 bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its
 store is clipped (never writes the next batch); no transposed or padded copies are made.
 
-Evidence: SASS census (``census_specs``; HGMMA, UTMALDG, USETMAXREG, zero spills, shared memory
-≤ 227 KiB), the gate on the H200 (``flashrung check --kernel hopper.fwd``: 84/84), paired
+Evidence: SASS census (``census_specs``; HGMMA, UTMALDG, USETMAXREG, no local memory in the KV
+loop, shared memory ≤ 227 KiB), the gate on the H200 (``flashrung check --kernel hopper.fwd``: 84/84), paired
 margins of every default lever (``flashrung compare``) and the preheated ``fa4-protocol`` bench;
 figures and their protocols are in docs/hopper.md.
 """
@@ -207,7 +210,7 @@ def _producer_partition(q_desc, k_desc, v_desc, sh, sz, c):
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
         q_phase = tile_iter & 1
         if n_kv > 0:
-            # K_0 first: it streams while the Q buffers are still draining the previous tile's O.
+            # K_0 first: it streams while the previous tile still holds the Q buffers.
             _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, 0, count,
                           c.BLOCK_N, c.NUM_KV_STAGES)
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)

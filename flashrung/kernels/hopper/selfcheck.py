@@ -81,6 +81,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("wait_pv_early", dict(wait_pv_early=not base.wait_pv_early)),
         ("q_in_registers", dict(q_in_registers=not base.q_in_registers)),
         ("exp2_fma_every", dict(exp2_fma_every=4 if base.exp2_fma_every == 0 else 0)),
+        ("tree_reduce", dict(tree_reduce=not base.tree_reduce)),
+        ("separate_o", dict(separate_o=not base.separate_o)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from flashrung.bench import cli, suites
+from flashrung.bench import cli, suites, timing
 
 
 def parse(*argv):
@@ -69,6 +69,8 @@ def test_bad_arguments_say_what_to_fix(capsys):
         parse("compare", "cudnn", "flashrung:")
     with pytest.raises(SystemExit):
         parse("null", "--alternations", "7")
+    with pytest.raises(SystemExit):
+        parse("compare", "cudnn", "flash", "--block-preheat-ms", "-5")
     with pytest.raises(ValueError, match="multiple of kv-heads"):
         suites.free_rows(seqlens=[128], batch=1, heads=6, kv_heads=4, headdim=64)
 
@@ -159,3 +161,30 @@ def test_null_compare_reanchor_run_their_fresh_process_path_on_cpu(capsys, tmp_p
 def test_compare_without_a_calibration_asks_for_the_null(capsys, tmp_path):
     rc, _, err = run(capsys, "compare", "flash", "flash", "--calibration", str(tmp_path / "none.json"), *TINY)
     assert rc == 2 and "flashrung null" in err
+
+
+def test_block_preheat_reaches_the_paired_protocol():
+    # off by default (the A/A calibration was taken without it); given, it travels with the
+    # protocol into the fresh-process worker's spec
+    assert cli.pair_protocol(parse("compare", "cudnn", "flash", "--quick")).block_preheat_ms == 0.0
+    proto = cli.pair_protocol(parse("compare", "cudnn", "flash", "--quick", "--block-preheat-ms", "150"))
+    assert proto.block_preheat_ms == 150.0 and proto.alternations == timing.QUICK_PAIRED.alternations
+    assert timing.PairedProtocol(**proto.to_json()) == proto
+
+
+
+def test_calibration_from_before_a_protocol_field_still_matches(tmp_path):
+    # an A/A entry stored before block_preheat_ms existed matches a run that leaves it at 0, and
+    # is flagged against a run that preheats
+    row = suites.Row(batch=8, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, headdim=128,
+                     dtype="bfloat16", causal=False, mode="fwd")
+    old_protocol = {k: v for k, v in timing.QUICK_PAIRED.to_json().items() if k != "block_preheat_ms"}
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"gpu0": {"t_noise": 0.0004, "n": 10, "impl": "flashrung", "date": "d",
+                                        "row": row.plan(), "protocol": old_protocol}}))
+    args = argparse.Namespace(t_noise=None, calibration=cal)
+    t, source = cli._t_noise(args, "gpu0", row, timing.QUICK_PAIRED)
+    assert t == 0.0004 and "NOTE" not in source
+    preheated = timing.PairedProtocol(**{**timing.QUICK_PAIRED.to_json(), "block_preheat_ms": 150.0})
+    _, source = cli._t_noise(args, "gpu0", row, preheated)
+    assert "calibrated with protocol" in source

@@ -5,6 +5,7 @@ a clock that each "kernel" call advances by its base time × a shared, slowly wa
 state (what neighbouring launches share, and pairing divides out) × an optional drift × its own
 small noise.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -233,3 +234,29 @@ def test_reanchor_reproduces_the_seed_figures():
 def test_distribution_dispersion():
     d = stats.Distribution.of([1.0] * 8 + [1.1, 0.9])
     assert d.median == 1.0 and d.n == 10 and d.dispersion == pytest.approx((d.p90 - d.p10) / 1.0)
+
+
+def test_block_preheat_runs_each_arm_at_its_own_steady_state():
+    # with block_preheat_ms, every timed block of an arm is preceded by enough of its own calls to
+    # fill that time (a 2 ms arm: 5 calls for 10 ms; a 0.5 ms arm: 20), never fewer than block_warmup
+    calls = []
+    clock = {"t": 0.0}
+
+    def kernel(name, ms):
+        def fn():
+            calls.append(name)
+            clock["t"] += ms / 1e3
+        return fn
+    proto = timing.PairedProtocol(alternations=2, reps=1, block_warmup=1, block_preheat_ms=10.0)
+    run = timing.paired_run(kernel("a", 2.0), kernel("b", 0.5), proto, timing.ClockTimer(now=lambda: clock["t"]))
+    sized = timing.PREHEAT_ESTIMATE_CALLS
+    assert "".join(calls[:2 * sized]) == "a" * sized + "b" * sized        # the per-arm estimates
+    assert "".join(calls[2 * sized:]) == "a" * 6 + "b" * 21 + "b" * 21 + "a" * 6
+    assert run.baseline == pytest.approx((2.0, 2.0)) and run.candidate == pytest.approx((0.5, 0.5))
+    # 0 keeps the calibrated protocol: block_warmup calls only, no estimate
+    calls.clear()
+    timing.paired_run(kernel("a", 2.0), kernel("b", 0.5), dataclasses.replace(proto, block_preheat_ms=0.0),
+                      timing.ClockTimer(now=lambda: clock["t"]))
+    assert "".join(calls) == "aabb" + "bbaa"
+    with pytest.raises(ValueError, match="block_preheat_ms"):
+        timing.PairedProtocol(block_preheat_ms=-1.0)

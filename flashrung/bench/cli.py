@@ -36,6 +36,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:      # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _even_int(text: str) -> int:
     value = _positive_int(text)
     if value % 2:
@@ -86,6 +96,9 @@ def _paired_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reps", type=_positive_int, help=f"timed calls per arm per alternation (default {d.reps})")
     g.add_argument("--warmup", type=_positive_int,
                    help=f"calls per arm before the first alternation (default {d.warmup_calls})")
+    g.add_argument("--block-preheat-ms", type=_non_negative_float, metavar="MS",
+                   help="run each arm for at least MS before each of its timed blocks, so it is timed at its own "
+                        "clock (default 0: the calibrated protocol; an A/A null calibrates with the same value)")
     g.add_argument("--quick", action="store_true", help="the shorter protocol, for a smoke run")
     g.add_argument("--calibration", type=pathlib.Path,
                    help=f"calibration file (default {calibration.default_path()})")
@@ -287,7 +300,8 @@ def pair_row(args) -> suites.Row:
 def pair_protocol(args) -> timing.PairedProtocol:
     base = timing.QUICK_PAIRED if args.quick else timing.PairedProtocol()
     changes = {k: v for k, v in (("alternations", args.alternations), ("reps", args.reps),
-                                 ("warmup_calls", args.warmup)) if v is not None}
+                                 ("warmup_calls", args.warmup),
+                                 ("block_preheat_ms", getattr(args, "block_preheat_ms", None))) if v is not None}
     return timing.PairedProtocol(**{**base.to_json(), **changes})
 
 
@@ -353,6 +367,15 @@ def cmd_null(args) -> int:
     return 0
 
 
+def _protocol_json(stored) -> dict | None:
+    """A stored protocol with the fields it predates at their defaults (so an entry written before
+    a field existed matches a run that leaves that field at its default)."""
+    try:
+        return timing.PairedProtocol(**stored).to_json()
+    except (TypeError, ValueError):
+        return stored
+
+
 def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -> tuple[float | None, str]:
     """t_noise for ``gpu`` (from --t-noise or the calibration file) and where it came from; a
     calibration taken on another row or protocol is used but said so."""
@@ -369,7 +392,7 @@ def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -
     source = f"A/A null of {entry['impl']} on {cal_row.label() if cal_row else '?'}, {entry['n']} pairs, {entry['date']}"
     if cal_row is not None and cal_row.shape_key() != row.shape_key():
         source += f"; NOTE: calibrated on another shape than {row.label()}"
-    if entry.get("protocol") != protocol.to_json():
+    if _protocol_json(entry.get("protocol")) != protocol.to_json():
         source += f"; NOTE: calibrated with protocol {entry.get('protocol')}, this run uses {protocol.to_json()}"
     return float(entry["t_noise"]), source
 

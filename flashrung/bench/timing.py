@@ -168,6 +168,14 @@ class PairedProtocol:
     reps: int = 5                  # timed calls per arm per alternation (block time = their median)
     block_warmup: int = 1          # untimed calls before each block, so a block never starts cold
     warmup_calls: int = 25         # per arm, before the first alternation
+    # > 0: each block is preceded by at least this many ms of its own arm's calls (not fewer than
+    # block_warmup), so an arm is timed at its own power/clock steady state rather than at the one
+    # the other arm left (the bench's block_preheat_ms). 0 keeps the calibrated protocol.
+    block_preheat_ms: float = 0.0
+
+    def __post_init__(self):
+        if self.block_preheat_ms < 0:
+            raise ValueError(f"block_preheat_ms must be >= 0, got {self.block_preheat_ms}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -214,10 +222,25 @@ def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], ro
     return Interleaved(times=times, reps=dict(reps), orders=orders)
 
 
+PREHEAT_ESTIMATE_CALLS = 3     # calls per arm timed to size the preheat (arms are already warm)
+
+
+def paired_block_warmup(fns: Mapping[str, Callable[[], Any]], protocol: PairedProtocol, timer) -> dict[str, int]:
+    """Untimed calls before each block, per arm: ``block_warmup``, or enough calls to run
+    ``block_preheat_ms`` (estimated from a few timed calls of the warm arm), whichever is more."""
+    if protocol.block_preheat_ms <= 0:
+        return {name: protocol.block_warmup for name in fns}
+    out = {}
+    for name, fn in fns.items():
+        estimate = float(np.median(measure(timer, fn, PREHEAT_ESTIMATE_CALLS)))
+        out[name] = max(protocol.block_warmup, preheat_calls(estimate, protocol.block_preheat_ms))
+    return out
+
+
 def paired_run(baseline: Callable[[], Any], candidate: Callable[[], Any], protocol: PairedProtocol,
                timer) -> stats.PairedRun:
     """One paired, interleaved run of two arms (both already warm): AB halves, then BA."""
     fns = {"baseline": baseline, "candidate": candidate}
     result = interleave(fns, {"baseline": protocol.reps, "candidate": protocol.reps},
-                        protocol.alternations, timer, block_warmup=protocol.block_warmup)
+                        protocol.alternations, timer, block_warmup=paired_block_warmup(fns, protocol, timer))
     return result.paired("baseline", "candidate")

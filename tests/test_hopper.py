@@ -101,6 +101,7 @@ CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False,
 CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
+CENSUS_CONFIGS.append(("d128-full-defer", 128, False, {"defer_row_sum": True}))
 
 
 # d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
@@ -188,6 +189,16 @@ def test_q_in_registers_in_sass(census):
     assert census["d64-full-qreg"]["row"]["sass"]["LDSM"] > 0
     assert census["d64-full"]["row"]["sass"]["LDSM"] == 0
     assert census["d128-full"]["row"]["sass"]["LDSM"] == 0
+
+
+def test_deferred_row_sum_drops_the_quad_reduction_from_the_loop(census):
+    # l as per-thread partials: the row sum's two butterfly shuffles and two adds per row (two rows
+    # per thread) leave the KV loop — 4 + 4 per loop trip, in each of the two loop copies (masked
+    # and unmasked) — and come back once per tile of rows in the epilogue
+    base, defer = census["d128-full"], census["d128-full-defer"]
+    assert defer["row"]["spill_bytes"] == 0 and defer["loop"]["ldl"] == 0
+    ops, ops0 = defer["row"]["sass"]["opcodes"], base["row"]["sass"]["opcodes"]
+    assert ops0["SHFL.BFLY"] - ops["SHFL.BFLY"] == 16 and ops0["FADD"] - ops["FADD"] == 16
 
 
 def test_tree_reduce_moves_no_data(census):
@@ -421,6 +432,22 @@ def test_deterministic():
     assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
 
 
+def _retained_reference_config():
+    # the retained reference runs in FA3's order (d64's default is FA4's, which it cannot split)
+    return dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0,
+                               wait_pv_early=False, pingpong=False)
+
+
+def _three_consumer_config():
+    return dataclasses.replace(fwd.default_config(64, True), block_m=192, consumer_regs=160, block_n=64)
+
+
+def test_gpu_gate_configurations_fit_the_budgets():
+    # a configuration the GPU gate builds must pass the host checks first, or that test cannot run
+    _retained_reference_config().check(64)
+    _three_consumer_config().check(64)
+
+
 def _switches():
     base = fwd.default_config(128, True)
     return [
@@ -430,7 +457,7 @@ def _switches():
         dict(persistent=not base.persistent),
         dict(lpt=not base.lpt),
         dict(num_kv_stages=1),
-        dict(num_kv_stages=3),
+        dict(num_kv_stages=3, separate_o=False),     # a third K/V stage leaves no room for O's buffer
         dict(block_n=64),
         dict(block_m=64),
         dict(consumer_regs=232, producer_regs=32),
@@ -438,7 +465,19 @@ def _switches():
         dict(pack_p=True),
         dict(rescale_threshold=8.0),
         dict(late_rescale=True, pack_p=True, rescale_threshold=8.0, pingpong=True),
+        dict(separate_o=not base.separate_o),
+        dict(tree_reduce=True),
+        dict(defer_row_sum=True),
+        dict(defer_row_sum=True, rescale_threshold=8.0),
+        dict(wait_pv_early=True, pingpong=True, q_in_registers=True),
     ]
+
+
+def test_every_gated_switch_fits_the_budgets():
+    # the GPU gate below builds each of these at d128: every one must pass the host checks
+    for causal in (False, True):
+        for changes in _switches():
+            dataclasses.replace(fwd.default_config(128, causal), **changes).check(128)
 
 
 @pytest.mark.gpu
@@ -457,7 +496,7 @@ def test_gate_each_switch(changes, causal):
 def test_gate_retained_reference_and_packed_p(dtype):
     # scale 0.5 at d64: log2 scores with a spread of ~6, so a row's max jumps by more than τ = 8
     # in early tiles (reference moved, O rescaled) and stays within it later (both branches run)
-    cfg = dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0)
+    cfg = _retained_reference_config()
     _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=300, seqlen_k=2000, heads_q=4,
           heads_kv=2, head_dim=64, dtype=dtype, causal=False, softmax_scale=0.5)
 
@@ -465,7 +504,7 @@ def test_gate_retained_reference_and_packed_p(dtype):
 @pytest.mark.gpu
 @on_hopper
 def test_gate_three_consumer_warpgroups():
-    cfg = dataclasses.replace(fwd.default_config(64, True), block_m=192, consumer_regs=160, block_n=64)
+    cfg = _three_consumer_config()
     _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=1000, seqlen_k=777, heads_q=4,
           heads_kv=4, head_dim=64, dtype=torch.float16, causal=True)
 

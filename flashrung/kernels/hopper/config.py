@@ -69,6 +69,9 @@ class HopperFwdConfig:
     # QK is done (the next tile's Q loads under this tile's epilogue) and the O store is waited
     # only before the buffer is written again (it runs under the next tile's mainloop)
     separate_o: bool = False
+    # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
+    # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile)
+    defer_row_sum: bool = False
 
     @property
     def num_consumers(self) -> int:

@@ -69,9 +69,11 @@ from flashrung.kernels.hopper.schedule import head_section, kv_tile_range, tile_
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
+    init_row_sum,
     mask_scores,
     online_softmax,
     online_softmax_retained,
+    row_sum_total,
     softmax_exp,
     softmax_row_max,
     to_operand_dtype,
@@ -169,6 +171,7 @@ class _Schedule:
     EXP2_FMA_EVERY: gl.constexpr
     TREE_REDUCE: gl.constexpr
     SEPARATE_O: gl.constexpr
+    DEFER_ROW_SUM: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -437,7 +440,7 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([_ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
         if c.Q_IN_REGISTERS:
@@ -459,7 +462,7 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
 
         # epilogue: LSE straight to global, O through shared memory and a TMA store
         out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(l_i, out_rows))
+        out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
         lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
         lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
         gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
@@ -497,7 +500,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     DEFER_ROW_SUM: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -535,7 +538,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
-                  SEPARATE_O=SEPARATE_O)
+                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -583,7 +586,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
-        SEPARATE_O=cfg.separate_o,
+        SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

@@ -83,6 +83,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("exp2_fma_every", dict(exp2_fma_every=4 if base.exp2_fma_every == 0 else 0)),
         ("tree_reduce", dict(tree_reduce=not base.tree_reduce)),
         ("separate_o", dict(separate_o=not base.separate_o)),
+        ("defer_row_sum", dict(defer_row_sum=not base.defer_row_sum)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -22,6 +22,11 @@
   sit in the same thread (every column bit above the n8 group is a register bit of the wgmma
   accumulator), so each level is independent instructions and the depth is log2(N/8) + 1 before
   the quad's two shuffles. Same instruction count, no data movement (SASS census).
+* Optional deferred row sum (FA4): the running sum ``l`` is kept per thread — one partial per lane
+  of the quad that shares a row in the wgmma accumulator, a ``[rows, 4]`` tensor — and reduced
+  across the quad once per tile of rows (:func:`row_sum_total`), not every K/V tile: 4 shuffles
+  and 4 adds fewer per K/V tile and thread (SASS census). Every partial is rescaled by the same
+  ``alpha``, so the total is the same sum in another order. The mode follows from ``l``'s rank.
 * Optional packed conversion of P to 16 bits: ``cvt.rn.{bf16,f16}x2.f32`` on adjacent pairs of the
   accumulator layout, in place of the per-element conversions the compiler emits once P is in the
   wgmma operand layout (which ptxas then repairs with one ``PRMT`` per register).
@@ -156,6 +161,44 @@ def row_sum(x, TREE: gl.constexpr):
     return out
 
 
+# Lanes of the quad that share one accumulator row (the n8 group's 8 columns: 2 registers × 4 lanes)
+QUAD_LANES = 4
+_QUAD_LANES = gl.constexpr(QUAD_LANES)
+_N8_COLS = gl.constexpr(TREE_LEAF_COLS)
+_PAIR = gl.constexpr(TREE_LEAF_COLS // QUAD_LANES)
+
+
+@gluon.jit
+def thread_partial_sum(p):
+    """Per-thread partial row sums of a wgmma accumulator tile ``p`` [rows, N]: ``[rows, 4]``, one
+    per lane of the quad (column ``8g + 2t + r`` lives in lane ``t``'s register pair ``r`` of group
+    ``g``; summing ``g`` and ``r`` stays inside each thread)."""
+    cols: gl.constexpr = p.shape[1]
+    parts = p.reshape([p.shape[0], cols // _N8_COLS, _QUAD_LANES, _PAIR])
+    return gl.sum(gl.sum(parts, 3), 1)
+
+
+@gluon.jit
+def init_row_sum(rows: gl.constexpr, cols: gl.constexpr, s_layout: gl.constexpr, DEFERRED: gl.constexpr):
+    """The running sum ``l`` at the start of a tile: ``[rows]`` in the rows' slice layout or, deferred,
+    ``[rows, 4]`` per-thread partials (see :func:`thread_partial_sum`)."""
+    if DEFERRED:
+        l0 = thread_partial_sum(gl.zeros([rows, cols], gl.float32, s_layout))
+    else:
+        l0 = gl.zeros([rows], gl.float32, gl.SliceLayout(1, s_layout))
+    return l0
+
+
+@gluon.jit
+def row_sum_total(l_i):
+    """``l`` per row: the quad reduction of deferred partials, or ``l_i`` itself."""
+    if len(l_i.shape) == 2:
+        out = gl.sum(l_i, 1)
+    else:
+        out = l_i
+    return out
+
+
 @gluon.jit
 def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False):
     """First phase of :func:`online_softmax`: the new running max (log2 domain).
@@ -183,7 +226,11 @@ def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: g
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = exp2_split(t * c - gl.expand_dims(m_safe, 1), EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + row_sum(p, TREE)
+    if len(l_i.shape) == 2:
+        a = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        l_new = l_i * a + thread_partial_sum(p)
+    else:
+        l_new = l_i * alpha + row_sum(p, TREE)
     return p, alpha, l_new
 
 

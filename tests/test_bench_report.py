@@ -176,3 +176,16 @@ def test_a_failure_after_the_first_call_is_an_error_row_not_a_crash(monkeypatch)
                         numerators.FA_HALF)
     assert r["results"]["cudnn"]["status"] == "ok"
     assert r["results"]["flex"]["status"] == "error" and "second time" in r["results"]["flex"]["reason"]
+
+
+def test_given_commit_wins_over_a_stale_local_repository(monkeypatch):
+    # a copied tree may carry an old .git: the commit named by FLASHRUNG_GIT_COMMIT is recorded,
+    # the local repository's answer is kept beside it when the two differ
+    monkeypatch.setenv("FLASHRUNG_GIT_COMMIT", "0123456789abcdef")
+    state = manifest.git_state()
+    assert state["commit"] == "0123456789abcdef" and state["source"] == "FLASHRUNG_GIT_COMMIT"
+    local = manifest._git_of_tree()
+    if local is not None:
+        assert state["local_git"]["commit"] == local["commit"]
+    monkeypatch.delenv("FLASHRUNG_GIT_COMMIT")
+    assert manifest.git_state()["source"] != "FLASHRUNG_GIT_COMMIT"

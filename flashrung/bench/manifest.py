@@ -61,22 +61,36 @@ def package_version() -> str | None:
     return None
 
 
+def _git_of_tree() -> dict | None:
+    if not (shutil.which("git") and (REPO_ROOT / ".git").exists()):
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10)
+        status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "flashrung"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
+
+
 def git_state() -> dict:
-    """Commit and dirtiness of the source tree; ``FLASHRUNG_GIT_COMMIT`` stands in where the tree
-    was copied without its ``.git`` (as on the lent GPU machines)."""
+    """Commit and dirtiness of the source tree.
+
+    ``FLASHRUNG_GIT_COMMIT``, when set, names the commit the tree was copied from and wins: a copied
+    tree (as on the lent GPU machines) may carry no ``.git`` or a stale one. What the local
+    repository says is kept beside it when it disagrees."""
     env = os.environ.get("FLASHRUNG_GIT_COMMIT")
-    if shutil.which("git") and (REPO_ROOT / ".git").exists():
-        try:
-            commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                                    text=True, timeout=10)
-            status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "flashrung"],
-                                    capture_output=True, text=True, timeout=10)
-            if commit.returncode == 0:
-                return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
-        except (OSError, subprocess.SubprocessError):
-            pass
+    tree = _git_of_tree()
     if env:
-        return {"commit": env, "dirty": None, "source": "FLASHRUNG_GIT_COMMIT"}
+        state = {"commit": env, "dirty": None, "source": "FLASHRUNG_GIT_COMMIT"}
+        if tree is not None and tree["commit"] != env:
+            state["local_git"] = tree
+        return state
+    if tree is not None:
+        return tree
     return {"commit": None, "dirty": None,
             "source": "no git metadata (copied tree?); set FLASHRUNG_GIT_COMMIT to record it"}
 

@@ -467,18 +467,16 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
         lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
         gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
         if my_row0 < sz.seqlen_q:
+            # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
+            # is done
             if c.SEPARATE_O:
                 # the previous tile's store must have read the buffer; it ran under this tile
                 tma.store_wait(0)
-                o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
-            else:
-                # O goes through the Q buffer (free: the last QK is done); the next Q may only
-                # land once the store has read it
-                q.store(out.to(q_buf.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], q_buf)
+            o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
+            if not c.SEPARATE_O:
+                # the next Q may only land in the buffer once the store has read it
                 tma.store_wait(0)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(WG))

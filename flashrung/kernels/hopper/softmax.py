@@ -133,32 +133,40 @@ def _tree_levels(cols):
 
 
 @gluon.jit
-def row_max(x, TREE: gl.constexpr):
-    """``max(x, 1)`` as a chain (Triton's in-thread order) or, with ``TREE``, halving first.
+def _reduce_cols(x, MAX: gl.constexpr):
+    if MAX:
+        out = gl.max(x, 1)
+    else:
+        out = gl.sum(x, 1)
+    return out
+
+
+@gluon.jit
+def _row_reduce(x, TREE: gl.constexpr, MAX: gl.constexpr):
+    """Max or sum over a row: a chain (Triton's in-thread order) or, with ``TREE``, halving first.
 
     The result is correct for any layout; only in the wgmma accumulator layout is every halving
     free of shuffles. It comes back in ``SliceLayout(1, layout of x)`` either way."""
     if TREE:
         rows_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
         for _ in gl.static_range(_tree_levels(x.shape[1])):
-            x = gl.max(x.reshape([x.shape[0], 2, x.shape[1] // 2]), 1)
-        out = gl.convert_layout(gl.max(x, 1), rows_layout)
+            x = _reduce_cols(x.reshape([x.shape[0], 2, x.shape[1] // 2]), MAX)
+        out = gl.convert_layout(_reduce_cols(x, MAX), rows_layout)
     else:
-        out = gl.max(x, 1)
+        out = _reduce_cols(x, MAX)
     return out
 
 
 @gluon.jit
+def row_max(x, TREE: gl.constexpr):
+    """``max(x, 1)``; with ``TREE`` by halving (:func:`_row_reduce`)."""
+    return _row_reduce(x, TREE, True)
+
+
+@gluon.jit
 def row_sum(x, TREE: gl.constexpr):
-    """``sum(x, 1)``; with ``TREE`` pairwise by halving (see :func:`row_max`)."""
-    if TREE:
-        rows_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-        for _ in gl.static_range(_tree_levels(x.shape[1])):
-            x = gl.sum(x.reshape([x.shape[0], 2, x.shape[1] // 2]), 1)
-        out = gl.convert_layout(gl.sum(x, 1), rows_layout)
-    else:
-        out = gl.sum(x, 1)
-    return out
+    """``sum(x, 1)``; with ``TREE`` pairwise by halving (:func:`_row_reduce`)."""
+    return _row_reduce(x, TREE, False)
 
 
 # Lanes of the quad that share one accumulator row (the n8 group's 8 columns: 2 registers × 4 lanes)

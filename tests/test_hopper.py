@@ -70,6 +70,11 @@ def steady_loop(sass):
     return dict(prmt=ops.count("PRMT"), fmul=ops.count("FMUL"), ldl=ops.count("LDL") + ops.count("STL"),
                 fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]))
 
+def named_barriers(sass):
+    # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
+    found = re.findall(r"BAR\.(SYNC|ARV)\S*\s+(0x[0-9a-f]+)(?:,\s*(0x[0-9a-f]+))?", sass)
+    return sorted({(op, int(i, 16), int(n, 16) if n else 0) for op, i, n in found})
+
 result = {}
 for label, d, causal, changes in json.loads(sys.argv[1]):
     cfg = dataclasses.replace(fwd.default_config(d, causal), **changes)
@@ -84,6 +89,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             sass = sass_text(path)
             entry["windows"] = windows(sass)
             entry["loop"] = steady_loop(sass)
+            entry["bars"] = named_barriers(sass)
     result[label] = entry
 print(json.dumps(result))
 """
@@ -101,7 +107,9 @@ CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False,
 CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
-CENSUS_CONFIGS.append(("d128-full-defer", 128, False, {"defer_row_sum": True}))
+CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
+CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
+CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 
 
 # d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
@@ -145,6 +153,20 @@ def test_default_config_census(census, head_dim, causal):
         assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
     cfg = fwd.default_config(head_dim, causal)
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
+def test_short_causal_tile_census(census):
+    # the tile short causal d64 problems run (config.SHORT_CAUSAL_MAX_SEQLEN): two consumer
+    # warpgroups at 240 registers, no local memory anywhere
+    from flashrung.kernels.hopper.config import SHORT_CAUSAL_MAX_SEQLEN
+
+    cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64])
+    changes = census["d64-causal-short"]["row"]["config"]
+    assert (cfg.block_m, cfg.consumer_regs) == (changes["block_m"], changes["consumer_regs"]) == (128, 240)
+    row = census["d64-causal-short"]["row"]
+    assert "error" not in row and row["spill_bytes"] == 0
+    assert row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+    assert row["sass"]["HGMMA"] > 0 and row["sass"]["USETMAXREG"] > 0
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -195,10 +217,29 @@ def test_deferred_row_sum_drops_the_quad_reduction_from_the_loop(census):
     # l as per-thread partials: the row sum's two butterfly shuffles and two adds per row (two rows
     # per thread) leave the KV loop — 4 + 4 per loop trip, in each of the two loop copies (masked
     # and unmasked) — and come back once per tile of rows in the epilogue
-    base, defer = census["d128-full"], census["d128-full-defer"]
+    assert fwd.default_config(128, False).defer_row_sum
+    base, defer = census["d128-full-summed"], census["d128-full"]
     assert defer["row"]["spill_bytes"] == 0 and defer["loop"]["ldl"] == 0
     ops, ops0 = defer["row"]["sass"]["opcodes"], base["row"]["sass"]["opcodes"]
     assert ops0["SHFL.BFLY"] - ops["SHFL.BFLY"] == 16 and ops0["FADD"] - ops["FADD"] == 16
+
+
+def test_named_turns_use_their_own_hardware_barriers(census):
+    # the pingpong token as FA3's warp-scheduler barrier: each consumer syncs on its own named
+    # barrier (its 128 threads plus the 128 that pass the token) before its GEMMs and arrives on
+    # the next one's after them. Triton's warp specialization keeps its own barrier ids below
+    # TURN_BARRIER_BASE, so the two never meet at one barrier.
+    from flashrung.kernels.hopper.pipeline import TURN_BARRIER_BASE
+
+    entry = census["d64-full-named"]
+    assert entry["row"]["spill_bytes"] == 0
+    consumers = fwd.default_config(64, False).num_consumers
+    turns = {(op, i) for op, i, n in entry["bars"] if n == 256}
+    expected = {(op, TURN_BARRIER_BASE + wg) for op in ("SYNC", "ARV") for wg in range(consumers)}
+    assert turns == expected, entry["bars"]
+    assert all(i < TURN_BARRIER_BASE for _, i, n in entry["bars"] if n != 256), entry["bars"]
+    # the mbarrier-token default has no 256-thread barrier
+    assert not any(n == 256 for _, _, n in census["d64-full"]["bars"])
 
 
 def test_tree_reduce_moves_no_data(census):
@@ -469,6 +510,9 @@ def _switches():
         dict(tree_reduce=True),
         dict(defer_row_sum=True),
         dict(defer_row_sum=True, rescale_threshold=8.0),
+        dict(pingpong=True, named_turns=True),
+        dict(pingpong=True, overlap=False, named_turns=True),
+        dict(pingpong=True, wait_pv_early=True, named_turns=True),
         dict(wait_pv_early=True, pingpong=True, q_in_registers=True),
     ]
 

@@ -70,8 +70,13 @@ class HopperFwdConfig:
     # only before the buffer is written again (it runs under the next tile's mainloop)
     separate_o: bool = False
     # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
-    # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile)
+    # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile); on at
+    # d128 (paired margins in _LEVERS), off at d64 (screening 0.989 at B4 H32 S8192 non-causal)
     defer_row_sum: bool = False
+    # the pingpong token through hardware named barriers (``bar.sync`` / ``bar.arrive``, FA3's and
+    # FA4's warp-scheduler barrier) instead of mbarriers: no polling, no partition-wide sync
+    # before an elected arrival
+    named_turns: bool = False
 
     @property
     def num_consumers(self) -> int:
@@ -104,6 +109,8 @@ class HopperFwdConfig:
         if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
             raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
                              "schedule: they need overlap=True")
+        if self.named_turns and not self.pingpong:
+            raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:
             raise ValueError(f"exp2_fma_every must be one of {EXP2_FMA_CHOICES} (0 = off), got {self.exp2_fma_every}")
         if self.exp2_fma_every and not self.overlap:
@@ -158,9 +165,11 @@ _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
     (64, False): dict(_FA4_SCHEDULE, pack_p=True),
     (64, True): dict(_FA4_SCHEDULE, pack_p=True),
-    # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384)
-    (128, False): dict(pack_p=True),
-    (128, True): dict(pack_p=True),
+    # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
+    # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16
+    # S1024 non-causal the two runs disagreed, 1.018 and 0.858, verdict NULL)
+    (128, False): dict(pack_p=True, defer_row_sum=True),
+    (128, True): dict(pack_p=True, defer_row_sum=True),
     # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
     # paired margin above was taken on top of it. Causal d256 spills with them.
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
@@ -176,11 +185,20 @@ _LEVERS = {
 # tiles are long; shorter problems gain the tile prologues and epilogues the persistent CTA
 # overlaps with loads.
 PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 4096, 256: 0}
+# Short causal problems at d64 take a 128-row tile (two consumer warpgroups at 240 registers)
+# up to this max(Sq, Sk): with few K/V tiles per query tile, the 192-row tile's diagonal waste
+# and coarser grid cost more than its cheaper steady state earns. Screening on the H200 (bf16,
+# interleaved CUDA events, 128×128 ÷ 192×128, both persistent, 3 stages): S1024 1.094, S2048
+# 1.083, S4096 1.058, S8192 0.920, S16384 0.890; non-causal it loses already at S1024 (0.974).
+SHORT_CAUSAL_MAX_SEQLEN = {64: 4096}
+_SHORT_CAUSAL = {64: dict(block_m=128, consumer_regs=240)}
 
 
 @functools.lru_cache(maxsize=None)
-def _select(head_dim: int, causal: bool, persistent: bool) -> HopperFwdConfig:
+def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
+    if short_causal:
+        base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal, persistent=persistent)
 
@@ -189,5 +207,7 @@ def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached)."""
     if problem.head_dim not in _BY_HEAD_DIM:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}")
-    persistent = max(problem.seqlen_q, problem.seqlen_k) <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
-    return _select(problem.head_dim, bool(problem.causal), persistent)
+    seqlen = max(problem.seqlen_q, problem.seqlen_k)
+    persistent = seqlen <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
+    short_causal = bool(problem.causal) and seqlen <= SHORT_CAUSAL_MAX_SEQLEN.get(problem.head_dim, 0)
+    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal)

@@ -64,7 +64,7 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     select_config,
 )
-from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, wait_mma_after_softmax, wait_turn
+from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns, wait_mma_after_softmax, wait_turn
 from flashrung.kernels.hopper.schedule import head_section, kv_tile_range, tile_coords
 from flashrung.kernels.hopper.softmax import (
     finalize,
@@ -172,6 +172,7 @@ class _Schedule:
     TREE_REDUCE: gl.constexpr
     SEPARATE_O: gl.constexpr
     DEFER_ROW_SUM: gl.constexpr
+    NAMED_TURNS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -307,12 +308,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
     v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
     mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     s = _qk(q, sh, k_idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
     if c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
     acc = _pv(p_op, acc, sh, v_idx, c.BLOCK_N, c.HEAD_DIM)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     # wait(1): the older group (QK) is done, PV may still run
     s = warpgroup_mma_wait(1, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(k_idx))
@@ -388,9 +389,9 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
     p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(idx))
     if MASK:
@@ -400,9 +401,9 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
     acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
     p_op = gl.convert_layout(p.to(q.dtype), p_layout)
     mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     acc = _pv(p_op, acc, sh, idx, c.BLOCK_N, c.HEAD_DIM)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
     mbarrier.arrive(sh.v_empty_bars.index(idx))
     return acc, m_i, l_i, turn
@@ -432,6 +433,7 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
     count = 0
     turn = 0
     tile_iter = 0
+    start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     batch_heads = sz.num_tiles // sz.num_m_blocks
     for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
@@ -498,7 +500,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
-                     DEFER_ROW_SUM: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -536,7 +538,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
-                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM)
+                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -584,7 +586,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
-        SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum,
+        SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -636,22 +638,6 @@ def unsupported_reason(problem) -> str | None:
         reason = _strides_reason(name, strides, problem.ptr_alignment, elem_bytes)
         if reason is not None:
             return reason
-    return None
-
-
-# Where the portable kernel was measured faster, automatic dispatch passes it the problem (a
-# forced impl="hopper.fwd" still runs here). H200, bf16, `flashrung bench` with preheated blocks,
-# B32 H32 d64 causal: S=1024 portable.fwd 250.2 vs hopper.fwd 214.7 TFLOP/s; S=2048 a tie
-# (303.8 / 304.5). Few K/V tiles per query tile leave the warp-specialized pipeline no steady state.
-SHORT_CAUSAL_D64_MAX_SEQLEN = 1024
-
-
-def auto_decline_reason(problem) -> str | None:
-    """Why automatic dispatch should prefer the next kernel for ``problem``, or ``None``."""
-    if problem.head_dim == 64 and problem.causal and \
-            max(problem.seqlen_q, problem.seqlen_k) <= SHORT_CAUSAL_D64_MAX_SEQLEN:
-        return (f"d64 causal with seqlen <= {SHORT_CAUSAL_D64_MAX_SEQLEN}: portable.fwd measured faster "
-                f"(250 vs 215 TFLOP/s at B32 H32 S1024, H200)")
     return None
 
 
@@ -822,8 +808,8 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFwdConfig:
     """:func:`select_config` for a problem of this head dim, mask and sequence length (dtype does not
-    matter). The compiled kernel is the same at every length; only the host-side grid
-    (``persistent``) depends on it, so the default length is a long one."""
+    matter). The length picks the host-side grid (``persistent``) and, for short causal problems
+    at d64, the tile (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a long one."""
     from flashrung.dispatch import Problem
 
     return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=1, heads_kv=1, head_dim=head_dim,
@@ -831,7 +817,22 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
                                  capability=(9, 0)))
 
 
+# one long and one short length: between them they reach every compiled default (the short one
+# picks d64's short-causal tile)
+_CENSUS_SEQLENS = (16384, 1024)
+
+
 def census_specs():
-    """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype."""
-    return [census_spec(default_config(d, causal), d, causal, dtype)
-            for d in SUPPORTED_HEAD_DIMS for causal in (False, True) for dtype in (torch.float16, torch.bfloat16)]
+    """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype, and the
+    short-causal tile; the grid (``persistent``) is host-side and does not change the kernel."""
+    specs, seen = [], set()
+    for d in SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in _CENSUS_SEQLENS:
+                cfg = dataclasses.replace(default_config(d, causal, seqlen), persistent=False)
+                if (cfg, d, causal) in seen:
+                    continue
+                seen.add((cfg, d, causal))
+                specs += [census_spec(default_config(d, causal, seqlen), d, causal, dtype)
+                          for dtype in (torch.float16, torch.bfloat16)]
+    return specs

@@ -6,6 +6,12 @@ generation ``i // NUM_KV_STAGES``; a wait names that generation by its parity
 ``(i // NUM_KV_STAGES) & 1`` (seed 001, 0x03). A freshly initialized mbarrier is in phase 0,
 so waiting for parity 1 returns at once: producers wait on ``empty`` with ``parity ^ 1`` and
 find every slot free the first time round.
+
+The pingpong turn (which consumer warpgroup may issue its GEMMs) is passed either through one
+mbarrier per consumer or through one hardware named barrier per consumer (``bar.sync`` /
+``bar.arrive``, FA3's and FA4's warp-scheduler barrier). Gluon 3.6 has no named-barrier op, so
+the latter is inline PTX; Triton's warp specialization itself uses named barriers 0 up to the
+number of partitions, and the turn barriers start at ``TURN_BARRIER_BASE``, well above them.
 """
 from __future__ import annotations
 
@@ -13,24 +19,72 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
 
+# Hardware named barriers are 0–15; Triton 3.6's warp specialization takes 0 to the partition
+# count (at most 4 here: three consumers and the producer). tests/test_hopper.py checks the PTX.
+TURN_BARRIER_BASE = 8
+THREADS_PER_WARPGROUP = 128
+_TURN_BARRIER_BASE = gl.constexpr(TURN_BARRIER_BASE)
+_THREADS_PER_WARPGROUP = gl.constexpr(THREADS_PER_WARPGROUP)
+
 
 @gluon.jit
 def ring_slot(count, NUM_STAGES: gl.constexpr):
-    """(slot index, phase parity) of ring item ``count``."""
+    """(slot index, phase parity) of ring item ``count``.
+
+    Signed on purpose: the same arithmetic on the count taken as unsigned drops the sign fix-ups
+    (census, d128: 4 instructions fewer per K/V tile, d64's 3-stage ring 2 more) and measured no
+    faster (H200 screening, interleaved CUDA events: this form ÷ unsigned 1.007 at d128 S16k,
+    1.005 at d64 S8k).
+    """
     return count % NUM_STAGES, (count // NUM_STAGES) & 1
 
 
+@gluon.constexpr_function
+def _named_barrier_asm(op, barrier_id):
+    # two warpgroups meet at each barrier: the one waiting for its turn and the one passing it
+    if op not in ("sync", "arrive"):
+        raise ValueError(f"named barrier op must be 'sync' or 'arrive', got {op!r}")
+    return f"bar.{op} {barrier_id}, {2 * THREADS_PER_WARPGROUP}; mov.u32 $0, $1;"
+
+
 @gluon.jit
-def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def named_barrier(op: gl.constexpr, barrier_id: gl.constexpr):
+    """``bar.sync`` / ``bar.arrive`` on a named barrier that 256 threads meet at.
+
+    Inline PTX with side effects over a one-element-per-thread token: every thread of the
+    partition executes the instruction once, and neither LLVM nor ptxas removes it or moves it
+    across the ``wgmma`` issue (both are side-effecting asm; the SASS census checks the order).
+    """
+    token = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32,
+                    gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0]))
+    gl.inline_asm_elementwise(_named_barrier_asm(op, barrier_id), "=r,r", [token], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def start_turns(WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, NAMED: gl.constexpr):
+    """The bootstrap credit of named-barrier turns: the last consumer passes the token to WG0 once,
+    before anyone waits (mbarrier turns need none: WG0's first wait is for a parity a fresh barrier
+    already satisfies)."""
+    if PINGPONG and NAMED:
+        if WG == NUM_CONSUMERS - 1:
+            named_barrier("arrive", _TURN_BARRIER_BASE)
+
+
+@gluon.jit
+def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: gl.constexpr):
     """Block consumer ``WG`` until it holds the GEMM-issue token (its ``turn``-th time).
 
-    The token circulates WG0 → WG1 (→ WG2) → WG0 through one mbarrier per consumer. WG0's first
-    wait is for parity 1, which a fresh barrier already satisfies: that is the bootstrap credit.
-    Every consumer takes the same number of turns per tile, so the token is back at WG0 when a
-    tile ends and the next (persistent) tile starts where the ring expects it.
+    The token circulates WG0 → WG1 (→ WG2) → WG0 through one barrier per consumer. With
+    mbarriers, WG0's first wait is for parity 1, which a fresh barrier already satisfies: that is
+    the bootstrap credit; with named barriers it is ``start_turns``' arrival. Every consumer takes
+    the same number of turns per tile, so the token is back at WG0 when a tile ends and the next
+    (persistent) tile starts where the ring expects it.
     """
     if PINGPONG:
-        if WG == 0:
+        if NAMED:
+            named_barrier("sync", _TURN_BARRIER_BASE + WG)
+        elif WG == 0:
             mbarrier.wait(turn_bars.index(WG), (turn & 1) ^ 1)
         else:
             mbarrier.wait(turn_bars.index(WG), turn & 1)
@@ -38,10 +92,16 @@ def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
-    """Hand the GEMM-issue token to the next consumer warpgroup."""
+def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
+              NAMED: gl.constexpr):
+    """Hand the GEMM-issue token to the next consumer warpgroup. An mbarrier takes one elected
+    arrival (Gluon 3.6 syncs the partition before it); a named barrier takes every thread's
+    ``bar.arrive``, which does not wait."""
     if PINGPONG:
-        mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
+        if NAMED:
+            named_barrier("arrive", _TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
+        else:
+            mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
 
 
 @gluon.jit

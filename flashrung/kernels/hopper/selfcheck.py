@@ -84,6 +84,9 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("tree_reduce", dict(tree_reduce=not base.tree_reduce)),
         ("separate_o", dict(separate_o=not base.separate_o)),
         ("defer_row_sum", dict(defer_row_sum=not base.defer_row_sum)),
+        # the token's carrier is a switch of pingpong: where pingpong is off, both go on together
+        ("named_turns", dict(named_turns=not base.named_turns)),
+        ("named_turns", dict(named_turns=True, pingpong=True)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -169,7 +169,10 @@ _LEVERS = {
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16
     # S1024 non-causal the two runs disagreed, 1.018 and 0.858, verdict NULL)
     (128, False): dict(pack_p=True, defer_row_sum=True),
-    (128, True): dict(pack_p=True, defer_row_sum=True),
+    # causal d128 also takes FA4's schedule with the token on named barriers (short problems
+    # drop it again, below): paired over the FA3 order, B16 S2048 1.0424 / 1.0526, B8 S4096
+    # 1.0362 / 1.0335, B2 S16384 1.0034 / 1.0034 (H16)
+    (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True),
     # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
     # paired margin above was taken on top of it. Causal d256 spills with them.
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
@@ -185,13 +188,20 @@ _LEVERS = {
 # tiles are long; shorter problems gain the tile prologues and epilogues the persistent CTA
 # overlaps with loads.
 PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 4096, 256: 0}
-# Short causal problems at d64 take a 128-row tile (two consumer warpgroups at 240 registers)
-# up to this max(Sq, Sk): with few K/V tiles per query tile, the 192-row tile's diagonal waste
-# and coarser grid cost more than its cheaper steady state earns. Screening on the H200 (bf16,
-# interleaved CUDA events, 128×128 ÷ 192×128, both persistent, 3 stages): S1024 1.094, S2048
-# 1.083, S4096 1.058, S8192 0.920, S16384 0.890; non-causal it loses already at S1024 (0.974).
-SHORT_CAUSAL_MAX_SEQLEN = {64: 4096}
-_SHORT_CAUSAL = {64: dict(block_m=128, consumer_regs=240)}
+# Short causal problems (max(Sq, Sk) up to this) change the schedule of their head dim:
+# - d64 takes a 128-row tile (two consumer warpgroups at 240 registers): with few K/V tiles per
+#   query tile, the 192-row tile's diagonal waste and coarser grid cost more than its cheaper
+#   steady state earns. Screening on the H200 (bf16, interleaved CUDA events, 128×128 ÷ 192×128,
+#   both persistent, 3 stages): S1024 1.094, S2048 1.083, S4096 1.058, S8192 0.920, S16384
+#   0.890; non-causal it loses already at S1024 (0.974). Paired: B16 H32 S2048 1.0908 / 1.0877;
+#   against portable.fwd at B32 H32 S1024 1.1739 / 1.1751.
+# - d128 keeps FA3's order without pingpong: at B32 H16 S1024 FA4's schedule with named turns
+#   measured 0.827 / 0.794 paired.
+SHORT_CAUSAL_MAX_SEQLEN = {64: 4096, 128: 1024}
+_SHORT_CAUSAL = {
+    64: dict(block_m=128, consumer_regs=240),
+    128: dict(pingpong=False, wait_pv_early=False, named_turns=False),
+}
 
 
 @functools.lru_cache(maxsize=None)

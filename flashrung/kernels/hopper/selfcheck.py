@@ -61,7 +61,11 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     base = default_config(head_dim, causal)
     candidates = [
         ("overlap", dict(overlap=not base.overlap)),
+        # where the default has FA4's order or named turns, switching overlap or pingpong off
+        # takes them along (they are levers of the overlapped pingpong)
+        ("overlap", dict(overlap=False, wait_pv_early=False, named_turns=False)),
         ("pingpong", dict(pingpong=not base.pingpong)),
+        ("pingpong", dict(pingpong=False, named_turns=False)),
         ("persistent", dict(persistent=not base.persistent)),
         ("lpt", dict(lpt=not base.lpt)),
         ("stages", dict(num_kv_stages=base.num_kv_stages + 1)),

@@ -17,13 +17,14 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
 * switches: the intra-warpgroup overlap (issue QK(j) and PV(j-1) together, ``wait(1)`` → softmax(j)
   → ``wait(0)``, the last behind a branch so ptxas cannot hoist it above the exponentials: see
   ``pipeline.wait_mma_after_softmax``), or FA4's order (``wait_pv_early``: PV(j-1) waited right
-  after the row max), the inter-warpgroup pingpong (a GEMM-issue token passed through mbarriers,
-  since Gluon 3.6 has no named barriers), Q in registers for QK (``q_in_registers``),
+  after the row max), the inter-warpgroup pingpong (a GEMM-issue token passed through mbarriers
+  or, with ``named_turns``, hardware named barriers in inline PTX), Q in registers for QK
+  (``q_in_registers``),
   heaviest-first (LPT) tile order, a persistent grid, and four softmax-side levers: the O rescale
   in the shadow of the next QK (``late_rescale``), P packed to 16 bits two at a time
   (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``),
-  FA4's exp2 split onto the FMA pipe (``exp2_fma_every``) and tree-shaped row reductions
-  (``tree_reduce``); ``config_with`` applies
+  FA4's exp2 split onto the FMA pipe (``exp2_fma_every``), tree-shaped row reductions
+  (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
 * O is normalized in registers, written to shared memory and stored by TMA: into its own buffer

@@ -217,16 +217,8 @@ def _emit_json(doc: dict, target: str) -> None:
 
 
 def _plot(doc: dict, args) -> None:
-    target = args.plot
-    if target is None and args.json and args.json != "-":
-        target = pathlib.Path(args.json).with_suffix(".png")
-    if target is None:
-        return
     from flashrung.bench import plot
-    try:
-        print(f"wrote {plot.plot(doc, target)}", file=sys.stderr)
-    except plot.PlotUnavailable as exc:
-        print(f"no plot: {exc}", file=sys.stderr)
+    plot.write_for_cli(plot.plot, doc, args.plot, args.json)
 
 
 def gpu_available() -> tuple[bool, str]:

@@ -17,6 +17,44 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
+def pyplot(replot_command: str):
+    """``matplotlib.pyplot`` on the non-interactive Agg backend; without matplotlib,
+    :class:`PlotUnavailable` saying how to re-plot later (``flashrung <replot_command> --from-json``)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable(f"matplotlib is not installed ({exc}); pip install matplotlib, or re-plot later "
+                              f"with `flashrung {replot_command} --from-json RESULTS.json --plot OUT.png`") from None
+    return plt
+
+
+def save(fig, path) -> pathlib.Path:
+    """Write ``fig`` as a PNG at ``path`` (parents created) and release it."""
+    import matplotlib.pyplot as plt
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_for_cli(render, doc: dict, plot_path, json_path) -> None:
+    """The CLIs' plot step: ``render(doc, target)`` at ``--plot``, else beside a ``--json`` file
+    (same stem); reports the file written, or why there is none, on stderr."""
+    import sys
+    target = plot_path
+    if target is None and json_path and json_path != "-":
+        target = pathlib.Path(json_path).with_suffix(".png")
+    if target is None:
+        return
+    try:
+        print(f"wrote {render(doc, target)}", file=sys.stderr)
+    except PlotUnavailable as exc:
+        print(f"no plot: {exc}", file=sys.stderr)
+
+
 def _facet(row: dict) -> tuple:
     return (row["headdim"], row["heads_q"], row["heads_kv"], row["causal"], row["dtype"])
 
@@ -28,13 +66,7 @@ def _facet_title(f: tuple) -> str:
 
 
 def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(f"matplotlib is not installed ({exc}); pip install matplotlib, or re-plot later "
-                              "with `flashrung bench --from-json RESULTS.json --plot OUT.png`") from None
+    plt = pyplot("bench")
     rows = doc["rows"]
     modes = [m for m in ("fwd", "bwd") if any(r["mode"] == m for r in rows)]
     facets = sorted({_facet(r) for r in rows}, key=lambda f: (-f[0], f[3], f[4]))
@@ -85,8 +117,4 @@ def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
     fig.suptitle(f"flashrung bench — suite {doc.get('suite', '?')} on {gpu}; {conv}; backward = 2.5 × forward",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -637,14 +637,8 @@ def cmd_climb(args, gpu: str) -> int:
 def plot_climb(doc: dict, path) -> pathlib.Path:
     """TFLOP/s per rung, one panel per configuration, the two ceilings of its dtype as lines,
     each point labelled with its share of the mma.sync ceiling."""
-    from flashrung.bench.plot import PlotUnavailable
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(f"matplotlib is not installed ({exc}); pip install matplotlib, or re-plot later "
-                              "with `flashrung ladder --from-json RESULTS.json --plot OUT.png`") from None
+    from flashrung.bench import plot
+    plt = plot.pyplot("ladder")
     names = [r["name"] for r in doc["rungs"]]
     configs = doc["configs"]
     fig, axes = plt.subplots(1, len(configs), figsize=(5.6 * len(configs), 4.2), squeeze=False)
@@ -674,24 +668,12 @@ def plot_climb(doc: dict, path) -> pathlib.Path:
     fig.suptitle(f"flashrung ladder on {gpu}; {numerators.LABELS[numerators.FA_HALF]}; labels: % of the "
                  "mma.sync ceiling; ceilings measured in the same run", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plot.save(fig, path)
 
 
 def _plot(doc: dict, args) -> None:
-    target = args.plot
-    if target is None and args.json and args.json != "-":
-        target = pathlib.Path(args.json).with_suffix(".png")
-    if target is None:
-        return
-    from flashrung.bench.plot import PlotUnavailable
-    try:
-        print(f"wrote {plot_climb(doc, target)}", file=sys.stderr)
-    except PlotUnavailable as exc:
-        print(f"no plot: {exc}", file=sys.stderr)
+    from flashrung.bench import plot
+    plot.write_for_cli(plot_climb, doc, args.plot, args.json)
 
 
 # ----------------------------------------------------------------------------------------------

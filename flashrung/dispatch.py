@@ -189,10 +189,7 @@ def select(problem: Problem, direction: str, impl: str | None = None):
         return module, d
     for backend in (b for b in backends if b.auto):
         module = backend.load()
-        # a kernel may also step aside where it runs but a later one was measured faster; a
-        # forced ``impl`` still runs it there
-        reason = module.unsupported_reason(problem) or (
-            module.auto_decline_reason(problem) if hasattr(module, "auto_decline_reason") else None)
+        reason = module.unsupported_reason(problem)
         if reason is None:
             d = Dispatch(backend.name, direction, tuple(declined))
             _record(d)

@@ -809,8 +809,9 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFwdConfig:
     """:func:`select_config` for a problem of this head dim, mask and sequence length (dtype does not
-    matter). The length picks the host-side grid (``persistent``) and, for short causal problems
-    at d64, the tile (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a long one."""
+    matter). The length picks the host-side grid (``persistent``) and, for short causal problems,
+    d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
+    long one."""
     from flashrung.dispatch import Problem
 
     return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=1, heads_kv=1, head_dim=head_dim,
@@ -819,21 +820,20 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
 
 
 # one long and one short length: between them they reach every compiled default (the short one
-# picks d64's short-causal tile)
+# picks the short-causal configurations of d64 and d128)
 _CENSUS_SEQLENS = (16384, 1024)
 
 
 def census_specs():
     """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype, and the
-    short-causal tile; the grid (``persistent``) is host-side and does not change the kernel."""
+    short-causal ones; the grid (``persistent``) is host-side and does not change the kernel."""
     specs, seen = [], set()
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
             for seqlen in _CENSUS_SEQLENS:
-                cfg = dataclasses.replace(default_config(d, causal, seqlen), persistent=False)
-                if (cfg, d, causal) in seen:
-                    continue
-                seen.add((cfg, d, causal))
-                specs += [census_spec(default_config(d, causal, seqlen), d, causal, dtype)
-                          for dtype in (torch.float16, torch.bfloat16)]
+                cfg = default_config(d, causal, seqlen)
+                kernel = (dataclasses.replace(cfg, persistent=False), d, causal)
+                if kernel not in seen:
+                    seen.add(kernel)
+                    specs += [census_spec(cfg, d, causal, dtype) for dtype in (torch.float16, torch.bfloat16)]
     return specs

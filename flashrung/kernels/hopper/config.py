@@ -12,6 +12,7 @@ import functools
 
 # Hardware budgets of sm_90a (seed 001, 0x02).
 SMEM_PER_BLOCK_BYTES = 227 * 1024          # opt-in dynamic shared memory per block
+SMEM_PER_SM_BYTES = 228 * 1024             # shared memory of one SM, shared by its resident CTAs
 REGISTER_FILE_WORDS = 65536                # 32-bit registers per SM
 MIN_REGS_PER_THREAD, MAX_REGS_PER_THREAD = 24, 256   # setmaxnreg range, multiples of 8
 THREADS_PER_WARPGROUP = 128
@@ -77,6 +78,10 @@ class HopperFwdConfig:
     # FA4's warp-scheduler barrier) instead of mbarriers: no polling, no partition-wide sync
     # before an elected arrival
     named_turns: bool = False
+    # the split tail (schedule.tail_split): when the last round of tiles is short, its tiles are
+    # split along the keys over every SM and merged by ``tail_combine``; non-causal only (a
+    # causal grid runs heaviest first and already ends on its lightest tiles)
+    split_tail: bool = False
 
     @property
     def num_consumers(self) -> int:
@@ -91,6 +96,13 @@ class HopperFwdConfig:
         # q ready/empty per consumer, k/v ready/empty per stage, one turn barrier per consumer
         bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
         return q + o + kv + bars
+
+    def resident_ctas_per_sm(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """CTAs of this configuration one SM holds at once: the tighter of the register file (the
+        ``setmaxnreg`` budgets of every warpgroup) and shared memory."""
+        words = THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
+        smem = self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
+        return max(1, min(REGISTER_FILE_WORDS // words, SMEM_PER_SM_BYTES // smem))
 
     def check(self, head_dim: int, elem_bytes: int = 2) -> None:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim``."""

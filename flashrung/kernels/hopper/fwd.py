@@ -66,7 +66,15 @@ from flashrung.kernels.hopper.config import (
     select_config,
 )
 from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns, wait_mma_after_softmax, wait_turn
-from flashrung.kernels.hopper.schedule import head_section, kv_tile_range, tile_coords
+from flashrung.kernels.hopper.schedule import (
+    head_section,
+    kv_split_range,
+    kv_tile_range,
+    tail_split,
+    tile_coords,
+    work_item,
+)
+from flashrung.kernels.hopper.tail_combine import combine_tail
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
@@ -138,9 +146,13 @@ class _Sizes:
     num_m_blocks: gl.tensor
     num_tiles: gl.tensor
     head_section: gl.tensor   # (batch, head) columns per LPT section
+    num_items: gl.tensor      # work items: whole tiles, then the split tail's items
+    num_full_tiles: gl.tensor
+    tail_splits: gl.tensor    # work items per tail tile (1: no split tail)
 
     @gluon.constexpr_function
-    def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section):
+    def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
+                 num_full_tiles, tail_splits):
         self.seqlen_q = seqlen_q
         self.seqlen_k = seqlen_k
         self.heads_q = heads_q
@@ -148,6 +160,24 @@ class _Sizes:
         self.num_m_blocks = num_m_blocks
         self.num_tiles = num_tiles
         self.head_section = head_section
+        self.num_items = num_items
+        self.num_full_tiles = num_full_tiles
+        self.tail_splits = tail_splits
+
+
+@aggregate
+class _Partials:
+    """Where the split tail's work items leave their results for ``tail_combine``."""
+
+    o_ptr: gl.tensor          # fp32 [items, BLOCK_M, D]: O normalized over the item's keys
+    lse_ptr: gl.tensor        # fp32 [items, BLOCK_M]: natural-log LSE over the item's keys
+    coords_ptr: gl.tensor     # int32 [tail tiles, 3]: (batch, q_head, m_block) of each tail tile
+
+    @gluon.constexpr_function
+    def __init__(self, o_ptr, lse_ptr, coords_ptr):
+        self.o_ptr = o_ptr
+        self.lse_ptr = lse_ptr
+        self.coords_ptr = coords_ptr
 
 
 @aggregate
@@ -174,6 +204,7 @@ class _Schedule:
     SEPARATE_O: gl.constexpr
     DEFER_ROW_SUM: gl.constexpr
     NAMED_TURNS: gl.constexpr
+    SPLIT_TAIL: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -208,29 +239,33 @@ def _producer_partition(q_desc, k_desc, v_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     batch_heads = sz.num_tiles // sz.num_m_blocks
-    for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), sz.num_items, gl.num_programs(0)):
+        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         kv_head = h // sz.group
         row0 = m_block * c.BLOCK_M
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
+        # ring position of K/V tile j of this item: base + j
+        base = count - kv_lo
         q_phase = tile_iter & 1
-        if n_kv > 0:
-            # K_0 first: it streams while the previous tile still holds the Q buffers.
-            _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, 0, count,
+        if kv_hi > kv_lo:
+            # the first K first: it streams while the previous tile still holds the Q buffers.
+            _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, kv_lo, count,
                           c.BLOCK_N, c.NUM_KV_STAGES)
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
-            _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, 0, count,
+            _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, kv_lo, count,
                           c.BLOCK_N, c.NUM_KV_STAGES)
-            for j in range(1, n_kv):
-                _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j, count + j,
+            for j in range(kv_lo + 1, kv_hi):
+                _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j, base + j,
                               c.BLOCK_N, c.NUM_KV_STAGES)
-                _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j, count + j,
+                _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j, base + j,
                               c.BLOCK_N, c.NUM_KV_STAGES)
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
             # consumers' barrier phases stay in step; they write out = 0, lse = -inf
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
-        count += n_kv
+        count += kv_hi - kv_lo
         tile_iter += 1
 
 
@@ -294,9 +329,12 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 
 @gluon.jit
-def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2,
+def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2,
                      WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
+
+    ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
+    only the mask needs the absolute tile ``kv_lo + j``.
 
     ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
@@ -319,7 +357,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
     s = warpgroup_mma_wait(1, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(k_idx))
     if MASK:
-        cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols = (kv_lo + j) * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
@@ -346,32 +384,38 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, co
 
 
 @gluon.jit
-def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
+def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2,
                        WG: gl.constexpr, c):
-    """Two-stage schedule (seed 001, 0x05): QK(0)+softmax(0); steady QK(j)‖PV(j-1); drain PV."""
+    """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
+    steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of tile ``kv_lo``."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
-    if n_kv > 0:
+    if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         mbarrier.wait(sh.k_ready_bars.index(idx), phase)
         s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
         s = warpgroup_mma_wait(0, deps=[s])
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         # the first tile is masked unconditionally: one tile, and it may be the only one
-        cols = gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols = kv_lo * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
-        for j in range(1, n_unmasked):
+        # j counts from the item's first tile, so the unmasked loop is the same code for a whole
+        # tile and a split (the census pins it)
+        n_tiles = kv_hi - kv_lo
+        for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, False, c)
-        for j in range(gl.maximum(n_unmasked, 1), n_kv):
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2, WG,
+                False, c)
+        for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, count, turn, qk_scale_log2, WG, True, c)
-        idx, phase = ring_slot(count + n_kv - 1, c.NUM_KV_STAGES)
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2, WG,
+                True, c)
+        idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
             acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
@@ -382,9 +426,10 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, 
 
 
 @gluon.jit
-def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
+def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2,
                  WG: gl.constexpr, MASK: gl.constexpr, c):
-    """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step."""
+    """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step (``j``, ``kv_lo``, ``count``
+    as in :func:`_overlapped_step`)."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
@@ -396,7 +441,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(sh.k_empty_bars.index(idx))
     if MASK:
-        cols = j * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols = (kv_lo + j) * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE)
     acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
@@ -411,19 +456,48 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2,
 
 
 @gluon.jit
-def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2,
+def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2,
                    WG: gl.constexpr, c):
-    for j in range(0, n_unmasked):
+    """K/V tiles ``[kv_lo, kv_hi)`` one after another; ``count`` is the ring position of ``kv_lo``."""
+    n_tiles = kv_hi - kv_lo
+    for j in range(0, gl.minimum(n_unmasked - kv_lo, n_tiles)):
         acc, m_i, l_i, turn = _serial_step(
-            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, False, c)
-    for j in range(n_unmasked, n_kv):
+            q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, False, c)
+    for j in range(gl.maximum(n_unmasked - kv_lo, 0), n_tiles):
         acc, m_i, l_i, turn = _serial_step(
-            q, sh, sz, acc, m_i, l_i, rows, j, count, turn, qk_scale_log2, WG, True, c)
+            q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, True, c)
     return acc, m_i, l_i, turn
 
 
 @gluon.jit
-def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
+def _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows: gl.constexpr):
+    lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
+    lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
+    gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
+
+
+@gluon.jit
+def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: gl.constexpr, c):
+    """A split-tail item's normalized O (fp32) and LSE, every row of the tile (the workspace has
+    them all; ``tail_combine`` masks the tail), and the tile's coordinates from its first split."""
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    # 64-bit item base, 32-bit offsets inside the item: one address register pair per thread
+    # rather than one per element (the 64 × D fp32 values already fill the register budget)
+    first_row = part.to(gl.int64) * c.BLOCK_M
+    rows = WG * _ROWS + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, c.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptr = parts.o_ptr + first_row * c.HEAD_DIM
+    gl.store(o_ptr + gl.expand_dims(rows, 1) * c.HEAD_DIM + gl.expand_dims(cols, 0), out)
+    gl.store(parts.lse_ptr + first_row + rows, lse)
+    if WG == 0:
+        # written by the first split of the tile (any split would do: they agree)
+        k = gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
+        coords = gl.where(k == 0, b, gl.where(k == 1, h, m_block))
+        gl.store(parts.coords_ptr + tail_tile * 3 + k, coords, mask=(k < 3) & (split == 0))
+
+
+@gluon.jit
+def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                         WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
@@ -436,11 +510,13 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
     tile_iter = 0
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     batch_heads = sz.num_tiles // sz.num_m_blocks
-    for tile_id in range(gl.program_id(0), sz.num_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), sz.num_items, gl.num_programs(0)):
+        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         row0 = m_block * c.BLOCK_M
         my_row0 = row0 + WG * _ROWS
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
@@ -453,11 +529,11 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
             q_op = q
         if c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
-                q_op, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
+                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
-                q_op, sh, sz, acc, m_i, l_i, rows, n_kv, n_unmasked, count, turn, qk_scale_log2, WG, c)
-        count += n_kv
+                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
+        count += kv_hi - kv_lo
         if c.SEPARATE_O:
             # every QK of the tile is done: the producer may load the next tile's Q while this
             # one's epilogue runs
@@ -466,10 +542,19 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
         # epilogue: LSE straight to global, O through shared memory and a TMA store
         out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
-        lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
-        lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
-        gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
-        if my_row0 < sz.seqlen_q:
+        if c.SPLIT_TAIL:
+            if split >= 0:
+                _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
+                               m_block, WG, c)
+            else:
+                _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+        else:
+            _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+        if c.SPLIT_TAIL:
+            write_o = (my_row0 < sz.seqlen_q) & (split < 0)
+        else:
+            write_o = my_row0 < sz.seqlen_q
+        if write_o:
             # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
             # is done
             if c.SEPARATE_O:
@@ -492,16 +577,18 @@ def _consumer_partition(o_desc, lse_ptr, sh, sz, qk_scale_log2,
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads_q", "group", "num_m_blocks", "num_tiles",
-                              "head_section"])
-def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
-                     seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, qk_scale_log2,
+                              "head_section", "num_items", "num_full_tiles", "tail_splits"])
+def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
+                     seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section,
+                     num_items, num_full_tiles, tail_splits, qk_scale_log2,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
-                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -532,14 +619,17 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars)
-    sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section)
+    sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
+                num_full_tiles, tail_splits)
+    parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
-                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS)
+                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
+                  SPLIT_TAIL=SPLIT_TAIL)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -547,20 +637,20 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr,
     # workers' requests.
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 0, c)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 1, c)),
-            (_consumer_partition, (o_desc, lse_ptr, sh, sz, qk_scale_log2, 2, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
+            (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 2, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
@@ -588,6 +678,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
+        SPLIT_TAIL=cfg.split_tail,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -653,21 +744,35 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     num_tiles = num_m_blocks * batch * heads_q
-    if cfg.persistent and not warmup:
-        grid = min(num_tiles, _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+    num_full_tiles, splits = num_tiles, 1
+    if not warmup:
+        sm_count = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, q.element_size())
+        if cfg.split_tail:
+            num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.block_n))
+    num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
+    grid = min(num_items, resident) if cfg.persistent and not warmup else num_items
+    if splits > 1:
+        part_o = torch.empty((num_items - num_full_tiles, cfg.block_m, head_dim), dtype=torch.float32,
+                             device=q.device)
+        part_lse = torch.empty(part_o.shape[:2], dtype=torch.float32, device=q.device)
+        coords = torch.empty((num_tiles - num_full_tiles, 3), dtype=torch.int32, device=q.device)
     else:
-        grid = num_tiles
+        # never dereferenced: no work item is a split one
+        part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
     section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size())
     args = (
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords,
         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
-        fold_scale(softmax_scale),
+        num_items, num_full_tiles, splits, fold_scale(softmax_scale),
     )
     constexprs = _constexprs(cfg, head_dim, causal, softmax_scale > 0)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(grid,))
     _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
+    if splits > 1:
+        combine_tail(part_o, part_lse, coords, out, lse, splits)
 
 
 def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
@@ -711,6 +816,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
     cfg.check(problem.head_dim, q.element_size())
+    if cfg.split_tail and causal:
+        raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
+                         "heaviest first and already ends on its lightest tiles); got causal=True")
     softmax_scale = float(softmax_scale)
 
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -753,8 +861,10 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     kv_sig = f"tensordesc<{t}[1, {cfg.block_n}, 1, {head_dim}],{kv_lay!r}>"
     signature = {
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32",
         "seqlen_q": "i32", "seqlen_k": "i32", "heads_q": "i32", "group": "i32", "num_m_blocks": "i32",
-        "num_tiles": "i32", "head_section": "i32", "qk_scale_log2": "fp32",
+        "num_tiles": "i32", "head_section": "i32", "num_items": "i32", "num_full_tiles": "i32",
+        "tail_splits": "i32", "qk_scale_log2": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t)
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,

@@ -8,6 +8,14 @@ Tiles are ``(batch, q_head, m_block)``. The linear tile order is the lever (seed
   fastest. The hardware block scheduler hands out CTAs in this order as SMs free up, which is a
   greedy longest-first list schedule; a persistent grid walks the same order with a stride.
 
+The last wave (the split tail): with one resident CTA per SM, ``num_tiles`` tiles run in
+``ceil(num_tiles / SMs)`` rounds; when the last round is short (at d128 the suite's 4096 tiles
+on 132 SMs leave 4 tiles for a 32nd round, 3% of the time spent by 4 SMs while 128 wait) its
+tiles are split along the keys into ``tail_splits`` work items each (:func:`tail_split`), so the
+last round spreads over every SM. Each such item writes a partial, normalized O and its LSE to a
+workspace; ``tail_combine`` merges them (non-causal only: under a causal mask the heaviest-first
+order already ends on the lightest tiles).
+
 Causal masks are bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``.
 K/V tiles fully above the diagonal are never loaded; tiles fully below it (and fully inside
 ``Sk``) run without any mask; only the remaining tiles pay for one.
@@ -30,6 +38,49 @@ def head_section(seqlen_k: int, heads_q: int, heads_kv: int, head_dim: int, elem
     kv_bytes_per_kv_head = 2 * seqlen_k * head_dim * elem_bytes
     kv_heads = max(1, L2_BUDGET_BYTES // max(kv_bytes_per_kv_head, 1))
     return group * kv_heads
+
+
+def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int) -> tuple[int, int]:
+    """``(num_full_tiles, tail_splits)``: tiles ``[0, num_full_tiles)`` run whole, each of the
+    remaining ``num_tiles % resident_ctas`` tiles becomes ``tail_splits`` work items over disjoint
+    K/V ranges (at least one K/V tile each). ``tail_splits == 1``: nothing is split (the last
+    round is full, or too full to gain from splitting)."""
+    for name, value in (("num_tiles", num_tiles), ("resident_ctas", resident_ctas), ("num_kv_tiles", num_kv_tiles)):
+        if not isinstance(value, int) or value < 0 or (name != "num_tiles" and value == 0):
+            raise ValueError(f"{name} must be a {'non-negative' if name == 'num_tiles' else 'positive'} "
+                             f"integer, got {value!r}")
+    rem = num_tiles % resident_ctas
+    splits = min(resident_ctas // rem, num_kv_tiles) if rem else 1
+    if splits < 2:
+        return num_tiles, 1
+    return num_tiles - rem, splits
+
+
+@gluon.jit
+def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr):
+    """(tile_id, split) of work item ``item``: a whole tile (``split = -1``) or split ``split`` of a
+    tail tile (see :func:`tail_split`)."""
+    if SPLIT_TAIL:
+        tail = gl.maximum(item - num_full_tiles, 0)
+        is_split = item >= num_full_tiles
+        tile_id = gl.where(is_split, num_full_tiles + tail // tail_splits, item)
+        split = gl.where(is_split, tail % tail_splits, -1)
+    else:
+        tile_id = item
+        split = -1
+    return tile_id, split
+
+
+@gluon.jit
+def kv_split_range(num_kv_tiles, split, tail_splits, SPLIT_TAIL: gl.constexpr):
+    """``[kv_lo, kv_hi)``: the K/V tiles of a work item; every tile for a whole one (``split < 0``)."""
+    if SPLIT_TAIL:
+        kv_lo = gl.where(split < 0, 0, split * num_kv_tiles // tail_splits)
+        kv_hi = gl.where(split < 0, num_kv_tiles, (split + 1) * num_kv_tiles // tail_splits)
+    else:
+        kv_lo = 0
+        kv_hi = num_kv_tiles
+    return kv_lo, kv_hi
 
 
 @gluon.jit

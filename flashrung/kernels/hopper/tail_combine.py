@@ -1,0 +1,96 @@
+"""tail_combine — merges the split tail of ``hopper.fwd`` into its output.
+
+What it computes: for each tail tile (``schedule.tail_split``) and each of its rows, the exact
+softmax output over all keys from ``splits`` partial results over disjoint key ranges, each
+normalized over its own keys with its natural-log LSE ``lse_s``:
+
+    lse = log Σ_s exp(lse_s),   out = Σ_s exp(lse_s − lse) · O_s
+
+evaluated against the largest ``lse_s`` (no overflow); a row every split saw no key for keeps
+out = 0, lse = −inf. The order of the sum is fixed, so the result is deterministic.
+
+Its lever is the split tail itself: a short last round of tiles runs over every SM instead of a
+few (docs/hopper.md). This kernel is plain Triton — it runs under ``TRITON_INTERPRET=1``, which is
+how CI checks it against the same merge written in torch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ROWS_PER_PROGRAM = 16     # rows of one tail tile per program: [ROWS, D] fp32 stays in registers
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
+                    seqlen_q, heads_q, splits, stride_ob, stride_os, stride_oh,
+                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                    ROWS: tl.constexpr):
+    tile = tl.program_id(0)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, HEAD_DIM)
+    s = tl.arange(0, SPLITS_POW2)
+    first = tile * splits                                    # work item of split 0
+    part_rows = (first + s).to(tl.int64)[:, None] * BLOCK_M + rows[None, :]
+    lse_s = tl.load(part_lse_ptr + part_rows, mask=(s < splits)[:, None], other=float("-inf"))
+    lse_max = tl.max(lse_s, 0)
+    ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)   # a row no split saw: weights 0
+    total = tl.sum(tl.exp(lse_s - ref[None, :]), 0)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for i in range(0, splits):
+        item_rows = (first + i).to(tl.int64) * BLOCK_M + rows
+        w = tl.exp(tl.load(part_lse_ptr + item_rows) - ref)
+        o = tl.load(part_o_ptr + item_rows[:, None] * HEAD_DIM + cols[None, :])
+        acc += w[:, None] * o
+    safe = tl.where(total == 0.0, 1.0, total)
+    acc = acc / safe[:, None]
+    lse = tl.where(total == 0.0, float("-inf"), ref + tl.log(safe))
+
+    b = tl.load(coords_ptr + tile * 3 + 0)
+    h = tl.load(coords_ptr + tile * 3 + 1)
+    m_block = tl.load(coords_ptr + tile * 3 + 2)
+    q_rows = m_block * BLOCK_M + rows
+    keep = q_rows < seqlen_q
+    o_offs = b.to(tl.int64) * stride_ob + q_rows.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+    tl.store(out_ptr + o_offs[:, None] + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=keep[:, None])
+    tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_rows, lse, mask=keep)
+
+
+def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, splits: int) -> None:
+    """Write the merged rows of every tail tile into ``out`` (B, Sq, Hq, D) and ``lse`` (B, Hq, Sq).
+
+    ``part_o`` fp32 ``[tiles · splits, BLOCK_M, D]`` and ``part_lse`` fp32 ``[tiles · splits,
+    BLOCK_M]`` hold work item ``tile · splits + s`` at index ``tile · splits + s``; ``coords``
+    int32 ``[tiles, 3]`` holds each tail tile's (batch, q_head, m_block).
+    """
+    if part_o.dim() != 3 or part_o.dtype != torch.float32 or not part_o.is_contiguous():
+        raise ValueError(f"part_o must be a contiguous fp32 [items, BLOCK_M, D] tensor, got "
+                         f"{tuple(part_o.shape)} {part_o.dtype}")
+    items, block_m, head_dim = part_o.shape
+    if not isinstance(splits, int) or splits < 1 or items % splits:
+        raise ValueError(f"splits must be a positive integer dividing the {items} work items, got {splits!r}")
+    tiles = items // splits
+    if part_lse.shape != (items, block_m) or part_lse.dtype != torch.float32 or not part_lse.is_contiguous():
+        raise ValueError(f"part_lse must be a contiguous fp32 {(items, block_m)} tensor, got "
+                         f"{tuple(part_lse.shape)} {part_lse.dtype}")
+    if coords.shape != (tiles, 3) or coords.dtype != torch.int32 or not coords.is_contiguous():
+        raise ValueError(f"coords must be a contiguous int32 {(tiles, 3)} tensor, got {tuple(coords.shape)} "
+                         f"{coords.dtype}")
+    if out.dim() != 4 or out.shape[3] != head_dim or out.stride(3) != 1:
+        raise ValueError(f"out must be (B, Sq, Hq, {head_dim}) with unit stride in the last dimension, got "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    batch, seqlen_q, heads_q, _ = out.shape
+    if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous fp32 {(batch, heads_q, seqlen_q)} tensor")
+    if block_m % ROWS_PER_PROGRAM or head_dim & (head_dim - 1):
+        raise ValueError(f"BLOCK_M must be a multiple of {ROWS_PER_PROGRAM} and D a power of two, got "
+                         f"{block_m}, {head_dim}")
+    if tiles == 0:
+        return
+    grid = (tiles, block_m // ROWS_PER_PROGRAM)
+    _combine_kernel[grid](part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits,
+                          out.stride(0), out.stride(1), out.stride(2),
+                          BLOCK_M=block_m, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+                          ROWS=ROWS_PER_PROGRAM)

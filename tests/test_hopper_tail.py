@@ -1,0 +1,152 @@
+"""The split tail of hopper.fwd: which tiles are split (host rule), and the merge of their partial
+results (``tail_combine``, plain Triton: runs under the interpreter on CPU, and on the GPU).
+
+The kernel side (work items, K/V ranges, the partial stores) runs only on sm_90: its gate tests
+are in tests/test_hopper.py (``test_gate_split_tail``).
+"""
+import math
+
+import pytest
+import torch
+
+from flashrung.kernels.hopper.schedule import tail_split
+from flashrung.kernels.hopper.tail_combine import combine_tail
+from flashrung.reference import oracle
+
+
+# --------------------------------------------------------------------------- host rule
+
+
+@pytest.mark.parametrize("num_tiles, resident, n_kv", [
+    (4096, 132, 128),    # the suite's d128 rows: 31 full rounds and 4 tiles left over
+    (4096, 132, 8),      # the same tiles at S = 1k: no more splits than K/V tiles
+    (5462, 132, 128),    # d64's 192-row tiles: 50 left over, 2 splits each
+    (24, 132, 8),        # fewer tiles than SMs: every tile is a tail tile
+    (264, 132, 8),       # full rounds only
+    (131, 132, 64),      # one SM idle: nothing to gain
+    (0, 132, 8),
+])
+def test_tail_split_fills_the_last_round_without_overflowing_it(num_tiles, resident, n_kv):
+    full, splits = tail_split(num_tiles, resident, n_kv)
+    tail = num_tiles - full
+    assert 0 <= tail < resident and full % resident == 0 or splits == 1
+    assert 1 <= splits <= n_kv                       # every work item gets at least one K/V tile
+    items = full + tail * splits
+    # the split items fit in one round: the last round never grows
+    assert math.ceil(items / resident) == math.ceil(num_tiles / resident)
+    if splits > 1:
+        assert tail * (splits + 1) > resident or splits == n_kv   # as many splits as fit
+    else:
+        assert full == num_tiles
+
+
+def test_tail_split_examples():
+    assert tail_split(4096, 132, 128) == (4092, 33)
+    assert tail_split(4096, 132, 8) == (4092, 8)
+    assert tail_split(264, 132, 8) == (264, 1)
+    assert tail_split(24, 132, 8) == (0, 5)
+    assert tail_split(100, 132, 8) == (100, 1)       # 132 // 100 = 1
+
+
+@pytest.mark.parametrize("args, name", [((-1, 132, 8), "num_tiles"), ((10, 0, 8), "resident_ctas"),
+                                        ((10, 132, 0), "num_kv_tiles"), ((10.0, 132, 8), "num_tiles")])
+def test_tail_split_rejects_bad_input(args, name):
+    with pytest.raises(ValueError, match=name):
+        tail_split(*args)
+
+
+# --------------------------------------------------------------------------- the merge
+
+
+def _partials(q, k, v, coords, splits, block_m, key_ranges, scale):
+    """What the kernel's split items write: per tail tile and split, O normalized over the split's
+    keys (fp32) and its natural-log LSE, for every row of the tile (rows past Sq included)."""
+    batch, seqlen_q, heads, d = q.shape
+    part_o = torch.zeros(len(coords) * splits, block_m, d)
+    part_lse = torch.full((len(coords) * splits, block_m), float("-inf"))
+    for t, (b, h, m_block) in enumerate(coords):
+        rows = slice(m_block * block_m, min((m_block + 1) * block_m, seqlen_q))
+        n = rows.stop - rows.start
+        for s, (lo, hi) in enumerate(key_ranges):
+            if hi > lo:
+                o, lse = oracle(q[b:b + 1, rows, h:h + 1], k[b:b + 1, lo:hi, h:h + 1], v[b:b + 1, lo:hi, h:h + 1],
+                                False, scale)
+                part_o[t * splits + s, :n] = o[0, :, 0].float()
+                part_lse[t * splits + s, :n] = lse[0, 0].float()
+            # rows past Sq hold whatever the kernel computed from TMA's zero rows: garbage here
+            part_o[t * splits + s, n:] = 7.0
+            part_lse[t * splits + s, n:] = 3.0
+    return part_o, part_lse
+
+
+@pytest.mark.parametrize("seqlen_q, splits, empty_split", [(40, 3, False), (17, 2, False), (64, 4, True)])
+def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, device):
+    # property: merging the splits' normalized partials by their LSE is attention over every key,
+    # written only into the tail tiles' rows of out/lse (the rest stays poisoned)
+    torch.manual_seed(0)
+    batch, heads, d, block_m, seqlen_k = 2, 3, 16, 32, 50
+    scale = d ** -0.5
+    q = torch.randn(batch, seqlen_q, heads, d, dtype=torch.float16)
+    k = torch.randn(batch, seqlen_k, heads, d, dtype=torch.float16)
+    v = torch.randn(batch, seqlen_k, heads, d, dtype=torch.float16)
+    bounds = [round(i * seqlen_k / splits) for i in range(splits + 1)]
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+    if empty_split:
+        ranges[1] = (ranges[1][0], ranges[1][0])      # a split whose rows saw no key: weight 0
+    m_blocks = -(-seqlen_q // block_m)
+    coords = [(1, 2, m_blocks - 1), (0, 0, 0), (1, 0, 0)]
+    part_o, part_lse = _partials(q, k, v, coords, splits, block_m, ranges, scale)
+    out = torch.full((batch, seqlen_q, heads, d), float("nan"), dtype=torch.float16)
+    lse = torch.full((batch, heads, seqlen_q), float("nan"))
+    on = [t.to(device) for t in (part_o, part_lse, torch.tensor(coords, dtype=torch.int32), out, lse)]
+    combine_tail(*on, splits)
+    out, lse = on[3].cpu(), on[4].cpu()
+
+    keys = torch.cat([torch.arange(lo, hi) for lo, hi in ranges])
+    want_o, want_lse = oracle(q, k[:, keys], v[:, keys], False, scale)
+    written = torch.zeros(batch, seqlen_q, heads, dtype=torch.bool)
+    for b, h, m_block in coords:
+        written[b, m_block * block_m:(m_block + 1) * block_m, h] = True
+    assert torch.isnan(out[~written]).all() and torch.isnan(lse.transpose(1, 2)[~written]).all()
+    torch.testing.assert_close(out[written].float(), want_o.float()[written], atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse.transpose(1, 2)[written], want_lse.float().transpose(1, 2)[written],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_combine_writes_through_strided_out_and_keeps_rows_that_saw_no_key_empty(device):
+    # out as a view with a head stride of 2·D (every other head of a larger tensor); a row no
+    # split saw (all LSEs -inf) gets out = 0, lse = -inf, as the kernel's own empty rows do
+    block_m, d, splits = 16, 8, 2
+    base = torch.full((1, 16, 4, d), float("nan"), dtype=torch.bfloat16, device=device)
+    out = base[:, :, ::2]
+    lse = torch.full((1, 2, 16), float("nan"), device=device)
+    part_o = torch.randn(splits, block_m, d)
+    part_lse = torch.randn(splits, block_m)
+    part_lse[:, 5] = float("-inf")
+    part_o[:, 5] = 0.0
+    combine_tail(part_o.to(device), part_lse.to(device), torch.tensor([[0, 1, 0]], dtype=torch.int32, device=device),
+                 out, lse, splits)
+    base, out, lse = base.cpu(), base.cpu()[:, :, ::2], lse.cpu()
+    w = torch.softmax(part_lse, 0)
+    want = (w[:, :, None] * part_o).sum(0)
+    want[5] = 0.0
+    torch.testing.assert_close(out[0, :, 1].float(), want, atol=1e-2, rtol=1e-2)
+    assert lse[0, 1, 5] == float("-inf")
+    torch.testing.assert_close(lse[0, 1, :5], torch.logsumexp(part_lse, 0)[:5])
+    assert torch.isnan(base[:, :, 1::2].float()).all() and torch.isnan(out[0, :, 0].float()).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(splits=3), "splits"),
+    (dict(part_lse=torch.zeros(4, 15)), "part_lse"),
+    (dict(coords=torch.zeros(2, 3, dtype=torch.int64)), "coords"),
+    (dict(part_o=torch.zeros(4, 16, 8, dtype=torch.float16)), "part_o"),
+    (dict(lse=torch.zeros(1, 2, 17)), "lse"),
+])
+def test_combine_rejects_bad_input(kwargs, match):
+    args = dict(part_o=torch.zeros(4, 16, 8), part_lse=torch.zeros(4, 16),
+                coords=torch.zeros(2, 3, dtype=torch.int32), out=torch.zeros(1, 16, 2, 8), lse=torch.zeros(1, 2, 16),
+                splits=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        combine_tail(**args)

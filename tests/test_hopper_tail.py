@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashrung.kernels.hopper.schedule import tail_split
-from flashrung.kernels.hopper.tail_combine import combine_tail
+from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
 from flashrung.reference import oracle
 
 
@@ -150,3 +150,12 @@ def test_combine_rejects_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         combine_tail(**args)
+
+
+def test_workspace_views_are_disjoint_and_shaped_for_combine():
+    part_o, part_lse, coords = workspace(items=66, tiles=2, block_m=128, head_dim=64, device="cpu")
+    assert part_o.shape == (66, 128, 64) and part_lse.shape == (66, 128) and coords.shape == (2, 3)
+    assert part_o.dtype == part_lse.dtype == torch.float32 and coords.dtype == torch.int32
+    assert all(t.is_contiguous() for t in (part_o, part_lse, coords))
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (part_o, part_lse, coords))
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))

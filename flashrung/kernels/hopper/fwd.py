@@ -74,7 +74,7 @@ from flashrung.kernels.hopper.schedule import (
     tile_coords,
     work_item,
 )
-from flashrung.kernels.hopper.tail_combine import combine_tail
+from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
@@ -753,10 +753,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
     grid = min(num_items, resident) if cfg.persistent and not warmup else num_items
     if splits > 1:
-        part_o = torch.empty((num_items - num_full_tiles, cfg.block_m, head_dim), dtype=torch.float32,
-                             device=q.device)
-        part_lse = torch.empty(part_o.shape[:2], dtype=torch.float32, device=q.device)
-        coords = torch.empty((num_tiles - num_full_tiles, 3), dtype=torch.int32, device=q.device)
+        part_o, part_lse, coords = tail_workspace(num_items - num_full_tiles, num_tiles - num_full_tiles,
+                                                  cfg.block_m, head_dim, q.device)
     else:
         # never dereferenced: no work item is a split one
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32)

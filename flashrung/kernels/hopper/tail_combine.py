@@ -19,42 +19,53 @@ import torch
 import triton
 import triton.language as tl
 
-ROWS_PER_PROGRAM = 16     # rows of one tail tile per program: [ROWS, D] fp32 stays in registers
+# One program per row of a tail tile: every split's O row is loaded at once (a [splits, D] block,
+# SPLITS_PER_LOAD splits per load), so the merge pays one or two memory latencies instead of one
+# per split (the suite's d128 rows split 4 tiles 33 ways: 512 programs, one load each).
+SPLITS_PER_LOAD = 32
 
 
 @triton.jit
 def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
                     seqlen_q, heads_q, splits, stride_ob, stride_os, stride_oh,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                    ROWS: tl.constexpr):
-    tile = tl.program_id(0)
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, HEAD_DIM)
-    s = tl.arange(0, SPLITS_POW2)
-    first = tile * splits                                    # work item of split 0
-    part_rows = (first + s).to(tl.int64)[:, None] * BLOCK_M + rows[None, :]
-    lse_s = tl.load(part_lse_ptr + part_rows, mask=(s < splits)[:, None], other=float("-inf"))
-    lse_max = tl.max(lse_s, 0)
-    ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)   # a row no split saw: weights 0
-    total = tl.sum(tl.exp(lse_s - ref[None, :]), 0)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for i in range(0, splits):
-        item_rows = (first + i).to(tl.int64) * BLOCK_M + rows
-        w = tl.exp(tl.load(part_lse_ptr + item_rows) - ref)
-        o = tl.load(part_o_ptr + item_rows[:, None] * HEAD_DIM + cols[None, :])
-        acc += w[:, None] * o
-    safe = tl.where(total == 0.0, 1.0, total)
-    acc = acc / safe[:, None]
-    lse = tl.where(total == 0.0, float("-inf"), ref + tl.log(safe))
-
+                    CHUNK: tl.constexpr):
+    tile = tl.program_id(0) // BLOCK_M
+    row = tl.program_id(0) % BLOCK_M
     b = tl.load(coords_ptr + tile * 3 + 0)
     h = tl.load(coords_ptr + tile * 3 + 1)
     m_block = tl.load(coords_ptr + tile * 3 + 2)
-    q_rows = m_block * BLOCK_M + rows
-    keep = q_rows < seqlen_q
-    o_offs = b.to(tl.int64) * stride_ob + q_rows.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
-    tl.store(out_ptr + o_offs[:, None] + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=keep[:, None])
-    tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_rows, lse, mask=keep)
+    q_row = m_block * BLOCK_M + row
+    if q_row < seqlen_q:
+        first = tile * splits                                # work item of split 0
+        s = tl.arange(0, SPLITS_POW2)
+        lse_s = tl.load(part_lse_ptr + (first + s).to(tl.int64) * BLOCK_M + row, mask=s < splits,
+                        other=float("-inf"))
+        lse_max = tl.max(lse_s, 0)
+        ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)   # a row no split saw: weights 0
+        total = tl.sum(tl.exp(lse_s - ref), 0)
+        cols = tl.arange(0, HEAD_DIM)
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        for s0 in range(0, splits, CHUNK):
+            c = s0 + tl.arange(0, CHUNK)
+            items = (first + c).to(tl.int64) * BLOCK_M + row
+            w = tl.exp(tl.load(part_lse_ptr + items, mask=c < splits, other=float("-inf")) - ref)
+            o = tl.load(part_o_ptr + items[:, None] * HEAD_DIM + cols[None, :], mask=(c < splits)[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * o, 0)
+        safe = tl.where(total == 0.0, 1.0, total)
+        lse = tl.where(total == 0.0, float("-inf"), ref + tl.log(safe))
+        o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+        tl.store(out_ptr + o_offs + cols, (acc / safe).to(out_ptr.dtype.element_ty))
+        tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_row, lse)
+
+
+def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tuple[torch.Tensor, ...]:
+    """``(part_o, part_lse, coords)`` for ``items`` work items over ``tiles`` tail tiles, carved from
+    one allocation (one allocator call per forward)."""
+    o_words, lse_words = items * block_m * head_dim, items * block_m
+    buf = torch.empty(o_words + lse_words + tiles * 3, dtype=torch.float32, device=device)
+    return (buf[:o_words].view(items, block_m, head_dim), buf[o_words:o_words + lse_words].view(items, block_m),
+            buf[o_words + lse_words:].view(torch.int32).view(tiles, 3))
 
 
 def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,
@@ -84,13 +95,12 @@ def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Ten
     batch, seqlen_q, heads_q, _ = out.shape
     if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous fp32 {(batch, heads_q, seqlen_q)} tensor")
-    if block_m % ROWS_PER_PROGRAM or head_dim & (head_dim - 1):
-        raise ValueError(f"BLOCK_M must be a multiple of {ROWS_PER_PROGRAM} and D a power of two, got "
-                         f"{block_m}, {head_dim}")
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"D must be a power of two, got {head_dim}")
     if tiles == 0:
         return
-    grid = (tiles, block_m // ROWS_PER_PROGRAM)
-    _combine_kernel[grid](part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits,
-                          out.stride(0), out.stride(1), out.stride(2),
-                          BLOCK_M=block_m, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-                          ROWS=ROWS_PER_PROGRAM)
+    _combine_kernel[(tiles * block_m,)](part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits,
+                                         out.stride(0), out.stride(1), out.stride(2),
+                                         BLOCK_M=block_m, HEAD_DIM=head_dim,
+                                         SPLITS_POW2=triton.next_power_of_2(splits),
+                                         CHUNK=min(SPLITS_PER_LOAD, triton.next_power_of_2(splits)))

@@ -110,7 +110,7 @@ CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
-CENSUS_CONFIGS.append(("d128-full-split-tail", 128, False, {"split_tail": True}))
+CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
 
 
 # d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
@@ -248,7 +248,8 @@ def test_split_tail_leaves_the_kv_loop_alone(census):
     # writes; nothing spills at d128 and the steady loop keeps its softmax windows, growing by at
     # most 4 instructions (measured: 470 → 474, six UMOV more and two compares fewer on the
     # uniform datapath, where the loop's ring and descriptor arithmetic lives)
-    split, base = census["d128-full-split-tail"], census["d128-full"]
+    split, base = census["d128-full"], census["d128-full-whole"]
+    assert split["row"]["config"]["split_tail"] and not base["row"]["config"]["split_tail"]
     assert "error" not in split["row"], split["row"]["error"]
     assert split["row"]["spill_bytes"] == 0 and split["loop"]["ldl"] == 0
     assert base["loop"]["length"] <= split["loop"]["length"] <= base["loop"]["length"] + 4
@@ -313,6 +314,19 @@ def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent)
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
             assert cfg.persistent is persistent, (head_dim, causal, sq, sk)
+
+
+@pytest.mark.parametrize("head_dim, seqlen, split", [
+    (128, 16384, True), (128, 32768, True), (128, 16383, False), (128, 8192, False), (128, 1024, False),
+    (64, 32768, False), (256, 32768, False)])
+def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
+    # the split tail only where it measured faster: d128 non-causal from 16k (the longer of Sq and
+    # Sk decides, config.SPLIT_TAIL_MIN_SEQLEN); never causal, where forward refuses it
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
+        assert cfg.split_tail is split, (head_dim, sq, sk)
+        causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
+        assert causal.split_tail is False
 
 
 @pytest.mark.parametrize("changes, match", [

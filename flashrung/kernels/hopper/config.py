@@ -216,13 +216,23 @@ _SHORT_CAUSAL = {
 }
 
 
+# The split tail (non-causal) from this max(Sq, Sk) up: the tail tile it spreads over every SM
+# lasts as long as its K/V loop, against a fixed cost (the split items' prologues and partial
+# stores, the merge launch). Paired on the H200 (d128 bf16 H16, split ÷ whole tiles; 4096 tiles
+# on 132 SMs leave 4 for a 32nd round): B2 S16384 1.0138 / 1.0136, B1 S32768 1.0181 / 1.0185.
+# Screening (interleaved CUDA events): S8192 1.003, S4096 1.002, S2048 0.990, S1024 0.956; d64 and
+# d256 rows of the suite leave tails too full to split (one split per tile), and d256's split code
+# spills (census).
+SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
+
+
 @functools.lru_cache(maxsize=None)
-def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool) -> HopperFwdConfig:
+def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, split_tail: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short_causal:
         base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
-    return dataclasses.replace(base, lpt=causal, persistent=persistent)
+    return dataclasses.replace(base, lpt=causal, persistent=persistent, split_tail=split_tail)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -232,4 +242,5 @@ def select_config(problem) -> HopperFwdConfig:
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
     short_causal = bool(problem.causal) and seqlen <= SHORT_CAUSAL_MAX_SEQLEN.get(problem.head_dim, 0)
-    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal)
+    split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
+    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail)

@@ -526,6 +526,21 @@ def test_gate_split_tail(head_dim, shape, persistent):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1000, heads_q=3, heads_kv=3),      # 48 tiles, each split 2 ways
+    dict(batch=3, seqlen_q=1000, heads_q=12, heads_kv=4),     # 264 whole tiles, then 24 split 5 ways
+    dict(batch=1, seqlen_q=333, heads_q=4, heads_kv=1),       # 12 tiles split 11 ways, GQA
+], ids=lambda s: "B{batch}-Sq{seqlen_q}-H{heads_q}:{heads_kv}".format(**s))
+def test_gate_default_split_tail(shape):
+    # the default path that takes the split tail (a 16k key length), at query lengths the
+    # reference can afford
+    problem = _problem(seqlen_k=16384, **shape)
+    assert select_config(problem).split_tail
+    _gate(seqlen_k=16384, head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_split_tail_is_deterministic_and_refuses_causal():
     torch.manual_seed(0)
     q = torch.randn(3, 1000, 12, 128, device="cuda", dtype=torch.bfloat16)

@@ -27,6 +27,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
+* the split tail (``split_tail``, non-causal): the tiles of a short last round are cut along the
+  keys into work items over every SM, each leaving a partial O and LSE that ``tail_combine``
+  merges (``schedule.tail_split``);
 * O is normalized in registers, written to shared memory and stored by TMA: into its own buffer
   (``separate_o``: Q is released right after the tile's last QK and the store is waited only
   before the buffer is reused), or into the consumer's Q buffer once the last QK is done.

@@ -484,8 +484,9 @@ def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: g
     """A split-tail item's normalized O (fp32) and LSE, every row of the tile (the workspace has
     them all; ``tail_combine`` masks the tail), and the tile's coordinates from its first split."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    # 64-bit item base, 32-bit offsets inside the item: one address register pair per thread
-    # rather than one per element (the 64 × D fp32 values already fill the register budget)
+    # 64-bit item base, 32-bit offsets inside the item (an item is BLOCK_M × D words). Census:
+    # 0 spill at d128 with either form; outside the loop d64 spills 64 B with this form and 16 B
+    # with 64-bit offsets per element, d256 80 B with both (the split tail is off at d64 and d256)
     first_row = part.to(gl.int64) * c.BLOCK_M
     rows = WG * _ROWS + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, c.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))

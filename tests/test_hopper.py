@@ -40,10 +40,10 @@ from flashrung.kernels.hopper import fwd
 
 def windows(sass):
     # for each wgmma wait(1) (QK done, PV pending): MUFU.EX2 count up to the next wgmma wait
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(?:\s+(gsb0, 0x[01]))?", sass)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(?:\s+(gsb0, 0x[012]))?", sass)
     out, cur = [], None
     for op, arg in ops:
-        if op == "WARPGROUP.DEPBAR.LE" and arg == "gsb0, 0x1":
+        if op == "WARPGROUP.DEPBAR.LE" and arg in ("gsb0, 0x1", "gsb0, 0x2"):
             cur = 0
         elif op == "WARPGROUP.DEPBAR.LE" and cur is not None:
             out.append(cur)
@@ -53,10 +53,11 @@ def windows(sass):
     return out
 
 def steady_loop(sass):
-    # the steady-state KV loop: from the back-edge target to the back edge around the first wait(1)
+    # the steady-state KV loop: from the back-edge target to the back edge around the first wait
+    # with groups outstanding (wait(1); wait(2) when each product is two wgmma groups)
     ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     where = {a: i for i, (a, _) in enumerate(ins)}
-    first = next((i for i, (_, t) in enumerate(ins) if "DEPBAR.LE gsb0, 0x1" in t), None)
+    first = next((i for i, (_, t) in enumerate(ins) if re.search(r"DEPBAR.LE gsb0, 0x[12]", t)), None)
     if first is None:
         return None
     for j in range(first, len(ins)):
@@ -68,7 +69,8 @@ def steady_loop(sass):
     rs = lambda t: re.search(r"HGMMA\S* R\d+, R\d+", t) is not None     # P from registers: PV
     pv = [k for k, (_, t) in enumerate(body) if t.startswith("HGMMA") and rs(t)]
     return dict(prmt=ops.count("PRMT"), fmul=ops.count("FMUL"), ldl=ops.count("LDL") + ops.count("STL"),
-                fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]), length=len(ops))
+                fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]), length=len(ops),
+                hgmma_n64=sum(t.startswith("HGMMA.64x64x16") for _, t in body), mufu=ops.count("MUFU.EX2"))
 
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
@@ -111,6 +113,9 @@ CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False})
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
+# a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared memory)
+_EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True}
+CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 
 
 # d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
@@ -118,6 +123,9 @@ CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   
 # buffer; before the KV loop);
 # the tile measured 1.0705 paired over the spill-free 192×64 one (config.py)
 PROLOGUE_SPILL_BYTES = {(64, True): 64}
+# the 192-key tile keeps a few registers per consumer in local memory outside the loop (census:
+# 8 B without the split tail, 40 B with it, as in d128 S16k's default)
+EXTRA_KEYS_SPILL_BYTES = 40
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +265,21 @@ def test_split_tail_leaves_the_kv_loop_alone(census):
     assert split["loop"]["fmul"] == base["loop"]["fmul"] and split["loop"]["prmt"] == base["loop"]["prmt"]
 
 
+def test_extra_keys_spread_the_loop_over_192_keys(census):
+    # the second box of keys is its own wgmma (N = 64: 8 HGMMA.64x64x16 for QK at d128), the
+    # softmax covers both parts (96 = 1.5 × 64 exponentials of the loop's 66, plus alpha), and the
+    # loop costs fewer instructions per key than the 128-key tile's, with no local memory in it
+    # (census: 648 per 192 keys against 474 per 128, −9% per key)
+    extra, base = census["d128-full-extra-keys"], census["d128-full"]
+    row = extra["row"]
+    assert "error" not in row, row["error"]
+    assert extra["loop"]["ldl"] == 0 and row["spill_bytes"] <= EXTRA_KEYS_SPILL_BYTES
+    assert extra["loop"]["hgmma_n64"] == 8 and base["loop"]["hgmma_n64"] == 0
+    assert extra["loop"]["mufu"] == 98 and base["loop"]["mufu"] == 66
+    assert extra["loop"]["length"] / 192 < 0.95 * base["loop"]["length"] / 128
+    assert row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
 def test_tree_reduce_moves_no_data(census):
     # the tree reshapes the row reductions inside each thread's registers: the same FMNMX, FADD
     # and shuffles as the chain, no shared-memory round trip, no spill
@@ -349,6 +372,21 @@ def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)
     with pytest.raises(ValueError, match=match):
         cfg.check(256)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(extra_keys=48), "power of two"),                     # no TMA box
+    (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
+    (dict(extra_keys=64, rescale_threshold=8.0), "rescale_threshold"),
+    (dict(extra_keys=64, q_in_registers=True), "q_in_registers"),
+    (dict(extra_keys=64, separate_o=True), "shared memory"),   # 192-key ring + Q + O > 227 KiB at d128
+])
+def test_config_check_rejects_extra_keys(changes, match):
+    cfg = dataclasses.replace(HopperFwdConfig(), **changes)
+    with pytest.raises(ValueError, match=match):
+        cfg.check(128)
+    # the same tile fits with O staged in Q's buffer
+    dataclasses.replace(HopperFwdConfig(), extra_keys=64, separate_o=False).check(128)
 
 
 def test_config_with_parses_string_overrides():
@@ -549,6 +587,27 @@ def test_gate_default_split_tail(shape):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (333, 4097),
+                                                (4097, 17), (1000, 191), (1000, 193)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gate_extra_keys(seqlen_q, seqlen_k, causal):
+    # 192-key tiles: key tails inside either box (191, 193), a single row, Sq ≠ Sk both ways, GQA
+    cfg = dataclasses.replace(fwd.default_config(128, causal), **_EXTRA_KEYS)
+    _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=4,
+          heads_kv=2, head_dim=128, dtype=torch.float16 if seqlen_q == 17 else torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_gate_extra_keys_with_the_split_tail():
+    cfg = dataclasses.replace(fwd.default_config(128, False), **_EXTRA_KEYS, split_tail=True)
+    _gate(functools.partial(fwd.forward, config=cfg), batch=3, seqlen_q=1000, seqlen_k=1000, heads_q=12,
+          heads_kv=4, head_dim=128, dtype=torch.bfloat16, causal=False)
+    _assert_reruns_identical(*_d128_inputs(3, 12, 4), False, cfg)
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_split_tail_is_deterministic_and_refuses_causal():
     q, k, v = _d128_inputs(3, 12, 4)          # 264 whole tiles, then 24 tiles split 5 ways
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True)
@@ -599,6 +658,10 @@ def _switches():
         dict(pingpong=True, overlap=False, wait_pv_early=False, named_turns=True),
         dict(pingpong=True, wait_pv_early=True, named_turns=True),
         dict(wait_pv_early=True, pingpong=True, q_in_registers=True),
+        # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
+        dict(extra_keys=64, separate_o=False),
+        dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
+        dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
     ]
 
 

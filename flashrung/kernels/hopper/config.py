@@ -82,6 +82,16 @@ class HopperFwdConfig:
     # split along the keys over every SM and merged by ``tail_combine``; non-causal only (a
     # causal grid runs heaviest first and already ends on its lightest tiles)
     split_tail: bool = False
+    # keys of each K/V tile in a second TMA box and a second wgmma per product, after the first
+    # block_n (0: none): the tile holds block_n + extra_keys keys, so the per-tile costs of the
+    # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
+    # tile has 176 keys, which a Triton block (a power of two) cannot; 128 + 64 = 192 can
+    extra_keys: int = 0
+
+    @property
+    def kv_tile(self) -> int:
+        """Keys per K/V tile (one ring stage): ``block_n + extra_keys``."""
+        return self.block_n + self.extra_keys
 
     @property
     def num_consumers(self) -> int:
@@ -92,7 +102,7 @@ class HopperFwdConfig:
         rings, barriers."""
         q = self.block_m * head_dim * elem_bytes
         o = q if self.separate_o else 0
-        kv = 2 * self.num_kv_stages * self.block_n * head_dim * elem_bytes
+        kv = 2 * self.num_kv_stages * self.kv_tile * head_dim * elem_bytes
         # q ready/empty per consumer, k/v ready/empty per stage, one turn barrier per consumer
         bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
         return q + o + kv + bars
@@ -113,6 +123,12 @@ class HopperFwdConfig:
         # Triton block shapes (the TMA box) are powers of two; wgmma needs N, K multiples of 16.
         if self.block_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"block_n must be a power of two in [16, 256], got {self.block_n}")
+        if self.extra_keys and (self.extra_keys not in (16, 32, 64, 128) or self.extra_keys >= self.block_n):
+            raise ValueError(f"extra_keys must be 0 or a power of two in [16, block_n) (a TMA box and a wgmma N), "
+                             f"got {self.extra_keys} with block_n={self.block_n}")
+        if self.extra_keys and (self.rescale_threshold > 0 or self.q_in_registers):
+            raise ValueError("extra_keys works on the plain online softmax with Q in shared memory: it cannot be "
+                             "combined with rescale_threshold > 0 or q_in_registers")
         if self.num_kv_stages < 1:
             raise ValueError(f"num_kv_stages must be >= 1, got {self.num_kv_stages}")
         if not 0.0 <= self.rescale_threshold <= MAX_RESCALE_THRESHOLD:

@@ -27,6 +27,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
+* wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
+  first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
 * the split tail (``split_tail``, non-causal): the tiles of a short last round are cut along the
   keys into work items over every SM, each leaving a partial O and LSE that ``tail_combine``
   merges (``schedule.tail_split``);
@@ -121,10 +123,14 @@ class _Shared:
     v_ready_bars: gl.shared_memory_descriptor
     v_empty_bars: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor     # per consumer: the pingpong GEMM-issue token
+    k2_bufs: gl.shared_memory_descriptor       # [stages, 1, EXTRA_KEYS, 1, D]: the second box (k_bufs if none)
+    v2_bufs: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
-                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars):
+                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs):
+        self.k2_bufs = k2_bufs
+        self.v2_bufs = v2_bufs
         self.q_bufs = q_bufs
         self.o_bufs = o_bufs
         self.k_bufs = k_bufs
@@ -208,6 +214,9 @@ class _Schedule:
     DEFER_ROW_SUM: gl.constexpr
     NAMED_TURNS: gl.constexpr
     SPLIT_TAIL: gl.constexpr
+    EXTRA_KEYS: gl.constexpr     # keys of each K/V tile in a second box after the first BLOCK_N
+    KV_TILE: gl.constexpr        # keys per K/V tile: BLOCK_N + EXTRA_KEYS
+    NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -229,16 +238,24 @@ def _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv_tile(desc, bufs, ready_bars, empty_bars, b, kv_head, j, count,
-                  BLOCK_N: gl.constexpr, NUM_KV_STAGES: gl.constexpr):
-    idx, phase = ring_slot(count, NUM_KV_STAGES)
+def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, j, count, c):
+    """K/V tile ``j`` into ring slot ``count % stages``: one box, or two (BLOCK_N then EXTRA_KEYS keys)
+    completing the same barrier."""
+    idx, phase = ring_slot(count, c.NUM_KV_STAGES)
     mbarrier.wait(empty_bars.index(idx), phase ^ 1)
-    mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [b, j * BLOCK_N, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
+    key0 = j * c.KV_TILE
+    if c.EXTRA_KEYS > 0:
+        mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
+        tma.async_copy_global_to_shared(desc2, [b, key0 + c.BLOCK_N, kv_head, 0], ready_bars.index(idx),
+                                        bufs2.index(idx))
+    else:
+        mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
 
 
 @gluon.jit
-def _producer_partition(q_desc, k_desc, v_desc, sh, sz, c):
+def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     batch_heads = sz.num_tiles // sz.num_m_blocks
@@ -247,23 +264,23 @@ def _producer_partition(q_desc, k_desc, v_desc, sh, sz, c):
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         kv_head = h // sz.group
         row0 = m_block * c.BLOCK_M
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
         # ring position of K/V tile j of this item: base + j
         base = count - kv_lo
         q_phase = tile_iter & 1
         if kv_hi > kv_lo:
             # the first K first: it streams while the previous tile still holds the Q buffers.
-            _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, kv_lo, count,
-                          c.BLOCK_N, c.NUM_KV_STAGES)
+            _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, kv_lo,
+                          count, c)
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
-            _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, kv_lo, count,
-                          c.BLOCK_N, c.NUM_KV_STAGES)
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, kv_lo,
+                          count, c)
             for j in range(kv_lo + 1, kv_hi):
-                _load_kv_tile(k_desc, sh.k_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j, base + j,
-                              c.BLOCK_N, c.NUM_KV_STAGES)
-                _load_kv_tile(v_desc, sh.v_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j, base + j,
-                              c.BLOCK_N, c.NUM_KV_STAGES)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j,
+                              base + j, c)
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j,
+                              base + j, c)
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
             # consumers' barrier phases stay in step; they write out = 0, lse = -inf
@@ -289,20 +306,87 @@ def _a_operand_layout(cols):
     return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(cols), k_width=2)
 
 
+# A K/V tile's scores and probabilities are tuples of parts: (S,) for one box of BLOCK_N keys, or
+# (S, S2) with a second box of EXTRA_KEYS keys, each part its own wgmma group and accumulator.
+
+
 @gluon.jit
-def _qk(q, sh, idx, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr):
-    """Issue S = Q Kᵀ for ring slot ``idx`` (async; K in shared memory, Q in shared memory or, with
-    ``Q_IN_REGISTERS``, already in registers)."""
-    k = sh.k_bufs.index(idx).reshape([BLOCK_N, HEAD_DIM])
-    s0 = gl.zeros([_ROWS, BLOCK_N], gl.float32, s_layout)
+def _qk_part(q, bufs, idx, N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    k = bufs.index(idx).reshape([N, HEAD_DIM])
+    s0 = gl.zeros([_ROWS, N], gl.float32, _acc_layout(N))
     return warpgroup_mma(q, k.permute((1, 0)), s0, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _pv(p_op, acc, sh, idx, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Issue O += P V for ring slot ``idx`` (async; P from registers)."""
-    v = sh.v_bufs.index(idx).reshape([BLOCK_N, HEAD_DIM])
-    return warpgroup_mma(p_op, v, acc, is_async=True)
+def _qk(q, sh, idx, c):
+    """Issue S = Q Kᵀ for ring slot ``idx`` (async; K in shared memory, Q in shared memory or, with
+    ``Q_IN_REGISTERS``, already in registers): a tuple of one group per part."""
+    s = _qk_part(q, sh.k_bufs, idx, c.BLOCK_N, c.HEAD_DIM)
+    if c.EXTRA_KEYS > 0:
+        parts = (s, _qk_part(q, sh.k2_bufs, idx, c.EXTRA_KEYS, c.HEAD_DIM))
+    else:
+        parts = (s,)
+    return parts
+
+
+@gluon.jit
+def _pv(p_op, acc, sh, idx, c):
+    """Issue O += P V for ring slot ``idx`` (async; P from registers, one group per part)."""
+    acc = warpgroup_mma(p_op[0], sh.v_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM]), acc, is_async=True)
+    if c.EXTRA_KEYS > 0:
+        acc = warpgroup_mma(p_op[1], sh.v2_bufs.index(idx).reshape([c.EXTRA_KEYS, c.HEAD_DIM]), acc,
+                            is_async=True)
+    return acc
+
+
+@gluon.jit
+def _wait_scores(s, NUM_OUTSTANDING: gl.constexpr):
+    """``warpgroup_mma_wait`` until at most ``NUM_OUTSTANDING`` groups are pending, tying ``s``'s parts."""
+    if len(s) == 2:
+        s0, s1 = warpgroup_mma_wait(NUM_OUTSTANDING, deps=[s[0], s[1]])
+        out = (s0, s1)
+    else:
+        out = (warpgroup_mma_wait(NUM_OUTSTANDING, deps=[s[0]]),)
+    return out
+
+
+@gluon.jit
+def _wait_pv(acc, p_op):
+    """Every group done (PV included): O is final for this step, P's registers are free."""
+    if len(p_op) == 2:
+        acc, p0, p1 = warpgroup_mma_wait(0, deps=[acc, p_op[0], p_op[1]])
+        out = (p0, p1)
+    else:
+        acc, p0 = warpgroup_mma_wait(0, deps=[acc, p_op[0]])
+        out = (p0,)
+    return acc, out
+
+
+@gluon.jit
+def _mask_tile(s, rows, kv_tile, sz, c):
+    """``mask_scores`` on every part of K/V tile ``kv_tile`` (absolute index)."""
+    key0 = kv_tile * c.KV_TILE
+    s0 = mask_scores(s[0], rows, key0 + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)),
+                     sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    if len(s) == 2:
+        cols = key0 + c.BLOCK_N + gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
+        rows2 = gl.convert_layout(rows, gl.SliceLayout(1, s[1].type.layout))
+        out = (s0, mask_scores(s[1], rows2, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
+    else:
+        out = (s0,)
+    return out
+
+
+@gluon.jit
+def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """P's parts as 16-bit register operands of the PV wgmma (the layout change is free in SASS)."""
+    p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM)
+    p0 = gl.convert_layout(to_operand_dtype(p[0], dtype, PACKED), p_layout)
+    if len(p) == 2:
+        out = (p0, gl.convert_layout(to_operand_dtype(p[1], dtype, PACKED), p_layout))
+    else:
+        out = (p0,)
+    return out
 
 
 @gluon.jit
@@ -323,8 +407,10 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
                   EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
-        p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
+        # one box of keys per K/V tile (HopperFwdConfig.check)
+        p, alpha, m_i, l_i, rescale = online_softmax_retained(s[0], m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
                                                               RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE)
+        p = (p,)
     else:
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE)
         rescale = alpha
@@ -343,31 +429,28 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
     order); without it they were applied at the end of the previous step.
     """
-    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
     v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
     mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
-    s = _qk(q, sh, k_idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
+    s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
-    acc = _pv(p_op, acc, sh, v_idx, c.BLOCK_N, c.HEAD_DIM)
+    acc = _pv(p_op, acc, sh, v_idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    # wait(1): the older group (QK) is done, PV may still run
-    s = warpgroup_mma_wait(1, deps=[s])
+    # wait(1) (wait(2) with two parts): the older groups (QK) are done, PV may still run
+    s = _wait_scores(s, c.NUM_PARTS)
     mbarrier.arrive(sh.k_empty_bars.index(k_idx))
     if MASK:
-        cols = (kv_lo + j) * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+        s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
         # warpgroup's GEMMs instead
         t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
         p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
@@ -378,11 +461,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
     if not c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
-    p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
+    p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
     return acc, p_op, m_i, l_i, alpha, rescale, turn
 
 
@@ -391,22 +474,18 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
                        WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
     steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of tile ``kv_lo``."""
-    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-        s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
-        s = warpgroup_mma_wait(0, deps=[s])
+        s = _wait_scores(_qk(q, sh, idx, c), 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         # the first tile is masked unconditionally: one tile, and it may be the only one
-        cols = kv_lo * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+        s = _mask_tile(s, rows, kv_lo, sz, c)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE)
-        p_op = gl.convert_layout(to_operand_dtype(p, q.dtype, c.PACK_P), p_layout)
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
@@ -422,8 +501,8 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
             acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
-        acc = _pv(p_op, acc, sh, idx, c.BLOCK_N, c.HEAD_DIM)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        acc = _pv(p_op, acc, sh, idx, c)
+        acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(idx))
     return acc, m_i, l_i, turn
 
@@ -433,27 +512,24 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
                  WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step (``j``, ``kv_lo``, ``count``
     as in :func:`_overlapped_step`)."""
-    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    p_layout: gl.constexpr = _a_operand_layout(c.HEAD_DIM)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(idx), phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
-    s = _qk(q, sh, idx, c.BLOCK_N, c.HEAD_DIM, s_layout)
+    s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    s = warpgroup_mma_wait(0, deps=[s])
+    s = _wait_scores(s, 0)
     mbarrier.arrive(sh.k_empty_bars.index(idx))
     if MASK:
-        cols = (kv_lo + j) * c.BLOCK_N + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = mask_scores(s, rows, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+        s = _mask_tile(s, rows, kv_lo + j, sz, c)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE)
     acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
-    p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+    p_op = _operands(p, q.dtype, False, c.HEAD_DIM)
     mbarrier.wait(sh.v_ready_bars.index(idx), phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
-    acc = _pv(p_op, acc, sh, idx, c.BLOCK_N, c.HEAD_DIM)
+    acc = _pv(p_op, acc, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+    acc, p_op = _wait_pv(acc, p_op)
     mbarrier.arrive(sh.v_empty_bars.index(idx))
     return acc, m_i, l_i, turn
 
@@ -519,7 +595,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         row0 = m_block * c.BLOCK_M
         my_row0 = row0 + WG * _ROWS
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.BLOCK_N, c.IS_CAUSAL)
+        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -582,7 +658,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads_q", "group", "num_m_blocks", "num_tiles",
                               "head_section", "num_items", "num_full_tiles", "tail_splits"])
-def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
+def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
                      seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section,
                      num_items, num_full_tiles, tail_splits, qk_scale_log2,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -592,13 +668,19 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_l
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     EXTRA_KEYS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if EXTRA_KEYS > 0:
+        k2_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k2_desc.block_type.shape, k2_desc.layout)
+        v2_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v2_desc.block_type.shape, v2_desc.layout)
+    else:
+        k2_bufs = k_bufs
+        v2_bufs = v_bufs
     if SEPARATE_O:
         o_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     else:
@@ -622,7 +704,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_l
         mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS)
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
-                 v_ready_bars, v_empty_bars, turn_bars)
+                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
                 num_full_tiles, tail_splits)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
@@ -633,7 +715,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_l
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
-                  SPLIT_TAIL=SPLIT_TAIL)
+                  SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -642,20 +725,20 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_l
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 2, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -682,7 +765,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
-        SPLIT_TAIL=cfg.split_tail,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -753,7 +836,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sm_count = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
         resident = sm_count * cfg.resident_ctas_per_sm(head_dim, q.element_size())
         if cfg.split_tail:
-            num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.block_n))
+            num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile))
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
     grid = min(num_items, resident) if cfg.persistent and not warmup else num_items
     if splits > 1:
@@ -765,6 +848,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size())
     args = (
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
+        # the second box of each K/V tile (extra_keys); without one the kernel never reads these
+        _descriptor(k, cfg.extra_keys or cfg.block_n), _descriptor(v, cfg.extra_keys or cfg.block_n),
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords,
         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
         num_items, num_full_tiles, splits, fold_scale(softmax_scale),
@@ -866,8 +951,10 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     kv_lay = _smem_layout(dtype, cfg.block_n, head_dim)
     q_sig = f"tensordesc<{t}[1, {ROWS_PER_CONSUMER_WARPGROUP}, 1, {head_dim}],{q_lay!r}>"
     kv_sig = f"tensordesc<{t}[1, {cfg.block_n}, 1, {head_dim}],{kv_lay!r}>"
+    box2 = cfg.extra_keys or cfg.block_n
+    kv2_sig = f"tensordesc<{t}[1, {box2}, 1, {head_dim}],{_smem_layout(dtype, box2, head_dim)!r}>"
     signature = {
-        "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
+        "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32",
         "seqlen_q": "i32", "seqlen_k": "i32", "heads_q": "i32", "group": "i32", "num_m_blocks": "i32",
         "num_tiles": "i32", "head_section": "i32", "num_items": "i32", "num_full_tiles": "i32",

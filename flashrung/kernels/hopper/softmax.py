@@ -208,47 +208,96 @@ def row_sum_total(l_i):
 
 
 @gluon.jit
-def softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False):
+def _to_rows_of(x, like):
+    """Row vector ``x`` in the row layout of ``like`` (the same rows per thread in every wgmma
+    accumulator of a warpgroup, whatever its N)."""
+    return gl.convert_layout(x, gl.SliceLayout(1, like.type.layout))
+
+
+@gluon.jit
+def _parts_row_max(parts, TREE: gl.constexpr):
+    m = row_max(parts[0], TREE)
+    if len(parts) == 2:
+        m = gl.maximum(m, _to_rows_of(row_max(parts[1], TREE), parts[0]))
+    return m
+
+
+@gluon.jit
+def _scaled(s, qk_scale_log2):
+    # c <= 0 would turn a masked -inf into +inf (or NaN): scale first, then re-mask
+    return gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
+
+
+@gluon.jit
+def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False):
     """First phase of :func:`online_softmax`: the new running max (log2 domain).
 
-    Returns ``(t, c, m_new)``: the exponent of score ``i`` is ``t[i]·c − m_new``. Split out so a
-    schedule may wait for the previous PV between the max and the exponentials (FA4's order).
+    ``parts`` are the raw scores of one K/V tile: a tuple of one ``[rows, N]`` tensor, or of two
+    when the tile holds a second box of keys (``extra_keys``); ``m_i`` is in the row layout of the
+    first. Returns ``(t, c, m_new)``: the exponent of score ``i`` of part ``k`` is
+    ``t[k][i]·c − m_new``. Split out so a schedule may wait for the previous PV between the max and
+    the exponentials (FA4's order).
     """
     if SCALE_POSITIVE:
         # max(s)·c == max(s·c) for c > 0: one multiply per row instead of one per score, and
         # the scale folds into the exp2 argument as one FFMA per score
-        m_tile = row_max(s, TREE) * qk_scale_log2
-        t = s
+        m_tile = _parts_row_max(parts, TREE) * qk_scale_log2
+        t = parts
         c = qk_scale_log2
     else:
-        # c <= 0 would turn a masked -inf into +inf (or NaN): scale first, then re-mask
-        t = gl.where(s == float("-inf"), float("-inf"), s * qk_scale_log2)
-        m_tile = row_max(t, TREE)
+        if len(parts) == 2:
+            t = (_scaled(parts[0], qk_scale_log2), _scaled(parts[1], qk_scale_log2))
+        else:
+            t = (_scaled(parts[0], qk_scale_log2),)
+        m_tile = _parts_row_max(t, TREE)
         c = 1.0
     return t, c, gl.maximum(m_i, m_tile)
 
 
 @gluon.jit
+def _exp_part(t, c, m_safe, EXP2_FMA_EVERY: gl.constexpr):
+    return exp2_split(t * c - gl.expand_dims(_to_rows_of(m_safe, t), 1), EXP2_FMA_EVERY)
+
+
+@gluon.jit
+def _sum_into(l_i, p, TREE: gl.constexpr):
+    """``p``'s contribution to the running sum, in ``l_i``'s form (per-thread partials or rows)."""
+    if len(l_i.shape) == 2:
+        out = gl.convert_layout(thread_partial_sum(p), l_i.type.layout)
+    else:
+        out = gl.convert_layout(row_sum(p, TREE), l_i.type.layout)
+    return out
+
+
+@gluon.jit
 def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
-    """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``."""
+    """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``; ``p`` is a
+    tuple like ``t``."""
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp2_split(t * c - gl.expand_dims(m_safe, 1), EXP2_FMA_EVERY)
+    p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
     if len(l_i.shape) == 2:
-        a = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
-        l_new = l_i * a + thread_partial_sum(p)
+        l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
     else:
-        l_new = l_i * alpha + row_sum(p, TREE)
+        l_new = l_i * alpha
+    l_new = l_new + _sum_into(l_i, p0, TREE)
+    if len(t) == 2:
+        p1 = _exp_part(t[1], c, m_safe, EXP2_FMA_EVERY)
+        l_new = l_new + _sum_into(l_i, p1, TREE)
+        p = (p0, p1)
+    else:
+        p = (p0,)
     return p, alpha, l_new
 
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
                    TREE: gl.constexpr = False):
-    """One online-softmax step on raw scores ``s``.
+    """One online-softmax step on raw scores ``s`` (a tuple of parts, see :func:`softmax_row_max`).
 
-    Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized), ``alpha = exp2(m_i − m_new)``, the new
-    max and the new running sum. The caller rescales its output accumulator by ``alpha``.
+    Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized, a tuple like ``s``), ``alpha =
+    exp2(m_i − m_new)``, the new max and the new running sum. The caller rescales its output
+    accumulator by ``alpha``.
     """
     t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
@@ -258,7 +307,8 @@ def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP
 @gluon.jit
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
                             EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
-    """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09).
+    """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on one
+    tensor of scores ``s`` (one box of keys per K/V tile).
 
     A row moves its reference ``m`` to its running max only when that max grew by more than
     ``THRESHOLD`` (log2 units); otherwise its ``alpha`` is exactly 1. Also returns ``rescale``, a
@@ -266,11 +316,12 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     The decision per row needs nothing beyond the row max, so the exponentials never wait for the
     warpgroup-wide reduction; only the O rescale does.
     """
-    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    t, c, m_cand = softmax_row_max((s,), m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
     # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
     grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
     m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
+    p = p[0]
     rescale = gl.max(grow, 0) > THRESHOLD
     return p, alpha, m_new, l_new, rescale
 

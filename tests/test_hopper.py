@@ -374,6 +374,14 @@ def test_config_check_rejects(changes, match):
         cfg.check(256)
 
 
+def test_config_check_rejects_balanced_without_a_persistent_grid():
+    with pytest.raises(ValueError, match="balanced"):
+        HopperFwdConfig(balanced=True, persistent=False).check(128)
+    with pytest.raises(ValueError, match="balanced"):
+        HopperFwdConfig(balanced=True, persistent=True, split_tail=True).check(128)
+    HopperFwdConfig(balanced=True, persistent=True).check(128)
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(extra_keys=48), "power of two"),                     # no TMA box
     (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
@@ -608,6 +616,20 @@ def test_gate_extra_keys_with_the_split_tail():
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # rows that see no key
+    dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=2),
+], ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_balanced(head_dim, shape):
+    cfg = dataclasses.replace(fwd.default_config(head_dim, True, 4096), balanced=True, persistent=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=True, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_split_tail_is_deterministic_and_refuses_causal():
     q, k, v = _d128_inputs(3, 12, 4)          # 264 whole tiles, then 24 tiles split 5 ways
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True)
@@ -658,6 +680,7 @@ def _switches():
         dict(pingpong=True, overlap=False, wait_pv_early=False, named_turns=True),
         dict(pingpong=True, wait_pv_early=True, named_turns=True),
         dict(wait_pv_early=True, pingpong=True, q_in_registers=True),
+        dict(balanced=True, persistent=True, split_tail=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

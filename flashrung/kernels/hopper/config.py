@@ -87,6 +87,10 @@ class HopperFwdConfig:
     # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
     # tile has 176 keys, which a Triton block (a power of two) cannot; 128 + 64 = 192 can
     extra_keys: int = 0
+    # the persistent grid's tiles list-scheduled on the host (schedule.balanced_schedule): each CTA
+    # walks its own list instead of a stride, so unequal causal tiles spread evenly (modeled
+    # makespan ÷ mean at d64 causal B1 H32 S32768: stride 1.045, balanced 1.007)
+    balanced: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -137,6 +141,9 @@ class HopperFwdConfig:
         if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
             raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
                              "schedule: they need overlap=True")
+        if self.balanced and (not self.persistent or self.split_tail):
+            raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
+                             "split_tail=False")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:

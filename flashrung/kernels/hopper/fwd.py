@@ -29,6 +29,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
+* a balanced persistent grid (``balanced``): each CTA walks its own list of tiles, list-scheduled
+  on the host (``schedule.balanced_schedule``), instead of a stride;
 * the split tail (``split_tail``, non-causal): the tiles of a short last round are cut along the
   keys into work items over every SM, each leaving a partial O and LSE that ``tail_combine``
   merges (``schedule.tail_split``);
@@ -74,10 +76,13 @@ from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns,
 from flashrung.kernels.hopper.schedule import (
     head_section,
     kv_split_range,
+    balanced_schedule,
     kv_tile_range,
     tail_split,
     tile_coords,
+    work_at,
     work_item,
+    work_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.softmax import (
@@ -158,10 +163,12 @@ class _Sizes:
     num_items: gl.tensor      # work items: whole tiles, then the split tail's items
     num_full_tiles: gl.tensor
     tail_splits: gl.tensor    # work items per tail tile (1: no split tail)
+    sched_ptr: gl.tensor      # int32 table of the balanced grid (schedule.balanced_schedule)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
-                 num_full_tiles, tail_splits):
+                 num_full_tiles, tail_splits, sched_ptr):
+        self.sched_ptr = sched_ptr
         self.seqlen_q = seqlen_q
         self.seqlen_k = seqlen_k
         self.heads_q = heads_q
@@ -217,6 +224,7 @@ class _Schedule:
     EXTRA_KEYS: gl.constexpr     # keys of each K/V tile in a second box after the first BLOCK_N
     KV_TILE: gl.constexpr        # keys per K/V tile: BLOCK_N + EXTRA_KEYS
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
+    BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -259,7 +267,9 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     batch_heads = sz.num_tiles // sz.num_m_blocks
-    for item in range(gl.program_id(0), sz.num_items, gl.num_programs(0)):
+    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+    for pos in range(start, stop, step):
+        item = work_at(sz.sched_ptr, pos, c.BALANCED)
         tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         kv_head = h // sz.group
@@ -590,7 +600,9 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     tile_iter = 0
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     batch_heads = sz.num_tiles // sz.num_m_blocks
-    for item in range(gl.program_id(0), sz.num_items, gl.num_programs(0)):
+    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+    for pos in range(start, stop, step):
+        item = work_at(sz.sched_ptr, pos, c.BALANCED)
         tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
         row0 = m_block * c.BLOCK_M
@@ -659,6 +671,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads_q", "group", "num_m_blocks", "num_tiles",
                               "head_section", "num_items", "num_full_tiles", "tail_splits"])
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
+                     sched_ptr,
                      seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section,
                      num_items, num_full_tiles, tail_splits, qk_scale_log2,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -668,7 +681,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                     EXTRA_KEYS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -706,7 +719,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
-                num_full_tiles, tail_splits)
+                num_full_tiles, tail_splits, sched_ptr)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
@@ -716,7 +729,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
-                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1)
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -765,7 +778,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
-        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -825,6 +838,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=64)
+def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
+                    device) -> torch.Tensor:
+    """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``)."""
+    table = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal,
+                              ctas)
+    return torch.tensor(table, dtype=torch.int32, device=device)
+
+
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors."""
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -846,11 +868,16 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # never dereferenced: no work item is a split one
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
     section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size())
+    if cfg.balanced and not warmup:
+        sched = _schedule_table(num_m_blocks, batch * heads_q, section, cfg.lpt, seqlen_q, seqlen_k, cfg.block_m,
+                                cfg.kv_tile, bool(causal), grid, str(q.device))
+    else:
+        sched = coords          # never dereferenced: the stride needs no table
     args = (
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
         _descriptor(k, cfg.extra_keys or cfg.block_n), _descriptor(v, cfg.extra_keys or cfg.block_n),
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords, sched,
         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
         num_items, num_full_tiles, splits, fold_scale(softmax_scale),
     )
@@ -955,7 +982,7 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     kv2_sig = f"tensordesc<{t}[1, {box2}, 1, {head_dim}],{_smem_layout(dtype, box2, head_dim)!r}>"
     signature = {
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
         "seqlen_q": "i32", "seqlen_k": "i32", "heads_q": "i32", "group": "i32", "num_m_blocks": "i32",
         "num_tiles": "i32", "head_section": "i32", "num_items": "i32", "num_full_tiles": "i32",
         "tail_splits": "i32", "qk_scale_log2": "fp32",

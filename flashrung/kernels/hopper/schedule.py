@@ -16,14 +16,27 @@ last round spreads over every SM. Each such item writes a partial, normalized O 
 workspace; ``tail_combine`` merges them (non-causal only: under a causal mask the heaviest-first
 order already ends on the lightest tiles).
 
+A balanced persistent grid (``balanced``): a static stride hands CTA ``i`` tiles ``i, i + P, …``
+of the heaviest-first order, so under a causal mask the low CTAs keep drawing the heavier tile of
+each round. Instead the host list-schedules the same order once per problem shape — each tile to
+the CTA with the least work so far, the work of a tile priced as its live K/V tiles plus one for
+its prologue and epilogue (:func:`balanced_schedule`) — and each CTA walks its own list. The
+schedule is a permutation of the tiles, so the estimate decides only the balance, never what is
+computed.
+
 Causal masks are bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``.
 K/V tiles fully above the diagonal are never loaded; tiles fully below it (and fully inside
 ``Sk``) run without any mask; only the remaining tiles pay for one.
 """
 from __future__ import annotations
 
+import functools
+import heapq
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+from flashrung.model.schedule import live_blocks
 
 # K/V bytes of the heads that run together should stay in L2 (H200: 60 MiB; FA4 uses ~50 MB).
 L2_BUDGET_BYTES = 48 * 1024 * 1024
@@ -54,6 +67,77 @@ def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int) -> tuple[i
     if splits < 2:
         return num_tiles, 1
     return num_tiles - rem, splits
+
+
+# a tile's prologue (Q load, ring fill) and epilogue (O store), in K/V tiles of its loop: an
+# estimate that orders the balanced schedule, never what a tile computes
+TILE_OVERHEAD_KV_TILES = 1.0
+
+
+def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> list[int]:
+    """The m-block of every linear tile id, as :func:`tile_coords` orders them."""
+    out = []
+    for tile_id in range(num_m_blocks * batch_heads):
+        if lpt:
+            per_section = num_m_blocks * section
+            first = (tile_id // per_section) * section
+            width = min(section, batch_heads - first)
+            out.append(num_m_blocks - 1 - (tile_id - (tile_id // per_section) * per_section) // width)
+        else:
+            out.append(tile_id % num_m_blocks)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
+                      block_m: int, kv_tile: int, causal: bool, ctas: int) -> tuple[int, ...]:
+    """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
+
+    Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
+    work, the lowest index on ties), the schedule a dynamic hand-out would make if tiles took
+    their estimated time; every CTA keeps its tiles in launch order (heaviest first under LPT).
+    Cached per shape: the kernel reads it as one int32 table.
+    """
+    for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
+                        ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
+                        ("kv_tile", kv_tile), ("ctas", ctas)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    cost = [live_blocks(m, block_m, kv_tile, seqlen_q, seqlen_k, causal) + TILE_OVERHEAD_KV_TILES
+            for m in range(num_m_blocks)]
+    lists = [[] for _ in range(ctas)]
+    free = [(0.0, i) for i in range(ctas)]
+    for tile_id, m in enumerate(tile_m_blocks(num_m_blocks, batch_heads, section, lpt)):
+        load, i = heapq.heappop(free)
+        lists[i].append(tile_id)
+        heapq.heappush(free, (load + cost[m], i))
+    offsets = [0]
+    for tiles in lists:
+        offsets.append(offsets[-1] + len(tiles))
+    return tuple(offsets) + tuple(t for tiles in lists for t in tiles)
+
+
+@gluon.jit
+def work_range(sched_ptr, num_items, BALANCED: gl.constexpr):
+    """``(start, stop, step)`` of the positions this CTA walks: its stretch of the balanced table, or
+    the stride ``pid, pid + P, …`` over the work items themselves."""
+    pid = gl.program_id(0)
+    if BALANCED:
+        first = gl.num_programs(0) + 1          # the order follows the offsets
+        out = (first + gl.load(sched_ptr + pid), first + gl.load(sched_ptr + pid + 1), 1)
+    else:
+        out = (pid, num_items, gl.num_programs(0))
+    return out
+
+
+@gluon.jit
+def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
+    """The work item at position ``pos`` of :func:`work_range`."""
+    if BALANCED:
+        item = gl.load(sched_ptr + pos)
+    else:
+        item = pos
+    return item
 
 
 @gluon.jit

@@ -1,16 +1,18 @@
-"""The split tail of hopper.fwd: which tiles are split (host rule), and the merge of their partial
-results (``tail_combine``, plain Triton: runs under the interpreter on CPU, and on the GPU).
+"""hopper.fwd's host-side schedule: which tiles the split tail cuts (host rule) and the merge of
+their partial results (``tail_combine``, plain Triton: runs under the interpreter on CPU, and on the
+GPU), and the balanced persistent grid's table (``schedule.balanced_schedule``).
 
-The kernel side (work items, K/V ranges, the partial stores) runs only on sm_90: its gate tests
-are in tests/test_hopper.py (``test_gate_split_tail``).
+The kernel side (work items, K/V ranges, the partial stores, the table walk) runs only on sm_90:
+its gate tests are in tests/test_hopper.py (``test_gate_split_tail``, ``test_gate_balanced``).
 """
 import math
 
 import pytest
 import torch
 
-from flashrung.kernels.hopper.schedule import tail_split
+from flashrung.kernels.hopper.schedule import balanced_schedule, tail_split, tile_m_blocks
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
+from flashrung.model.schedule import causal_costs, list_schedule
 from flashrung.reference import oracle
 
 
@@ -159,3 +161,53 @@ def test_workspace_views_are_disjoint_and_shaped_for_combine():
     assert all(t.is_contiguous() for t in (part_o, part_lse, coords))
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (part_o, part_lse, coords))
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+# --------------------------------------------------------------------------- the balanced grid
+
+
+def _split_table(table, ctas):
+    offsets, order = table[:ctas + 1], table[ctas + 1:]
+    return [list(order[offsets[i]:offsets[i + 1]]) for i in range(ctas)]
+
+
+@pytest.mark.parametrize("m_blocks, batch_heads, section, lpt", [(171, 32, 6, True), (8, 1024, 24, True),
+                                                                 (32, 128, 128, True), (5, 7, 3, False)])
+def test_balanced_schedule_is_a_permutation_walked_in_launch_order(m_blocks, batch_heads, section, lpt):
+    # property: every tile runs exactly once, and each CTA keeps the launch order (heaviest first)
+    ctas = 132
+    table = balanced_schedule(m_blocks, batch_heads, section, lpt, m_blocks * 128, m_blocks * 128, 128, 128,
+                              True, ctas)
+    lists = _split_table(table, ctas)
+    assert table[0] == 0 and list(table[1:ctas + 1]) == sorted(table[1:ctas + 1])
+    assert sorted(t for tiles in lists for t in tiles) == list(range(m_blocks * batch_heads))
+    assert all(tiles == sorted(tiles) for tiles in lists)
+
+
+def test_tile_m_blocks_follow_the_kernel_order():
+    # LPT: inside each section of heads, m-blocks run from the last down, heads fastest
+    assert tile_m_blocks(3, 4, 2, True) == [2, 2, 1, 1, 0, 0, 2, 2, 1, 1, 0, 0]
+    assert tile_m_blocks(3, 5, 2, True)[-3:] == [2, 1, 0]      # the last section holds one head
+    assert tile_m_blocks(3, 2, 2, False) == [0, 1, 2, 0, 1, 2]
+
+
+def test_balanced_schedule_beats_the_stride_on_causal_tiles():
+    # the suite's d64 causal S32k row (171 m-blocks of 192 rows, 32 heads in sections of 6):
+    # makespan of the estimated work, stride against the balanced table; and the table is the
+    # model's greedy list schedule of the same costs
+    m_blocks, heads, ctas, section = 171, 32, 132, 6
+    per_m = [c + 1.0 for c in causal_costs(192, 128, 32768, 32768)]
+    costs = [per_m[m] for m in tile_m_blocks(m_blocks, heads, section, True)]
+    table = balanced_schedule(m_blocks, heads, section, True, 32768, 32768, 192, 128, True, ctas)
+    balanced = max(sum(costs[t] for t in tiles) for tiles in _split_table(table, ctas))
+    stride = max(sum(costs[i::ctas]) for i in range(ctas))
+    mean = sum(costs) / ctas
+    assert balanced == pytest.approx(list_schedule(costs, list(range(len(costs))), ctas).makespan)
+    assert balanced / mean < 1.01 < stride / mean
+
+
+def test_balanced_schedule_rejects_bad_input():
+    with pytest.raises(ValueError, match="ctas"):
+        balanced_schedule(4, 4, 4, True, 512, 512, 128, 128, True, 0)
+    with pytest.raises(ValueError, match="seqlen_q"):
+        balanced_schedule(4, 4, 4, True, 0, 512, 128, 128, True, 8)

@@ -32,6 +32,8 @@ SELECTORS = {
     "v4_d64": ("v4", SM90, {"head_dim": 64, "causal": False}),
     "v4_causal": ("v4", SM90, D128_CAUSAL),
     "v5_causal": ("v5", SM90, D128_CAUSAL),
+    "v8": ("v8", SM90, D128_FULL),
+    "v8_causal": ("v8", SM90, D128_CAUSAL),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -71,7 +73,10 @@ def test_every_rung_is_a_dispatch_backend_and_in_the_census_registry():
         assert extra[r.name].module == r.module and not extra[r.name].auto, r
         mod = r.load()
         assert mod.NAME == r.name and mod.PARENT == r.parent
-    assert [r.parent for r in ladder.RUNGS[1:]] == [r.name for r in ladder.RUNGS[:-1]]
+    # every parent is an earlier rung: the seed's chain v0 -> v7, and v8 branching from v4
+    for i, r in enumerate(ladder.RUNGS[1:], 1):
+        assert r.parent in [p.name for p in ladder.RUNGS[:i]], r
+    assert [r.parent for r in ladder.RUNGS[1:7]] == [r.name for r in ladder.RUNGS[:6]]
 
 
 def _problem(**kw):
@@ -204,6 +209,23 @@ def test_v5_reorders_programs_without_touching_the_loop(rows):
     a, b = rows["v4_causal"]["sass"], rows["v5_causal"]["sass"]
     for fam in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "FFMA", "FMUL", "BAR"):
         assert a[fam] == b[fam], fam
+
+
+def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
+    """Two m16 slabs per warp (128x32, 4 warps): per loop body each thread makes
+    128*32/128 + 2*2 = 36 exponential calls (its scores and the alpha of its 4 rows); the tile
+    issues 128 HMMA (QK^T (32/8)*(128/16)*2 slabs + PV (128/8)*(32/16)*2) against 48 LDSM (Q 16, K 8,
+    V 8 per warp in the loop, Q 16 outside it) where v4 issues 72 per 128 HMMA: 0.375 against
+    0.56 fragment loads per MMA. Causal (config B) fits 255 registers with no spill; non-causal
+    spills 160 B (ptxas; recorded in docs/ladder.md)."""
+    v8_causal, v8_full, v4 = rows["v8_causal"], rows["v8"], rows["v4_causal"]
+    for row in (v8_causal, v8_full):
+        assert row["sass"]["MUFU.EX2"] == evidence.exp_calls_per_body(128, 32, 4) == 36
+        assert row["sass"]["HMMA"] == v4["sass"]["HMMA"] == 128
+    assert v8_causal["sass"]["LDSM"] == 48 and v4["sass"]["LDSM"] == 72
+    assert v8_causal["spill_bytes"] == 0
+    assert v8_full["spill_bytes"] <= 160
+    assert v8_causal["smem_bytes"] == (128 + 2 * 32) * 128 * 2       # Q 128 rows, K and V 32
 
 
 def test_v7_switches_registers_and_spills(rows):

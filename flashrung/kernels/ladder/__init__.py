@@ -2,7 +2,9 @@
 
 ``v0`` naive (CUDA-core FMA, scalar staging, precise expf) -> ``v1`` mma.sync with ldmatrix ->
 ``v2`` XOR-swizzled shared tiles -> ``v3`` 16-byte cp.async -> ``v4`` exp2 with log2(e) folded
-into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches. Each rung
+into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches; ``v8``
+branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
+memory). Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -40,6 +42,9 @@ RUNGS: tuple[Rung, ...] = (
          "HeaviestFirst (LPT) CTA order for causal"),
     Rung("ladder.v7", "flashrung.kernels.ladder.v7", "ladder.v5",
          "four keeps: 64x32 tile, rescale skip, mask specialization, causal loop split"),
+    # beyond the seed's ladder, branching from its fastest rung on the H200
+    Rung("ladder.v8", "flashrung.kernels.ladder.v8", "ladder.v4",
+         "FA2's d128 tile: two m16 slabs per warp (128x32), Q read from shared memory in chunks"),
 )
 
 

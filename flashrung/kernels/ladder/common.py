@@ -54,12 +54,18 @@ class TileConfig:
 
     block_m: int = 64    # query rows per CTA
     block_n: int = 64    # keys per inner-loop block
-    num_warps: int = 4   # 16 query rows per warp: one m16n8k16 row slab each
+    num_warps: int = 4   # 16 query rows per warp and slab: one m16n8k16 row slab each
+    # m16 row slabs per warp: the mma layout repeats along the rows by itself, so a warp of a
+    # 2-slab tile issues twice the MMAs for every K/V fragment it loads (FA2's d128 tile)
+    slabs_per_warp: int = 1
 
     def __post_init__(self):
-        if self.block_m != 16 * self.num_warps:
-            raise ValueError(f"block_m must be 16 * num_warps (one 16-row mma slab per warp), got "
-                             f"block_m={self.block_m}, num_warps={self.num_warps}")
+        if self.slabs_per_warp not in (1, 2):
+            raise ValueError(f"slabs_per_warp must be 1 or 2, got {self.slabs_per_warp}")
+        if self.block_m != 16 * self.num_warps * self.slabs_per_warp:
+            raise ValueError(f"block_m must be 16 * num_warps * slabs_per_warp (16-row mma slabs), got "
+                             f"block_m={self.block_m}, num_warps={self.num_warps}, "
+                             f"slabs_per_warp={self.slabs_per_warp}")
         if self.block_n not in (16, 32, 64, 128):
             raise ValueError(f"block_n must be one of 16, 32, 64, 128, got {self.block_n}")
 
@@ -492,13 +498,23 @@ def tile_bases(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m,
 
 @gluon.jit
 def mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+               BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
     """Raw scores S = Q K^T of one key block on ``mma_v2`` (K fed by ldmatrix), masked unless the
-    caller knows the block is interior (``MASKED=False``)."""
+    caller knows the block is interior (``MASKED=False``). ``q`` is Q's A fragments, or with
+    ``Q_CHUNK > 0`` Q's shared tile, read ``Q_CHUNK`` head dims at a time with the matching
+    columns of K (v8: only one chunk of Q's fragments is ever live)."""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
+    if Q_CHUNK > 0:
+        HEAD_DIM: gl.constexpr = k_smem.shape[1]
+        for d0 in gl.static_range(0, HEAD_DIM, Q_CHUNK):
+            s = mma_v2(q.slice(d0, Q_CHUNK, dim=1).load(DOT_A),
+                       k_smem.slice(d0, Q_CHUNK, dim=1).permute([1, 0]).load(DOT_B), s)
+    else:
+        s = mma_v2(q, k_smem.permute([1, 0]).load(DOT_B), s)
     if MASKED:
         s = mask_scores(s, offs_m, start_n + gl.arange(0, BLOCK_N, COL), seqlen_k, causal_shift, IS_CAUSAL)
     return s
@@ -517,14 +533,18 @@ def mma_pv(acc, p, v_smem):
 @gluon.jit
 def allocate_and_stage_q(q_base, n_rows, stride_qs, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SMEM: gl.constexpr,
-                         ASYNC_COPY: gl.constexpr):
+                         ASYNC_COPY: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
     """The single-buffered Q/K/V tiles; Q staged and read into mma A fragments (ldmatrix, once
-    per CTA). Returns (q, k_smem, v_smem)."""
+    per CTA), or with ``Q_CHUNK > 0`` left in shared memory for :func:`mma_scores` to read with
+    every key block. Returns (q, k_smem, v_smem)."""
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
     stage_q_tile(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM, ASYNC_COPY)
-    q = q_smem.load(gl.DotOperandLayout(0, mma_layout(gl.num_warps()), 2))
+    if Q_CHUNK > 0:
+        q = q_smem
+    else:
+        q = q_smem.load(gl.DotOperandLayout(0, mma_layout(gl.num_warps()), 2))
     return q, k_smem, v_smem
 
 
@@ -544,12 +564,12 @@ def flash_state(start_m, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, ROW: gl.
 def mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
               k_base, v_base, stride_ks, stride_vs, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              ASYNC_COPY: gl.constexpr, EXP2: gl.constexpr):
-    """One key block of the single-buffered loop (v1-v5): stage K/V, S = Q K^T, mask, online
+              ASYNC_COPY: gl.constexpr, EXP2: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
+    """One key block of the single-buffered loop (v1-v5, v8): stage K/V, S = Q K^T, mask, online
     softmax, rescale O, O += P V. Returns (acc, m_i, l_i)."""
     stage_kv_block(k_smem, v_smem, k_base, v_base, start_n, hi - start_n, stride_ks, stride_vs,
                    BLOCK_N, HEAD_DIM, ASYNC_COPY)
-    s = mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    s = mma_scores(q, k_smem, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True, Q_CHUNK)
     p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
     acc = mma_pv(acc * alpha[:, None], p, v_smem)
     gl.thread_barrier()  # every warp is done reading K/V before the next block overwrites them
@@ -561,11 +581,12 @@ def attention_mma_cp_async(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
     qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr,
+    BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, Q_CHUNK: gl.constexpr = 0,
 ):
-    """The whole single-buffered cp.async kernel of v3-v5 (XOR-swizzled tiles); each switch is
-    one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain), ``HEAVIEST_FIRST`` the
-    CTA order (v5). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
+    """The whole single-buffered cp.async kernel of v3-v5 and v8 (XOR-swizzled tiles); each
+    switch is one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain),
+    ``HEAVIEST_FIRST`` the CTA order (v5), ``Q_CHUNK`` Q read from shared memory in head-dim
+    chunks with every key block (v8, with its two-slab tile). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
     moving that one line changes their SASS, so the two bodies stay apart.)"""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -577,12 +598,12 @@ def attention_mma_cp_async(
         seqlen_q, heads_q, group)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
-                                             HEAD_DIM, xor_swizzled_layout(), True)
+                                             HEAD_DIM, xor_swizzled_layout(), True, Q_CHUNK)
     m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
     for start_n in range(0, hi, BLOCK_N):
         acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
                                   k_base, v_base, stride_ks, stride_vs, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2)
+                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
     out, lse = finalize(acc, m_i, l_i, EXP2)
     store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)

@@ -4,6 +4,8 @@
   single ``exp2`` (``MUFU.EX2``), fused with the max subtraction into one FFMA per element.
 * One online update: running max ``m`` (in the folded log2 domain), running sum ``l``, and the
   factor ``alpha`` that moves the output accumulator to the new max.
+  The scores of one K/V tile arrive as a tuple of parts — one per TMA box of keys, so two with
+  ``extra_keys`` — and the row max, the exponentials and the row sum cover every part.
 * One fully-masked-row guard: a row whose max is still ``-inf`` subtracts 0 instead, so it keeps
   ``p = 0`` and ``alpha = 1`` rather than NaN.
 * The LSE is returned in natural log: ``lse = (m + log2 l) · ln 2``; a row that saw no key has

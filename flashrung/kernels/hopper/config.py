@@ -111,12 +111,21 @@ class HopperFwdConfig:
         bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
         return q + o + kv + bars
 
+    @property
+    def register_words(self) -> int:
+        """Registers one CTA holds: the ``setmaxnreg`` budgets of the consumers and of the producer's
+        warpgroup (its 1 warp is padded to a warpgroup)."""
+        return THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
+
+    def smem_budget_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """:meth:`smem_bytes` with the margin the compiler's own allocations may take."""
+        return self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
+
     def resident_ctas_per_sm(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """CTAs of this configuration one SM holds at once: the tighter of the register file (the
-        ``setmaxnreg`` budgets of every warpgroup) and shared memory."""
-        words = THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
-        smem = self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
-        return max(1, min(REGISTER_FILE_WORDS // words, SMEM_PER_SM_BYTES // smem))
+        """CTAs of this configuration one SM holds at once: the tighter of the register file and
+        shared memory."""
+        return max(1, min(REGISTER_FILE_WORDS // self.register_words,
+                          SMEM_PER_SM_BYTES // self.smem_budget_bytes(head_dim, elem_bytes)))
 
     def check(self, head_dim: int, elem_bytes: int = 2) -> None:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim``."""
@@ -157,14 +166,13 @@ class HopperFwdConfig:
             regs = getattr(self, name)
             if regs % 8 or not MIN_REGS_PER_THREAD <= regs <= MAX_REGS_PER_THREAD:
                 raise ValueError(f"{name} must be a multiple of 8 in [24, 256] (setmaxnreg), got {regs}")
-        # The register file is shared by every warpgroup of the CTA: the consumers, and the
-        # producer's warpgroup (its 1 warp is padded to a warpgroup).
-        words = THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
+        # The register file is shared by every warpgroup of the CTA
+        words = self.register_words
         if words > REGISTER_FILE_WORDS:
             raise ValueError(
                 f"{self.num_consumers} consumer warpgroups × {self.consumer_regs} regs + producer "
                 f"{self.producer_regs} regs need {words} registers per SM, more than {REGISTER_FILE_WORDS}")
-        smem = self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
+        smem = self.smem_budget_bytes(head_dim, elem_bytes)
         if smem > SMEM_PER_BLOCK_BYTES:
             raise ValueError(
                 f"block_m={self.block_m}, block_n={self.block_n}, num_kv_stages={self.num_kv_stages} at "

@@ -642,10 +642,9 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                 _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
         else:
             _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+        write_o = my_row0 < sz.seqlen_q
         if c.SPLIT_TAIL:
-            write_o = (my_row0 < sz.seqlen_q) & (split < 0)
-        else:
-            write_o = my_row0 < sz.seqlen_q
+            write_o = write_o & (split < 0)      # a split item's O went to the workspace
         if write_o:
             # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
             # is done

@@ -330,13 +330,32 @@ def test_select_config_defaults_fit(head_dim):
     (128, 1024, True), (128, 4096, True), (128, 4097, False), (128, 16384, False),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: d128 up to 4k, every d64 problem; the
-    # longer of Sq and Sk decides (config.PERSISTENT_MAX_SEQLEN)
+    # one CTA per SM only where it measured faster: d128 up to 4k (and causal 8k-16k, with the
+    # balanced lists), every d64 problem; the longer of Sq and Sk decides
+    # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_SEQLEN)
     for causal in (False, True):
+        balanced_range = causal and head_dim == 128 and 8192 <= seqlen <= 16384
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            assert cfg.persistent is persistent, (head_dim, causal, sq, sk)
+            assert cfg.persistent is (persistent or balanced_range), (head_dim, causal, sq, sk)
+
+
+@pytest.mark.parametrize("head_dim, seqlen, balanced", [
+    (64, 8192, False), (64, 16383, False), (64, 16384, True), (64, 32768, True), (64, 1 << 20, True),
+    (128, 4096, False), (128, 8191, False), (128, 8192, True), (128, 16384, True), (128, 16385, False),
+    (128, 32768, False), (256, 16384, False)])
+def test_balanced_grid_follows_the_measured_rule(head_dim, seqlen, balanced):
+    # the host-listed persistent grid only where it measured faster: causal d64 from 16k, causal
+    # d128 from 8k to 16k (config.BALANCED_CAUSAL_SEQLEN); the longer of Sq and Sk decides, and
+    # non-causal tiles (all equal) never take it
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
+        assert cfg.balanced is balanced, (head_dim, sq, sk)
+        assert not balanced or (cfg.persistent and not cfg.split_tail)
+        cfg.check(head_dim)
+        full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
+        assert full.balanced is False
 
 
 @pytest.mark.parametrize("head_dim, seqlen, split", [
@@ -630,6 +649,40 @@ def test_gate_balanced(head_dim, shape):
 
 @pytest.mark.gpu
 @on_hopper
+def test_balanced_default_replays_in_a_cuda_graph():
+    # d128 causal at 8k launches the balanced grid by default; its tile table is built on the
+    # shape's first call, so a graph captured after one warm-up call replays the eager result
+    q, k, v = _d128_inputs(1, 2, 2, seqlen=8192)
+    assert select_config(Problem.of(q, k, v, True)).balanced
+    out_eager, lse_eager = fwd.forward(q, k, v, True, 128 ** -0.5)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, lse = fwd.forward(q, k, v, True, 128 ** -0.5)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, out_eager) and torch.equal(lse, lse_eager)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_balanced_grid_refuses_to_build_its_table_inside_a_capture():
+    # a shape never run before: its table would be a host-to-device copy, which a capture cannot
+    # record; the error says what to do instead of failing inside the capture
+    q, k, v = _d128_inputs(1, 2, 2, seqlen=1003)
+    cfg = dataclasses.replace(fwd.default_config(128, True, 8192), balanced=True, persistent=True)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with pytest.raises(RuntimeError, match="before capturing"):
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            fwd.forward(q, k, v, True, 128 ** -0.5, cfg)
+    torch.cuda.synchronize()
+    _assert_reruns_identical(q, k, v, True, cfg)      # and the same shape runs once out of the capture
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_split_tail_is_deterministic_and_refuses_causal():
     q, k, v = _d128_inputs(3, 12, 4)          # 264 whole tiles, then 24 tiles split 5 ways
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True)
@@ -661,7 +714,8 @@ def _switches():
         dict(overlap=not base.overlap, wait_pv_early=False, named_turns=False),
         dict(pingpong=not base.pingpong, named_turns=False),
         dict(pingpong=True, overlap=False, wait_pv_early=False, named_turns=False),
-        dict(persistent=not base.persistent),
+        dict(persistent=False, balanced=False),      # the per-tile grid
+        dict(persistent=True, balanced=False),       # the persistent stride
         dict(lpt=not base.lpt),
         dict(num_kv_stages=1),
         dict(num_kv_stages=3, separate_o=False),     # a third K/V stage leaves no room for O's buffer

@@ -29,8 +29,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
-* a balanced persistent grid (``balanced``): each CTA walks its own list of tiles, list-scheduled
-  on the host (``schedule.balanced_schedule``), instead of a stride;
+* a balanced persistent grid (``balanced``, the default of long causal d64 and d128 problems):
+  each CTA walks its own list of tiles, list-scheduled on the host (``schedule.balanced_schedule``)
+  and kept on the device per shape, instead of a stride;
 * the split tail (``split_tail``, non-causal): the tiles of a short last round are cut along the
   keys into work items over every SM, each leaving a partial O and LSE that ``tail_combine``
   merges (``schedule.tail_split``);
@@ -837,13 +838,31 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=64)
+# the balanced grid's tables on the device, by shape and device: 4 bytes per tile and per CTA (16 KiB
+# for 32k tokens of 16 heads at d128). Never evicted: a captured CUDA graph keeps the table's
+# address, and a freed table would let the allocator hand that memory to something else.
+_SCHEDULE_TABLES: dict[tuple, torch.Tensor] = {}
+
+
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
                     device) -> torch.Tensor:
-    """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``)."""
-    table = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal,
-                              ctas)
-    return torch.tensor(table, dtype=torch.int32, device=device)
+    """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
+
+    Building one copies host memory to the device, which a CUDA graph capture cannot record: a
+    shape's first call must run before the capture (the usual warm-up does it)."""
+    key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device)
+    table = _SCHEDULE_TABLES.get(key)
+    if table is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"hopper.fwd: the balanced persistent grid's tile table for this shape (seqlen_q={seqlen_q}, "
+                f"seqlen_k={seqlen_k}, {batch_heads} batch x heads) is built on the first call, which a CUDA graph "
+                "capture cannot record: call once with this shape before capturing, or pass a config with "
+                "balanced=False")
+        host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
+                                 causal, ctas)
+        table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
+    return table
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
@@ -1049,20 +1068,22 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
                                  capability=(9, 0)))
 
 
-# one long and one short length: between them they reach every compiled default (the short one
-# picks the short-causal configurations of d64 and d128)
-_CENSUS_SEQLENS = (16384, 1024)
+# lengths that between them reach every compiled default: 32k (d128's split tail and per-tile
+# causal grid, d64's balanced grid), 8k (d128's balanced causal grid, d64's stride), 1k (the
+# short-causal configurations of d64 and d128)
+_CENSUS_SEQLENS = (32768, 8192, 1024)
 
 
 def census_specs():
-    """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype, and the
-    short-causal ones; the grid (``persistent``) is host-side and does not change the kernel."""
+    """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype, the
+    short-causal ones and the balanced grids; ``persistent`` alone is host-side and does not change
+    the kernel (``balanced`` does: the CTA reads its list)."""
     specs, seen = [], set()
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
             for seqlen in _CENSUS_SEQLENS:
                 cfg = default_config(d, causal, seqlen)
-                kernel = (dataclasses.replace(cfg, persistent=False), d, causal)
+                kernel = (dataclasses.replace(cfg, persistent=cfg.balanced), d, causal)
                 if kernel not in seen:
                     seen.add(kernel)
                     specs += [census_spec(cfg, d, causal, dtype) for dtype in (torch.float16, torch.bfloat16)]

@@ -67,6 +67,10 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("pingpong", dict(pingpong=not base.pingpong)),
         ("pingpong", dict(pingpong=False, named_turns=False)),
         ("persistent", dict(persistent=not base.persistent)),
+        # the balanced lists need the persistent grid: leaving it takes them along
+        ("persistent", dict(persistent=False, balanced=False)),
+        ("balanced", dict(balanced=not base.balanced)),
+        ("balanced", dict(balanced=True, persistent=True, split_tail=False)),
         ("lpt", dict(lpt=not base.lpt)),
         ("stages", dict(num_kv_stages=base.num_kv_stages + 1)),
         ("stages", dict(num_kv_stages=base.num_kv_stages - 1)),

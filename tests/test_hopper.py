@@ -330,24 +330,24 @@ def test_select_config_defaults_fit(head_dim):
     (128, 1024, True), (128, 4096, True), (128, 4097, False), (128, 16384, False),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: d128 up to 4k (and causal 8k-16k, with the
-    # balanced lists), every d64 problem; the longer of Sq and Sk decides
-    # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_SEQLEN)
+    # one CTA per SM only where it measured faster: d128 up to 4k (causal: every length from 4k,
+    # with the balanced lists), every d64 problem; the longer of Sq and Sk decides
+    # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_MIN_SEQLEN)
     for causal in (False, True):
-        balanced_range = causal and head_dim == 128 and 8192 <= seqlen <= 16384
+        balanced = causal and head_dim == 128 and seqlen >= 4096
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            assert cfg.persistent is (persistent or balanced_range), (head_dim, causal, sq, sk)
+            assert cfg.persistent is (persistent or balanced), (head_dim, causal, sq, sk)
 
 
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
     (64, 8192, False), (64, 16383, False), (64, 16384, True), (64, 32768, True), (64, 1 << 20, True),
-    (128, 4096, False), (128, 8191, False), (128, 8192, True), (128, 16384, True), (128, 16385, False),
-    (128, 32768, False), (256, 16384, False)])
+    (128, 2048, False), (128, 4095, False), (128, 4096, True), (128, 16384, True), (128, 1 << 20, True),
+    (256, 16384, False)])
 def test_balanced_grid_follows_the_measured_rule(head_dim, seqlen, balanced):
     # the host-listed persistent grid only where it measured faster: causal d64 from 16k, causal
-    # d128 from 8k to 16k (config.BALANCED_CAUSAL_SEQLEN); the longer of Sq and Sk decides, and
+    # d128 from 4k (config.BALANCED_CAUSAL_MIN_SEQLEN); the longer of Sq and Sk decides, and
     # non-causal tiles (all equal) never take it
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))

@@ -231,17 +231,17 @@ _LEVERS = {
 # tiles are long; shorter problems gain the tile prologues and epilogues the persistent CTA
 # overlaps with loads.
 PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 4096, 256: 0}
-# Causal problems whose max(Sq, Sk) lies in this [lowest, highest] range launch the persistent
-# grid (whatever PERSISTENT_MAX_SEQLEN says) with each CTA walking a host-built list of tiles
-# (`balanced`): list scheduling evens out the unequal causal tiles that a stride (modeled
-# makespan ÷ mean at d64 S32768: 1.045 → 1.007; d128 S8192: 1.030 → 1.000) and, at d128, the
-# hardware's per-tile hand-out leave uneven. Paired on the H200 (bf16; B·S = 32k, H32 at d64 and
-# H16 at d128): d64 balanced over the stride at S16384 1.0103 / 1.0116, S32768 1.0295 / 1.0284;
-# d128 balanced persistent over the per-tile grid at S8192 1.0624 / 1.0623, S16384 1.0282 /
-# 1.0283. Screening (interleaved CUDA events) outside the ranges: d64 S8192 0.996, S2048 0.977
-# (128-row tiles), over the stride; d128 S4096 1.004 and S1024 0.949 over the stride, S32768
-# 1.007 over the per-tile grid (the stride there: 0.990).
-BALANCED_CAUSAL_SEQLEN = {64: (16384, 1 << 30), 128: (8192, 16384)}
+# Causal problems from this max(Sq, Sk) up launch the persistent grid (whatever
+# PERSISTENT_MAX_SEQLEN says) with each CTA walking a host-built list of tiles (`balanced`): list
+# scheduling evens out the unequal causal tiles that a stride (modeled makespan ÷ mean at d64
+# S32768: 1.045 → 1.007; d128 S8192: 1.030 → 1.000) and, at d128, the hardware's per-tile hand-out
+# leave uneven. Paired on the H200 (bf16; B·S = 32k, H32 at d64 and H16 at d128): d64 balanced
+# over the stride at S16384 1.0103 / 1.0116, S32768 1.0295 / 1.0284; d128 balanced over the
+# stride at S4096 1.0158 / 1.0118, balanced persistent over the per-tile grid at S8192 1.0624 /
+# 1.0623, S16384 1.0282 / 1.0283, S32768 1.0096 / 1.0100. Screening (interleaved CUDA events)
+# below the thresholds, over the stride: d64 S8192 0.996, S2048 0.977 (128-row tiles); d128
+# S1024 0.949.
+BALANCED_CAUSAL_MIN_SEQLEN = {64: 16384, 128: 4096}
 # Short causal problems (max(Sq, Sk) up to this) change the schedule of their head dim:
 # - d64 takes a 128-row tile (two consumer warpgroups at 240 registers): with few K/V tiles per
 #   query tile, the 192-row tile's diagonal waste and coarser grid cost more than its cheaper
@@ -287,6 +287,5 @@ def select_config(problem) -> HopperFwdConfig:
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
     short_causal = bool(problem.causal) and seqlen <= SHORT_CAUSAL_MAX_SEQLEN.get(problem.head_dim, 0)
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    lowest, highest = BALANCED_CAUSAL_SEQLEN.get(problem.head_dim, (1 << 62, 0))
-    balanced = bool(problem.causal) and lowest <= seqlen <= highest
+    balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced)

@@ -1068,9 +1068,8 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
                                  capability=(9, 0)))
 
 
-# lengths that between them reach every compiled default: 32k (d128's split tail and per-tile
-# causal grid, d64's balanced grid), 8k (d128's balanced causal grid, d64's stride), 1k (the
-# short-causal configurations of d64 and d128)
+# lengths that between them reach every compiled default: 32k (d128's split tail, the balanced
+# causal grids), 8k (d64's causal stride), 1k (the short-causal configurations of d64 and d128)
 _CENSUS_SEQLENS = (32768, 8192, 1024)
 
 

@@ -16,8 +16,11 @@ Evidence (census, sm_90a, d128 causal fp16, compiled with no GPU): 255 registers
 128 HMMA against 48 LDSM per loop body — 0.375 fragment loads per MMA against v4's 72 per 128
 (0.56), the −33% the tile predicts; 128×64 with the same Q reads spills 288 B and the same 128×32
 tile with all of Q's fragments loaded at once spills 16 B (``tests/test_ladder.py``). Prediction:
-fewer ldmatrix wavefronts per MMA, a higher tensor-pipe share at config B. Not yet run on the
-H200. docs/ladder.md.
+fewer ldmatrix wavefronts per MMA, a higher tensor-pipe share at config B. Measured on the H200
+(paired against v4): config B 0.947×, config A 0.868× — lost. ldmatrix fell by the predicted
+quarter and its stalls with it, but the 128-row tile doubles the causal tail and the 32-key block
+doubles the O rescale per key in a latency-bound loop; non-causal d128 spills 160 B. Kept as the
+measured record of that lever. docs/ladder.md.
 """
 from __future__ import annotations
 

@@ -86,6 +86,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v5", "flashrung.kernels.ladder.v5", "fwd", auto=False),
     Backend("ladder.v7", "flashrung.kernels.ladder.v7", "fwd", auto=False),
     Backend("ladder.v8", "flashrung.kernels.ladder.v8", "fwd", auto=False),
+    Backend("ladder.v9", "flashrung.kernels.ladder.v9", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

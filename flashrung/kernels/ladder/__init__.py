@@ -4,7 +4,7 @@
 ``v2`` XOR-swizzled shared tiles -> ``v3`` 16-byte cp.async -> ``v4`` exp2 with log2(e) folded
 into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches; ``v8``
 branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
-memory). Each rung
+memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -45,6 +45,9 @@ RUNGS: tuple[Rung, ...] = (
     # beyond the seed's ladder, branching from its fastest rung on the H200
     Rung("ladder.v8", "flashrung.kernels.ladder.v8", "ladder.v4",
          "FA2's d128 tile: two m16 slabs per warp (128x32), Q read from shared memory in chunks"),
+    # v5's order kept to L2-sized head sections, as hopper.fwd orders its causal tiles
+    Rung("ladder.v9", "flashrung.kernels.ladder.v9", "ladder.v5",
+         "HeaviestFirst inside L2-sized head sections (causal)"),
 )
 
 

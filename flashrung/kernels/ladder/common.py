@@ -33,6 +33,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, tile_coords
+
 LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
 LN2 = 0.6931471805599453    # ln(2): turns a log2-domain LSE back into the natural base
 
@@ -42,6 +44,8 @@ COPY_BYTES = 16                # one cp.async / one ldmatrix row: 16 bytes
 ELEMENT_BYTES = 2              # fp16 / bf16
 MAX_GRID_Y = 65535             # CUDA limit of the second grid dimension (batch * heads_q here)
 SWIZZLE_PHASES = 8             # 128-byte bank period / 16-byte chunk: eight phases, 3 XOR bits
+# K/V bytes of the heads whose tiles run together under v9's order: the Hopper forward's L2 budget
+L2_SECTION_BYTES = gl.constexpr(L2_BUDGET_BYTES)
 
 # The same constants as seen from inside a kernel (jit code reads only constexpr globals).
 COPY_BYTES_K = gl.constexpr(COPY_BYTES)
@@ -375,11 +379,31 @@ def program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def cta_tile(seqlen_q, heads_q, BLOCK_M: gl.constexpr, HEAVIEST_FIRST: gl.constexpr):
-    """(batch, head, first query row) of this program, in HeaviestFirst order (v5 on, causal) or
-    the seed's order."""
+def program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr,
+                                            HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr):
+    """Flat grid in HeaviestFirst order inside sections of batch*heads whose K/V fit in L2
+    (``hopper.schedule.head_section``'s rule, here from the runtime key length): descending query
+    tile, then the section's columns; sections one after another. v5's order runs every head's
+    heaviest tiles together, so at long sequences the resident CTAs stream the K/V of all heads
+    at once; here they share the K/V of one section."""
+    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+    n_bh = gl.num_programs(0) // n_m
+    kv_heads = gl.maximum(L2_SECTION_BYTES // (2 * seqlen_k * HEAD_DIM * ELEM_BYTES), 1)
+    b, h, m_block = tile_coords(gl.program_id(0), n_m, n_bh, heads_q, group * kv_heads, True)
+    return b, h, m_block * BLOCK_M
+
+
+@gluon.jit
+def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+             ELEM_BYTES: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, L2_SECTIONS: gl.constexpr):
+    """(batch, head, first query row) of this program, in HeaviestFirst order (v5 on, causal),
+    HeaviestFirst inside L2-sized head sections (v9, causal) or the seed's order."""
     if HEAVIEST_FIRST:
-        b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
+        if L2_SECTIONS:
+            b, h, start_m = program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, BLOCK_M,
+                                                                    HEAD_DIM, ELEM_BYTES)
+        else:
+            b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
     else:
         b, h, start_m = program_tile(heads_q, BLOCK_M)
     return b, h, start_m
@@ -582,16 +606,19 @@ def attention_mma_cp_async(
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
     qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, Q_CHUNK: gl.constexpr = 0,
+    L2_SECTIONS: gl.constexpr = False,
 ):
     """The whole single-buffered cp.async kernel of v3-v5 and v8 (XOR-swizzled tiles); each
     switch is one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain),
-    ``HEAVIEST_FIRST`` the CTA order (v5), ``Q_CHUNK`` Q read from shared memory in head-dim
-    chunks with every key block (v8, with its two-slab tile). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
+    ``HEAVIEST_FIRST`` the CTA order (v5; with ``L2_SECTIONS`` inside L2-sized head sections, v9),
+    ``Q_CHUNK`` Q read from shared memory in head-dim chunks with every key block (v8, with its
+    two-slab tile). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
     moving that one line changes their SASS, so the two bodies stay apart.)"""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = cta_tile(seqlen_q, heads_q, BLOCK_M, HEAVIEST_FIRST)
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, dtype.primitive_bitwidth // 8,
+                             HEAVIEST_FIRST, L2_SECTIONS)
     q_base, k_base, v_base, o_base, lse_base = tile_bases(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,

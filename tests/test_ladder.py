@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -310,6 +310,28 @@ def test_rung_passes_the_gate(name, fwd, shape):
     b, sq, sk, hq, hkv, d, dtype, causal = shape
     res = check_forward(fwd, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
                         dtype=dtype, causal=causal, device="cuda", kernel=name)
+    assert res.passed, str(res)
+
+
+# v9's order at key lengths where the batch*heads split into several L2 sections (48 MiB of K/V):
+# 16 MiB per head at Sk = 32768 d128 (3 heads per section, 8 heads), and GQA 4:1 at Sk = 65536
+# (one 32 MiB K/V head, so 4 q-heads per section); short query sides keep the oracle cheap
+V9_SECTION_SHAPES = [
+    (1, 300, 32768, 8, 8, 128, torch.bfloat16, True),
+    (1, 129, 65536, 8, 2, 128, torch.float16, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V9_SECTION_SHAPES, ids=_shape_id)
+def test_v9_passes_the_gate_across_l2_sections(shape):
+    from flashrung.gate import check_forward
+    from flashrung.kernels.hopper.schedule import head_section
+
+    b, sq, sk, hq, hkv, d, dtype, causal = shape
+    assert head_section(sk, hq, hkv, d, 2) < b * hq            # more than one section
+    res = check_forward(v9.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
+                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v9")
     assert res.passed, str(res)
 
 

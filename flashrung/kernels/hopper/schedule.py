@@ -30,7 +30,6 @@ K/V tiles fully above the diagonal are never loaded; tiles fully below it (and f
 """
 from __future__ import annotations
 
-import functools
 import heapq
 
 from triton.experimental import gluon
@@ -88,7 +87,6 @@ def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) 
     return out
 
 
-@functools.lru_cache(maxsize=64)
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
                       block_m: int, kv_tile: int, causal: bool, ctas: int) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
@@ -96,7 +94,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
     work, the lowest index on ties), the schedule a dynamic hand-out would make if tiles took
     their estimated time; every CTA keeps its tiles in launch order (heaviest first under LPT).
-    Cached per shape: the kernel reads it as one int32 table.
+    The kernel reads it as one int32 table, which ``fwd`` builds once per shape and keeps.
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),

@@ -49,6 +49,7 @@ L2_SECTION_BYTES = gl.constexpr(L2_BUDGET_BYTES)
 
 # The same constants as seen from inside a kernel (jit code reads only constexpr globals).
 COPY_BYTES_K = gl.constexpr(COPY_BYTES)
+ELEMENT_BYTES_K = gl.constexpr(ELEMENT_BYTES)
 LN2_K = gl.constexpr(LN2)
 
 
@@ -380,7 +381,7 @@ def program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr,
-                                            HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr):
+                                            HEAD_DIM: gl.constexpr):
     """Flat grid in HeaviestFirst order inside sections of batch*heads whose K/V fit in L2
     (``hopper.schedule.head_section``'s rule, here from the runtime key length): descending query
     tile, then the section's columns; sections one after another. v5's order runs every head's
@@ -388,20 +389,20 @@ def program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, 
     at once; here they share the K/V of one section."""
     n_m = gl.cdiv(seqlen_q, BLOCK_M)
     n_bh = gl.num_programs(0) // n_m
-    kv_heads = gl.maximum(L2_SECTION_BYTES // (2 * seqlen_k * HEAD_DIM * ELEM_BYTES), 1)
+    kv_heads = gl.maximum(L2_SECTION_BYTES // (2 * seqlen_k * HEAD_DIM * ELEMENT_BYTES_K), 1)
     b, h, m_block = tile_coords(gl.program_id(0), n_m, n_bh, heads_q, group * kv_heads, True)
     return b, h, m_block * BLOCK_M
 
 
 @gluon.jit
 def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-             ELEM_BYTES: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, L2_SECTIONS: gl.constexpr):
+             HEAVIEST_FIRST: gl.constexpr, L2_SECTIONS: gl.constexpr):
     """(batch, head, first query row) of this program, in HeaviestFirst order (v5 on, causal),
     HeaviestFirst inside L2-sized head sections (v9, causal) or the seed's order."""
     if HEAVIEST_FIRST:
         if L2_SECTIONS:
             b, h, start_m = program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, BLOCK_M,
-                                                                    HEAD_DIM, ELEM_BYTES)
+                                                                    HEAD_DIM)
         else:
             b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
     else:
@@ -617,8 +618,7 @@ def attention_mma_cp_async(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, dtype.primitive_bitwidth // 8,
-                             HEAVIEST_FIRST, L2_SECTIONS)
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
     q_base, k_base, v_base, o_base, lse_base = tile_bases(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,

@@ -198,8 +198,7 @@ def attention_fwd_v7(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, dtype.primitive_bitwidth // 8,
-                             HEAVIEST_FIRST, False)
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, False)
     q_base, k_base, v_base, o_base, lse_base = tile_bases(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,

@@ -327,11 +327,11 @@ def test_select_config_defaults_fit(head_dim):
 
 
 @pytest.mark.parametrize("head_dim, seqlen, persistent", [
-    (128, 1024, True), (128, 4096, True), (128, 4097, False), (128, 16384, False),
+    (128, 1024, True), (128, 4096, True), (128, 4097, True), (128, 16384, True), (128, 1 << 20, True),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: d128 up to 4k (causal: every length from 4k,
-    # with the balanced lists), every d64 problem; the longer of Sq and Sk decides
+    # one CTA per SM only where it measured faster: every d128 problem (causal from 4k with the
+    # balanced lists), every d64 problem, no d256 problem; the longer of Sq and Sk decides
     # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_MIN_SEQLEN)
     for causal in (False, True):
         balanced = causal and head_dim == 128 and seqlen >= 4096

@@ -392,6 +392,35 @@ def test_ncu_command_profiles_one_warm_launch_of_the_rung_without_locking_clocks
     assert "--causal" in child and child[child.index("--seqlen") + 1] == "4096"
 
 
+def test_profile_runs_at_the_chosen_frozen_configuration_and_skips_v0_at_b(monkeypatch, capsys):
+    # --config b profiles where the climb's config-B margins were measured (S32768 causal), not at
+    # the S4096 default; v0 is skipped there as in the climb, and the shape is recorded
+    assert cli.profile_row("both") == (cli.PROFILE_ROW, None)
+    row, name = cli.profile_row("b")
+    assert name == "B" and row == cli.CONFIGS["B"] and row.seqlen_q == 32768 and row.causal
+    cmd = cli.ncu_command("ncu", ["a.sum"], "ladder.v9", row)
+    child = cmd[cmd.index(sys.executable):]
+    assert child[child.index("--seqlen") + 1] == "32768" and "--causal" in child
+    seen = []
+
+    def fake_profile_one(ncu, rung, metrics, dropped, row):
+        seen.append((rung, row.seqlen_q))
+        return {"rung": rung, "status": "ok", "kernel": "k", "metrics": {}, "derived": cli.derived({})}
+
+    monkeypatch.setattr(cli, "profile_one", fake_profile_one)
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(cli.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "ncu 2025.3", ""))
+    import flashrung.bench.cli as bench_cli
+    monkeypatch.setattr(bench_cli, "gpu_available", lambda: (True, "test GPU"))
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["ladder", "--profile", "--config", "b", "--only", "v0,v4", "--no-progress"])
+    assert cli.cmd_profile(args) == 0
+    assert seen == [("ladder.v4", 32768)]
+    out = capsys.readouterr().out
+    assert "S32768" in out and "ladder.v0: CUDA-core FMA" in out
+
+
 def test_profile_drops_the_metrics_ncu_rejects_and_retries(monkeypatch):
     calls = []
 

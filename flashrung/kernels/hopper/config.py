@@ -229,8 +229,11 @@ _LEVERS = {
 # 1.012 / 1.048; d256 S8192 1.009 / 0.890. With O in its own buffer, d128 S4096: 1.055 / 1.056.
 # A static stride balances unequal causal tiles worse than the hardware's dynamic hand-out once
 # tiles are long; shorter problems gain the tile prologues and epilogues the persistent CTA
-# overlaps with loads.
-PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 4096, 256: 0}
+# overlaps with loads. d128 non-causal longer than 4096, once O had its own buffer (and with the
+# split tail from 16384), paired persistent over the per-tile grid (B·S = 32k, H16): S8192
+# 1.0217 / 1.0214, S16384 1.0151 / 1.0166, S32768 1.0093 / 1.0075 — so d128 is persistent at
+# every length (causal d128 from 4096 runs the balanced lists, below).
+PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 1 << 30, 256: 0}
 # Causal problems from this max(Sq, Sk) up launch the persistent grid (whatever
 # PERSISTENT_MAX_SEQLEN says) with each CTA walking a host-built list of tiles (`balanced`): list
 # scheduling evens out the unequal causal tiles that a stride (modeled makespan ÷ mean at d64

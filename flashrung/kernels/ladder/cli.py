@@ -19,9 +19,10 @@ Three modes, one command:
   the same dtype, mask and head dim. Table, ``--json`` (rows and the run manifest),
   ``--plot`` (the climb).
 - **profile** (``--profile``, a GPU and ``ncu``): each rung once under
-  ``ncu --clock-control none`` in a child process at B1 H16 S4096 d128 bf16 causal: tensor-pipe
-  activity, shared-memory bank conflicts and wavefronts per ldmatrix, long-scoreboard / barrier /
-  MIO stall shares, achieved occupancy. Evidence level: profile.
+  ``ncu --clock-control none`` in a child process at B1 H16 S4096 d128 bf16 causal, or at config
+  A or B itself with ``--config a|b``: tensor-pipe activity, shared-memory bank conflicts and
+  wavefronts per ldmatrix, long-scoreboard / barrier / MIO stall shares, achieved occupancy, SM
+  active share, L2 hit rate and traffic, HBM reads. Evidence level: profile.
 
 ``python -m flashrung.kernels.ladder.cli --profile-target ladder.vN ...`` is the child the
 profiler launches: it runs one rung twice at the profile shape and nothing else.
@@ -159,7 +160,9 @@ def register(subparsers) -> None:
     p.add_argument("--arch", choices=ARCHES, help=f"census target (default {DEFAULT_ARCH})")
     p.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="parallel census compiles")
     p.add_argument("--config", type=str.lower, choices=CONFIG_CHOICES, default="both",
-                   help="A: B2 H16 S2048 d128 fp16 non-causal; B: B1 H16 S32768 d128 bf16 causal")
+                   help="A: B2 H16 S2048 d128 fp16 non-causal; B: B1 H16 S32768 d128 bf16 causal. With "
+                        "--profile: a or b profiles at that configuration, both (default) at B1 H16 S4096 "
+                        "d128 bf16 causal")
     p.add_argument("--quick", action="store_true", help="fewer rounds and shorter paired runs (a smoke run)")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write JSON to PATH (no PATH: print JSON instead of the table)")
@@ -679,9 +682,19 @@ def _plot(doc: dict, args) -> None:
 # ----------------------------------------------------------------------------------------------
 # Profile (ncu)
 
-# One launch per rung at a shape where even v0 takes milliseconds, not seconds, under replay.
+# One launch per rung at a shape where even v0 takes milliseconds, not seconds, under replay
+# (``--config both``, the default); ``--config a|b`` profiles at that frozen configuration itself,
+# where the climb's margins were measured (v0 is skipped at B, as in the climb).
 PROFILE_ROW = suites.Row(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, headdim=128,
                          dtype="bfloat16", causal=True, mode="fwd", suite="ladder-profile")
+
+
+def profile_row(choice: str) -> tuple[suites.Row, str | None]:
+    """(shape to profile at, config name or None) for ``--config``'s value."""
+    if choice == "both":
+        return PROFILE_ROW, None
+    name = choice.upper()
+    return CONFIGS[name], name
 PROFILE_KERNELS = "regex:attention_fwd_v"    # the rung kernels (attention_fwd_v0 ... _v7)
 PROFILE_TIMEOUT_S = 600
 
@@ -712,10 +725,14 @@ PROFILE_METRICS = (
     Metric("smsp__inst_executed_op_ldsm.sum", "ldsm", "ldmatrix instructions"),
     Metric("sm__cycles_active.avg", "sm-act", "SM busy cycles: v5's idle tail"),
     Metric("sm__cycles_elapsed.avg", "sm-ela", "elapsed cycles"),
+    Metric("lts__t_sector_hit_rate.pct", "L2hit%", "L2 reuse of K/V across resident CTAs: v4's vs v5's order"),
+    Metric("lts__t_sectors_srcunit_tex_op_read.sum", "L2rd", "sectors the SMs read from L2"),
+    Metric("dram__bytes_read.sum", "dram-rd", "bytes read from HBM: K/V re-fetched when L2 does not hold it"),
 )
 
 
 def ncu_command(ncu: str, metrics, rung: str, row: suites.Row = PROFILE_ROW) -> list[str]:
+    """ncu profiling one warm launch of ``rung`` at ``row`` (the child runs it twice)."""
     return [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
             "--print-units", "base", "--kernel-name-base", "function",
             "--kernel-name", PROFILE_KERNELS, "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
@@ -813,7 +830,7 @@ def format_profile(doc: dict) -> str:
     return "\n".join(out)
 
 
-def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str]) -> dict:
+def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str], row: suites.Row = PROFILE_ROW) -> dict:
     """One rung under ncu; metrics ncu rejects are dropped (into ``dropped``) and the run retried."""
     from flashrung.bench import manifest as manifest_mod
     env = dict(os.environ)
@@ -821,7 +838,7 @@ def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str]) -> 
     env.pop("TRITON_INTERPRET", None)
     while True:
         try:
-            proc = subprocess.run(ncu_command(ncu, metrics, rung), capture_output=True, text=True, env=env,
+            proc = subprocess.run(ncu_command(ncu, metrics, rung, row), capture_output=True, text=True, env=env,
                                   timeout=PROFILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"rung": rung, "status": "error", "reason": f"ncu did not finish in {PROFILE_TIMEOUT_S} s"}
@@ -857,19 +874,23 @@ def cmd_profile(args) -> int:
 
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     manifest = manifest_mod.start(list(sys.argv))
+    row, config = profile_row(args.config)
     rungs = selected_rungs(args.only)
     metrics, dropped, rows = [m.name for m in PROFILE_METRICS], [], []
     for r in tqdm(rungs, desc="ncu", unit="rung", file=sys.stderr, disable=args.no_progress):
-        rows.append(profile_one(ncu, r.name, metrics, dropped))
+        skip = SKIPS.get((r.name, config))
+        rows.append({"rung": r.name, "status": "skipped", "reason": skip} if skip
+                    else profile_one(ncu, r.name, metrics, dropped, row))
     manifest_mod.finish(manifest)
-    doc = {"mode": "profile", "gpu": what, "shape": PROFILE_ROW.plan(), "ncu_version": version[-1] if version else None,
-           "ncu_command": " ".join(ncu_command("ncu", metrics, "<rung>")), "metrics": metrics, "dropped": dropped,
+    doc = {"mode": "profile", "gpu": what, "shape": row.plan(), "config": config,
+           "ncu_version": version[-1] if version else None,
+           "ncu_command": " ".join(ncu_command("ncu", metrics, "<rung>", row)), "metrics": metrics, "dropped": dropped,
            "evidence": "profile: ncu hardware counters, clocks not locked, one launch per rung",
            "rows": rows, "manifest": manifest}
     print(format_profile(doc), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         _emit_json(doc, args.json)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
 
 
 def profile_target_main(argv: list[str] | None = None) -> int:

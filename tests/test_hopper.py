@@ -597,6 +597,32 @@ def test_gate_split_tail(head_dim, shape, persistent):
           **shape)
 
 
+# staggered K/V sweeps start mid-row: tails and causal diagonals must stay last and masked,
+# split-tail items rotate inside their own key range, GQA heads share the offsets of their tile
+STAGGER_SHAPES = [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1000, heads_q=4, heads_kv=4),
+    dict(batch=1, seqlen_q=300, seqlen_k=4097, heads_q=8, heads_kv=1),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_stagger_kv(head_dim, shape, causal):
+    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(base, stagger_kv=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+          **shape)
+    if not causal:
+        split = dataclasses.replace(cfg, split_tail=True, persistent=True, balanced=False)
+        _gate(functools.partial(fwd.forward, config=split), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
+              **shape)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", [

@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -35,6 +35,7 @@ SELECTORS = {
     "v8": ("v8", SM90, D128_FULL),
     "v8_causal": ("v8", SM90, D128_CAUSAL),
     "v9_causal": ("v9", SM90, D128_CAUSAL),
+    "v10_causal": ("v10", SM90, D128_CAUSAL),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -221,6 +222,16 @@ def test_v9_reorders_programs_without_touching_the_loop(rows):
     assert rows["v9_causal"]["spill_bytes"] == rows["v5_causal"]["spill_bytes"] == 0
 
 
+def test_v10_staggers_the_sweep_without_touching_the_block_body(rows):
+    # v10 changes only which key block each trip visits (a wrap of the block index): the block's
+    # MMA, fragment loads, copies, exponentials and barriers are v9's, still with no spill
+    a, b = rows["v9_causal"]["sass"], rows["v10_causal"]["sass"]
+    for fam in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "FFMA", "FMUL", "BAR"):
+        assert a[fam] == b[fam], fam
+    assert rows["v10_causal"]["spill_bytes"] == 0
+    assert rows["v10_causal"]["regs"] <= rows["v9_causal"]["regs"] + 8
+
+
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
     """Two m16 slabs per warp (128x32, 4 warps): per loop body each thread makes
     128*32/128 + 2*2 = 36 exponential calls (its scores and the alpha of its 4 rows); the tile
@@ -320,6 +331,19 @@ V9_SECTION_SHAPES = [
     (1, 300, 32768, 8, 8, 128, torch.bfloat16, True),
     (1, 129, 65536, 8, 2, 128, torch.float16, True),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V9_SECTION_SHAPES, ids=_shape_id)
+def test_v10_passes_the_gate_across_l2_sections(shape):
+    # the staggered sweep starts long causal tiles mid-row: blocks right of a row's diagonal may
+    # come first, so rows see only masked keys before their first live one
+    from flashrung.gate import check_forward
+
+    b, sq, sk, hq, hkv, d, dtype, causal = shape
+    res = check_forward(v10.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
+                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v10")
+    assert res.passed, str(res)
 
 
 @pytest.mark.gpu

@@ -91,6 +91,10 @@ class HopperFwdConfig:
     # walks its own list instead of a stride, so unequal causal tiles spread evenly (modeled
     # makespan ÷ mean at d64 causal B1 H32 S32768: stride 1.045, balanced 1.007)
     balanced: bool = False
+    # each work item visits its unmasked K/V tiles from its own start and wraps around
+    # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
+    # order, the persistent grid) otherwise request the same K/V lines at the same moment
+    stagger_kv: bool = False
 
     @property
     def kv_tile(self) -> int:

@@ -77,6 +77,8 @@ from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns,
 from flashrung.kernels.hopper.schedule import (
     head_section,
     kv_split_range,
+    kv_stagger,
+    kv_visit,
     balanced_schedule,
     kv_tile_range,
     tail_split,
@@ -226,6 +228,7 @@ class _Schedule:
     KV_TILE: gl.constexpr        # keys per K/V tile: BLOCK_N + EXTRA_KEYS
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
+    STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -277,20 +280,23 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         row0 = m_block * c.BLOCK_M
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
+        n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         # ring position of K/V tile j of this item: base + j
         base = count - kv_lo
         q_phase = tile_iter & 1
         if kv_hi > kv_lo:
             # the first K first: it streams while the previous tile still holds the Q buffers.
-            _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, kv_lo,
+            first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+            _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                           count, c)
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, kv_lo,
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, first,
                           count, c)
             for j in range(kv_lo + 1, kv_hi):
-                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, j,
+                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, t,
                               base + j, c)
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, j,
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, t,
                               base + j, c)
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
@@ -481,10 +487,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
 
 
 @gluon.jit
-def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2,
-                       WG: gl.constexpr, c):
+def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
+                       qk_scale_log2, WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
-    steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of tile ``kv_lo``."""
+    steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of the first tile visited,
+    ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``)."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
@@ -492,7 +499,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         s = _wait_scores(_qk(q, sh, idx, c), 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         # the first tile is masked unconditionally: one tile, and it may be the only one
-        s = _mask_tile(s, rows, kv_lo, sz, c)
+        s = _mask_tile(s, rows, first_kv, sz, c)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE)
@@ -610,6 +617,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         my_row0 = row0 + WG * _ROWS
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
+        n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
@@ -622,7 +630,9 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             q_op = q
         if c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
-                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
+                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, kv_visit(kv_lo, kv_lo, n_rot, kv_start,
+                                                                                      c.STAGGER_KV),
+                count, turn, qk_scale_log2, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
@@ -681,7 +691,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                     EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -729,7 +740,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
-                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED)
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -778,7 +789,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
-        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

@@ -182,6 +182,41 @@ def tile_coords(tile_id, num_m_blocks, batch_heads, heads_q, head_section, LPT: 
     return bh // heads_q, bh % heads_q, m_block
 
 
+# Staggered K/V sweeps (``stagger_kv``): work item ``m`` starts its unmasked K/V tiles at the
+# fraction frac(m / φ) of them and wraps around, so CTAs launched together (equal tiles of one
+# head under the plain order) stop requesting the same K/V lines at the same moment. The
+# fraction is STAGGER_STEP / 2**STAGGER_BITS ≈ 1/φ per m-block (a low-discrepancy sequence:
+# neighbouring m-blocks land far apart) in integer arithmetic: (m · 633 mod 1024) · n / 1024.
+STAGGER_BITS = gl.constexpr(10)
+STAGGER_STEP = gl.constexpr(633)
+
+
+@gluon.jit
+def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr):
+    """``(n_rot, start)``: the item's unmasked K/V tiles ``[kv_lo, kv_lo + n_rot)`` are visited from
+    ``kv_lo + start`` on, wrapping (masked tiles keep their place at the end: a mask is never
+    applied out of order). ``start = 0`` without ``STAGGER``."""
+    n_rot = gl.maximum(gl.minimum(num_unmasked, kv_hi) - kv_lo, 0)
+    if STAGGER:
+        start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * n_rot) >> STAGGER_BITS
+    else:
+        start = n_rot * 0
+    return n_rot, start
+
+
+@gluon.jit
+def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr):
+    """The absolute K/V tile an item visits at its step for tile ``j`` (``kv_lo <= j < kv_hi``)."""
+    if STAGGER:
+        k = j - kv_lo
+        t = j
+        if k < n_rot:
+            t = kv_lo + (k + start) % n_rot
+    else:
+        t = j
+    return t
+
+
 @gluon.jit
 def kv_tile_range(row0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr):

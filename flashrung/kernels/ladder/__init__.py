@@ -4,7 +4,8 @@
 ``v2`` XOR-swizzled shared tiles -> ``v3`` 16-byte cp.async -> ``v4`` exp2 with log2(e) folded
 into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches; ``v8``
 branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
-memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections. Each rung
+memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, ``v10`` from ``v9`` with each
+CTA's key sweep started at its own block. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -48,6 +49,9 @@ RUNGS: tuple[Rung, ...] = (
     # v5's order kept to L2-sized head sections, as hopper.fwd orders its causal tiles
     Rung("ladder.v9", "flashrung.kernels.ladder.v9", "ladder.v5",
          "HeaviestFirst inside L2-sized head sections (causal)"),
+    # v9's CTAs, resident together on equal tiles, no longer sweep their keys in step
+    Rung("ladder.v10", "flashrung.kernels.ladder.v10", "ladder.v9",
+         "staggered key sweeps: each CTA starts at its own key block and wraps"),
 )
 
 

@@ -33,7 +33,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, tile_coords
+from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, kv_stagger, kv_visit, tile_coords
 
 LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
 LN2 = 0.6931471805599453    # ln(2): turns a log2-domain LSE back into the natural base
@@ -607,13 +607,15 @@ def attention_mma_cp_async(
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
     qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, Q_CHUNK: gl.constexpr = 0,
-    L2_SECTIONS: gl.constexpr = False,
+    L2_SECTIONS: gl.constexpr = False, STAGGER: gl.constexpr = False,
 ):
     """The whole single-buffered cp.async kernel of v3-v5 and v8 (XOR-swizzled tiles); each
     switch is one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain),
     ``HEAVIEST_FIRST`` the CTA order (v5; with ``L2_SECTIONS`` inside L2-sized head sections, v9),
     ``Q_CHUNK`` Q read from shared memory in head-dim chunks with every key block (v8, with its
-    two-slab tile). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
+    two-slab tile), ``STAGGER`` each CTA's key sweep started at its own block and wrapped around
+    (v10: ``hopper.schedule.kv_stagger``; every block is masked here, so any order is exact).
+    (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
     moving that one line changes their SASS, so the two bodies stay apart.)"""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -628,9 +630,18 @@ def attention_mma_cp_async(
                                              HEAD_DIM, xor_swizzled_layout(), True, Q_CHUNK)
     m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
-    for start_n in range(0, hi, BLOCK_N):
-        acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
-                                  k_base, v_base, stride_ks, stride_vs, qk_scale,
-                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
+    if STAGGER:
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        n_rot, first = kv_stagger(start_m // BLOCK_M, 0, n_blocks, n_blocks, True)
+        for i in range(0, n_blocks):
+            start_n = kv_visit(i, 0, n_rot, first, True) * BLOCK_N
+            acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
+                                      k_base, v_base, stride_ks, stride_vs, qk_scale,
+                                      BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
+    else:
+        for start_n in range(0, hi, BLOCK_N):
+            acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
+                                      k_base, v_base, stride_ks, stride_vs, qk_scale,
+                                      BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
     out, lse = finalize(acc, m_i, l_i, EXP2)
     store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)

@@ -275,15 +275,25 @@ _SHORT_CAUSAL = {
 SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
 
 
+# Staggered K/V sweeps (`stagger_kv`) from this max(Sq, Sk) up. Paired on the H200 (bf16, d64
+# H32, B·S = 32k), staggered over the default: S8192 1.0119 / 1.0117 non-causal, 1.0101 / 1.0120
+# causal; S32768 1.0117 / 1.0116 non-causal, 1.0218 / 1.0251 causal. Screening (interleaved CUDA
+# events) where it is off: d64 S1024 0.965, S2048 1.009 non-causal and 0.962 causal (the
+# 128-row short-causal tile); d128 lost at every row timed (non-causal S2048 0.981, S8192 0.997,
+# S16384 0.985; causal S16384 0.976) — its two consumer warpgroups on 128-key tiles already keep
+# the SMs out of step, and the spread costs L2 locality.
+STAGGER_KV_MIN_SEQLEN = {64: 8192}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, split_tail: bool,
-            balanced: bool) -> HopperFwdConfig:
+            balanced: bool, stagger_kv: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short_causal:
         base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
-                               balanced=balanced)
+                               balanced=balanced, stagger_kv=stagger_kv)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -295,4 +305,5 @@ def select_config(problem) -> HopperFwdConfig:
     short_causal = bool(problem.causal) and seqlen <= SHORT_CAUSAL_MAX_SEQLEN.get(problem.head_dim, 0)
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced)
+    stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
+    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv)

@@ -95,6 +95,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         # the token's carrier is a switch of pingpong: where pingpong is off, both go on together
         ("named_turns", dict(named_turns=not base.named_turns)),
         ("named_turns", dict(named_turns=True, pingpong=True)),
+        ("stagger_kv", dict(stagger_kv=not base.stagger_kv)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

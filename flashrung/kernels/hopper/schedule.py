@@ -192,13 +192,18 @@ STAGGER_STEP = gl.constexpr(633)
 
 
 @gluon.jit
-def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr):
+def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDOW: gl.constexpr = 0):
     """``(n_rot, start)``: the item's unmasked K/V tiles ``[kv_lo, kv_lo + n_rot)`` are visited from
     ``kv_lo + start`` on, wrapping (masked tiles keep their place at the end: a mask is never
-    applied out of order). ``start = 0`` without ``STAGGER``."""
+    applied out of order). ``start`` spreads over the first ``WINDOW`` tiles (0: all ``n_rot``);
+    ``start = 0`` without ``STAGGER``."""
     n_rot = gl.maximum(gl.minimum(num_unmasked, kv_hi) - kv_lo, 0)
     if STAGGER:
-        start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * n_rot) >> STAGGER_BITS
+        if WINDOW > 0:
+            span = gl.minimum(n_rot, WINDOW)
+        else:
+            span = n_rot
+        start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * span) >> STAGGER_BITS
     else:
         start = n_rot * 0
     return n_rot, start

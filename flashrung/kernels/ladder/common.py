@@ -46,6 +46,8 @@ MAX_GRID_Y = 65535             # CUDA limit of the second grid dimension (batch 
 SWIZZLE_PHASES = 8             # 128-byte bank period / 16-byte chunk: eight phases, 3 XOR bits
 # K/V bytes of the heads whose tiles run together under v9's order: the Hopper forward's L2 budget
 L2_SECTION_BYTES = gl.constexpr(L2_BUDGET_BYTES)
+# v10's staggered sweeps start within the first this-many key blocks of a CTA's sweep (0: anywhere)
+STAGGER_WINDOW_BLOCKS = gl.constexpr(0)
 
 # The same constants as seen from inside a kernel (jit code reads only constexpr globals).
 COPY_BYTES_K = gl.constexpr(COPY_BYTES)
@@ -632,7 +634,7 @@ def attention_mma_cp_async(
     causal_shift = seqlen_k - seqlen_q
     if STAGGER:
         n_blocks = gl.cdiv(hi, BLOCK_N)
-        n_rot, first = kv_stagger(start_m // BLOCK_M, 0, n_blocks, n_blocks, True)
+        n_rot, first = kv_stagger(start_m // BLOCK_M, 0, n_blocks, n_blocks, True, STAGGER_WINDOW_BLOCKS)
         for i in range(0, n_blocks):
             start_n = kv_visit(i, 0, n_rot, first, True) * BLOCK_N
             acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,

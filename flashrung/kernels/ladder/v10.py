@@ -18,6 +18,11 @@ order staggers its CTAs by itself: neighbouring query tiles have different lengt
 Prediction: if the lockstep is what v5/v9 lose to v4, v10 ≥ v4 at config B (≥ 1.05× v9). At
 config A (non-causal, v4's grid, all tiles equal) each wave of CTAs also starts together and sweeps
 in step, so the same mechanism predicts a gain there too.
+Evidence: census — block-body families equal v9's, 0 spill. H200, paired (flashrung compare) over
+v9: config A 1.0547 / 1.0569 (KEEP; ncu: long-scoreboard stalls 22.4% → 16.8%, L2 hit rate 83.3%
+→ 92.2%), config B 0.9414 / 0.9416 (REVERT; ncu: L2 hit rate 97.1% → 78.0%, HBM reads 0.92 →
+8.69 GB: at S = 32768 the staggered sweeps spread over more K/V than the L2 holds).
+docs/ladder.md.
 """
 from __future__ import annotations
 

@@ -16,8 +16,11 @@ the seed measured for LPT (1.349× at N=2048) — a loss the balance alone canno
 loss is L2 (v5's grid streams every head's K/V together), v9 recovers it and keeps LPT's balance:
 a grid model of config B (132 SMs × 2 CTAs, tiles priced at their key blocks, handed out in
 launch order) puts v4's order at SM-active 0.97–0.98 and HeaviestFirst at ≈1.0, so v9 ≥ v4 by
-up to 2–3% at B, and ≈ v5 at config A (non-causal: same grid). Not yet run on a GPU.
-Evidence (census): loop families equal v5's. docs/ladder.md.
+up to 2–3% at B, and ≈ v5 at config A (non-causal: same grid).
+Evidence: census — loop families equal v5's. H200, paired (flashrung compare) at config B: over
+v5 1.0181 / 1.0184 (KEEP), over v4 0.9517 / 0.9521 (REVERT); ncu at B: L2 hit rate 95.7% (v5
+86.5%, v4 98.9%), HBM reads 0.92 GB (v5 4.55, v4 0.40) — the L2 part of v5's loss is back, the
+rest is not L2 (docs/ladder.md).
 """
 from __future__ import annotations
 

@@ -88,6 +88,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v8", "flashrung.kernels.ladder.v8", "fwd", auto=False),
     Backend("ladder.v9", "flashrung.kernels.ladder.v9", "fwd", auto=False),
     Backend("ladder.v10", "flashrung.kernels.ladder.v10", "fwd", auto=False),
+    Backend("ladder.v11", "flashrung.kernels.ladder.v11", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

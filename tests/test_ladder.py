@@ -36,6 +36,7 @@ SELECTORS = {
     "v8_causal": ("v8", SM90, D128_CAUSAL),
     "v9_causal": ("v9", SM90, D128_CAUSAL),
     "v10_causal": ("v10", SM90, D128_CAUSAL),
+    "v11_causal": ("v11", SM90, D128_CAUSAL),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -230,6 +231,21 @@ def test_v10_staggers_the_sweep_without_touching_the_block_body(rows):
         assert a[fam] == b[fam], fam
     assert rows["v10_causal"]["spill_bytes"] == 0
     assert rows["v10_causal"]["regs"] <= rows["v9_causal"]["regs"] + 8
+
+
+# v11's price for three CTAs per SM (census, d128 causal): 248 B of spill, 28 LDL in the block loop
+V11_SPILL_BYTES = 256
+
+
+def test_v11_fits_three_ctas_per_sm_with_v4s_instructions(rows):
+    # the register cap is the whole lever: the block's MMA, fragment loads, copies and
+    # exponentials are v4's; 168 registers x 128 threads x 3 CTAs fit the 64 Ki register file
+    # (v4's 255 fit two), and what no longer fits in registers goes to local memory, bounded
+    a, b = rows["v4_causal"], rows["v11_causal"]
+    for fam in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2"):
+        assert a["sass"][fam] == b["sass"][fam], fam
+    assert b["regs"] <= 168 and 3 * 128 * b["regs"] <= 64 * 1024 < 3 * 128 * a["regs"]
+    assert 0 < b["spill_bytes"] <= V11_SPILL_BYTES and a["spill_bytes"] == 0
 
 
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):

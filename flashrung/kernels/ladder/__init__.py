@@ -5,7 +5,8 @@
 into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as switches; ``v8``
 branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
 memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, ``v10`` from ``v9`` with each
-CTA's key sweep started at its own block. Each rung
+CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
+CTAs per SM). Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -52,6 +53,9 @@ RUNGS: tuple[Rung, ...] = (
     # v9's CTAs, resident together on equal tiles, no longer sweep their keys in step
     Rung("ladder.v10", "flashrung.kernels.ladder.v10", "ladder.v9",
          "staggered key sweeps: each CTA starts at its own key block and wraps"),
+    # v4, latency-bound at 8 warps per SM (profile at config B), given the registers for 12
+    Rung("ladder.v11", "flashrung.kernels.ladder.v11", "ladder.v4",
+         "168-register cap: three 4-warp CTAs per SM instead of two"),
 )
 
 

@@ -5,8 +5,8 @@ any Sq/Sk, bottom-right causal, GQA.
 
 Lever (parent ladder.v4): ptxas's register cap (``maxnreg``) at 168 per thread instead of the
 255 v4 takes. The H200's 64 Ki registers per SM then hold three 4-warp CTAs (12 warps) where v4
-holds two (8); shared memory (48 KiB per CTA) is not what binds either way. Kernel, grid and tile
-are v4's.
+holds two (8); shared memory (48 KiB per CTA) is not what binds either way. The kernel is v4's own
+``attention_fwd_v4``, compiled with the cap; grid and tile are v4's.
 
 Why this lever: the profile of v4 at config B itself (docs/ladder.md, `ladder-profile-config-b.json`)
 puts it at SM active 97.7%, L2 hit rate 98.9%, HBM reads at the compulsory 0.40 GB, the tensor
@@ -21,37 +21,17 @@ spill reloads hit L1; a loss if they do not. Not yet run on a GPU.
 """
 from __future__ import annotations
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-
 from flashrung.kernels.ladder import common
-from flashrung.kernels.ladder.common import attention_mma_cp_async
+from flashrung.kernels.ladder.v4 import CONFIG, attention_fwd_v4
 
 NAME = "ladder.v11"
 PARENT = "ladder.v4"
 LEVER = "168-register cap: three 4-warp CTAs (12 warps) per SM instead of two"
 HEAD_DIMS = (64, 128)
-CONFIG = common.TileConfig(block_m=64, block_n=64, num_warps=4)
-EXP2 = gl.constexpr(True)
 # 65536 registers per SM / (3 CTAs × 128 threads) = 170, rounded down to ptxas's allocation
 # granule of 8 registers per thread
 MAX_REGISTERS = 168
 COMPILE_OPTIONS = {"maxnreg": MAX_REGISTERS}
-
-
-@gluon.jit
-def attention_fwd_v11(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
-    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
-    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
-    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-):
-    # v4's body; the lever is the compile option (COMPILE_OPTIONS), applied at launch and census
-    attention_mma_cp_async(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, EXP2=EXP2, HEAVIEST_FIRST=False)
 
 
 def unsupported_reason(problem) -> str | None:
@@ -59,11 +39,12 @@ def unsupported_reason(problem) -> str | None:
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
-    return common.launch(attention_fwd_v11, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=True,
+    # v4's kernel itself: the lever is the compile option alone (a separate compiled variant)
+    return common.launch(attention_fwd_v4, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=True,
                          head_dims=HEAD_DIMS, options=COMPILE_OPTIONS, out=out, lse=lse)
 
 
 def census_specs():
-    return [common.census_spec(NAME, attention_fwd_v11, head_dim=d, causal=c, cfg=CONFIG, options=COMPILE_OPTIONS,
+    return [common.census_spec(NAME, attention_fwd_v4, head_dim=d, causal=c, cfg=CONFIG, options=COMPILE_OPTIONS,
                                config_extra={"max_registers": MAX_REGISTERS})
             for d in HEAD_DIMS for c in (False, True)]

@@ -205,7 +205,7 @@ def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDO
             span = n_rot
         start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * span) >> STAGGER_BITS
     else:
-        start = n_rot * 0
+        start = 0
     return n_rot, start
 
 

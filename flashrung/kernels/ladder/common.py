@@ -632,18 +632,15 @@ def attention_mma_cp_async(
                                              HEAD_DIM, xor_swizzled_layout(), True, Q_CHUNK)
     m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
-    if STAGGER:
-        n_blocks = gl.cdiv(hi, BLOCK_N)
-        n_rot, first = kv_stagger(start_m // BLOCK_M, 0, n_blocks, n_blocks, True, STAGGER_WINDOW_BLOCKS)
-        for i in range(0, n_blocks):
-            start_n = kv_visit(i, 0, n_rot, first, True) * BLOCK_N
-            acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
-                                      k_base, v_base, stride_ks, stride_vs, qk_scale,
-                                      BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
-    else:
-        for start_n in range(0, hi, BLOCK_N):
-            acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, start_n, hi, offs_m, seqlen_k, causal_shift,
-                                      k_base, v_base, stride_ks, stride_vs, qk_scale,
-                                      BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    n_rot, first = kv_stagger(start_m // BLOCK_M, 0, n_blocks, n_blocks, STAGGER, STAGGER_WINDOW_BLOCKS)
+    for start_n in range(0, hi, BLOCK_N):
+        # the block this trip visits: start_n itself, or its place in the staggered sweep (v10)
+        block_n0 = start_n
+        if STAGGER:
+            block_n0 = kv_visit(start_n // BLOCK_N, 0, n_rot, first, True) * BLOCK_N
+        acc, m_i, l_i = mma_block(q, k_smem, v_smem, acc, m_i, l_i, block_n0, hi, offs_m, seqlen_k, causal_shift,
+                                  k_base, v_base, stride_ks, stride_vs, qk_scale,
+                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
     out, lse = finalize(acc, m_i, l_i, EXP2)
     store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flashrung.dispatch import Problem
-from flashrung.kernels.hopper import fwd
+from flashrung.kernels.hopper import config, fwd, schedule
 from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, select_config
 from flashrung.kernels.hopper.schedule import head_section
 
@@ -507,6 +507,30 @@ def test_forward_rejects_bad_input():
         fwd.forward(q[0], q, q, False, 0.125)
 
 
+@pytest.mark.parametrize("head_dim, seqlen, section_mib", [
+    (64, 4096, 48), (64, 8191, 48), (64, 8192, 16), (128, 2048, 48), (128, 8192, 16), (128, 1 << 20, 16),
+    (256, 16384, 16)])
+def test_causal_lpt_section_follows_the_measured_rule(head_dim, seqlen, section_mib):
+    # 16 MiB LPT sections for causal problems from 8k (preheated paired KEEPs at d64 S8k/S32k and d128
+    # S16k; d128 S2k lost 6% in screening), 48 MiB elsewhere; non-causal problems have no sections
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
+        full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=sq, seqlen_k=sk))
+        assert (causal.l2_section_mib, full.l2_section_mib) == (section_mib, config.L2_SECTION_MIB), (sq, sk)
+    assert config.L2_SECTION_MIB << 20 == schedule.L2_BUDGET_BYTES
+
+
+def test_l2_section_bounds_are_checked():
+    base = fwd.default_config(128, True)
+    for bad in (0, config.MAX_L2_SECTION_MIB + 1):
+        with pytest.raises(ValueError, match="l2_section_mib"):
+            dataclasses.replace(base, l2_section_mib=bad).check(128)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        head_section(8192, 32, 32, 64, 2, 0)
+    # 2 MiB of K/V per head at d64 S8k bf16: the budget decides how many heads run together
+    assert [head_section(8192, 32, 32, 64, 2, mib << 20) for mib in (1, 16, 48)] == [1, 8, 24]
+
+
 def test_head_section_keeps_gqa_groups_together():
     for heads_q, heads_kv in ((32, 32), (32, 4), (8, 1)):
         section = head_section(16384, heads_q, heads_kv, 128, 2)
@@ -637,6 +661,19 @@ def test_gate_stagger_kv(head_dim, shape, causal):
         split = dataclasses.replace(cfg, split_tail=True, persistent=True, balanced=False)
         _gate(functools.partial(fwd.forward, config=split), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
               **shape)
+
+
+# a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes
+# for the stride and for the balanced lists, never what a tile computes
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("balanced", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[:3], ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_small_lpt_section(head_dim, shape, balanced):
+    base = fwd.default_config(head_dim, True, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(base, l2_section_mib=1, persistent=True, balanced=balanced, split_tail=False)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=True, **shape)
 
 
 @pytest.mark.gpu

@@ -29,6 +29,10 @@ MAX_RESCALE_THRESHOLD = 15.0
 # exp2 split: one emulated exponential in this many (0: every exponential on MUFU); each value is
 # one inline-PTX block in softmax.exp2_split
 EXP2_FMA_CHOICES = (0, 2, 4, 8)
+# K/V MiB of one LPT section unless select_config says otherwise (schedule.L2_BUDGET_BYTES, which
+# the ladder keeps); a section larger than MAX_L2_SECTION_MIB cannot stay in any L2 we target
+L2_SECTION_MIB = 48
+MAX_L2_SECTION_MIB = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +99,10 @@ class HopperFwdConfig:
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
     stagger_kv: bool = False
+    # K/V bytes (MiB) of the (batch, head) columns the LPT order keeps together (a section of
+    # schedule.head_section): the heads that run at once under a causal mask should find their
+    # K/V in L2. Host-side only: it picks the tile order, never what a tile computes
+    l2_section_mib: int = L2_SECTION_MIB
 
     @property
     def kv_tile(self) -> int:
@@ -146,6 +154,9 @@ class HopperFwdConfig:
         if self.extra_keys and (self.rescale_threshold > 0 or self.q_in_registers):
             raise ValueError("extra_keys works on the plain online softmax with Q in shared memory: it cannot be "
                              "combined with rescale_threshold > 0 or q_in_registers")
+        if not 1 <= self.l2_section_mib <= MAX_L2_SECTION_MIB:
+            raise ValueError(f"l2_section_mib must be in [1, {MAX_L2_SECTION_MIB}] (MiB of K/V per LPT section), "
+                             f"got {self.l2_section_mib}")
         if self.num_kv_stages < 1:
             raise ValueError(f"num_kv_stages must be >= 1, got {self.num_kv_stages}")
         if not 0.0 <= self.rescale_threshold <= MAX_RESCALE_THRESHOLD:
@@ -285,15 +296,32 @@ SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
 STAGGER_KV_MIN_SEQLEN = {64: 8192}
 
 
+# The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in
+# MiB of K/V: schedule.head_section). The budget was 48 MiB of the H200's 60 MiB L2; causal
+# problems from max(Sq, Sk) = 8192 up take 16 MiB. Profile (ncu, one launch each, --clock-control
+# none, bf16): d64 causal B4 H32 S8192, L2 hit rate 57.9% → 82.8% and DRAM reads 1.83 → 0.65 GB
+# (FA4's same launch: 85.3%); d128 causal B2 H16 S16384, 90.2% → 95.9% and 907 → 408 MB. The
+# duration of a single launch barely moves (2.19 → 2.20 ms at 1.76–1.79 GHz): what the L2 misses
+# cost is power, and under sustained load every kernel here runs at the H200's power limit.
+# Paired with each block preheated for 150 ms (`flashrung compare --block-preheat-ms 150`, t_keep
+# 1.002164 from the preheated A/A null), 16 MiB over 48: d64 B4 H32 S8192 1.0224 / 1.0243, d64 B1
+# H32 S32768 1.0416 / 1.0376, d128 B2 H16 S16384 1.0201 / 1.0236. Preheated screening below the
+# threshold (interleaved blocks, ÷ 48 MiB): d128 B16 H16 S2048 0.942 (the persistent stride then
+# deals each CTA the heavy end of many short heaviest-first sections), d128 B8 H16 S4096 1.006,
+# d64 B8 H32 S4096 0.987; d128 B1 H16 S32768 0.998 (neutral; a head there is 16 MiB already).
+CAUSAL_L2_SECTION_MIB = 16
+CAUSAL_SMALL_SECTION_MIN_SEQLEN = 8192
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, split_tail: bool,
-            balanced: bool, stagger_kv: bool) -> HopperFwdConfig:
+            balanced: bool, stagger_kv: bool, l2_section_mib: int) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short_causal:
         base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
-                               balanced=balanced, stagger_kv=stagger_kv)
+                               balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -306,4 +334,6 @@ def select_config(problem) -> HopperFwdConfig:
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv)
+    small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN
+    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv,
+                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB)

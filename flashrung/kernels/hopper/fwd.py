@@ -899,7 +899,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         # never dereferenced: no work item is a split one
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
-    section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size())
+    section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), cfg.l2_section_mib << 20)
     if cfg.balanced and not warmup:
         sched = _schedule_table(num_m_blocks, batch * heads_q, section, cfg.lpt, seqlen_q, seqlen_k, cfg.block_m,
                                 cfg.kv_tile, bool(causal), grid, str(q.device))

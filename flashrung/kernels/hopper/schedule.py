@@ -41,14 +41,18 @@ from flashrung.model.schedule import live_blocks
 L2_BUDGET_BYTES = 48 * 1024 * 1024
 
 
-def head_section(seqlen_k: int, heads_q: int, heads_kv: int, head_dim: int, elem_bytes: int) -> int:
-    """How many consecutive (batch, q_head) columns the LPT order keeps together.
+def head_section(seqlen_k: int, heads_q: int, heads_kv: int, head_dim: int, elem_bytes: int,
+                 budget_bytes: int = L2_BUDGET_BYTES) -> int:
+    """How many consecutive (batch, q_head) columns the LPT order keeps together: as many K/V heads
+    as ``budget_bytes`` of K/V hold (at least one).
 
     A multiple of the GQA group, so every q-head that shares a K/V head runs in the same section.
     """
+    if not isinstance(budget_bytes, int) or budget_bytes < 1:
+        raise ValueError(f"budget_bytes must be a positive integer, got {budget_bytes!r}")
     group = heads_q // heads_kv
     kv_bytes_per_kv_head = 2 * seqlen_k * head_dim * elem_bytes
-    kv_heads = max(1, L2_BUDGET_BYTES // max(kv_bytes_per_kv_head, 1))
+    kv_heads = max(1, budget_bytes // max(kv_bytes_per_kv_head, 1))
     return group * kv_heads
 
 

@@ -257,9 +257,11 @@ PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 1 << 30, 256: 0}
 # over the stride at S16384 1.0103 / 1.0116, S32768 1.0295 / 1.0284; d128 balanced over the
 # stride at S4096 1.0158 / 1.0118, balanced persistent over the per-tile grid at S8192 1.0624 /
 # 1.0623, S16384 1.0282 / 1.0283, S32768 1.0096 / 1.0100. Screening (interleaved CUDA events)
-# below the thresholds, over the stride: d64 S8192 0.996, S2048 0.977 (128-row tiles); d128
-# S1024 0.949.
-BALANCED_CAUSAL_MIN_SEQLEN = {64: 16384, 128: 4096}
+# below the thresholds, over the stride: d64 S2048 0.977 (128-row tiles), S4096 0.968 (preheated,
+# 128-row tiles); d128 S1024 0.949. d64 S8192 screened 0.996 with 48 MiB LPT sections; once they
+# were 16 MiB (CAUSAL_L2_SECTION_MIB) it measured, paired with each block preheated for 150 ms
+# (t_keep 1.002164), B4 H32 S8192 1.0194 / 1.0267 over the stride: d64 takes it from 8192.
+BALANCED_CAUSAL_MIN_SEQLEN = {64: 8192, 128: 4096}
 # Short causal problems (max(Sq, Sk) up to this) change the schedule of their head dim:
 # - d64 takes a 128-row tile (two consumer warpgroups at 240 registers): with few K/V tiles per
 #   query tile, the 192-row tile's diagonal waste and coarser grid cost more than its cheaper

@@ -37,6 +37,7 @@ SELECTORS = {
     "v9_causal": ("v9", SM90, D128_CAUSAL),
     "v10_causal": ("v10", SM90, D128_CAUSAL),
     "v11_causal": ("v11", SM90, D128_CAUSAL),
+    "v12_causal": ("v12", SM90, D128_CAUSAL),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -246,6 +247,18 @@ def test_v11_fits_three_ctas_per_sm_with_v4s_instructions(rows):
         assert a["sass"][fam] == b["sass"][fam], fam
     assert b["regs"] <= 168 and 3 * 128 * b["regs"] <= 64 * 1024 < 3 * 128 * a["regs"]
     assert 0 < b["spill_bytes"] <= V11_SPILL_BYTES and a["spill_bytes"] == 0
+
+
+def test_v12_adds_the_ring_and_nothing_else(rows):
+    # the lever is the second K/V slot: the block's MMA, fragment loads and exponentials are v4's;
+    # the prefetch adds its copies (LDGSTS), the ring adds 2 x 64 x 128 x 2 B = 32 KiB of shared
+    # memory (K and V one slot each) and no spill
+    a, b = rows["v4_causal"], rows["v12_causal"]
+    for fam in ("HMMA", "LDSM", "MUFU.EX2"):
+        assert a["sass"][fam] == b["sass"][fam], fam
+    assert b["sass"]["LDGSTS"] > a["sass"]["LDGSTS"]
+    assert b["smem_bytes"] - a["smem_bytes"] == 2 * 64 * 128 * 2
+    assert b["spill_bytes"] == 0 and b["regs"] <= 255
 
 
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):

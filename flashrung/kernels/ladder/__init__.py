@@ -6,7 +6,7 @@ into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as swi
 branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
 memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, ``v10`` from ``v9`` with each
 CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
-CTAs per SM). Each rung
+CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -56,6 +56,9 @@ RUNGS: tuple[Rung, ...] = (
     # v4, latency-bound at 8 warps per SM (profile at config B), given the registers for 12
     Rung("ladder.v11", "flashrung.kernels.ladder.v11", "ladder.v4",
          "168-register cap: three 4-warp CTAs per SM instead of two"),
+    # v4's wait for each block's copy, on the critical path at 8 warps per SM, hidden by a ring
+    Rung("ladder.v12", "flashrung.kernels.ladder.v12", "ladder.v4",
+         "double-buffered K/V ring: block j+1 in flight while block j is consumed"),
 )
 
 

@@ -644,3 +644,67 @@ def attention_mma_cp_async(
                                   BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, True, EXP2, Q_CHUNK)
     out, lse = finalize(acc, m_i, l_i, EXP2)
     store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+@gluon.jit
+def attention_mma_cp_async_ring(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+    qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, EXP2: gl.constexpr,
+):
+    """The double-buffered cp.async kernel (v3's measured arm, v12): a ring of ``KV_STAGES`` (= 2)
+    K/V slots, block j+1 in flight while block j is consumed; one commit per trip, so
+    ``wait_group(KV_STAGES - 1)`` always means "block j has landed". ``EXP2`` as in
+    :func:`attention_mma_cp_async` (v3: expf, v12: v4's exp2)."""
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    SMEM: gl.constexpr = xor_swizzled_layout()
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    b, h, start_m = program_tile(heads_q, BLOCK_M)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
+    async_copy.commit_group()
+    # Prologue: block 0 into slot 0 (zero rows, no global reads, when the loop is empty).
+    issue_kv_async(k_smem.index(0), v_smem.index(0), k_base, v_base, gl.to_tensor(0), hi,
+                   stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+    async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 1)  # groups complete in order: Q is in
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
+    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    causal_shift = seqlen_k - seqlen_q
+    for start_n in range(0, hi, BLOCK_N):
+        j = start_n // BLOCK_N
+        # Block j+1 into the other slot (a zero-row copy past the end keeps one commit per
+        # iteration, so wait_group(KV_STAGES - 1) always means "block j has landed").
+        nxt = start_n + BLOCK_N
+        issue_kv_async(k_smem.index((j + 1) % KV_STAGES), v_smem.index((j + 1) % KV_STAGES),
+                       k_base, v_base, nxt, hi - nxt, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(KV_STAGES - 1)
+        gl.thread_barrier()
+        k_cur = k_smem.index(j % KV_STAGES)
+        v_cur = v_smem.index(j % KV_STAGES)
+        s = mma_scores(q, k_cur, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
+        acc = mma_pv(acc * alpha[:, None], p, v_cur)
+        gl.thread_barrier()  # every warp is done reading this slot before a copy overwrites it
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetch before the CTA exits
+
+    out, lse = finalize(acc, m_i, l_i, EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)

@@ -17,7 +17,11 @@ Cost (census, sm_90a, d128 causal): 248 B of spill, 28 LDL and 2 STL in the 794-
 block loop (255 registers and 0 spill in v4); 3 CTAs × 128 threads × 248 B = 93 KiB of local
 memory per SM, which the L1 left beside 144 KiB of shared memory can hold.
 Prediction: +5–10% over v4 at config B if the 12 warps hide the latency the profile shows and the
-spill reloads hit L1; a loss if they do not. Not yet run on a GPU.
+spill reloads hit L1; a loss if they do not.
+Measured (H200, paired `flashrung compare` over v4, two fresh processes): config B 0.8622 /
+0.8630, config A 0.8519 / 0.8501 — REVERT. ncu at config B: occupancy 12.4% → 18.4% and
+long-scoreboard stalls 15.6% → 9.3% (the latency is hidden), short-scoreboard 16.2% → 20.5% and
+local-load conflicts 4.7 M → 24.6 M (the reloads sit on the MMA chain), tensor pipe 47.6% → 41.4%.
 """
 from __future__ import annotations
 

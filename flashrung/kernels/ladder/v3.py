@@ -36,13 +36,9 @@ import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.ladder import common
-from flashrung.kernels.ladder.common import (
-    attention_mma_cp_async, finalize, issue_kv_async, kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile,
-    softmax_update, stage_tile_async, store_tile, tile_bases, xor_swizzled_layout,
-)
+from flashrung.kernels.ladder.common import attention_mma_cp_async, attention_mma_cp_async_ring
 
 NAME = "ladder.v3"
 PARENT = "ladder.v2"
@@ -96,58 +92,11 @@ def attention_fwd_v3_kv2(
     KV_STAGES: gl.constexpr,
 ):
     """The double-buffered arm: a ring of KV_STAGES (= 2) K/V slots, block j+1 in flight while
-    block j is consumed."""
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
-    # Prologue: block 0 into slot 0 (zero rows, no global reads, when the loop is empty).
-    issue_kv_async(k_smem.index(0), v_smem.index(0), k_base, v_base, gl.to_tensor(0), hi,
-                   stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
-    async_copy.commit_group()
-    async_copy.wait_group(KV_STAGES - 1)  # groups complete in order: Q is in
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
-    causal_shift = seqlen_k - seqlen_q
-    for start_n in range(0, hi, BLOCK_N):
-        j = start_n // BLOCK_N
-        # Block j+1 into the other slot (a zero-row copy past the end keeps one commit per
-        # iteration, so wait_group(KV_STAGES - 1) always means "block j has landed").
-        nxt = start_n + BLOCK_N
-        issue_kv_async(k_smem.index((j + 1) % KV_STAGES), v_smem.index((j + 1) % KV_STAGES),
-                       k_base, v_base, nxt, hi - nxt, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
-        async_copy.commit_group()
-        async_copy.wait_group(KV_STAGES - 1)
-        gl.thread_barrier()
-        k_cur = k_smem.index(j % KV_STAGES)
-        v_cur = v_smem.index(j % KV_STAGES)
-        s = mma_scores(q, k_cur, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
-        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, False)
-        acc = mma_pv(acc * alpha[:, None], p, v_cur)
-        gl.thread_barrier()  # every warp is done reading this slot before a copy overwrites it
-    async_copy.wait_group(0)  # drain the trailing zero-row prefetch before the CTA exits
-
-    out, lse = finalize(acc, m_i, l_i, False)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    block j is consumed (``common.attention_mma_cp_async_ring``, with v3's ``expf``)."""
+    attention_mma_cp_async_ring(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, EXP2=False)
 
 
 def unsupported_reason(problem) -> str | None:

@@ -188,3 +188,23 @@ def test_calibration_from_before_a_protocol_field_still_matches(tmp_path):
     preheated = timing.PairedProtocol(**{**timing.QUICK_PAIRED.to_json(), "block_preheat_ms": 150.0})
     _, source = cli._t_noise(args, "gpu0", row, preheated)
     assert "calibrated with protocol" in source
+
+
+def _run_end(power, limit="700.00", sm="1980"):
+    return {"clocks_end": {"source": "nvidia-smi", "power.draw": power, "power.limit": limit, "clocks.sm": sm}}
+
+
+def test_compare_reports_the_power_regime_its_runs_ended_in():
+    # the property: an unpreheated comparison that ended below the power limit says so, because a
+    # lever that moves memory traffic ranked differently at the limit (stagger: 1.02 vs 0.98)
+    plain = cli.pair_protocol(parse("compare", "cudnn", "flash", "--quick"))
+    hot = cli.pair_protocol(parse("compare", "cudnn", "flash", "--quick", "--block-preheat-ms", "150"))
+    line = cli.regime_line([_run_end("272.27"), _run_end("641.20", sm="1935")], plain)
+    assert "272 W of 700 W at 1980 MHz, 641 W of 700 W at 1935 MHz" in line and "NOTE: below the power limit" in line
+    # at the limit, or preheated, the line is a plain record
+    assert "NOTE" not in cli.regime_line([_run_end("690.1"), _run_end("688.0")], plain)
+    assert "NOTE" not in cli.regime_line([_run_end("130.0")], hot) and "preheated 150 ms" in cli.regime_line(
+        [_run_end("130.0")], hot)
+    # no snapshot (the CPU path, or nvidia-smi missing or printing [N/A]): no line rather than a guess
+    assert cli.regime_line([{"clocks_end": {"source": "torch", "clocks.sm": 1980}}, {}], plain) is None
+    assert cli.regime_line([_run_end("[N/A]")], plain) is None

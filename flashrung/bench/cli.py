@@ -389,6 +389,44 @@ def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -
     return float(entry["t_noise"]), source
 
 
+# Below this share of the board's power limit at a run's end, the run was not power-limited.
+POWER_LIMITED_SHARE = 0.9
+
+
+def _number(value) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:
+    """One line on the power regime the paired runs ended in (the nvidia-smi snapshot each run takes
+    at its end), or None when no run has one.
+
+    Under sustained attention the H200 runs at its power limit; an unpreheated comparison whose runs
+    end well below it timed both arms above their sustained clock, where a lever that moves memory
+    traffic (watts) can rank differently than at the limit (docs/hopper.md, the staggered sweeps:
+    1.0218 unpreheated, 0.9796 preheated). One snapshot per run is a hint, not a measurement.
+    """
+    ends = []
+    for r in runs:
+        c = r.get("clocks_end") or {}
+        power, limit, sm = _number(c.get("power.draw")), _number(c.get("power.limit")), _number(c.get("clocks.sm"))
+        if power is not None and limit:
+            ends.append((power, limit, sm))
+    if not ends:
+        return None
+    parts = ", ".join(f"{p:.0f} W of {lim:.0f} W" + (f" at {sm:.0f} MHz" if sm is not None else "")
+                      for p, lim, sm in ends)
+    line = f"regime: runs ended at {parts}; blocks preheated {protocol.block_preheat_ms:g} ms"
+    if protocol.block_preheat_ms == 0 and any(p < POWER_LIMITED_SHARE * lim for p, lim, _ in ends):
+        line += ("; NOTE: below the power limit and not preheated — a lever that moves memory traffic can "
+                 "rank differently at sustained load (--block-preheat-ms 150 with a null calibrated the same way)")
+    return line
+
+
 def cmd_compare(args) -> int:
     from flashrung.bench import worker
     gpu = _require_device("compare", args)
@@ -430,11 +468,14 @@ def cmd_compare(args) -> int:
     print(f"\n{verdict.verdict}: margin {verdict.margin:.6f} vs t_keep {verdict.t_keep:.6f}")
     for reason in verdict.reasons:
         print(f"  - {reason}")
+    regime = regime_line(runs, protocol)
+    if regime is not None:
+        print(regime)
     if args.json:
         link = stats.Link(baseline=args.baseline, candidate=args.candidate, margin=verdict.margin,
                           verdict=verdict.verdict, paired=True)
         report.write_json({"link": {**link.to_json(), "row": row.plan()}, "verdict": verdict.to_json(),
-                           "t_noise_source": source, "runs": runs}, args.json)
+                           "t_noise_source": source, "regime": regime, "runs": runs}, args.json)
     return 0
 
 

@@ -307,10 +307,12 @@ STAGGER_KV_MIN_SEQLEN = {64: 8192}
 # cost is power, and under sustained load every kernel here runs at the H200's power limit.
 # Paired with each block preheated for 150 ms (`flashrung compare --block-preheat-ms 150`, t_keep
 # 1.002164 from the preheated A/A null), 16 MiB over 48: d64 B4 H32 S8192 1.0224 / 1.0243, d64 B1
-# H32 S32768 1.0416 / 1.0376, d128 B2 H16 S16384 1.0201 / 1.0236. Preheated screening below the
+# H32 S32768 1.0416 / 1.0376, d128 B4 H16 S8192 1.0235 / 1.0238, d128 B2 H16 S16384 1.0201 /
+# 1.0236; 8 over 16 MiB at d128 S16384 1.0013 / 0.9975 (NULL). Preheated screening below the
 # threshold (interleaved blocks, ÷ 48 MiB): d128 B16 H16 S2048 0.942 (the persistent stride then
-# deals each CTA the heavy end of many short heaviest-first sections), d128 B8 H16 S4096 1.006,
-# d64 B8 H32 S4096 0.987; d128 B1 H16 S32768 0.998 (neutral; a head there is 16 MiB already).
+# deals each CTA the heavy end of many short heaviest-first sections), d128 B8 H16 S4096 1.006 and
+# 0.937 (two blocks), d64 B8 H32 S4096 0.987 and 0.968; d128 B1 H16 S32768 0.998 (neutral; a head
+# there is 16 MiB already).
 CAUSAL_L2_SECTION_MIB = 16
 CAUSAL_SMALL_SECTION_MIN_SEQLEN = 8192
 

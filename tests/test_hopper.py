@@ -551,6 +551,11 @@ on_hopper = pytest.mark.skipif(
     reason="needs a CUDA device of compute capability 9.0 (Hopper)")
 
 
+def _shape_id(shape: dict) -> str:
+    """Test id of a gate shape: batch, query x key length, query:kv heads."""
+    return "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**shape)
+
+
 def _gate(forward_fn=fwd.forward, **kw):
     from flashrung.gate import check_forward
 
@@ -629,7 +634,7 @@ SPLIT_TAIL_SHAPES = [
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES, ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_split_tail(head_dim, shape, persistent):
     cfg = dataclasses.replace(fwd.default_config(head_dim, False), split_tail=True, persistent=persistent)
@@ -650,7 +655,7 @@ STAGGER_SHAPES = [
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_stagger_kv(head_dim, shape, causal):
     base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
@@ -668,7 +673,7 @@ def test_gate_stagger_kv(head_dim, shape, causal):
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("balanced", [False, True])
-@pytest.mark.parametrize("shape", STAGGER_SHAPES[:3], ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[:3], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gate_small_lpt_section(head_dim, shape, balanced):
     base = fwd.default_config(head_dim, True, max(shape["seqlen_q"], shape["seqlen_k"]))
@@ -719,7 +724,7 @@ def test_gate_extra_keys_with_the_split_tail():
     dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
     dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # rows that see no key
     dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=2),
-], ids=lambda s: "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**s))
+], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_balanced(head_dim, shape):
     cfg = dataclasses.replace(fwd.default_config(head_dim, True, 4096), balanced=True, persistent=True)

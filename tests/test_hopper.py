@@ -115,6 +115,8 @@ CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False})
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
+# the producer's V loads a step behind its K loads (FA4's order)
+CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared memory)
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
@@ -265,6 +267,20 @@ def test_split_tail_leaves_the_kv_loop_alone(census):
     assert base["loop"]["length"] <= split["loop"]["length"] <= base["loop"]["length"] + 4
     assert split["windows"] == base["windows"]
     assert split["loop"]["fmul"] == base["loop"]["fmul"] and split["loop"]["prmt"] == base["loop"]["prmt"]
+
+
+def test_lag_v_loads_changes_the_producer_only(census):
+    # V(j) issued after K(j+1) reorders the producer's loads: the consumers' steady loop and its
+    # softmax windows are the same code, nothing spills, and the producer keeps its count of TMA
+    # load sites (the V before the loop moves after it: an item's last V)
+    lag, base = census["d128-full-lag-v"], census["d128-full"]
+    assert lag["row"]["config"]["lag_v_loads"] and not base["row"]["config"]["lag_v_loads"]
+    assert "error" not in lag["row"], lag["row"]["error"]
+    assert lag["row"]["spill_bytes"] == 0 and lag["loop"]["ldl"] == 0
+    assert lag["loop"] == base["loop"]
+    assert lag["windows"] == base["windows"]
+    assert lag["row"]["sass"]["UTMALDG"] == base["row"]["sass"]["UTMALDG"], \
+        (lag["row"]["sass"]["UTMALDG"], base["row"]["sass"]["UTMALDG"])
 
 
 def test_extra_keys_spread_the_loop_over_192_keys(census):
@@ -668,6 +684,24 @@ def test_gate_stagger_kv(head_dim, shape, causal):
               **shape)
 
 
+# V(j) loaded after K(j+1): the last V of every item comes after its loop, a single-tile item
+# (S=17) loads its one V there, and split-tail items and staggered sweeps lag inside their own range
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_lag_v_loads(head_dim, shape, causal):
+    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(base, lag_v_loads=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+          **shape)
+    if not causal and head_dim != 256:
+        split = dataclasses.replace(cfg, split_tail=True, persistent=True, balanced=False, stagger_kv=True)
+        _gate(functools.partial(fwd.forward, config=split), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
+              **shape)
+
+
 # a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes
 # for the stride and for the balanced lists, never what a tile computes
 @pytest.mark.gpu
@@ -820,6 +854,8 @@ def _switches():
         dict(pingpong=True, wait_pv_early=True, named_turns=True),
         dict(wait_pv_early=True, pingpong=True, q_in_registers=True),
         dict(balanced=True, persistent=True, split_tail=False),
+        dict(lag_v_loads=True),
+        dict(lag_v_loads=True, num_kv_stages=1),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

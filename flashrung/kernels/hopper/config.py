@@ -103,6 +103,11 @@ class HopperFwdConfig:
     # schedule.head_section): the heads that run at once under a causal mask should find their
     # K/V in L2. Host-side only: it picks the tile order, never what a tile computes
     l2_section_mib: int = L2_SECTION_MIB
+    # the producer issues V(j) after K(j+1) (FA4's order) instead of right after K(j): the order
+    # the overlapped consumer waits in (K(j+1) and V(j) before QK(j+1)), so no V load runs a step
+    # ahead of its need. Probes whether loads issued at need line the CTAs' L2 requests up (the L2
+    # request coalescer merged 61% of FA4's read sectors at d128 S16k, 11% of ours)
+    lag_v_loads: bool = False
 
     @property
     def kv_tile(self) -> int:

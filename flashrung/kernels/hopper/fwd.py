@@ -232,6 +232,7 @@ class _Schedule:
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
+    LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -293,14 +294,28 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
             _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                           count, c)
             _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, first,
-                          count, c)
-            for j in range(kv_lo + 1, kv_hi):
-                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
-                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, t,
-                              base + j, c)
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head, t,
-                              base + j, c)
+            if c.LAG_V_LOADS:
+                # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
+                # slot is filled when its tile is next needed, not as soon as it frees
+                prev = first
+                for j in range(kv_lo + 1, kv_hi):
+                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+                    _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
+                                  kv_head, t, base + j, c)
+                    _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
+                                  kv_head, prev, base + j - 1, c)
+                    prev = t
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
+                              prev, base + kv_hi - 1, c)
+            else:
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
+                              first, count, c)
+                for j in range(kv_lo + 1, kv_hi):
+                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+                    _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
+                                  kv_head, t, base + j, c)
+                    _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
+                                  kv_head, t, base + j, c)
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
             # consumers' barrier phases stay in step; they write out = 0, lse = -inf
@@ -695,7 +710,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     LAG_V_LOADS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -743,7 +758,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
-                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV)
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
+                  LAG_V_LOADS=LAG_V_LOADS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -793,7 +809,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        LAG_V_LOADS=cfg.lag_v_loads, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
 

@@ -2,7 +2,9 @@
 
 Layering: ``attention`` (validate) → ``flashrung::attention_fwd`` custom op (dispatch → kernel)
 with a fake implementation for ``torch.compile`` → autograd through ``flashrung::attention_bwd``.
-What the benchmark measures is this path, the one users call.
+A call that autograd, torch.compile and op interceptors will not see (``_needs_the_op``) runs the
+same dispatch and kernel without the op's wrapping. What the benchmark measures is this path, the
+one users call.
 """
 from __future__ import annotations
 
@@ -138,8 +140,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
     """
     scale = _validate(q, k, v, causal, softmax_scale, impl)
-    out, lse = _attention_fwd(q, k, v, causal, scale, impl or "")
+    if _needs_the_op(q, k, v):
+        out, lse = _attention_fwd(q, k, v, causal, scale, impl or "")
+    else:
+        out, lse = _run_forward(q, k, v, causal, scale, impl or None)
     return (out, lse) if return_lse else out
+
+
+def _needs_the_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a forward call must go through the ``flashrung::attention_fwd`` custom op: autograd
+    will differentiate it, torch.compile is tracing it, or something that intercepts ops (a tensor
+    subclass such as a fake tensor, a dispatch mode such as ``FlopCounterMode``, a functorch
+    transform) should see it. Otherwise the op's wrapping is pure host time (about 80 µs a call on
+    the H200's host, more than a small problem's kernel): the same dispatch and kernel run directly."""
+    return ((torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+            or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
+            or torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active())
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,

@@ -188,3 +188,40 @@ def test_automatic_dispatch_runs_short_causal_d64_on_hopper_with_its_short_tile(
     long = dataclasses.replace(short, seqlen_q=8192, seqlen_k=8192, strides=((8192 * 4 * 64, 4 * 64, 64, 1),) * 3)
     assert select_config(long).block_m == 192
     assert select_config(dataclasses.replace(short, causal=False)).block_m == 192
+
+
+def _op_refuses(monkeypatch):
+    """Make the custom op raise, so a test sees which path a call takes."""
+    from flashrung import api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went through the custom op")
+    monkeypatch.setattr(api, "_attention_fwd", refuse)
+
+
+def test_inference_calls_skip_the_op_and_return_what_it_returns():
+    # a call nothing will differentiate, trace or intercept runs the same dispatch and kernel
+    # without the op's host cost: same output, same lse, bit for bit
+    from flashrung import api
+
+    q, k, v = gate.random_inputs(gate.Case(1, 17, 1000, 4, 2, 32, torch.float16, True), DEVICE)
+    direct = flashrung.attention(q, k, v, causal=True, return_lse=True)
+    through = api._attention_fwd(q, k, v, True, 32 ** -0.5, "")
+    assert torch.equal(direct[0], through[0]) and torch.equal(direct[1], through[1])
+    with torch.no_grad():
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        assert torch.equal(flashrung.attention(*leaves, causal=True), direct[0])
+
+
+def test_calls_autograd_compile_or_a_mode_must_see_take_the_op(monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = qkv()
+    _op_refuses(monkeypatch)
+    flashrung.attention(q, k, v)                      # inference: direct
+    with pytest.raises(AssertionError, match="custom op"):
+        flashrung.attention(q.clone().requires_grad_(True), k, v)
+    with pytest.raises(AssertionError, match="custom op"), FlopCounterMode(display=False):
+        flashrung.attention(q, k, v)
+    with pytest.raises(AssertionError, match="custom op"):
+        torch.func.vmap(lambda x: flashrung.attention(x, k, v))(q.unsqueeze(0))

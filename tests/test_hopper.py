@@ -949,3 +949,18 @@ def test_separate_o_buffer_is_budgeted():
         assert cfg.smem_bytes(d, 2) - plain.smem_bytes(d, 2) == cfg.block_m * d * 2
     with pytest.raises(ValueError, match="shared memory"):
         dataclasses.replace(fwd.default_config(256, False), separate_o=True).check(256)
+
+
+def test_fast_descriptor_equals_the_validated_one():
+    # the launch fills TMA descriptors without TensorDescriptor's per-call validation (host time):
+    # every field must equal what the validating constructor builds, strided views included
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    base = torch.randn(2, 40, 6, 128, dtype=torch.bfloat16)
+    for t in (base, base[:, :, ::2], base.transpose(1, 2).contiguous().transpose(1, 2)):
+        for rows in (64, 128):
+            fast = fwd._descriptor(t, rows)
+            ref = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, 128],
+                                   fwd._smem_layout(t.dtype, rows, 128))
+            assert type(fast) is TensorDescriptor
+            assert fast == ref and fast.base is t

@@ -68,6 +68,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
 from flashrung.kernels.hopper.config import (
@@ -788,20 +789,37 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
 # --------------------------------------------------------------------------- host
 
 
+@functools.lru_cache(maxsize=None)
 def _smem_layout(dtype: torch.dtype, rows: int, head_dim: int):
+    """The shared layout of a [1, rows, 1, head_dim] box, its block shape validated once."""
+    validate_block_shape([1, rows, 1, head_dim])
     return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], _GL_DTYPES[dtype])
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """4-D TMA descriptor over ``t`` (B, S, H, D) as it lies in memory, box [1, rows, 1, D]."""
+    """4-D TMA descriptor over ``t`` (B, S, H, D) as it lies in memory, box [1, rows, 1, D].
+
+    Filled in without ``TensorDescriptor.__post_init__``: what it asserts is the box (checked once
+    per box by :func:`_smem_layout`) and the tensor's 16-byte base, 16-byte strides and unit last
+    stride, which every caller has established with :func:`layout_reason`. Validating six
+    descriptors per call cost about 60 µs of host time, more than the kernel at small shapes
+    (``test_fast_descriptor_equals_the_validated_one`` pins the fields)."""
     head_dim = t.shape[3]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim],
-                            _smem_layout(t.dtype, rows, head_dim))
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
+    desc.block_shape, desc.layout, desc.padding = [1, rows, 1, head_dim], _smem_layout(t.dtype, rows, head_dim), "zero"
+    return desc
 
 
 def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True) -> dict:
-    """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere."""
-    return dict(
+    """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
+    A fresh dict each call (the launch edits it) from a per-configuration cache."""
+    return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive)))
+
+
+@functools.lru_cache(maxsize=None)
+def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool) -> tuple:
+    return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
@@ -810,7 +828,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-    )
+    ).items())
 
 
 def _strides_reason(name: str, strides, ptr_alignment: int, elem_bytes: int) -> str | None:
@@ -837,8 +855,11 @@ def layout_reason(*tensors: torch.Tensor, names=("q", "k", "v")) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def unsupported_reason(problem) -> str | None:
-    """Why ``hopper.fwd`` cannot run ``problem`` (a :class:`flashrung.dispatch.Problem`), or ``None``."""
+    """Why ``hopper.fwd`` cannot run ``problem`` (a :class:`flashrung.dispatch.Problem`), or ``None``.
+
+    Pure in the (frozen) problem, so cached: dispatch and :func:`forward` both ask on every call."""
     if problem.device_type != "cuda":
         return f"needs a CUDA tensor, got device {problem.device_type!r}"
     if problem.interpreter:
@@ -855,7 +876,7 @@ def unsupported_reason(problem) -> str | None:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
     # through a hidden copy here.
-    elem_bytes = torch.empty((), dtype=problem.dtype).element_size()
+    elem_bytes = problem.dtype.itemsize
     for name, strides in zip(("q", "k", "v"), problem.strides):
         reason = _strides_reason(name, strides, problem.ptr_alignment, elem_bytes)
         if reason is not None:
@@ -921,10 +942,12 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
                                 cfg.kv_tile, bool(causal), grid, str(q.device))
     else:
         sched = coords          # never dereferenced: the stride needs no table
+    k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
     args = (
-        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
+        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
-        _descriptor(k, cfg.extra_keys or cfg.block_n), _descriptor(v, cfg.extra_keys or cfg.block_n),
+        _descriptor(k, cfg.extra_keys) if cfg.extra_keys else k_desc,
+        _descriptor(v, cfg.extra_keys) if cfg.extra_keys else v_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords, sched,
         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
         num_items, num_full_tiles, splits, fold_scale(softmax_scale),
@@ -982,7 +1005,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
-    cfg.check(problem.head_dim, q.element_size())
+    _check(cfg, problem.head_dim, q.element_size())
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -1009,9 +1032,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if layout_reason(q, k, v) is not None:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
-    with torch.cuda.device(q.device):      # Triton launches on the current device
+    if q.device.index == torch.cuda.current_device():
         _launch(q, k, v, out, lse, causal, softmax_scale, cfg)
+    else:
+        with torch.cuda.device(q.device):      # Triton launches on the current device
+            _launch(q, k, v, out, lse, causal, softmax_scale, cfg)
     return out, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _check(cfg: HopperFwdConfig, head_dim: int, elem_bytes: int) -> None:
+    """``cfg.check`` once per configuration (a failing check raises every time: nothing is cached)."""
+    cfg.check(head_dim, elem_bytes)
 
 
 # --------------------------------------------------------------------------- census

@@ -19,7 +19,11 @@ the MMA chain (0.862× v4). The ring hides it inside the same 8 warps: a second 
 Measured before (v3's arm over v3, do_bench, unpaired): +8.5% at config A, −2.1% at config B.
 Prediction: a gain at A of that size; at B ±3%, decided by whether the long-scoreboard share
 (15.5%) falls. Census: the block's MMA, fragment loads and exponentials equal v4's; the copies
-add the prefetch's LDGSTS. Not yet run on a GPU.
+add the prefetch's LDGSTS.
+Measured (H200, docs/ladder.md): paired over v4 (`flashrung compare`, two fresh processes) 1.0989 /
+1.1069 at config A and 1.0239 / 1.0243 at config B — KEEP, both as predicted; 306.6 TFLOP/s at
+config B, 73.5% of the mma.sync ceiling of the same run (v4 70.1%). Profile at B: long-scoreboard
+stalls 15.6% → 2.2%, the tensor pipe 47.6% → 48.8% (the stalls moved to the short scoreboard).
 """
 from __future__ import annotations
 

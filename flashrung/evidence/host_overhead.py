@@ -1,0 +1,121 @@
+"""Host time per call of ``flashrung.attention`` and of the peers' Python entry points.
+
+At small problems the host path, not the kernel, sets the rate: a call whose host path takes longer
+than its kernel leaves the GPU idle between launches however fast the kernel is. This probe times
+that path alone: a shape whose kernel is far shorter than any host path (B1 S128 H1 by default),
+``--calls`` calls back to back after a warm-up, no synchronisation between them, wall time divided
+by the count. Rows for each layer of flashrung's path (the public call, the forced kernel, the
+kernel's ``forward``, its launch) say where the time goes; cuDNN (through SDPA) and FA4 (when
+``flash_attn.cute`` imports) are the yardsticks. ``--profile PATH`` adds a cProfile of the public
+call. Needs a CUDA GPU; numbers are host-CPU specific (compare rows of one run, not across
+machines).
+
+``python -m flashrung.evidence.host_overhead [--headdim 128] [--calls 400] [--profile out.txt]``
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+
+
+def per_call_us(fn, calls: int, warmup: int = 20) -> float:
+    """Mean wall time of ``fn()`` over ``calls`` back-to-back calls, in µs (no synchronisation
+    between calls; one before and one after)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list[tuple[str, float]]:
+    import flashrung
+    from flashrung import dispatch
+
+    q = torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    scale = head_dim ** -0.5
+    out = []
+    for causal in (True, False):
+        mask = "causal" if causal else "full"
+        out.append((f"flashrung.attention ({mask})", per_call_us(lambda: flashrung.attention(q, k, v, causal=causal), calls)))
+        problem = dispatch.Problem.of(q, k, v, causal)
+        module, chosen = dispatch.select(problem, "fwd")
+        out.append((f"{chosen.kernel} forward ({mask})", per_call_us(lambda: module.forward(q, k, v, causal, scale), calls)))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    try:
+        out.append(("cuDNN (torch SDPA, causal)", per_call_us(cudnn, calls)))
+    except RuntimeError as exc:
+        out.append((f"cuDNN unavailable: {str(exc).splitlines()[0][:60]}", float("nan")))
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError:
+        out.append(("FA4 (flash_attn.cute) not installed", float("nan")))
+    else:
+        out.append(("FA4 flash_attn_func (causal)", per_call_us(lambda: flash_attn_func(q, k, v, causal=True), calls)))
+    out.append(("two torch.empty (floor)", per_call_us(lambda: (torch.empty_like(q), torch.empty_like(q)), calls)))
+    return out
+
+
+def profile_text(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> str:
+    import flashrung
+
+    q = torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    fn = lambda: flashrung.attention(q, k, v, causal=True)  # noqa: E731
+    per_call_us(fn, 1)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(50)
+    return text.getvalue()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flashrung.evidence.host_overhead", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seqlen", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=1)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=400, help="timed calls per row (default 400)")
+    ap.add_argument("--profile", metavar="PATH", help="also write a cProfile of flashrung.attention to PATH")
+    args = ap.parse_args(argv)
+    for name in ("batch", "seqlen", "heads", "headdim", "calls"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not torch.cuda.is_available():
+        print("host_overhead needs a CUDA GPU: it times real launches", file=sys.stderr)
+        return 2
+    shape = (args.batch, args.seqlen, args.heads, args.headdim)
+    print(f"host time per call, B{args.batch} S{args.seqlen} H{args.heads} d{args.headdim} bf16, "
+          f"{args.calls} back-to-back calls on {torch.cuda.get_device_name()}")
+    for name, us in rows(*shape, args.calls):
+        print(f"  {name:44s} {us:8.1f} µs")
+    if args.profile:
+        with open(args.profile, "w") as fh:
+            fh.write(profile_text(*shape, args.calls))
+        print(f"wrote {args.profile}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -90,6 +90,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v10", "flashrung.kernels.ladder.v10", "fwd", auto=False),
     Backend("ladder.v11", "flashrung.kernels.ladder.v11", "fwd", auto=False),
     Backend("ladder.v12", "flashrung.kernels.ladder.v12", "fwd", auto=False),
+    Backend("ladder.v13", "flashrung.kernels.ladder.v13", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

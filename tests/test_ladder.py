@@ -38,6 +38,8 @@ SELECTORS = {
     "v10_causal": ("v10", SM90, D128_CAUSAL),
     "v11_causal": ("v11", SM90, D128_CAUSAL),
     "v12_causal": ("v12", SM90, D128_CAUSAL),
+    "v13_causal": ("v13", SM90, D128_CAUSAL),
+    "v13": ("v13", SM90, D128_FULL),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -259,6 +261,21 @@ def test_v12_adds_the_ring_and_nothing_else(rows):
     assert b["sass"]["LDGSTS"] > a["sass"]["LDGSTS"]
     assert b["smem_bytes"] - a["smem_bytes"] == 2 * 64 * 128 * 2
     assert b["spill_bytes"] == 0 and b["regs"] <= 255
+
+
+def test_v13_is_v8s_tile_on_v12s_ring(rows):
+    # the lever is v8's tile: the block's MMA, fragment loads and exponentials are v8's (0.375
+    # fragment loads per MMA against v12's 0.56); the ring's prefetch adds copies over v8 as it
+    # did over v4 (LDGSTS), 2 x 32 x 128 x 2 B = 16 KiB of second slots; causal (config B) fits
+    # 255 registers with no spill, non-causal spills what v8 spills
+    v13, v13_full, v8, v8_full, v12 = (rows[k] for k in ("v13_causal", "v13", "v8_causal", "v8", "v12_causal"))
+    for fam in ("HMMA", "LDSM", "MUFU.EX2"):
+        assert v13["sass"][fam] == v8["sass"][fam], fam
+    assert v13["sass"]["LDSM"] * v12["sass"]["HMMA"] < v12["sass"]["LDSM"] * v13["sass"]["HMMA"]
+    assert v13["sass"]["LDGSTS"] > v8["sass"]["LDGSTS"]
+    assert v13["smem_bytes"] - v8["smem_bytes"] == 2 * 32 * 128 * 2
+    assert v13["spill_bytes"] == 0 and v13["regs"] <= 255
+    assert v13_full["spill_bytes"] == v8_full["spill_bytes"]
 
 
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):

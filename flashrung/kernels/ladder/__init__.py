@@ -6,7 +6,8 @@ into the scale -> ``v5`` HeaviestFirst CTA order -> ``v7`` the four keeps as swi
 branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read from shared
 memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, ``v10`` from ``v9`` with each
 CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
-CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring. Each rung
+CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from ``v12`` with v8's
+two-slab tile. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -59,6 +60,9 @@ RUNGS: tuple[Rung, ...] = (
     # v4's wait for each block's copy, on the critical path at 8 warps per SM, hidden by a ring
     Rung("ladder.v12", "flashrung.kernels.ladder.v12", "ladder.v4",
          "double-buffered K/V ring: block j+1 in flight while block j is consumed"),
+    # v12's warps, copies hidden, still one dependent MMA chain each: v8's two slabs per warp
+    Rung("ladder.v13", "flashrung.kernels.ladder.v13", "ladder.v12",
+         "FA2's d128 tile on the ring: two m16 slabs per warp (128x32), Q read from shared memory in chunks"),
 )
 
 

@@ -651,12 +651,13 @@ def attention_mma_cp_async_ring(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
     qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, EXP2: gl.constexpr,
+    BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, EXP2: gl.constexpr, Q_CHUNK: gl.constexpr = 0,
 ):
     """The double-buffered cp.async kernel (v3's measured arm, v12): a ring of ``KV_STAGES`` (= 2)
     K/V slots, block j+1 in flight while block j is consumed; one commit per trip, so
     ``wait_group(KV_STAGES - 1)`` always means "block j has landed". ``EXP2`` as in
-    :func:`attention_mma_cp_async` (v3: expf, v12: v4's exp2)."""
+    :func:`attention_mma_cp_async` (v3: expf, v12: v4's exp2); ``Q_CHUNK`` as there (v13: v8's
+    two-slab tile on the ring)."""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -681,7 +682,10 @@ def attention_mma_cp_async_ring(
     async_copy.commit_group()
     async_copy.wait_group(KV_STAGES - 1)  # groups complete in order: Q is in
     gl.thread_barrier()
-    q = q_smem.load(DOT_A)
+    if Q_CHUNK > 0:
+        q = q_smem
+    else:
+        q = q_smem.load(DOT_A)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
     l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
@@ -700,7 +704,8 @@ def attention_mma_cp_async_ring(
         gl.thread_barrier()
         k_cur = k_smem.index(j % KV_STAGES)
         v_cur = v_smem.index(j % KV_STAGES)
-        s = mma_scores(q, k_cur, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        s = mma_scores(q, k_cur, start_n, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True,
+                       Q_CHUNK)
         p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
         acc = mma_pv(acc * alpha[:, None], p, v_cur)
         gl.thread_barrier()  # every warp is done reading this slot before a copy overwrites it

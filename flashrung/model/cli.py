@@ -4,6 +4,7 @@
     flashrung model --gpu h200 --direction bwd
     flashrung model --measure [--out h200.json]        (on an sm_90 GPU)
     flashrung model --gpu h200 --against results.json
+    flashrung model --l2 [--batch 32 --heads 16 --seqlen 1024 --headdim 128 --causal]
 """
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3, help="--measure: runs per microbenchmark")
     p.add_argument("--against", metavar="RESULTS_JSON", default=None,
                    help="report measured time / modeled lower bound for every row of a bench result")
+    p.add_argument("--l2", action="store_true",
+                   help="model the DRAM reads of hopper.fwd's tile orders (an LRU L2 replay of the grid): "
+                        "the default launch and, for causal rows, the stride and the balanced lists at each "
+                        "LPT section size; the fa4-protocol forward rows unless --seqlen is given")
+    p.add_argument("--batch", type=int, default=1, help="--l2: batch (default 1)")
+    p.add_argument("--heads", type=int, default=16, help="--l2: query heads (default 16)")
+    p.add_argument("--heads-kv", type=int, default=None, help="--l2: K/V heads (default --heads)")
+    p.add_argument("--seqlen", type=int, default=None, help="--l2: Sq (and Sk unless --seqlen-k)")
+    p.add_argument("--seqlen-k", type=int, default=None, help="--l2: Sk (default --seqlen)")
+    p.add_argument("--causal", action="store_true", help="--l2: causal mask")
+    p.add_argument("--capacity-mib", type=int, default=None,
+                   help="--l2: the modelled L2 in MiB (default: the H200 fit, 40)")
     p.set_defaults(func=run)
 
 
@@ -167,9 +180,44 @@ def _run_against(args, table: R.RateTable, tile: L.Tile, element_bytes: int) -> 
     return 0
 
 
+def _run_l2(args) -> int:
+    from flashrung.model import l2
+
+    capacity = args.capacity_mib if args.capacity_mib is not None else l2.H200_CAPACITY_MIB
+    try:
+        if capacity < 1:
+            raise ValueError(f"--capacity-mib must be >= 1, got {capacity}")
+        if args.seqlen is None:
+            from flashrung.bench.suites import suite_rows
+            shapes = [dict(batch=r.batch, heads_q=r.heads_q, heads_kv=r.heads_kv, seqlen_q=r.seqlen_q,
+                           seqlen_k=r.seqlen_k, head_dim=r.headdim, causal=r.causal)
+                      for r in suite_rows("fa4-protocol", "fwd")]
+        else:
+            shapes = [dict(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv or args.heads,
+                           seqlen_q=args.seqlen, seqlen_k=args.seqlen_k or args.seqlen, head_dim=args.headdim,
+                           causal=args.causal)]
+        reports = [l2.report_row(**shape, capacity_mib=capacity) for shape in shapes]
+    except ValueError as exc:
+        print(f"flashrung model --l2: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        from flashrung.bench import manifest
+
+        print(json.dumps({"capacity_mib": capacity, "evidence": "model (LRU replay of the tile order), not a "
+                          "measurement", "rows": [r.to_json() for r in reports],
+                          "manifest": {"command": sys.argv, "identity": {"git": manifest.git_state(),
+                                                                         "kernel_source": manifest.source_hash()}}},
+                         indent=1))
+    else:
+        print(l2.format_reports(reports, capacity))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.measure:
         return _run_measure(args)
+    if args.l2:
+        return _run_l2(args)
     try:
         table = R.get_table(args.gpu, args.rates)
         tile = L.Tile.parse(args.tile, args.headdim, args.headdim_v)

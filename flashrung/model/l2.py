@@ -1,0 +1,311 @@
+"""L2 reuse of a forward's tile order: how many bytes a launch reads from DRAM.
+
+Every CTA reads each K/V tile of its query tile's head; whether that read is served by L2 or by
+DRAM depends on what the other CTAs touched since the head's K/V was last read — on the order in
+which the grid walks its tiles. This module replays that order. CTAs run at one speed: a query
+tile with ``n`` live K/V tiles occupies its CTA for ``n + TILE_OVERHEAD_KV_TILES`` steps (the
+balanced schedule's own cost estimate), reading K/V tile ``k`` at its ``k``-th step (or in the
+staggered order). Three grids, as ``hopper.fwd`` launches them:
+
+* ``stride`` — the persistent grid: CTA ``i`` walks items ``i, i + P, i + 2P, …`` of the order;
+* ``balanced`` — the persistent grid walking ``schedule.balanced_schedule``'s lists;
+* ``per-tile`` — one CTA per tile, ``P`` resident at a time, each freed slot taking the next tile
+  in order (the hardware's hand-out).
+
+The L2 is one LRU of ``capacity_bytes`` over whole K/V tiles (K and V of ``kv_tile`` keys of one
+K/V head, fewer at the key tail); each query tile's Q and O also pass through it (read once,
+written once), taking room. Reads of one tile by several CTAs at the same step count as one miss
+and hits (the model's only form of the coalescing that merges them on the GPU).
+What it returns is modelled, not measured: the H200's 60 MiB are two partitions with their own
+hashing and replacement, and requests of several SMs for one line in flight count once there
+(the request coalescer) where the model counts each. ``docs/hopper.md`` sets it against the DRAM
+bytes `ncu` read for the same orders (``capacity_bytes`` is the one fitted number).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+
+from flashrung.model.schedule import live_blocks
+
+# The staggered sweep's low-discrepancy step (``hopper.schedule.kv_stagger``): start fraction
+# (m · STEP mod 2^BITS) / 2^BITS of the item's unmasked K/V tiles
+STAGGER_BITS = 10
+STAGGER_STEP = 633
+# a tile's prologue and epilogue in K/V-tile steps (``hopper.schedule.TILE_OVERHEAD_KV_TILES``)
+TILE_OVERHEAD_KV_TILES = 1.0
+GRIDS = ("stride", "balanced", "per-tile")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One forward launch: the problem, its tiles and the order the grid walks them."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    block_m: int = 128
+    kv_tile: int = 128
+    elem_bytes: int = 2
+    grid: str = "stride"          # "stride", "balanced" or "per-tile"
+    ctas: int = 132               # resident CTAs (the persistent grid's size)
+    lpt: bool = True              # heaviest-first inside head sections (causal default)
+    section_mib: int = 48         # K/V MiB of one LPT section (``l2_section_mib``)
+    stagger: bool = False         # staggered K/V sweeps (``stagger_kv``)
+
+    def __post_init__(self):
+        for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "block_m", "kv_tile",
+                     "elem_bytes", "ctas", "section_mib"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+        if self.grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}")
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def kv_tile_bytes(self) -> int:
+        """K and V of one K/V tile: the unit the model caches."""
+        return 2 * self.kv_tile * self.head_dim * self.elem_bytes
+
+    @property
+    def q_tile_bytes(self) -> int:
+        return self.block_m * self.head_dim * self.elem_bytes
+
+    @property
+    def num_m_blocks(self) -> int:
+        return -(-self.seqlen_q // self.block_m)
+
+    @property
+    def section(self) -> int:
+        """(batch, q-head) columns per LPT section, as ``hopper.schedule.head_section`` sizes it."""
+        per_kv_head = 2 * self.seqlen_k * self.head_dim * self.elem_bytes
+        return self.group * max(1, (self.section_mib << 20) // per_kv_head)
+
+    def compulsory_bytes(self) -> int:
+        """Q, K and V read once each: what no order can go below."""
+        q = self.batch * self.heads_q * self.seqlen_q * self.head_dim * self.elem_bytes
+        kv = 2 * self.batch * self.heads_kv * self.seqlen_k * self.head_dim * self.elem_bytes
+        return q + kv
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """What one launch reads from DRAM under the model."""
+
+    dram_read_bytes: int
+    compulsory_bytes: int
+    kv_accesses: int
+    kv_misses: int
+    makespan_steps: float         # the last CTA's finish, in K/V-tile steps
+
+    @property
+    def kv_hit_rate(self) -> float:
+        return 1.0 - self.kv_misses / self.kv_accesses if self.kv_accesses else 1.0
+
+    @property
+    def excess(self) -> float:
+        """DRAM reads over the compulsory ones (1.0: every byte read once)."""
+        return self.dram_read_bytes / self.compulsory_bytes
+
+
+def _tile_coords(tile_id: int, launch: Launch) -> tuple[int, int]:
+    """(batch · heads_q + q_head, m_block) of a linear tile id (``hopper.schedule.tile_coords``)."""
+    n_m = launch.num_m_blocks
+    batch_heads = launch.batch * launch.heads_q
+    if launch.lpt:
+        section = launch.section
+        per_section = n_m * section
+        first = (tile_id // per_section) * section
+        width = min(section, batch_heads - first)
+        r = tile_id - (tile_id // per_section) * per_section
+        return first + r % width, n_m - 1 - r // width
+    return tile_id // n_m, tile_id % n_m
+
+
+def _kv_order(m_block: int, launch: Launch) -> list[int]:
+    """The K/V tiles a query tile reads, in the order it reads them."""
+    n = live_blocks(m_block, launch.block_m, launch.kv_tile, launch.seqlen_q, launch.seqlen_k, launch.causal)
+    if not launch.stagger or n == 0:
+        return list(range(n))
+    if launch.causal:
+        first_row_key = m_block * launch.block_m + launch.seqlen_k - launch.seqlen_q
+        unmasked = max(0, min(launch.seqlen_k, first_row_key + 1)) // launch.kv_tile
+    else:
+        unmasked = launch.seqlen_k // launch.kv_tile
+    n_rot = max(0, min(unmasked, n))
+    start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * n_rot) >> STAGGER_BITS
+    return [(k + start) % n_rot if k < n_rot else k for k in range(n)]
+
+
+def _cta_tiles(launch: Launch) -> list[tuple[float, int, int]]:
+    """(start step, CTA, tile id) of every tile under the launch's grid."""
+    num_tiles = launch.num_m_blocks * launch.batch * launch.heads_q
+    cost = [live_blocks(m, launch.block_m, launch.kv_tile, launch.seqlen_q, launch.seqlen_k, launch.causal)
+            + TILE_OVERHEAD_KV_TILES for m in range(launch.num_m_blocks)]
+    ctas = min(launch.ctas, num_tiles)
+    out = []
+    if launch.grid == "stride":
+        for cta in range(ctas):
+            t = 0.0
+            for tile_id in range(cta, num_tiles, ctas):
+                out.append((t, cta, tile_id))
+                t += cost[_tile_coords(tile_id, launch)[1]]
+    else:
+        # the balanced lists are this same greedy hand-out made on the host with the estimate;
+        # the per-tile grid makes it in hardware as slots free up — with equal speeds, the same
+        free = [(0.0, cta) for cta in range(ctas)]
+        for tile_id in range(num_tiles):
+            t, cta = heapq.heappop(free)
+            out.append((t, cta, tile_id))
+            heapq.heappush(free, (t + cost[_tile_coords(tile_id, launch)[1]], cta))
+    return out
+
+
+def simulate(launch: Launch, capacity_bytes: int) -> Traffic:
+    """Replay ``launch``'s K/V reads through an LRU L2 of ``capacity_bytes``."""
+    if not isinstance(capacity_bytes, int) or capacity_bytes < launch.kv_tile_bytes:
+        raise ValueError(f"capacity_bytes must be an integer of at least one K/V tile "
+                         f"({launch.kv_tile_bytes} bytes), got {capacity_bytes!r}")
+    row_bytes = launch.head_dim * launch.elem_bytes
+    events = []      # (step, order, kind, key, bytes): kind 0 = Q read, 1 = K/V read, 2 = O write
+    seq = 0
+    makespan = 0.0
+    for start, _cta, tile_id in _cta_tiles(launch):
+        bh, m = _tile_coords(tile_id, launch)
+        b, h = divmod(bh, launch.heads_q)
+        kv_head = b * launch.heads_kv + h // launch.group
+        order = _kv_order(m, launch)
+        q_bytes = min(launch.block_m, launch.seqlen_q - m * launch.block_m) * row_bytes
+        events.append((start, seq, 0, ("q", bh, m), q_bytes))
+        seq += 1
+        for step, kv in enumerate(order):
+            kv_bytes = 2 * min(launch.kv_tile, launch.seqlen_k - kv * launch.kv_tile) * row_bytes
+            events.append((start + TILE_OVERHEAD_KV_TILES / 2 + step, seq, 1, (kv_head, kv), kv_bytes))
+            seq += 1
+        end = start + len(order) + TILE_OVERHEAD_KV_TILES
+        events.append((end, seq, 2, ("o", bh, m), q_bytes))
+        seq += 1
+        makespan = max(makespan, end)
+    events.sort()
+    lru: collections.OrderedDict = collections.OrderedDict()
+    held = 0
+    dram = accesses = misses = 0
+    for _t, _s, kind, key, size in events:
+        if kind == 1:
+            accesses += 1
+            if key in lru:
+                lru.move_to_end(key)
+                continue
+            misses += 1
+            dram += size
+        elif kind == 0:
+            dram += size
+        lru[key] = size
+        held += size
+        while held > capacity_bytes:
+            _, evicted = lru.popitem(last=False)
+            held -= evicted
+    return Traffic(dram_read_bytes=dram, compulsory_bytes=launch.compulsory_bytes(), kv_accesses=accesses,
+                   kv_misses=misses, makespan_steps=makespan)
+
+
+def launch_of(cfg, *, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+              causal: bool, sms: int = 132, elem_bytes: int = 2) -> Launch:
+    """The :class:`Launch` a ``hopper.fwd`` configuration (``HopperFwdConfig``) makes of a problem:
+    its tile, grid (persistent stride, balanced lists or one CTA per tile), order and sweeps. The
+    split tail is not modelled (it re-reads only the last round's K/V)."""
+    grid = "balanced" if cfg.balanced else ("stride" if cfg.persistent else "per-tile")
+    return Launch(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                  head_dim=head_dim, causal=causal, block_m=cfg.block_m, kv_tile=cfg.kv_tile,
+                  elem_bytes=elem_bytes, grid=grid, ctas=sms * cfg.resident_ctas_per_sm(head_dim, elem_bytes),
+                  lpt=cfg.lpt, section_mib=cfg.l2_section_mib, stagger=cfg.stagger_kv)
+
+
+# The L2 the model holds, fitted once: with 40 MiB it reproduces the DRAM bytes `ncu` read for
+# seven tile orders of `hopper.fwd` at d128 causal B32 H16 S1024 within 7% (403–962 MB measured;
+# `h200-ncu-order-d128-causal-s1k.txt`) and ranks every other measured order the same way
+# (docs/hopper.md, *A model of the L2*)
+H200_CAPACITY_MIB = 40
+# the alternatives the report prices for causal rows: both persistent grids × section sizes
+VARIANT_SECTIONS_MIB = (2, 4, 8, 16, 48)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    grid: str
+    section_mib: int
+    traffic: Traffic
+    makespan_ratio: float         # makespan ÷ the default's (modelled steps; < 1 finishes earlier)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowReport:
+    label: str
+    default_grid: str
+    default_section_mib: int
+    default_stagger: bool
+    default: Traffic
+    variants: tuple[Variant, ...]
+
+    def to_json(self) -> dict:
+        def t(x: Traffic) -> dict:
+            return {"dram_read_bytes": x.dram_read_bytes, "compulsory_bytes": x.compulsory_bytes,
+                    "excess": round(x.excess, 4), "kv_hit_rate": round(x.kv_hit_rate, 4),
+                    "makespan_steps": x.makespan_steps}
+        return {"row": self.label, "default": {"grid": self.default_grid, "section_mib": self.default_section_mib,
+                                               "stagger": self.default_stagger, **t(self.default)},
+                "variants": [{"grid": v.grid, "section_mib": v.section_mib, "makespan_ratio": round(v.makespan_ratio, 4),
+                              **t(v.traffic)} for v in self.variants]}
+
+
+def report_row(*, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+               causal: bool, capacity_mib: int = H200_CAPACITY_MIB, sms: int = 132,
+               sections: tuple[int, ...] = VARIANT_SECTIONS_MIB) -> RowReport:
+    """``hopper.fwd``'s default launch of one problem and, for causal problems, the persistent
+    stride and the balanced lists at each LPT section size, through the model."""
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.kernels.hopper.config import select_config
+
+    problem = Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                      head_dim=head_dim, head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal,
+                      device_type="cuda", capability=(9, 0))
+    cfg = select_config(problem)
+    dims = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                head_dim=head_dim, causal=causal, sms=sms)
+    cap = capacity_mib << 20
+    base_launch = launch_of(cfg, **dims)
+    base = simulate(base_launch, cap)
+    variants = []
+    if causal:
+        for grid in ("stride", "balanced"):
+            for sec in sections:
+                launch = dataclasses.replace(base_launch, grid=grid, section_mib=sec, lpt=True)
+                r = simulate(launch, cap)
+                variants.append(Variant(grid, sec, r, r.makespan_steps / base.makespan_steps))
+    label = (f"B{batch} H{heads_q}{'' if heads_q == heads_kv else f'/{heads_kv}'} S{seqlen_q}"
+             f"{'' if seqlen_q == seqlen_k else f'x{seqlen_k}'} d{head_dim} {'causal' if causal else 'full'}")
+    return RowReport(label, base_launch.grid, cfg.l2_section_mib, cfg.stagger_kv, base, tuple(variants))
+
+
+def format_reports(reports: list[RowReport], capacity_mib: int) -> str:
+    lines = [f"modelled DRAM reads of hopper.fwd's tile orders (LRU L2 of {capacity_mib} MiB, equal-speed CTAs); "
+             "x = DRAM bytes / compulsory (Q, K, V once); t = modelled makespan / the default's",
+             f"{'row':32s} {'default':>22s}  variants (s = persistent stride, b = balanced lists; MiB per section)"]
+    for r in reports:
+        d = f"{r.default_grid[:3]} {r.default_section_mib}M{' stag' if r.default_stagger else ''} x{r.default.excess:.2f}"
+        var = "  ".join(f"{v.grid[0]}{v.section_mib} x{v.traffic.excess:.2f} t{v.makespan_ratio:.3f}" for v in r.variants)
+        lines.append(f"{r.label:32s} {d:>22s}  {var}")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""The L2 replay model (flashrung.model.l2): it walks the tiles in the kernel's own order and
+schedule, reads every byte at least once, and reproduces the DRAM bytes ncu measured for the
+orders it was fitted on."""
+import dataclasses
+
+import pytest
+
+from flashrung.kernels.hopper import schedule
+from flashrung.model import cli as model_cli
+from flashrung.model import l2
+
+SMALL = dict(batch=2, heads_q=4, heads_kv=2, seqlen_q=1000, seqlen_k=1000, head_dim=64, causal=True,
+             block_m=128, kv_tile=128, ctas=8)
+
+
+def test_the_tile_order_is_the_kernels():
+    # the model's linear tile ids map to the m-blocks hopper.schedule hands the kernel
+    for lpt in (False, True):
+        for section_mib in (1, 48):
+            launch = l2.Launch(**SMALL, lpt=lpt, section_mib=section_mib)
+            ms = [l2._tile_coords(t, launch)[1] for t in range(launch.num_m_blocks * launch.batch * launch.heads_q)]
+            assert ms == schedule.tile_m_blocks(launch.num_m_blocks, launch.batch * launch.heads_q, launch.section, lpt)
+
+
+def test_the_balanced_grid_walks_the_kernels_lists():
+    # each CTA of the balanced grid gets the tiles hopper.fwd's table gives it, in that order
+    launch = l2.Launch(**SMALL, grid="balanced", section_mib=1)
+    table = schedule.balanced_schedule(launch.num_m_blocks, launch.batch * launch.heads_q, launch.section, True,
+                                       launch.seqlen_q, launch.seqlen_k, launch.block_m, launch.kv_tile, True,
+                                       launch.ctas)
+    offsets, order = table[:launch.ctas + 1], table[launch.ctas + 1:]
+    got = {cta: [] for cta in range(launch.ctas)}
+    for _start, cta, tile in sorted(l2._cta_tiles(launch)):
+        got[cta].append(tile)
+    for cta in range(launch.ctas):
+        assert got[cta] == list(order[offsets[cta]:offsets[cta + 1]])
+
+
+def test_a_staggered_sweep_reads_each_live_tile_once_and_keeps_masked_tiles_last():
+    launch = l2.Launch(**{**SMALL, "seqlen_q": 4097, "seqlen_k": 4097}, stagger=True)
+    for m in range(launch.num_m_blocks):
+        order = l2._kv_order(m, launch)
+        assert sorted(order) == list(range(len(order)))
+        assert order[-1] == len(order) - 1          # the diagonal (masked) tile stays last
+
+
+@pytest.mark.parametrize("grid", l2.GRIDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_l2_larger_than_the_problem_reads_every_byte_once(grid, causal):
+    launch = l2.Launch(**{**SMALL, "causal": causal}, grid=grid)
+    traffic = l2.simulate(launch, 1 << 30)
+    assert traffic.dram_read_bytes == traffic.compulsory_bytes == launch.compulsory_bytes()
+    assert traffic.excess == 1.0
+
+
+def test_one_cta_with_a_one_tile_l2_misses_every_read():
+    launch = l2.Launch(**{**SMALL, "causal": False, "ctas": 1}, grid="stride")
+    traffic = l2.simulate(launch, launch.kv_tile_bytes)
+    assert traffic.kv_misses == traffic.kv_accesses and traffic.excess > 1.5
+
+
+def test_bad_capacity_and_bad_launches_are_named():
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        l2.simulate(l2.Launch(**SMALL), 1024)
+    with pytest.raises(ValueError, match="grid must be one of"):
+        l2.Launch(**SMALL, grid="dynamic")
+    with pytest.raises(ValueError, match="multiple of heads_kv"):
+        l2.Launch(**{**SMALL, "heads_kv": 3})
+
+
+# `ncu` on the H200 (h200-ncu-order-d128-causal-s1k.txt): DRAM bytes read by one launch of
+# hopper.fwd at d128 causal B32 H16 S1024 under seven tile orders, MB
+MEASURED_S1K_MB = {("stride", 48, True): 766, ("stride", 8, True): 962, ("stride", 4, True): 648,
+                   ("stride", 2, True): 436, ("stride", 48, False): 852, ("balanced", 48, True): 797,
+                   ("balanced", 4, True): 403}
+
+
+def test_the_fitted_capacity_reproduces_the_measured_orders():
+    base = l2.Launch(batch=32, heads_q=16, heads_kv=16, seqlen_q=1024, seqlen_k=1024, head_dim=128, causal=True)
+    modelled = {}
+    for (grid, section, lpt), measured in MEASURED_S1K_MB.items():
+        traffic = l2.simulate(dataclasses.replace(base, grid=grid, section_mib=section, lpt=lpt),
+                              l2.H200_CAPACITY_MIB << 20)
+        modelled[(grid, section, lpt)] = traffic.dram_read_bytes / 1e6
+        assert abs(modelled[(grid, section, lpt)] / measured - 1) < 0.10, (grid, section, lpt, modelled)
+    # and orders them as the measurements do
+    assert sorted(MEASURED_S1K_MB, key=MEASURED_S1K_MB.get) == sorted(modelled, key=modelled.get)
+
+
+def test_cli_reports_the_default_and_the_variants(capsys):
+    parser = model_cli.argparse.ArgumentParser(prog="flashrung")
+    model_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["model", "--l2", "--batch", "4", "--heads", "4", "--seqlen", "2048", "--headdim", "64",
+                              "--causal"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "B4 H4 S2048 d64 causal" in out and "b16 x" in out and "s2 x" in out
+    args = parser.parse_args(["model", "--l2", "--seqlen", "1024", "--capacity-mib", "0"])
+    assert args.func(args) == 2
+    assert "--capacity-mib must be >= 1" in capsys.readouterr().err

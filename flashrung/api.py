@@ -156,8 +156,24 @@ def _needs_the_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return ((torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
             or torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active())
+            or _dispatch_modes_active() or _functorch_active())
+
+
+def _private_query(name: str):
+    """``torch._C.<name>`` when this torch has it; otherwise a query that always says "active", so
+    a torch without it sends every call through the op (slower, never wrong)."""
+    fn = getattr(torch._C, name, None)
+    if fn is None:
+        return lambda: True
+    return fn
+
+
+_len_dispatch_stack = _private_query("_len_torch_dispatch_stack")
+_functorch_active = _private_query("_are_functorch_transforms_active")
+
+
+def _dispatch_modes_active() -> bool:
+    return bool(_len_dispatch_stack())
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,

@@ -225,3 +225,18 @@ def test_calls_autograd_compile_or_a_mode_must_see_take_the_op(monkeypatch):
         flashrung.attention(q, k, v)
     with pytest.raises(AssertionError, match="custom op"):
         torch.func.vmap(lambda x: flashrung.attention(x, k, v))(q.unsqueeze(0))
+
+
+def test_a_torch_without_the_private_queries_takes_the_op(monkeypatch):
+    # the fast path asks torch whether a dispatch mode or functorch transform is active through
+    # private functions; without them every call goes through the op (never the wrong way round)
+    from flashrung import api
+
+    monkeypatch.delattr(torch._C, "_len_torch_dispatch_stack")
+    query = api._private_query("_len_torch_dispatch_stack")
+    assert query() is True
+    q, k, v = qkv()
+    monkeypatch.setattr(api, "_len_dispatch_stack", query)
+    _op_refuses(monkeypatch)
+    with pytest.raises(AssertionError, match="custom op"):
+        flashrung.attention(q, k, v)

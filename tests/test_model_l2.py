@@ -98,3 +98,23 @@ def test_cli_reports_the_default_and_the_variants(capsys):
     args = parser.parse_args(["model", "--l2", "--seqlen", "1024", "--capacity-mib", "0"])
     assert args.func(args) == 2
     assert "--capacity-mib must be >= 1" in capsys.readouterr().err
+
+
+def test_launch_of_follows_the_kernels_choice_of_grid():
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.kernels.hopper.config import select_config
+
+    def grid(d, h, s, causal):
+        p = Problem(batch=1, seqlen_q=s, seqlen_k=s, heads_q=h, heads_kv=h, head_dim=d, head_dim_v=d,
+                    dtype=torch.bfloat16, causal=causal, device_type="cuda", capability=(9, 0))
+        cfg = select_config(p)
+        launch = l2.launch_of(cfg, batch=1, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=causal)
+        assert (launch.block_m, launch.kv_tile, launch.section_mib, launch.stagger, launch.lpt) == \
+            (cfg.block_m, cfg.kv_tile, cfg.l2_section_mib, cfg.stagger_kv, cfg.lpt)
+        return launch.grid, launch.ctas
+
+    assert grid(128, 16, 16384, False) == ("stride", 132)     # persistent at every d128 length
+    assert grid(128, 16, 4096, True) == ("balanced", 132)     # the balanced lists for causal d128 from 4k
+    assert grid(256, 16, 8192, False)[0] == "per-tile"        # d256 launches one CTA per tile

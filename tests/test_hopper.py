@@ -117,6 +117,8 @@ CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
 # the producer's V loads a step behind its K loads (FA4's order)
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
+# the consumers' K release moved after PV(j-1)'s wait
+CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared memory)
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
@@ -281,6 +283,17 @@ def test_lag_v_loads_changes_the_producer_only(census):
     assert lag["windows"] == base["windows"]
     assert lag["row"]["sass"]["UTMALDG"] == base["row"]["sass"]["UTMALDG"], \
         (lag["row"]["sass"]["UTMALDG"], base["row"]["sass"]["UTMALDG"])
+
+
+def test_late_k_release_moves_one_arrive(census):
+    # the K slot is released after PV(j-1)'s wait instead of after QK(j)'s: the steady loop keeps
+    # its length and its softmax windows, nothing spills
+    late, base = census["d128-full-late-k"], census["d128-full"]
+    assert late["row"]["config"]["late_k_release"] and not base["row"]["config"]["late_k_release"]
+    assert "error" not in late["row"], late["row"]["error"]
+    assert late["row"]["spill_bytes"] == 0 and late["loop"]["ldl"] == 0
+    assert abs(late["loop"]["length"] - base["loop"]["length"]) <= 4, (late["loop"], base["loop"])
+    assert late["row"]["sass"]["SYNCS"] == base["row"]["sass"]["SYNCS"]
 
 
 def test_extra_keys_spread_the_loop_over_192_keys(census):
@@ -702,6 +715,21 @@ def test_gate_lag_v_loads(head_dim, shape, causal):
               **shape)
 
 
+# K released with V, after PV(j-1): every head dim and mask, one stage and two, with the lagged V
+# loads, at the shapes whose last tiles are partial
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[1:3], ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_late_k_release(head_dim, shape, causal):
+    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    for changes in (dict(late_k_release=True), dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True)):
+        cfg = dataclasses.replace(base, **changes)
+        _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+              **shape)
+
+
 # a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes
 # for the stride and for the balanced lists, never what a tile computes
 @pytest.mark.gpu
@@ -856,6 +884,8 @@ def _switches():
         dict(balanced=True, persistent=True, split_tail=False),
         dict(lag_v_loads=True),
         dict(lag_v_loads=True, num_kv_stages=1),
+        dict(late_k_release=True),
+        dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

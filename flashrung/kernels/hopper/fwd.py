@@ -234,6 +234,7 @@ class _Schedule:
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
+    LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -478,7 +479,8 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     # wait(1) (wait(2) with two parts): the older groups (QK) are done, PV may still run
     s = _wait_scores(s, c.NUM_PARTS)
-    mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+    if not c.LATE_K_RELEASE:
+        mbarrier.arrive(sh.k_empty_bars.index(k_idx))
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
@@ -488,6 +490,8 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
         t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
         acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+        if c.LATE_K_RELEASE:
+            mbarrier.arrive(sh.k_empty_bars.index(k_idx))
         p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
         rescale = alpha
@@ -499,6 +503,8 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+        if c.LATE_K_RELEASE:
+            mbarrier.arrive(sh.k_empty_bars.index(k_idx))
     if not c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
@@ -711,7 +717,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
-                     LAG_V_LOADS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -760,7 +766,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
-                  LAG_V_LOADS=LAG_V_LOADS)
+                  LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -827,7 +833,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
-        LAG_V_LOADS=cfg.lag_v_loads, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     ).items())
 
 

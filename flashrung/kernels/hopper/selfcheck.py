@@ -97,6 +97,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("named_turns", dict(named_turns=True, pingpong=True)),
         ("stagger_kv", dict(stagger_kv=not base.stagger_kv)),
         ("lag_v_loads", dict(lag_v_loads=not base.lag_v_loads)),
+        ("late_k_release", dict(late_k_release=not base.late_k_release)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -149,13 +149,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def _needs_the_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a forward call must go through the ``flashrung::attention_fwd`` custom op: autograd
-    will differentiate it, torch.compile is tracing it, or something that intercepts ops (a tensor
-    subclass such as a fake tensor, a dispatch mode such as ``FlopCounterMode``, a functorch
-    transform) should see it. Otherwise the op's wrapping is pure host time (about 80 µs a call on
-    the H200's host, more than a small problem's kernel): the same dispatch and kernel run directly."""
+    will differentiate it, torch.compile or ``torch.jit.trace`` is tracing it, or something that
+    intercepts ops (a tensor subclass such as a fake tensor, a dispatch mode such as
+    ``FlopCounterMode``, a functorch transform) should see it. Otherwise the op's wrapping is pure
+    host time (about 80 µs a call on the H200's host, more than a small problem's kernel): the same
+    dispatch and kernel run directly."""
     return ((torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
-            or torch.compiler.is_compiling()
+            or torch.compiler.is_compiling() or torch.jit.is_tracing()
             or _dispatch_modes_active() or _functorch_active())
 
 

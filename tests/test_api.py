@@ -225,6 +225,9 @@ def test_calls_autograd_compile_or_a_mode_must_see_take_the_op(monkeypatch):
         flashrung.attention(q, k, v)
     with pytest.raises(AssertionError, match="custom op"):
         torch.func.vmap(lambda x: flashrung.attention(x, k, v))(q.unsqueeze(0))
+    monkeypatch.setattr(torch.jit, "is_tracing", lambda: True)
+    with pytest.raises(AssertionError, match="custom op"):
+        flashrung.attention(q, k, v)
 
 
 def test_a_torch_without_the_private_queries_takes_the_op(monkeypatch):

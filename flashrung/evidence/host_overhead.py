@@ -48,10 +48,12 @@ def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list
     out = []
     for causal in (True, False):
         mask = "causal" if causal else "full"
-        out.append((f"flashrung.attention ({mask})", per_call_us(lambda: flashrung.attention(q, k, v, causal=causal), calls)))
+        public = per_call_us(lambda: flashrung.attention(q, k, v, causal=causal), calls)
+        out.append((f"flashrung.attention ({mask})", public))
         problem = dispatch.Problem.of(q, k, v, causal)
         module, chosen = dispatch.select(problem, "fwd")
-        out.append((f"{chosen.kernel} forward ({mask})", per_call_us(lambda: module.forward(q, k, v, causal, scale), calls)))
+        direct = per_call_us(lambda: module.forward(q, k, v, causal, scale), calls)
+        out.append((f"{chosen.kernel} forward ({mask})", direct))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -91,7 +93,8 @@ def profile_text(batch: int, seqlen: int, heads: int, head_dim: int, calls: int)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flashrung.evidence.host_overhead", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m flashrung.evidence.host_overhead",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seqlen", type=int, default=128)
     ap.add_argument("--heads", type=int, default=1)

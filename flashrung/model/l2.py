@@ -265,7 +265,8 @@ class RowReport:
                     "makespan_steps": x.makespan_steps}
         return {"row": self.label, "default": {"grid": self.default_grid, "section_mib": self.default_section_mib,
                                                "stagger": self.default_stagger, **t(self.default)},
-                "variants": [{"grid": v.grid, "section_mib": v.section_mib, "makespan_ratio": round(v.makespan_ratio, 4),
+                "variants": [{"grid": v.grid, "section_mib": v.section_mib,
+                              "makespan_ratio": round(v.makespan_ratio, 4),
                               **t(v.traffic)} for v in self.variants]}
 
 
@@ -305,7 +306,9 @@ def format_reports(reports: list[RowReport], capacity_mib: int) -> str:
              "x = DRAM bytes / compulsory (Q, K, V once); t = modelled makespan / the default's",
              f"{'row':32s} {'default':>22s}  variants (s = persistent stride, b = balanced lists; MiB per section)"]
     for r in reports:
-        d = f"{r.default_grid[:3]} {r.default_section_mib}M{' stag' if r.default_stagger else ''} x{r.default.excess:.2f}"
-        var = "  ".join(f"{v.grid[0]}{v.section_mib} x{v.traffic.excess:.2f} t{v.makespan_ratio:.3f}" for v in r.variants)
+        stagger = " stag" if r.default_stagger else ""
+        d = f"{r.default_grid[:3]} {r.default_section_mib}M{stagger} x{r.default.excess:.2f}"
+        var = "  ".join(f"{v.grid[0]}{v.section_mib} x{v.traffic.excess:.2f} t{v.makespan_ratio:.3f}"
+                        for v in r.variants)
         lines.append(f"{r.label:32s} {d:>22s}  {var}")
     return "\n".join(lines)

@@ -44,10 +44,12 @@ def test_a_staggered_sweep_reads_each_live_tile_once_and_keeps_masked_tiles_last
         assert order[-1] == len(order) - 1          # the diagonal (masked) tile stays last
 
 
+@pytest.mark.parametrize("seqlens", [(1000, 1000), (300, 4097)], ids=["Sq=Sk", "Sq<Sk"])
 @pytest.mark.parametrize("grid", l2.GRIDS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_an_l2_larger_than_the_problem_reads_every_byte_once(grid, causal):
-    launch = l2.Launch(**{**SMALL, "causal": causal}, grid=grid)
+def test_an_l2_larger_than_the_problem_reads_every_byte_once(grid, causal, seqlens):
+    # key tails and a bottom-right causal mask whose last query sees every key included
+    launch = l2.Launch(**{**SMALL, "causal": causal, "seqlen_q": seqlens[0], "seqlen_k": seqlens[1]}, grid=grid)
     traffic = l2.simulate(launch, 1 << 30)
     assert traffic.dram_read_bytes == traffic.compulsory_bytes == launch.compulsory_bytes()
     assert traffic.excess == 1.0

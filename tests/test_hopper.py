@@ -671,6 +671,18 @@ def test_gate_split_tail(head_dim, shape, persistent):
           **shape)
 
 
+def _gate_forced(head_dim, shape, causal, **changes):
+    """The gate, bf16, on the problem's default configuration with ``changes`` forced."""
+    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(base, **changes)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+          **shape)
+
+
+# the persistent grid's split tail, forced on (the stride: the balanced lists take whole tiles)
+SPLIT_GRID = dict(split_tail=True, persistent=True, balanced=False)
+
+
 # staggered K/V sweeps start mid-row: tails and causal diagonals must stay last and masked,
 # split-tail items rotate inside their own key range, GQA heads share the offsets of their tile
 STAGGER_SHAPES = [
@@ -687,14 +699,9 @@ STAGGER_SHAPES = [
 @pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_stagger_kv(head_dim, shape, causal):
-    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(base, stagger_kv=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-          **shape)
+    _gate_forced(head_dim, shape, causal, stagger_kv=True)
     if not causal:
-        split = dataclasses.replace(cfg, split_tail=True, persistent=True, balanced=False)
-        _gate(functools.partial(fwd.forward, config=split), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
-              **shape)
+        _gate_forced(head_dim, shape, False, stagger_kv=True, **SPLIT_GRID)
 
 
 # V(j) loaded after K(j+1): the last V of every item comes after its loop, a single-tile item
@@ -705,14 +712,9 @@ def test_gate_stagger_kv(head_dim, shape, causal):
 @pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_lag_v_loads(head_dim, shape, causal):
-    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(base, lag_v_loads=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-          **shape)
+    _gate_forced(head_dim, shape, causal, lag_v_loads=True)
     if not causal and head_dim != 256:
-        split = dataclasses.replace(cfg, split_tail=True, persistent=True, balanced=False, stagger_kv=True)
-        _gate(functools.partial(fwd.forward, config=split), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
-              **shape)
+        _gate_forced(head_dim, shape, False, lag_v_loads=True, stagger_kv=True, **SPLIT_GRID)
 
 
 # K released with V, after PV(j-1): every head dim and mask, one stage and two, with the lagged V
@@ -723,11 +725,8 @@ def test_gate_lag_v_loads(head_dim, shape, causal):
 @pytest.mark.parametrize("shape", STAGGER_SHAPES[1:3], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_late_k_release(head_dim, shape, causal):
-    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    for changes in (dict(late_k_release=True), dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True)):
-        cfg = dataclasses.replace(base, **changes)
-        _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-              **shape)
+    _gate_forced(head_dim, shape, causal, late_k_release=True)
+    _gate_forced(head_dim, shape, causal, late_k_release=True, num_kv_stages=1, lag_v_loads=True)
 
 
 # a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes
@@ -738,9 +737,7 @@ def test_gate_late_k_release(head_dim, shape, causal):
 @pytest.mark.parametrize("shape", STAGGER_SHAPES[:3], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gate_small_lpt_section(head_dim, shape, balanced):
-    base = fwd.default_config(head_dim, True, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(base, l2_section_mib=1, persistent=True, balanced=balanced, split_tail=False)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=True, **shape)
+    _gate_forced(head_dim, shape, True, l2_section_mib=1, persistent=True, balanced=balanced, split_tail=False)
 
 
 @pytest.mark.gpu

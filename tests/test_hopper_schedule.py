@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from flashrung.kernels.hopper.schedule import balanced_schedule, tail_split, tile_m_blocks
+from flashrung.kernels.hopper.schedule import balanced_schedule, tail_split, tile_m_blocks, tile_position
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
 from flashrung.model.schedule import causal_costs, list_schedule
 from flashrung.reference import oracle
@@ -189,6 +189,10 @@ def test_tile_m_blocks_follow_the_kernel_order():
     assert tile_m_blocks(3, 4, 2, True) == [2, 2, 1, 1, 0, 0, 2, 2, 1, 1, 0, 0]
     assert tile_m_blocks(3, 5, 2, True)[-3:] == [2, 1, 0]      # the last section holds one head
     assert tile_m_blocks(3, 2, 2, False) == [0, 1, 2, 0, 1, 2]
+    # every (batch·head, m-block) appears once, in either order, sections ragged or not
+    for lpt, heads, section in ((True, 5, 2), (False, 5, 2), (True, 4, 4)):
+        seen = sorted(tile_position(t, 3, heads, section, lpt) for t in range(3 * heads))
+        assert seen == [(bh, m) for bh in range(heads) for m in range(3)]
 
 
 def test_balanced_schedule_beats_the_stride_on_causal_tiles():

@@ -27,14 +27,14 @@ import collections
 import dataclasses
 import heapq
 
-from flashrung.model.schedule import live_blocks
+from flashrung.kernels.hopper import schedule
+from flashrung.kernels.hopper.schedule import TILE_OVERHEAD_KV_TILES, tile_position
+from flashrung.model.schedule import _check, live_blocks
 
-# The staggered sweep's low-discrepancy step (``hopper.schedule.kv_stagger``): start fraction
-# (m · STEP mod 2^BITS) / 2^BITS of the item's unmasked K/V tiles
-STAGGER_BITS = 10
-STAGGER_STEP = 633
-# a tile's prologue and epilogue in K/V-tile steps (``hopper.schedule.TILE_OVERHEAD_KV_TILES``)
-TILE_OVERHEAD_KV_TILES = 1.0
+# The staggered sweep's low-discrepancy step (``hopper.schedule.kv_stagger``, the kernel's own
+# constants): start fraction (m · STEP mod 2^BITS) / 2^BITS of the item's unmasked K/V tiles
+STAGGER_BITS = schedule.STAGGER_BITS.value
+STAGGER_STEP = schedule.STAGGER_STEP.value
 GRIDS = ("stride", "balanced", "per-tile")
 
 
@@ -59,11 +59,9 @@ class Launch:
     stagger: bool = False         # staggered K/V sweeps (``stagger_kv``)
 
     def __post_init__(self):
-        for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "block_m", "kv_tile",
-                     "elem_bytes", "ctas", "section_mib"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check(**{name: getattr(self, name) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
+                                                          "head_dim", "block_m", "kv_tile", "elem_bytes", "ctas",
+                                                          "section_mib")})
         if self.heads_q % self.heads_kv:
             raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         if self.grid not in GRIDS:
@@ -120,17 +118,8 @@ class Traffic:
 
 
 def _tile_coords(tile_id: int, launch: Launch) -> tuple[int, int]:
-    """(batch · heads_q + q_head, m_block) of a linear tile id (``hopper.schedule.tile_coords``)."""
-    n_m = launch.num_m_blocks
-    batch_heads = launch.batch * launch.heads_q
-    if launch.lpt:
-        section = launch.section
-        per_section = n_m * section
-        first = (tile_id // per_section) * section
-        width = min(section, batch_heads - first)
-        r = tile_id - (tile_id // per_section) * per_section
-        return first + r % width, n_m - 1 - r // width
-    return tile_id // n_m, tile_id % n_m
+    """(batch · heads_q + q_head, m_block) of a linear tile id: the kernel's own mapping."""
+    return tile_position(tile_id, launch.num_m_blocks, launch.batch * launch.heads_q, launch.section, launch.lpt)
 
 
 def _kv_order(m_block: int, launch: Launch) -> list[int]:

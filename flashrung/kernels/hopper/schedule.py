@@ -77,18 +77,21 @@ def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int) -> tuple[i
 TILE_OVERHEAD_KV_TILES = 1.0
 
 
+def tile_position(tile_id: int, num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> tuple[int, int]:
+    """``(batch · heads_q + q_head, m_block)`` of a linear tile id, as :func:`tile_coords` maps it
+    on the device (host-side: the balanced schedule and the L2 model walk the same order)."""
+    if lpt:
+        per_section = num_m_blocks * section
+        first = (tile_id // per_section) * section
+        width = min(section, batch_heads - first)
+        r = tile_id - (tile_id // per_section) * per_section
+        return first + r % width, num_m_blocks - 1 - r // width
+    return tile_id // num_m_blocks, tile_id % num_m_blocks
+
+
 def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> list[int]:
     """The m-block of every linear tile id, as :func:`tile_coords` orders them."""
-    out = []
-    for tile_id in range(num_m_blocks * batch_heads):
-        if lpt:
-            per_section = num_m_blocks * section
-            first = (tile_id // per_section) * section
-            width = min(section, batch_heads - first)
-            out.append(num_m_blocks - 1 - (tile_id - (tile_id // per_section) * per_section) // width)
-        else:
-            out.append(tile_id % num_m_blocks)
-    return out
+    return [tile_position(t, num_m_blocks, batch_heads, section, lpt)[1] for t in range(num_m_blocks * batch_heads)]
 
 
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,

@@ -361,11 +361,11 @@ def test_select_config_defaults_fit(head_dim):
     (128, 1024, True), (128, 4096, True), (128, 4097, True), (128, 16384, True), (128, 1 << 20, True),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: every d128 problem (causal from 4k with the
-    # balanced lists), every d64 problem, no d256 problem; the longer of Sq and Sk decides
+    # one CTA per SM only where it measured faster: every d128 and d64 problem (causal ones on the
+    # balanced lists), no d256 problem; the longer of Sq and Sk decides
     # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_MIN_SEQLEN)
     for causal in (False, True):
-        balanced = causal and head_dim == 128 and seqlen >= 4096
+        balanced = causal and head_dim in (64, 128)
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
@@ -387,12 +387,12 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
 
 
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
-    (64, 4096, False), (64, 8191, False), (64, 8192, True), (64, 32768, True), (64, 1 << 20, True),
-    (128, 2048, False), (128, 4095, False), (128, 4096, True), (128, 16384, True), (128, 1 << 20, True),
-    (256, 16384, False)])
+    (64, 1, True), (64, 1024, True), (64, 4096, True), (64, 8192, True), (64, 1 << 20, True),
+    (128, 1, True), (128, 1024, True), (128, 2048, True), (128, 16384, True), (128, 1 << 20, True),
+    (256, 1024, False), (256, 16384, False)])
 def test_balanced_grid_follows_the_measured_rule(head_dim, seqlen, balanced):
-    # the host-listed persistent grid only where it measured faster: causal d64 from 8k, causal
-    # d128 from 4k (config.BALANCED_CAUSAL_MIN_SEQLEN); the longer of Sq and Sk decides, and
+    # the host-listed persistent grid where it measured faster: every causal d64 and d128 problem
+    # (config.BALANCED_CAUSAL_MIN_SEQLEN; from S1k paired with the 16 MiB sections), no d256 one;
     # non-causal tiles (all equal) never take it
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
@@ -537,11 +537,12 @@ def test_forward_rejects_bad_input():
 
 
 @pytest.mark.parametrize("head_dim, seqlen, section_mib", [
-    (64, 4096, 48), (64, 8191, 48), (64, 8192, 16), (128, 2048, 48), (128, 8192, 16), (128, 1 << 20, 16),
-    (256, 16384, 16)])
+    (64, 1, 16), (64, 1024, 16), (64, 8192, 16), (128, 1024, 16), (128, 2048, 16), (128, 1 << 20, 16),
+    (256, 4096, 48), (256, 8191, 48), (256, 8192, 16), (256, 16384, 16)])
 def test_causal_lpt_section_follows_the_measured_rule(head_dim, seqlen, section_mib):
-    # 16 MiB LPT sections for causal problems from 8k (preheated paired KEEPs at d64 S8k/S32k and d128
-    # S16k; d128 S2k lost 6% in screening), 48 MiB elsewhere; non-causal problems have no sections
+    # 16 MiB LPT sections for every causal d64 and d128 problem (preheated paired KEEPs from S1k to
+    # S32k, on the balanced lists) and for causal d256 from 8k (its shorter rows untimed), 48 MiB
+    # elsewhere; non-causal problems have no sections
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
         full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=sq, seqlen_k=sk))
@@ -792,10 +793,12 @@ def test_gate_balanced(head_dim, shape):
 
 @pytest.mark.gpu
 @on_hopper
-def test_balanced_default_replays_in_a_cuda_graph():
-    # d128 causal at 8k launches the balanced grid by default; its tile table is built on the
-    # shape's first call, so a graph captured after one warm-up call replays the eager result
-    q, k, v = _d128_inputs(1, 2, 2, seqlen=8192)
+@pytest.mark.parametrize("seqlen", [8192, 1024])
+def test_balanced_default_replays_in_a_cuda_graph(seqlen):
+    # causal d128 launches the balanced grid by default (at 1k on the short-causal schedule); its
+    # tile table is built on the shape's first call, so a graph captured after one warm-up call
+    # replays the eager result
+    q, k, v = _d128_inputs(1, 2, 2, seqlen=seqlen)
     assert select_config(Problem.of(q, k, v, True)).balanced
     out_eager, lse_eager = fwd.forward(q, k, v, True, 128 ** -0.5)
     graph = torch.cuda.CUDAGraph()

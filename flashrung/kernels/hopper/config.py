@@ -275,8 +275,14 @@ PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 1 << 30, 256: 0}
 # below the thresholds, over the stride: d64 S2048 0.977 (128-row tiles), S4096 0.968 (preheated,
 # 128-row tiles); d128 S1024 0.949. d64 S8192 screened 0.996 with 48 MiB LPT sections; once they
 # were 16 MiB (CAUSAL_L2_SECTION_MIB) it measured, paired with each block preheated for 150 ms
-# (t_keep 1.002164), B4 H32 S8192 1.0194 / 1.0267 over the stride: d64 takes it from 8192.
-BALANCED_CAUSAL_MIN_SEQLEN = {64: 8192, 128: 4096}
+# (t_keep 1.002164), B4 H32 S8192 1.0194 / 1.0267 over the stride: d64 took it from 8192.
+# Below those lengths the lists lost only while the sections were 48 MiB: the L2 model
+# (`flashrung model --l2`) put the short rows' DRAM reads at 1.8-2.7x the compulsory bytes under
+# the stride and 48 MiB sections, 1.00x with the lists and 16 MiB. Paired, preheated, the lists
+# with 16 MiB sections over the stride with 48 MiB: d128 B32 H16 S1024 1.1001 / 1.1105, B16 H16
+# S2048 1.0774 / 1.0846; d64 B32 H32 S1024 1.0340 / 1.0319, B8 H32 S4096 1.0632 / 1.0607. So every
+# causal d64 and d128 problem runs the lists (max(Sq, Sk) from 1).
+BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1}
 # Short causal problems (max(Sq, Sk) up to this) change the schedule of their head dim:
 # - d64 takes a 128-row tile (two consumer warpgroups at 240 registers): with few K/V tiles per
 #   query tile, the 192-row tile's diagonal waste and coarser grid cost more than its cheaper
@@ -327,9 +333,14 @@ STAGGER_KV_MIN_SEQLEN = {64: 8192}
 # threshold (interleaved blocks, ÷ 48 MiB): d128 B16 H16 S2048 0.942 (the persistent stride then
 # deals each CTA the heavy end of many short heaviest-first sections), d128 B8 H16 S4096 1.006 and
 # 0.937 (two blocks), d64 B8 H32 S4096 0.987 and 0.968; d128 B1 H16 S32768 0.998 (neutral; a head
-# there is 16 MiB already).
+# there is 16 MiB already). Those short rows lost on the stride; on the balanced lists (which
+# every causal d64 and d128 problem now runs) 16 MiB won there too, paired and preheated: d128 B8
+# H16 S4096 1.0369 / 1.0396 over 48 MiB, and the S1024-S4096 margins above (the lists and the
+# sections together). 8 MiB at d128 B32 H16 S1024: 1.1160 / 1.1113 over the old default, within
+# 16 MiB's spread (1.1001 / 1.1105). d256 (per-tile grid, no lists) keeps 48 MiB below 8192:
+# untimed there.
 CAUSAL_L2_SECTION_MIB = 16
-CAUSAL_SMALL_SECTION_MIN_SEQLEN = 8192
+CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 8192}
 
 
 @functools.lru_cache(maxsize=None)
@@ -353,6 +364,6 @@ def select_config(problem) -> HopperFwdConfig:
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN
+    small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
     return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB)

@@ -29,7 +29,7 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
-* a balanced persistent grid (``balanced``, the default of long causal d64 and d128 problems):
+* a balanced persistent grid (``balanced``, the default of every causal d64 and d128 problem):
   each CTA walks its own list of tiles, list-scheduled on the host (``schedule.balanced_schedule``)
   and kept on the device per shape, instead of a stride;
 * staggered K/V sweeps (``stagger_kv``, the default of d64 from max(Sq, Sk) = 8192): each work
@@ -1140,7 +1140,8 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
 
 
 # lengths that between them reach every compiled default: 32k (d128's split tail, the balanced
-# causal grids), 8k (d64's causal stride), 1k (the short-causal configurations of d64 and d128)
+# causal grids), 8k (d128 non-causal without the split tail), 1k (the short-causal configurations
+# of d64 and d128, on the balanced lists like every causal d64 and d128 problem)
 _CENSUS_SEQLENS = (32768, 8192, 1024)
 
 

@@ -373,10 +373,10 @@ def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent)
 
 
 @pytest.mark.parametrize("head_dim, seqlen, stagger", [
-    (64, 1024, False), (64, 8191, False), (64, 8192, True), (64, 1 << 20, True),
+    (64, 1024, False), (64, 3071, False), (64, 3072, True), (64, 8192, True), (64, 1 << 20, True),
     (128, 2048, False), (128, 16384, False), (256, 16384, False)])
 def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
-    # staggered K/V sweeps only where they measured faster: d64 from 8k, both masks
+    # staggered K/V sweeps only where they measured faster: d64 from 3072, both masks
     # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
@@ -384,6 +384,24 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
                                          seqlen_k=sk))
             assert cfg.stagger_kv is stagger, (head_dim, causal, sq, sk)
             cfg.check(head_dim)
+
+
+@pytest.mark.parametrize("head_dim, seqlen, short", [
+    (64, 1, True), (64, 1024, True), (64, 2048, True), (64, 2049, False), (64, 3072, False), (64, 4096, False),
+    (128, 1024, True), (128, 1025, False), (128, 2048, False), (256, 1024, False)])
+def test_short_causal_schedule_follows_the_measured_rule(head_dim, seqlen, short):
+    # the short-causal schedule only where it measured faster (config.SHORT_CAUSAL_MAX_SEQLEN): d64's
+    # 128-row tile up to 2048 (the 192-row tile won from 3072 on the balanced lists), d128 without
+    # pingpong up to 1024; the longer of Sq and Sk decides, and non-causal problems never take it
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
+        full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
+        if head_dim == 64:
+            assert (causal.block_m, causal.consumer_regs) == ((128, 240) if short else (192, 160)), (sq, sk)
+            assert full.block_m == 192
+        elif head_dim == 128:
+            assert causal.pingpong is not short and full.block_m == 128, (sq, sk)
+        causal.check(head_dim)
 
 
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [

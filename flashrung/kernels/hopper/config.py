@@ -289,10 +289,14 @@ BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1}
 #   steady state earns. Screening on the H200 (bf16, interleaved CUDA events, 128×128 ÷ 192×128,
 #   both persistent, 3 stages): S1024 1.094, S2048 1.083, S4096 1.058, S8192 0.920, S16384
 #   0.890; non-causal it loses already at S1024 (0.974). Paired: B16 H32 S2048 1.0908 / 1.0877;
-#   against portable.fwd at B32 H32 S1024 1.1739 / 1.1751.
+#   against portable.fwd at B32 H32 S1024 1.1739 / 1.1751. Once every causal problem ran the
+#   balanced lists with 16 MiB sections, the 192-row tile (with the staggered sweeps its long
+#   rows take) came back above 2048, paired and preheated over the 128-row tile: B10 H32 S3072
+#   1.0274 / 1.0263, B8 H32 S4096 1.0062 / 1.0109 (1.0048 / 1.0056 without the stagger); at B16
+#   H32 S2048 it still lost (0.9747 / 0.9732, without the stagger).
 # - d128 keeps FA3's order without pingpong: at B32 H16 S1024 FA4's schedule with named turns
 #   measured 0.827 / 0.794 paired.
-SHORT_CAUSAL_MAX_SEQLEN = {64: 4096, 128: 1024}
+SHORT_CAUSAL_MAX_SEQLEN = {64: 2048, 128: 1024}
 _SHORT_CAUSAL = {
     64: dict(block_m=128, consumer_regs=240),
     128: dict(pingpong=False, wait_pv_early=False, named_turns=False),
@@ -315,8 +319,11 @@ SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
 # events) where it is off: d64 S1024 0.965, S2048 1.009 non-causal and 0.962 causal (the
 # 128-row short-causal tile); d128 lost at every row timed (non-causal S2048 0.981, S8192 0.997,
 # S16384 0.985; causal S16384 0.976) — its two consumer warpgroups on 128-key tiles already keep
-# the SMs out of step, and the spread costs L2 locality.
-STAGGER_KV_MIN_SEQLEN = {64: 8192}
+# the SMs out of step, and the spread costs L2 locality. Below 8192 on d64's 192-row tile, paired
+# and preheated: B8 H32 S4096 non-causal 1.0060 / 1.0080; causal with the tile (above) B10 H32
+# S3072 1.0274 / 1.0263 and B8 H32 S4096 1.0062 / 1.0109 over the 128-row tile — so d64 staggers
+# from 3072 (the shortest length timed), where causal problems are on the 192-row tile too.
+STAGGER_KV_MIN_SEQLEN = {64: 3072}
 
 
 # The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in

@@ -20,7 +20,9 @@ Census (sm_90a, d128, compiled with no GPU): causal 255 registers, **0 spill**, 
 memory, HMMA 128 and LDSM 48 per loop body (v8's), LDGSTS 32 (v8: 16 — the prefetch); non-causal
 spills 160 B, as v8 does. Prediction: at config B between v8's loss and a gain over v12 — the
 ring removes what v8 lost to latency, the tail remains; a loss at config A (non-causal, the
-spill and the 32-key block's doubled O rescale per key, as v8's 0.868×). Not yet run on a GPU.
+spill and the 32-key block's doubled O rescale per key, as v8's 0.868×). Measured on the H200
+(paired, `flashrung compare` over v12, docs/ladder.md): config B 1.0041 / 0.9974, NULL; config A
+0.9145 / 0.9146, REVERT — the ring took back v8's loss and no more. Kept as a measured rung.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import torch
 
 from flashrung.kernels.hopper.schedule import balanced_schedule, tail_split, tile_m_blocks, tile_position
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
-from flashrung.model.schedule import causal_costs, list_schedule
+from flashrung.model.schedule import causal_costs, list_schedule, live_blocks
 from flashrung.reference import oracle
 
 
@@ -193,6 +193,31 @@ def test_tile_m_blocks_follow_the_kernel_order():
     for lpt, heads, section in ((True, 5, 2), (False, 5, 2), (True, 4, 4)):
         seen = sorted(tile_position(t, 3, heads, section, lpt) for t in range(3 * heads))
         assert seen == [(bh, m) for bh in range(heads) for m in range(3)]
+
+
+@pytest.mark.parametrize("m_blocks, batch_heads, section", [(1, 1, 1), (3, 5, 2), (7, 13, 4), (171, 32, 6),
+                                                              (8, 96, 96), (2, 9, 16)])
+def test_tile_m_blocks_is_tile_position_tile_by_tile(m_blocks, batch_heads, section):
+    # the section-by-section list the host schedule uses is the per-tile mapping the kernel and
+    # the L2 model use, ragged last sections included
+    for lpt in (True, False):
+        assert tile_m_blocks(m_blocks, batch_heads, section, lpt) == [
+            tile_position(t, m_blocks, batch_heads, section, lpt)[1] for t in range(m_blocks * batch_heads)]
+
+
+@pytest.mark.parametrize("m_blocks, batch_heads, section, ctas", [(9, 7, 3, 5), (16, 12, 4, 132), (5, 40, 8, 17)])
+def test_balanced_schedule_is_the_greedy_list_schedule(m_blocks, batch_heads, section, ctas):
+    # against a plain scan (no heap): each tile in launch order to the least-loaded CTA, the lowest
+    # index on ties
+    seqlen = m_blocks * 128 - 50
+    costs = [live_blocks(m, 128, 128, seqlen, seqlen, True) + 1.0 for m in range(m_blocks)]
+    loads, lists = [0.0] * ctas, [[] for _ in range(ctas)]
+    for tile_id, m in enumerate(tile_m_blocks(m_blocks, batch_heads, section, True)):
+        i = min(range(ctas), key=lambda c: (loads[c], c))
+        lists[i].append(tile_id)
+        loads[i] += costs[m]
+    table = balanced_schedule(m_blocks, batch_heads, section, True, seqlen, seqlen, 128, 128, True, ctas)
+    assert _split_table(table, ctas) == lists
 
 
 def test_balanced_schedule_beats_the_stride_on_causal_tiles():

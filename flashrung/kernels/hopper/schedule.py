@@ -90,8 +90,18 @@ def tile_position(tile_id: int, num_m_blocks: int, batch_heads: int, section: in
 
 
 def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> list[int]:
-    """The m-block of every linear tile id, as :func:`tile_coords` orders them."""
-    return [tile_position(t, num_m_blocks, batch_heads, section, lpt)[1] for t in range(num_m_blocks * batch_heads)]
+    """The m-block of every linear tile id, as :func:`tile_coords` (and :func:`tile_position`)
+    orders them: per section, m-blocks from the last down, each once per head of the section;
+    without LPT, every head's m-blocks in order. Built section by section rather than tile by tile:
+    a new shape's first call pays it on the host."""
+    if not lpt:
+        return list(range(num_m_blocks)) * batch_heads
+    out = []
+    for first in range(0, batch_heads, section):
+        width = min(section, batch_heads - first)
+        for m in range(num_m_blocks - 1, -1, -1):
+            out += [m] * width
+    return out
 
 
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
@@ -111,11 +121,12 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     cost = [live_blocks(m, block_m, kv_tile, seqlen_q, seqlen_k, causal) + TILE_OVERHEAD_KV_TILES
             for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
-    free = [(0.0, i) for i in range(ctas)]
+    free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
+    replace = heapq.heapreplace
     for tile_id, m in enumerate(tile_m_blocks(num_m_blocks, batch_heads, section, lpt)):
-        load, i = heapq.heappop(free)
+        load, i = free[0]
         lists[i].append(tile_id)
-        heapq.heappush(free, (load + cost[m], i))
+        replace(free, (load + cost[m], i))
     offsets = [0]
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))

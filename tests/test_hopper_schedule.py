@@ -207,15 +207,14 @@ def test_tile_m_blocks_is_tile_position_tile_by_tile(m_blocks, batch_heads, sect
 
 @pytest.mark.parametrize("m_blocks, batch_heads, section, ctas", [(9, 7, 3, 5), (16, 12, 4, 132), (5, 40, 8, 17)])
 def test_balanced_schedule_is_the_greedy_list_schedule(m_blocks, batch_heads, section, ctas):
-    # against a plain scan (no heap): each tile in launch order to the least-loaded CTA, the lowest
-    # index on ties
+    # against the model's plain scan (no heap, flashrung.model.schedule.list_schedule): each tile
+    # in launch order to the least-loaded CTA, the lowest index on ties
     seqlen = m_blocks * 128 - 50
-    costs = [live_blocks(m, 128, 128, seqlen, seqlen, True) + 1.0 for m in range(m_blocks)]
-    loads, lists = [0.0] * ctas, [[] for _ in range(ctas)]
-    for tile_id, m in enumerate(tile_m_blocks(m_blocks, batch_heads, section, True)):
-        i = min(range(ctas), key=lambda c: (loads[c], c))
-        lists[i].append(tile_id)
-        loads[i] += costs[m]
+    per_m = [live_blocks(m, 128, 128, seqlen, seqlen, True) + 1.0 for m in range(m_blocks)]
+    costs = [per_m[m] for m in tile_m_blocks(m_blocks, batch_heads, section, True)]
+    lists = [[] for _ in range(ctas)]
+    for a in list_schedule(costs, list(range(len(costs))), ctas).assignments:
+        lists[a.worker].append(a.tile)
     table = balanced_schedule(m_blocks, batch_heads, section, True, seqlen, seqlen, 128, 128, True, ctas)
     assert _split_table(table, ctas) == lists
 

@@ -330,11 +330,12 @@ STAGGER_KV_MIN_SEQLEN = {64: 3072}
 
 # The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in
 # MiB of K/V: schedule.head_section). The budget was 48 MiB of the H200's 60 MiB L2; causal
-# problems take 16 MiB (from max(Sq, Sk) = 8192 first, every length at d64 and d128 since). Profile (ncu, one launch each, --clock-control
-# none, bf16): d64 causal B4 H32 S8192, L2 hit rate 57.9% → 82.8% and DRAM reads 1.83 → 0.65 GB
-# (FA4's same launch: 85.3%); d128 causal B2 H16 S16384, 90.2% → 95.9% and 907 → 408 MB. The
-# duration of a single launch barely moves (2.19 → 2.20 ms at 1.76–1.79 GHz): what the L2 misses
-# cost is power, and under sustained load every kernel here runs at the H200's power limit.
+# problems take 16 MiB (from max(Sq, Sk) = 8192 first, every length at d64 and d128 since).
+# Profile (ncu, one launch each, --clock-control none, bf16): d64 causal B4 H32 S8192, L2 hit
+# rate 57.9% → 82.8% and DRAM reads 1.83 → 0.65 GB (FA4's same launch: 85.3%); d128 causal B2
+# H16 S16384, 90.2% → 95.9% and 907 → 408 MB. The duration of a single launch barely moves
+# (2.19 → 2.20 ms at 1.76–1.79 GHz): what the L2 misses cost is power, and under sustained load
+# every kernel here runs at the H200's power limit.
 # Paired with each block preheated for 150 ms (`flashrung compare --block-preheat-ms 150`, t_keep
 # 1.002164 from the preheated A/A null), 16 MiB over 48: d64 B4 H32 S8192 1.0224 / 1.0243, d64 B1
 # H32 S32768 1.0416 / 1.0376, d128 B4 H16 S8192 1.0235 / 1.0238, d128 B2 H16 S16384 1.0201 /

@@ -361,11 +361,11 @@ def test_select_config_defaults_fit(head_dim):
     (128, 1024, True), (128, 4096, True), (128, 4097, True), (128, 16384, True), (128, 1 << 20, True),
     (64, 1024, True), (64, 32768, True), (256, 1024, False), (256, 8192, False)])
 def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent):
-    # one CTA per SM only where it measured faster: every d128 and d64 problem (causal ones on the
-    # balanced lists), no d256 problem; the longer of Sq and Sk decides
+    # one CTA per SM only where it measured faster: every d128 and d64 problem and every causal
+    # problem (on the balanced lists), no non-causal d256 problem; the longer of Sq and Sk decides
     # (config.PERSISTENT_MAX_SEQLEN, config.BALANCED_CAUSAL_MIN_SEQLEN)
     for causal in (False, True):
-        balanced = causal and head_dim in (64, 128)
+        balanced = causal
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
@@ -407,11 +407,11 @@ def test_short_causal_schedule_follows_the_measured_rule(head_dim, seqlen, short
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
     (64, 1, True), (64, 1024, True), (64, 4096, True), (64, 8192, True), (64, 1 << 20, True),
     (128, 1, True), (128, 1024, True), (128, 2048, True), (128, 16384, True), (128, 1 << 20, True),
-    (256, 1024, False), (256, 16384, False)])
+    (256, 1, True), (256, 2048, True), (256, 4096, True), (256, 8192, True), (256, 1 << 20, True)])
 def test_balanced_grid_follows_the_measured_rule(head_dim, seqlen, balanced):
-    # the host-listed persistent grid where it measured faster: every causal d64 and d128 problem
-    # (config.BALANCED_CAUSAL_MIN_SEQLEN; from S1k paired with the 16 MiB sections), no d256 one;
-    # non-causal tiles (all equal) never take it
+    # the host-listed persistent grid where it measured faster: every causal problem
+    # (config.BALANCED_CAUSAL_MIN_SEQLEN; paired with the 16 MiB sections from S1k at d64 and d128,
+    # S2k at d256, NULL at d256 S8k); non-causal tiles (all equal) never take it
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
         assert cfg.balanced is balanced, (head_dim, sq, sk)
@@ -556,11 +556,11 @@ def test_forward_rejects_bad_input():
 
 @pytest.mark.parametrize("head_dim, seqlen, section_mib", [
     (64, 1, 16), (64, 1024, 16), (64, 8192, 16), (128, 1024, 16), (128, 2048, 16), (128, 1 << 20, 16),
-    (256, 4096, 48), (256, 8191, 48), (256, 8192, 16), (256, 16384, 16)])
+    (256, 1, 16), (256, 2048, 16), (256, 4096, 16), (256, 8192, 16), (256, 16384, 16)])
 def test_causal_lpt_section_follows_the_measured_rule(head_dim, seqlen, section_mib):
-    # 16 MiB LPT sections for every causal d64 and d128 problem (preheated paired KEEPs from S1k to
-    # S32k, on the balanced lists) and for causal d256 from 8k (its shorter rows untimed), 48 MiB
-    # elsewhere; non-causal problems have no sections
+    # 16 MiB LPT sections for every causal problem (preheated paired KEEPs from S1k to S32k at d64
+    # and d128, S2k and S4k at d256, on the balanced lists); non-causal problems have no sections
+    # (48 MiB, which their unsectioned order never uses)
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
         full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=sq, seqlen_k=sk))

@@ -284,7 +284,11 @@ PERSISTENT_MAX_SEQLEN = {64: 1 << 30, 128: 1 << 30, 256: 0}
 # with 16 MiB sections over the stride with 48 MiB: d128 B32 H16 S1024 1.1001 / 1.1105, B16 H16
 # S2048 1.0774 / 1.0846; d64 B32 H32 S1024 1.0340 / 1.0319, B8 H32 S4096 1.0632 / 1.0607. So every
 # causal d64 and d128 problem runs the lists (max(Sq, Sk) from 1).
-BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1}
+# d256 (otherwise one CTA per tile, PERSISTENT_MAX_SEQLEN) takes them too: paired, preheated, the
+# lists with 16 MiB sections over the per-tile grid with 48 MiB, B8 H16 S2048 1.0758 / 1.0844, B4
+# H16 S4096 1.0474 / 1.0473; at B2 H16 S8192 (16 MiB both sides) the lists read 1.0083 / 1.0043
+# with the second run's halves disagreeing — NULL, no loss — and one rule serves every length.
+BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # Short causal problems (max(Sq, Sk) up to this) change the schedule of their head dim:
 # - d64 takes a 128-row tile (two consumer warpgroups at 240 registers): with few K/V tiles per
 #   query tile, the 192-row tile's diagonal waste and coarser grid cost more than its cheaper
@@ -330,7 +334,7 @@ STAGGER_KV_MIN_SEQLEN = {64: 3072}
 
 # The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in
 # MiB of K/V: schedule.head_section). The budget was 48 MiB of the H200's 60 MiB L2; causal
-# problems take 16 MiB (from max(Sq, Sk) = 8192 first, every length at d64 and d128 since).
+# problems take 16 MiB (from max(Sq, Sk) = 8192 first, every length since).
 # Profile (ncu, one launch each, --clock-control none, bf16): d64 causal B4 H32 S8192, L2 hit
 # rate 57.9% → 82.8% and DRAM reads 1.83 → 0.65 GB (FA4's same launch: 85.3%); d128 causal B2
 # H16 S16384, 90.2% → 95.9% and 907 → 408 MB. The duration of a single launch barely moves
@@ -344,13 +348,13 @@ STAGGER_KV_MIN_SEQLEN = {64: 3072}
 # deals each CTA the heavy end of many short heaviest-first sections), d128 B8 H16 S4096 1.006 and
 # 0.937 (two blocks), d64 B8 H32 S4096 0.987 and 0.968; d128 B1 H16 S32768 0.998 (neutral; a head
 # there is 16 MiB already). Those short rows lost on the stride; on the balanced lists (which
-# every causal d64 and d128 problem now runs) 16 MiB won there too, paired and preheated: d128 B8
+# every causal problem now runs) 16 MiB won there too, paired and preheated: d128 B8
 # H16 S4096 1.0369 / 1.0396 over 48 MiB, and the S1024-S4096 margins above (the lists and the
 # sections together). 8 MiB at d128 B32 H16 S1024: 1.1160 / 1.1113 over the old default, within
-# 16 MiB's spread (1.1001 / 1.1105). d256 (per-tile grid, no lists) keeps 48 MiB below 8192:
-# untimed there.
+# 16 MiB's spread (1.1001 / 1.1105). d256 below 8192 took the 16 MiB sections with the lists
+# (BALANCED_CAUSAL_MIN_SEQLEN: 1.0758 / 1.0844 at S2048, 1.0474 / 1.0473 at S4096, together).
 CAUSAL_L2_SECTION_MIB = 16
-CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 8192}
+CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 
 
 @functools.lru_cache(maxsize=None)

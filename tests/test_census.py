@@ -62,3 +62,18 @@ def test_count_sass_counts_families_and_predicated_instructions():
     counts = census.count_sass(listing)
     assert counts["HGMMA"] == 1 and counts["MUFU.EX2"] == 1 and counts["MUFU"] == 2
     assert counts["BRA"] == 1 and counts["total"] == 4
+
+
+def test_packed_exp2_saves_no_mufu_issue_on_hopper():
+    # Why half-precision exponentials are not a softmax lever on sm_90a: ptxas splits the packed
+    # f16x2 / bf16x2 ex2 into one MUFU.EX2 per half, as many MUFU issues as the f32 form
+    # (flashrung.evidence.packed_exp2; docs/hopper.md, the softmax-side levers)
+    out = subprocess.run([sys.executable, "-m", "flashrung.evidence.packed_exp2", "--arch", "sm_90a"],
+                         capture_output=True, text=True, env=census.interpreter_free_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result) == {"f16x2", "bf16x2", "f32"}
+    for form, row in result.items():
+        assert row["mufu_ex2"] == row["elements_per_thread"], (form, row)
+    assert result["f16x2"]["sass"] == {"MUFU.EX2.F16": result["f16x2"]["elements_per_thread"]}
+    assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}

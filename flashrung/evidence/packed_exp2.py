@@ -1,0 +1,92 @@
+"""Does a packed 16-bit exp2 cost one MUFU issue for two elements? A census probe (no GPU).
+
+The softmax's exponentials are on the critical path of ``hopper.fwd`` (removing them gains 11.5%
+at d128 and 17% at d64, *What is left* in docs/hopper.md), and PTX offers packed forms —
+``ex2.approx.f16x2`` and, from sm_90, ``ex2.approx.ftz.bf16x2`` — that take two 16-bit inputs
+in one register. If the hardware evaluated both halves in one ``MUFU`` issue, P could be
+computed in half the MUFU time (and come out already packed for the PV ``wgmma``). This probe
+compiles the same elementwise kernel three ways for a target — packed f16x2, packed bf16x2 and
+plain f32 — and counts ``MUFU.EX2`` instructions against the elements each thread evaluates.
+
+Result on sm_90a (ptxas of Triton 3.6): one ``MUFU.EX2`` per element in all three forms — the
+packed forms become ``MUFU.EX2.F16`` / ``MUFU.EX2.BF16``, one per half — so a packed exp2 saves
+no MUFU issue on Hopper and the lever is rejected before any device time. Run:
+``python -m flashrung.evidence.packed_exp2 [--arch sm_90a]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import triton
+import triton.language as tl
+
+from flashrung.evidence import census
+
+THREADS = 128            # 4 warps
+ELEMENTS_PER_THREAD = 8  # contiguous, so adjacent pairs share one 32-bit register when packed
+# form -> (PTX, constraint, pack, element type)
+FORMS = {
+    "f16x2": ("ex2.approx.f16x2 $0, $1;", "=r,r", 2, "fp16"),
+    "bf16x2": ("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", 2, "bf16"),
+    "f32": ("ex2.approx.f32 $0, $1;", "=f,f", 1, "fp32"),
+}
+
+
+@triton.jit
+def _exp2_probe(x_ptr, y_ptr, N: tl.constexpr, ASM: tl.constexpr, CONSTRAINT: tl.constexpr,
+                PACK: tl.constexpr):
+    offs = tl.max_contiguous(tl.multiple_of(tl.arange(0, N), 8), 8)
+    x = tl.load(x_ptr + offs)
+    y = tl.inline_asm_elementwise(ASM, CONSTRAINT, [x], dtype=x.dtype, is_pure=True, pack=PACK)
+    tl.store(y_ptr + offs, y)
+
+
+def probe(arch: str = "sm_90a") -> dict:
+    """``{form: {"mufu_ex2": n, "elements_per_thread": e, "sass": {opcode: count}}}``."""
+    import os
+    import tempfile
+
+    if census.needs_reexec():
+        raise RuntimeError("compile without TRITON_INTERPRET=1 (python -m flashrung.evidence.packed_exp2)")
+    n = THREADS * ELEMENTS_PER_THREAD
+    out = {}
+    for form, (asm, constraint, pack, dtype) in FORMS.items():
+        spec = census.CensusSpec(kernel=f"probe.exp2.{form}", config={"form": form}, fn=_exp2_probe,
+                                 signature={"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}"},
+                                 constexprs={"N": n, "ASM": asm, "CONSTRAINT": constraint, "PACK": pack},
+                                 num_warps=THREADS // 32)
+        compiled = census.compile_spec(spec, arch)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            sass = census.sass_text(path)
+        ops = {}
+        for m in census._SASS_LINE.finditer(sass):
+            if m.group(1).startswith("MUFU"):
+                ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+        out[form] = {"mufu_ex2": sum(c for op, c in ops.items() if op.startswith("MUFU.EX2")),
+                     "elements_per_thread": ELEMENTS_PER_THREAD, "sass": ops}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="sm_90a", choices=sorted(census.ARCHES))
+    args = ap.parse_args(argv)
+    if census.needs_reexec():
+        import subprocess
+        return subprocess.run([sys.executable, "-m", "flashrung.evidence.packed_exp2", *(argv or sys.argv[1:])],
+                              env=census.interpreter_free_env()).returncode
+    result = probe(args.arch)
+    for form, r in result.items():
+        print(f"{args.arch} {form:7s} MUFU.EX2 per thread {r['mufu_ex2']} for {r['elements_per_thread']} elements "
+              f"({', '.join(f'{op} x{c}' for op, c in sorted(r['sass'].items()))})")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -72,6 +72,26 @@ def steady_loop(sass):
                 fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]), length=len(ops),
                 hgmma_n64=sum(t.startswith("HGMMA.64x64x16") for _, t in body), mufu=ops.count("MUFU.EX2"))
 
+def kv_loops(sass):
+    # every innermost loop of 150+ instructions that issues a wgmma (the K/V loops of each consumer
+    # partition, masked and unmasked): its length and its mask and local-memory opcodes
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    edges = []
+    for j, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where and j - where[int(m.group(1), 16)] >= 150:
+            edges.append((where[int(m.group(1), 16)], j))
+    out = []
+    for lo, hi in edges:
+        if any(lo <= lo2 and hi2 < hi for lo2, hi2 in edges if (lo2, hi2) != (lo, hi)):
+            continue      # an outer loop (the persistent tile loop)
+        ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in ins[lo: hi + 1]]
+        if "HGMMA" in ops:
+            out.append(dict(length=len(ops), fsel=ops.count("FSEL"), isetp=ops.count("ISETP"),
+                            ldl=ops.count("LDL") + ops.count("STL"), mufu=ops.count("MUFU")))
+    return out
+
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
     found = re.findall(r"BAR\.(SYNC|ARV)\S*\s+(0x[0-9a-f]+)(?:,\s*(0x[0-9a-f]+))?", sass)
@@ -92,6 +112,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["windows"] = windows(sass)
             entry["loop"] = steady_loop(sass)
             entry["bars"] = named_barriers(sass)
+            entry["kv_loops"] = kv_loops(sass)
     result[label] = entry
 print(json.dumps(result))
 """
@@ -113,6 +134,12 @@ CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, 
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
+# the masked tiles' one-compare mask, on d128's causal default and on d64's short-causal tile
+CENSUS_CONFIGS.append(("d128-causal-row-bound", 128, True, {"row_bound_mask": True}))
+CENSUS_CONFIGS.append(("d64-causal-short-row-bound", 64, True, {"block_m": 128, "consumer_regs": 240,
+                                                                "row_bound_mask": True}))
+# short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
+CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
 # the producer's V loads a step behind its K loads (FA4's order)
@@ -129,6 +156,10 @@ CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 # buffer; before the KV loop);
 # the tile measured 1.0705 paired over the spill-free 192×64 one (config.py)
 PROLOGUE_SPILL_BYTES = {(64, True): 64}
+# short causal d128 on the balanced lists keeps 16 B in local memory outside the KV loop (3 LDL,
+# 1 STL; the same schedule on the stride keeps none, and its steady loop is the same 468
+# instructions); the build measured +10-11% paired over the stride (config.py)
+SHORT_CAUSAL_D128_SPILL_BYTES = 16
 # the 192-key tile keeps a few registers per consumer in local memory outside the loop (census:
 # 8 B without the split tail, 40 B with it, as in d128 S16k's default)
 EXTRA_KEYS_SPILL_BYTES = 40
@@ -168,6 +199,49 @@ def test_default_config_census(census, head_dim, causal):
         assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
     cfg = fwd.default_config(head_dim, causal)
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
+def _masked_steps(entry):
+    # the K/V loops that mask: one K/V tile's exponentials, as many as the unmasked steady loop
+    # issues (the loop around a tile's first, masked step also holds its epilogue), and more
+    # selects than the unmasked loop's 2
+    step_mufu = {loop["mufu"] for loop in entry["kv_loops"] if loop["fsel"] <= 4 and loop["mufu"] >= 32}
+    assert len(step_mufu) == 1, entry["kv_loops"]
+    return [loop for loop in entry["kv_loops"] if loop["fsel"] > 8 and loop["mufu"] in step_mufu]
+
+
+@pytest.mark.parametrize("label, base", [("d128-causal-row-bound", "d128-causal"),
+                                         ("d64-causal-short-row-bound", "d64-causal-short")])
+def test_row_bound_mask_pays_one_compare_and_one_select_per_score(census, label, base):
+    # row_bound_mask folds the key-length bound and the diagonal into one bound per row: each of
+    # a thread's 64 scores (64 × 128 per warpgroup) takes one ISETP and one FSEL in the masked
+    # step, where mask_scores takes about 3 compares and 4 selects per pair; the step shrinks by
+    # 100+ instructions, and nothing reaches local memory
+    new, old = _masked_steps(census[label]), _masked_steps(census[base])
+    assert new and len(new) == len(old), (new, old)
+    scores = 64 * 128 // 128
+    for n, o in zip(sorted(new, key=lambda x: x["length"]), sorted(old, key=lambda x: x["length"])):
+        assert n["fsel"] <= scores + 2 and n["isetp"] <= scores + 2, n
+        assert o["fsel"] >= 2 * scores, o
+        assert n["length"] <= o["length"] - 100, (n, o)
+        assert n["ldl"] == 0 and n["mufu"] == o["mufu"], n
+    assert census[label]["row"]["spill_bytes"] <= census[base]["row"]["spill_bytes"]
+
+
+def test_short_causal_d128_census(census):
+    # the schedule short causal d128 problems run (config.SHORT_CAUSAL_MAX_SEQLEN): FA3's order on
+    # the balanced lists; no local memory in the KV loop, at most the allowance outside it
+    from flashrung.kernels.hopper.config import SHORT_CAUSAL_MAX_SEQLEN
+
+    cfg = fwd.default_config(128, True, SHORT_CAUSAL_MAX_SEQLEN[128])
+    assert cfg.balanced and not cfg.pingpong and not cfg.wait_pv_early
+    entry = census["d128-causal-short"]
+    row = entry["row"]
+    assert {k: row["config"][k] for k in ("pingpong", "wait_pv_early", "balanced")} == dict(
+        pingpong=False, wait_pv_early=False, balanced=True)
+    assert "error" not in row and entry["loop"]["ldl"] == 0
+    assert row["spill_bytes"] <= SHORT_CAUSAL_D128_SPILL_BYTES
+    assert row["sass"]["HGMMA"] > 0 and row["sass"]["USETMAXREG"] > 0
 
 
 def test_short_causal_tile_census(census):
@@ -811,6 +885,26 @@ def test_gate_balanced(head_dim, shape):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=1, seqlen_q=4097, seqlen_k=4097, heads_q=2, heads_kv=2),    # key tail inside the diagonal tile
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # rows that see no key
+    dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=1),
+    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1),
+], ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_row_bound_mask(head_dim, causal, shape):
+    # the one-bound-per-row mask keeps exactly mask_scores' keys: key tails, the bottom-right
+    # diagonal with Sq != Sk, rows that see no key, on every head dim's default (and d64's
+    # short-causal tile at these lengths)
+    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"])),
+                              row_bound_mask=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
 @pytest.mark.parametrize("seqlen", [8192, 1024])
 def test_balanced_default_replays_in_a_cuda_graph(seqlen):
     # causal d128 launches the balanced grid by default (at 1k on the short-causal schedule); its
@@ -904,10 +998,13 @@ def _switches():
         dict(lag_v_loads=True, num_kv_stages=1),
         dict(late_k_release=True),
         dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True),
+        dict(row_bound_mask=True),
+        dict(row_bound_mask=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
         dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(extra_keys=64, separate_o=False, row_bound_mask=True),
     ]
 
 

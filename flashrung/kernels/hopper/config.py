@@ -118,6 +118,13 @@ class HopperFwdConfig:
     # Measured on the H200 at d128 B2 H16 S16384 non-causal: merged 10.4% (the default's 8-11%),
     # paired preheated 1.0025 / 0.9998 with AB/BA halves disagreeing (NULL): off
     late_k_release: bool = False
+    # masked K/V tiles compare each score's key offset with one bound per row (the key length and
+    # the causal diagonal folded with a min: softmax.last_visible_key) instead of two conditions
+    # per score. Census (sm_90a, bf16, the masked step of one consumer warp): d128 causal 726-737
+    # -> 605-606 instructions (FSEL 130 -> 66, ISETP 98-105 -> 65), d64 on the 128-row tile 685-696
+    # -> 565; on d64's 192-row tile (160 registers) 686-694 -> 615-629 but with 12-14 LDL/STL in two
+    # of its three consumers' masked loops. Not yet priced on the H200: off
+    row_bound_mask: bool = False
 
     @property
     def kv_tile(self) -> int:

@@ -96,7 +96,9 @@ from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
     init_row_sum,
+    last_visible_key,
     mask_scores,
+    mask_scores_by_bound,
     online_softmax,
     online_softmax_retained,
     row_sum_total,
@@ -235,6 +237,7 @@ class _Schedule:
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
+    ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -401,16 +404,27 @@ def _wait_pv(acc, p_op):
 
 @gluon.jit
 def _mask_tile(s, rows, kv_tile, sz, c):
-    """``mask_scores`` on every part of K/V tile ``kv_tile`` (absolute index)."""
+    """``mask_scores`` on every part of K/V tile ``kv_tile`` (absolute index); with
+    ``ROW_BOUND_MASK``, the same keys by one bound per row (``mask_scores_by_bound``)."""
     key0 = kv_tile * c.KV_TILE
-    s0 = mask_scores(s[0], rows, key0 + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)),
-                     sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-    if len(s) == 2:
-        cols = key0 + c.BLOCK_N + gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
-        rows2 = gl.convert_layout(rows, gl.SliceLayout(1, s[1].type.layout))
-        out = (s0, mask_scores(s[1], rows2, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
+    if c.ROW_BOUND_MASK:
+        last = last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+        s0 = mask_scores_by_bound(s[0], gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)), last)
+        if len(s) == 2:
+            last2 = gl.convert_layout(last, gl.SliceLayout(1, s[1].type.layout)) - c.BLOCK_N
+            offs2 = gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
+            out = (s0, mask_scores_by_bound(s[1], offs2, last2))
+        else:
+            out = (s0,)
     else:
-        out = (s0,)
+        s0 = mask_scores(s[0], rows, key0 + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)),
+                         sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+        if len(s) == 2:
+            cols = key0 + c.BLOCK_N + gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
+            rows2 = gl.convert_layout(rows, gl.SliceLayout(1, s[1].type.layout))
+            out = (s0, mask_scores(s[1], rows2, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
+        else:
+            out = (s0,)
     return out
 
 
@@ -717,8 +731,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
-                     LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr):
+                     LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -767,7 +781,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
-                  LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE)
+                  LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -835,7 +849,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=cfg.tree_reduce,
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
-        LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, CONSUMER_REGS=cfg.consumer_regs,
+        LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
+        CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

@@ -120,6 +120,30 @@ def mask_scores(s, rows, cols, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
     return gl.where(keep, s, float("-inf"))
 
 
+@gluon.jit
+def last_visible_key(rows, key0, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
+    """Per row, the offset from ``key0`` of the last key the row may see: ``Sk - 1``, and if causal
+    at most the bottom-right diagonal ``row + Sk - Sq`` (negative: the row sees none of the tile).
+
+    :func:`mask_scores`' two conditions folded into one bound per row, so that
+    :func:`mask_scores_by_bound` pays one compare and one select per score. ptxas compiles
+    ``mask_scores`` to about 3 compares and 4 selects per pair of scores (the key-length bound and
+    the diagonal apart); with absolute key indices against a per-row bound LLVM rewrote the
+    compares into bit arithmetic instead (census). Against a constant offset per register it does
+    not."""
+    last = gl.zeros_like(rows) + (seqlen_k - 1 - key0)
+    if IS_CAUSAL:
+        last = gl.minimum(last, rows + (seqlen_k - seqlen_q - key0))
+    return last
+
+
+@gluon.jit
+def mask_scores_by_bound(s, offs, last):
+    """Scores whose key offset ``offs`` (from the tile's first key, an ``arange`` in the column
+    slice of ``s``) is past the row's ``last`` (:func:`last_visible_key`) → ``-inf``."""
+    return gl.where(gl.expand_dims(offs, 0) <= gl.expand_dims(last, 1), s, float("-inf"))
+
+
 # Columns of one n8 group of the wgmma accumulator: 2 registers × 4 lanes of a quad. Above it every
 # column bit is a register bit, so halving a row there moves no data between threads.
 TREE_LEAF_COLS = 8

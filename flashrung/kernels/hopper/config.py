@@ -120,10 +120,11 @@ class HopperFwdConfig:
     late_k_release: bool = False
     # masked K/V tiles compare each score's key offset with one bound per row (the key length and
     # the causal diagonal folded with a min: softmax.last_visible_key) instead of two conditions
-    # per score. Census (sm_90a, bf16, the masked step of one consumer warp): d128 causal 726-737
-    # -> 605-606 instructions (FSEL 130 -> 66, ISETP 98-105 -> 65), d64 on the 128-row tile 685-696
-    # -> 565; on d64's 192-row tile (160 registers) 686-694 -> 615-629 but with 12-14 LDL/STL in two
-    # of its three consumers' masked loops. Not yet priced on the H200: off
+    # per score. Census (sm_90a, bf16, the masked step of one consumer warp, no local memory in
+    # any loop): d128 causal 726-737 -> 609-610 instructions (FSEL 130 -> 66, ISETP 98-105 -> 65),
+    # d64 686-696 -> 569-570 on both its tiles, d256 594-595 -> 535-545 (but 64 B of spill outside
+    # the loop, where the default has none); short causal d128 16 -> 0 B of spill. Not yet priced
+    # on the H200: off
     row_bound_mask: bool = False
 
     @property

@@ -44,10 +44,7 @@ def _exp2_probe(x_ptr, y_ptr, N: tl.constexpr, ASM: tl.constexpr, CONSTRAINT: tl
 
 
 def probe(arch: str = "sm_90a") -> dict:
-    """``{form: {"mufu_ex2": n, "elements_per_thread": e, "sass": {opcode: count}}}``."""
-    import os
-    import tempfile
-
+    """``{form: {"mufu_ex2": n, "elements_per_thread": e, "sass": {MUFU opcode: count}}}``."""
     if census.needs_reexec():
         raise RuntimeError("compile without TRITON_INTERPRET=1 (python -m flashrung.evidence.packed_exp2)")
     n = THREADS * ELEMENTS_PER_THREAD
@@ -57,18 +54,11 @@ def probe(arch: str = "sm_90a") -> dict:
                                  signature={"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}"},
                                  constexprs={"N": n, "ASM": asm, "CONSTRAINT": constraint, "PACK": pack},
                                  num_warps=THREADS // 32)
-        compiled = census.compile_spec(spec, arch)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(compiled.asm["cubin"])
-            sass = census.sass_text(path)
-        ops = {}
-        for m in census._SASS_LINE.finditer(sass):
-            if m.group(1).startswith("MUFU"):
-                ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-        out[form] = {"mufu_ex2": sum(c for op, c in ops.items() if op.startswith("MUFU.EX2")),
-                     "elements_per_thread": ELEMENTS_PER_THREAD, "sass": ops}
+        row = census.census_one(spec, arch)
+        if row.error:
+            raise RuntimeError(f"{form}: {row.error}")
+        out[form] = {"mufu_ex2": row.sass["MUFU.EX2"], "elements_per_thread": ELEMENTS_PER_THREAD,
+                     "sass": {op: c for op, c in row.sass["opcodes"].items() if op.startswith("MUFU")}}
     return out
 
 

@@ -403,28 +403,28 @@ def _wait_pv(acc, p_op):
 
 
 @gluon.jit
-def _mask_tile(s, rows, kv_tile, sz, c):
-    """``mask_scores`` on every part of K/V tile ``kv_tile`` (absolute index); with
-    ``ROW_BOUND_MASK``, the same keys by one bound per row (``mask_scores_by_bound``)."""
-    key0 = kv_tile * c.KV_TILE
+def _mask_part(s, rows, key0, sz, c):
+    """The keys of one part of a K/V tile (its first key ``key0``, absolute) that its rows may not
+    see → ``-inf``: ``mask_scores``, or with ``ROW_BOUND_MASK`` one bound per row
+    (``mask_scores_by_bound``)."""
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, s.type.layout))
+    offs = gl.arange(0, s.type.shape[1], layout=gl.SliceLayout(0, s.type.layout))
     if c.ROW_BOUND_MASK:
-        last = last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-        s0 = mask_scores_by_bound(s[0], gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)), last)
-        if len(s) == 2:
-            last2 = gl.convert_layout(last, gl.SliceLayout(1, s[1].type.layout)) - c.BLOCK_N
-            offs2 = gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
-            out = (s0, mask_scores_by_bound(s[1], offs2, last2))
-        else:
-            out = (s0,)
+        out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
     else:
-        s0 = mask_scores(s[0], rows, key0 + gl.arange(0, c.BLOCK_N, layout=gl.SliceLayout(0, s[0].type.layout)),
-                         sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-        if len(s) == 2:
-            cols = key0 + c.BLOCK_N + gl.arange(0, c.EXTRA_KEYS, layout=gl.SliceLayout(0, s[1].type.layout))
-            rows2 = gl.convert_layout(rows, gl.SliceLayout(1, s[1].type.layout))
-            out = (s0, mask_scores(s[1], rows2, cols, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
-        else:
-            out = (s0,)
+        out = mask_scores(s, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    return out
+
+
+@gluon.jit
+def _mask_tile(s, rows, kv_tile, sz, c):
+    """:func:`_mask_part` on every part of K/V tile ``kv_tile`` (absolute index)."""
+    key0 = kv_tile * c.KV_TILE
+    s0 = _mask_part(s[0], rows, key0, sz, c)
+    if len(s) == 2:
+        out = (s0, _mask_part(s[1], rows, key0 + c.BLOCK_N, sz, c))
+    else:
+        out = (s0,)
     return out
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
 
 from flashrung.kernels.hopper import schedule
 from flashrung.kernels.hopper.schedule import TILE_OVERHEAD_KV_TILES, tile_position
@@ -143,21 +142,25 @@ def _cta_tiles(launch: Launch) -> list[tuple[float, int, int]]:
     cost = [live_blocks(m, launch.block_m, launch.kv_tile, launch.seqlen_q, launch.seqlen_k, launch.causal)
             + TILE_OVERHEAD_KV_TILES for m in range(launch.num_m_blocks)]
     ctas = min(launch.ctas, num_tiles)
-    out = []
     if launch.grid == "stride":
-        for cta in range(ctas):
-            t = 0.0
-            for tile_id in range(cta, num_tiles, ctas):
-                out.append((t, cta, tile_id))
-                t += cost[_tile_coords(tile_id, launch)[1]]
+        lists = [range(cta, num_tiles, ctas) for cta in range(ctas)]
     else:
-        # the balanced lists are this same greedy hand-out made on the host with the estimate;
-        # the per-tile grid makes it in hardware as slots free up — with equal speeds, the same
-        free = [(0.0, cta) for cta in range(ctas)]
-        for tile_id in range(num_tiles):
-            t, cta = heapq.heappop(free)
+        # the balanced lists: the kernel's own table, a greedy hand-out made on the host with the
+        # estimate; the per-tile grid makes the same hand-out in hardware as slots free up (with
+        # equal speeds, the same lists)
+        table = schedule.balanced_schedule(launch.num_m_blocks, launch.batch * launch.heads_q, launch.section,
+                                           launch.lpt, launch.seqlen_q, launch.seqlen_k, launch.block_m,
+                                           launch.kv_tile, launch.causal, ctas)
+        offsets, order = table[:ctas + 1], table[ctas + 1:]
+        lists = [order[offsets[cta]:offsets[cta + 1]] for cta in range(ctas)]
+    out = []
+    for cta, tiles in enumerate(lists):
+        t = 0.0
+        for tile_id in tiles:
             out.append((t, cta, tile_id))
-            heapq.heappush(free, (t + cost[_tile_coords(tile_id, launch)[1]], cta))
+            t += cost[_tile_coords(tile_id, launch)[1]]
+    if launch.grid != "stride":
+        out.sort(key=lambda item: item[2])     # in launch order, as the hand-out meets them
     return out
 
 

@@ -134,11 +134,12 @@ CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, 
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
-# the masked tiles' one-compare mask, on d128's causal default and on d64's short-causal tile
-CENSUS_CONFIGS.append(("d128-causal-row-bound", 128, True, {"row_bound_mask": True}))
-CENSUS_CONFIGS.append(("d64-causal-short-row-bound", 64, True, {"block_m": 128, "consumer_regs": 240,
-                                                                "row_bound_mask": True}))
-CENSUS_CONFIGS.append(("d64-causal-row-bound", 64, True, {"row_bound_mask": True}))
+# the masked tiles' two-condition mask (key length and diagonal tested apart), which the causal
+# defaults' one bound per row replaced: on d128's and d64's causal tiles and d64's short-causal one
+CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": False}))
+CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {"block_m": 128, "consumer_regs": 240,
+                                                                  "row_bound_mask": False}))
+CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -152,15 +153,15 @@ _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 
 
-# d64 causal on FA4's 192×128 tile keeps two or three registers per consumer in local memory
-# across the first tile's QK (8–12 bytes per consumer and tile; 56 B in all, 64 B with O in its own
-# buffer; before the KV loop);
-# the tile measured 1.0705 paired over the spill-free 192×64 one (config.py)
-PROLOGUE_SPILL_BYTES = {(64, True): 64}
-# short causal d128 on the balanced lists keeps 16 B in local memory outside the KV loop (3 LDL,
-# 1 STL; the same schedule on the stride keeps none, and its steady loop is the same 468
-# instructions); the build measured +10-11% paired over the stride (config.py)
-SHORT_CAUSAL_D128_SPILL_BYTES = 16
+# causal d256 with one bound per row (row_bound_mask) keeps 64 B in local memory outside the KV
+# loop, where the two-condition mask kept none; the switch measured 1.0322 / 1.0304 paired over it
+# (config.py). Every other default keeps none (d64 causal's 192-row tile once kept 64 B across its
+# first tile's QK; its build today keeps none with either mask)
+PROLOGUE_SPILL_BYTES = {(256, True): 64}
+# short causal d128 on the balanced lists kept 16 B in local memory outside the KV loop with the
+# two-condition mask (3 LDL, 1 STL; the same schedule on the stride kept none); one bound per row
+# keeps none
+SHORT_CAUSAL_D128_SPILL_BYTES = 0
 # the 192-key tile keeps a few registers per consumer in local memory outside the loop (census:
 # 8 B without the split tail, 40 B with it, as in d128 S16k's default)
 EXTRA_KEYS_SPILL_BYTES = 40
@@ -211,9 +212,9 @@ def _masked_steps(entry):
     return [loop for loop in entry["kv_loops"] if loop["fsel"] > 8 and loop["mufu"] in step_mufu]
 
 
-@pytest.mark.parametrize("label, base", [("d128-causal-row-bound", "d128-causal"),
-                                         ("d64-causal-short-row-bound", "d64-causal-short"),
-                                         ("d64-causal-row-bound", "d64-causal")])
+@pytest.mark.parametrize("label, base", [("d128-causal", "d128-causal-two-compare"),
+                                         ("d64-causal-short", "d64-causal-short-two-compare"),
+                                         ("d64-causal", "d64-causal-two-compare")])
 def test_row_bound_mask_pays_one_compare_and_one_select_per_score(census, label, base):
     # row_bound_mask folds the key-length bound and the diagonal into one bound per row: each of
     # a thread's 64 scores (64 × 128 per warpgroup) takes one ISETP and one FSEL in the masked
@@ -897,12 +898,14 @@ def test_gate_balanced(head_dim, shape):
 ], ids=_shape_id)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_row_bound_mask(head_dim, causal, shape):
-    # the one-bound-per-row mask keeps exactly mask_scores' keys: key tails, the bottom-right
-    # diagonal with Sq != Sk, rows that see no key, on every head dim's default (and d64's
-    # short-causal tile at these lengths)
-    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"])),
-                              row_bound_mask=True)
+def test_gate_row_bound_mask_switched(head_dim, causal, shape):
+    # both mask forms keep exactly the same keys: key tails, the bottom-right diagonal with
+    # Sq != Sk, rows that see no key, on every head dim's default (and d64's short-causal tile at
+    # these lengths) with the form the default does not take (the two conditions under a causal
+    # mask, one bound per row without)
+    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    assert default.row_bound_mask == causal
+    cfg = dataclasses.replace(default, row_bound_mask=not default.row_bound_mask)
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
@@ -1001,13 +1004,13 @@ def _switches():
         dict(lag_v_loads=True, num_kv_stages=1),
         dict(late_k_release=True),
         dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True),
-        dict(row_bound_mask=True),
-        dict(row_bound_mask=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(row_bound_mask=not base.row_bound_mask),
+        dict(row_bound_mask=not base.row_bound_mask, pingpong=False, wait_pv_early=False, named_turns=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
         dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
-        dict(extra_keys=64, separate_o=False, row_bound_mask=True),
+        dict(extra_keys=64, separate_o=False, row_bound_mask=not base.row_bound_mask),
     ]
 
 

@@ -122,9 +122,10 @@ class HopperFwdConfig:
     # the causal diagonal folded with a min: softmax.last_visible_key) instead of two conditions
     # per score. Census (sm_90a, bf16, the masked step of one consumer warp, no local memory in
     # any loop): d128 causal 726-737 -> 609-610 instructions (FSEL 130 -> 66, ISETP 98-105 -> 65),
-    # d64 686-696 -> 569-570 on both its tiles, d256 594-595 -> 535-545 (but 64 B of spill outside
-    # the loop, where the default has none); short causal d128 16 -> 0 B of spill. Not yet priced
-    # on the H200: off
+    # d64 686-696 -> 569-570 on both its tiles, d256 594-595 -> 535-545 (and 64 B of spill outside
+    # the loop, where the two compares keep none); short causal d128 16 -> 0 B of spill. On for
+    # every causal problem (_LEVERS, with the margins); off here, where the only masked tiles are
+    # key tails and one compare per score is all the two-condition mask pays
     row_bound_mask: bool = False
 
     @property
@@ -244,10 +245,18 @@ _BY_HEAD_DIM = {
 # non-causal, 1.0942 causal; at d256 (B2 H16 S8192) 1.0802 non-causal, 1.0100 causal. At d128 it
 # did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events: 0.989).
 _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
+# Causal masked tiles compare each score with one bound per row (`row_bound_mask`): paired with
+# each block preheated for 150 ms (t_keep 1.002164) over the two-condition mask, on each head
+# dim's causal default (bf16): d64 B32 H32 S1024 1.0465 / 1.0396, B16 H32 S2048 1.0242 / 1.0257,
+# B8 H32 S4096 1.0281 / 1.0355; d128 B16 H16 S2048 1.0247 / 1.0273, B8 H16 S4096 1.0145 /
+# 1.0177; d256 B8 H16 S2048 1.0322 / 1.0304 (its 64 B of spill sit outside the loop). At d128
+# B32 H16 S1024 the first run's halves disagreed (0.890, AB 0.693 / BA 1.029), the second read
+# 1.0219 — NULL there, where the census puts the same 17% off the masked step.
+_ROW_BOUND = dict(row_bound_mask=True)
 _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
     (64, False): dict(_FA4_SCHEDULE, pack_p=True),
-    (64, True): dict(_FA4_SCHEDULE, pack_p=True),
+    (64, True): dict(_FA4_SCHEDULE, pack_p=True, **_ROW_BOUND),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16
     # S1024 non-causal the two runs disagreed, 1.018 and 0.858, verdict NULL)
@@ -255,11 +264,11 @@ _LEVERS = {
     # causal d128 also takes FA4's schedule with the token on named barriers (short problems
     # drop it again, below): paired over the FA3 order, B16 S2048 1.0424 / 1.0526, B8 S4096
     # 1.0362 / 1.0335, B2 S16384 1.0034 / 1.0034 (H16)
-    (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True),
+    (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True, **_ROW_BOUND),
     # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
     # paired margin above was taken on top of it. Causal d256 spills with them.
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
-    (256, True): dict(_FA4_SCHEDULE),
+    (256, True): dict(_FA4_SCHEDULE, **_ROW_BOUND),
 }
 # The persistent grid (one CTA per SM walking the heaviest-first order with a stride) up to this
 # max(Sq, Sk); longer problems launch one CTA per tile and let the hardware hand out tiles as SMs

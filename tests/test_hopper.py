@@ -909,6 +909,58 @@ def test_gate_row_bound_mask_switched(head_dim, causal, shape):
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
+# shapes whose last m-tile leaves whole consumer warpgroups past the last query row: d64's
+# 192-row tile at 1000 and 1024 (two of three idle) and 4097 (one), 128-row tiles at 900 and 4097
+# (one of two), every tile at 17 and 1 rows
+_EMPTY_ROW_SHAPES = [
+    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=900, seqlen_k=900, heads_q=2, heads_kv=2),
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # causal: rows that see no key
+    dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=1),
+    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _EMPTY_ROW_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_skip_empty_rows_switched(head_dim, causal, shape):
+    # a consumer that skips its GEMMs must still take every turn and release every K/V slot in
+    # order, or the ring and the token desynchronise: a hang, or another consumer reading a slot
+    # being refilled (a moving error). Both settings on every head dim's default
+    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(default, skip_empty_rows=not default.skip_empty_rows)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+_SERIAL = dict(overlap=False, wait_pv_early=False, named_turns=False)     # serial steps, pingpong turns
+_FA3_ORDER = dict(pingpong=False, wait_pv_early=False, named_turns=False)
+_MBARRIER_TURNS = dict(pingpong=True, wait_pv_early=True, named_turns=False)
+_GQA_900 = dict(batch=2, seqlen_q=900, seqlen_k=777, heads_q=6, heads_kv=2)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("changes, causal, shape", [
+    *[(ch, causal, _GQA_900) for ch in (_SERIAL, _FA3_ORDER, _MBARRIER_TURNS, dict(extra_keys=64, separate_o=False))
+      for causal in (False, True)],
+    # split items of a partial tile (48 tiles on 132 SMs: each split in two), and of a single row
+    (dict(split_tail=True, persistent=True, balanced=False), False,
+     dict(batch=2, seqlen_q=900, seqlen_k=900, heads_q=3, heads_kv=3)),
+    (dict(split_tail=True, persistent=True, balanced=False), False,
+     dict(batch=1, seqlen_q=1, seqlen_k=4097, heads_q=4, heads_kv=4)),
+], ids=lambda x: ",".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else str(x))
+def test_gate_skip_empty_rows_on_each_schedule(changes, causal, shape):
+    # the idle walk mirrors each schedule's waits and turns: the serial steps take two turns per
+    # tile, the overlapped one, FA3's order none; two-part tiles keep one barrier pair per tile;
+    # the split tail hands an idle warpgroup split items, whose workspace rows the merge never reads
+    cfg = dataclasses.replace(fwd.default_config(128, causal), skip_empty_rows=True, **changes)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=causal, **shape)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("seqlen", [8192, 1024])
@@ -1006,6 +1058,7 @@ def _switches():
         dict(late_k_release=True, num_kv_stages=1, lag_v_loads=True),
         dict(row_bound_mask=not base.row_bound_mask),
         dict(row_bound_mask=not base.row_bound_mask, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(skip_empty_rows=not base.skip_empty_rows),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

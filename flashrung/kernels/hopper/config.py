@@ -127,6 +127,11 @@ class HopperFwdConfig:
     # every causal problem (_LEVERS, with the margins); off here, where the only masked tiles are
     # key tails and one compare per score is all the two-condition mask pays
     row_bound_mask: bool = False
+    # a consumer warpgroup whose 64 rows all lie past seqlen_q (the last m-tile of a sequence that
+    # is not a multiple of block_m) keeps the barrier protocol and issues no GEMM. d64's 192-row
+    # tile leaves one or two of its three consumers idle on the last m-tile at S1024 (5⅓ tiles),
+    # S2048, S4096; the idle warpgroups' wgmmas cost tensor time the active one then gets
+    skip_empty_rows: bool = False
 
     @property
     def kv_tile(self) -> int:

@@ -238,6 +238,7 @@ class _Schedule:
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
+    SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -606,6 +607,47 @@ def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, cou
 
 
 @gluon.jit
+def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
+    """A consumer whose rows all lie past the last query row walks ``n_tiles`` K/V tiles from ring
+    position ``count`` issuing no GEMM: every wait, turn and release of :func:`_attend_overlapped`
+    (or :func:`_attend_serial`) in the same order, so the ring's phases and the pingpong token stay
+    where the other consumers expect them.
+
+    A release must follow the tile's arrival: an arrival on an empty barrier before the producer
+    has refilled the slot would count toward the phase the other consumers are still reading, and
+    the producer would overwrite a tile in use."""
+    if c.OVERLAP:
+        if n_tiles > 0:
+            idx, phase = ring_slot(count, c.NUM_KV_STAGES)
+            mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+            mbarrier.arrive(sh.k_empty_bars.index(idx))
+            for j in range(1, n_tiles):
+                k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
+                v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
+                mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
+                mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
+                turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+                pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+                mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+                mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+            idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
+            mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+            mbarrier.arrive(sh.v_empty_bars.index(idx))
+    else:
+        for j in range(0, n_tiles):
+            idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
+            mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+            mbarrier.arrive(sh.k_empty_bars.index(idx))
+            mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+            mbarrier.arrive(sh.v_empty_bars.index(idx))
+    return turn
+
+
+@gluon.jit
 def _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows: gl.constexpr):
     lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
     lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
@@ -667,7 +709,12 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             q_op = q.load(_a_operand_layout(c.BLOCK_N))
         else:
             q_op = q
-        if c.OVERLAP:
+        if c.SKIP_EMPTY_ROWS and my_row0 >= sz.seqlen_q:
+            # the tile's last rows lie past the sequence (a partial m-tile): this warpgroup's
+            # GEMMs would only feed rows that are never stored; its rows stay empty (O = 0,
+            # LSE = -inf, neither written) and the others get the tensor cores to themselves
+            turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
+        elif c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, kv_visit(kv_lo, kv_lo, n_rot, kv_start,
                                                                                       c.STAGGER_KV),
@@ -732,7 +779,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     SKIP_EMPTY_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -781,7 +828,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
-                  LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK)
+                  LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
+                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -850,7 +898,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
-        CONSUMER_REGS=cfg.consumer_regs,
+        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

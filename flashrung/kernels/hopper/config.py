@@ -130,8 +130,14 @@ class HopperFwdConfig:
     # a consumer warpgroup whose 64 rows all lie past seqlen_q (the last m-tile of a sequence that
     # is not a multiple of block_m) keeps the barrier protocol and issues no GEMM. d64's 192-row
     # tile leaves one or two of its three consumers idle on the last m-tile at S1024 (5⅓ tiles),
-    # S2048, S4096; the idle warpgroups' wgmmas cost tensor time the active one then gets
-    skip_empty_rows: bool = False
+    # S2048, S4096. Paired on the H200 with each block preheated for 150 ms (t_keep 1.002164),
+    # bf16, over computing the empty rows: d64 B32 H32 S1024 non-causal 1.0240 / 1.0199, B16 H32
+    # S2048 1.0075 / 1.0105, B8 H32 S4096 causal 1.0219 / 1.0175. Predicted 5-8% at S1024 (a
+    # sixth of the tiles with two thirds of their GEMMs gone): a lone warpgroup's QK → softmax →
+    # PV chain does not fill the tensor cores, so its tile shortens by far less than two thirds.
+    # Census: every steady loop within two instructions of computing them, no new local memory.
+    # Where every m-tile is full the branch is one compare per tile: on everywhere
+    skip_empty_rows: bool = True
 
     @property
     def kv_tile(self) -> int:

@@ -135,12 +135,13 @@ CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
-CENSUS_CONFIGS.append(("d64-causal-short", 64, True, {"block_m": 128, "consumer_regs": 240}))
+# the short-causal d64 tile exactly as select_config builds it on top of the causal default
+_D64_SHORT = dict(config._SHORT_CAUSAL[64])
+CENSUS_CONFIGS.append(("d64-causal-short", 64, True, _D64_SHORT))
 # the masked tiles' two-condition mask (key length and diagonal tested apart), which the causal
 # defaults' one bound per row replaced: on d128's and d64's causal tiles and d64's short-causal one
 CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": False}))
-CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {"block_m": 128, "consumer_regs": 240,
-                                                                  "row_bound_mask": False}))
+CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {**_D64_SHORT, "row_bound_mask": False}))
 CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
@@ -261,6 +262,9 @@ def test_short_causal_tile_census(census):
     cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64])
     changes = census["d64-causal-short"]["row"]["config"]
     assert (cfg.block_m, cfg.consumer_regs) == (changes["block_m"], changes["consumer_regs"]) == (128, 240)
+    # the row sum reduced every step there (the deferred sum priced NULL on this tile)
+    assert cfg.defer_row_sum is False and changes["defer_row_sum"] is False
+    assert fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64] + 1).defer_row_sum is True
     row = census["d64-causal-short"]["row"]
     assert "error" not in row and row["spill_bytes"] == 0
     assert row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0

@@ -268,8 +268,9 @@ _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
     (64, False): dict(_FA4_SCHEDULE, pack_p=True),
     # the deferred row sum on d64's causal 192-row tile: census 428 -> 420 instructions in the
-    # steady loop, no spill (the 72 B of an earlier build are gone); paired, preheated, B4 H32
-    # S8192 1.0077 / 1.0071. NULL where it stays off: non-causal B4 H32 S8192 0.9979 / 1.0008 and
+    # steady loop, no spill (the 72 B of an earlier build are gone); paired, preheated, B8 H32
+    # S4096 1.0072 / 1.0070, B4 H32 S8192 1.0077 / 1.0071, B1 H32 S32768 1.0076 / 1.0070. NULL
+    # where it stays off: non-causal B4 H32 S8192 0.9979 / 1.0008 and
     # B32 H32 S1024 0.9960 / 0.9999; the short-causal tile at B32 H32 S1024 1.0011 / 1.0076
     # (run 1's halves disagreeing)
     (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_ROW_BOUND),

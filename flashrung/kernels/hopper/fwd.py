@@ -26,7 +26,10 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   FA4's exp2 split onto the FMA pipe (``exp2_fma_every``), tree-shaped row reductions
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
-* causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked;
+* causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked,
+  each score against one bound per row (``row_bound_mask``, the causal default);
+* a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
+  protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
 * a balanced persistent grid (``balanced``, the default of every causal d64 and d128 problem):

@@ -143,6 +143,8 @@ CENSUS_CONFIGS.append(("d64-causal-short", 64, True, _D64_SHORT))
 CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": False}))
 CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {**_D64_SHORT, "row_bound_mask": False}))
 CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": False}))
+# the epilogue deferred under the next tile's first QK, on the short-causal d64 tile it targets
+CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True, {**_D64_SHORT, "overlap_epilogue": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -252,6 +254,20 @@ def test_short_causal_d128_census(census):
     assert "error" not in row and entry["loop"]["ldl"] == 0
     assert row["spill_bytes"] <= SHORT_CAUSAL_D128_SPILL_BYTES
     assert row["sass"]["HGMMA"] > 0 and row["sass"]["USETMAXREG"] > 0
+
+
+def test_overlap_epilogue_census(census):
+    # the deferred epilogue is inlined where it can run: under the next tile's first QK, on a
+    # tile with no K/V tile, at the start of an idle warpgroup's walk, and after the loop for the
+    # last tile — four O stores per consumer where the default has one; on
+    # the short-causal d64 tile (240 registers) nothing reaches local memory and the steady loop
+    # stays within a few instructions. (At d128 the previous tile's O, held across the first QK,
+    # spills: 92-180 B with local-memory traffic in the tile loop, census.)
+    base, oe = census["d64-causal-short"], census["d64-causal-short-overlap-epilogue"]
+    assert "error" not in oe["row"], oe["row"].get("error")
+    assert oe["row"]["spill_bytes"] == 0 and oe["row"]["sass"]["LDL"] == 0 and oe["row"]["sass"]["STL"] == 0
+    assert oe["row"]["sass"]["UTMASTG"] == 4 * base["row"]["sass"]["UTMASTG"]
+    assert abs(oe["loop"]["length"] - base["loop"]["length"]) <= 8
 
 
 def test_short_causal_tile_census(census):
@@ -536,6 +552,8 @@ def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
     (dict(wait_pv_early=True, rescale_threshold=8.0), "wait_pv_early"),
     (dict(exp2_fma_every=3), "exp2_fma_every"),
     (dict(overlap=False, exp2_fma_every=4), "overlap"),
+    (dict(overlap_epilogue=True), "separate_o"),                  # d256: O staged in Q's buffer
+    (dict(overlap_epilogue=True, separate_o=True, overlap=False), "overlap=True"),
 ])
 def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)
@@ -972,6 +990,38 @@ def test_gate_skip_empty_rows_on_each_schedule(changes, causal, shape):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # causal: tiles with no K/V tile
+    dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=1),
+    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1),
+], ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "compute-empty"])
+def test_gate_overlap_epilogue(head_dim, causal, shape, skip):
+    # each tile's O and LSE are stored one tile late, under the next tile's first QK: every
+    # persistent CTA's last tile is stored after its loop, a tile with no K/V tile (rows that see
+    # no key) and an idle warpgroup's walk still store the previous one, and no O is written to a
+    # buffer the previous TMA store still reads
+    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(default, overlap_epilogue=True, skip_empty_rows=skip)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
+def test_gate_overlap_epilogue_with_the_split_tail(shape):
+    # a split item's partial O and LSE go to the workspace one item late; the merge reads them
+    # after the kernel
+    cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, overlap_epilogue=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
 @pytest.mark.parametrize("seqlen", [8192, 1024])
 def test_balanced_default_replays_in_a_cuda_graph(seqlen):
     # causal d128 launches the balanced grid by default (at 1k on the short-causal schedule); its
@@ -1068,6 +1118,7 @@ def _switches():
         dict(row_bound_mask=not base.row_bound_mask),
         dict(row_bound_mask=not base.row_bound_mask, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(skip_empty_rows=not base.skip_empty_rows),
+        dict(overlap_epilogue=True),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

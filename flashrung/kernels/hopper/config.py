@@ -138,6 +138,15 @@ class HopperFwdConfig:
     # Census: every steady loop within two instructions of computing them, no new local memory.
     # Where every m-tile is full the branch is one compare per tile: on everywhere
     skip_empty_rows: bool = True
+    # each tile's epilogue (normalization, LSE store, O through shared memory and TMA) runs after
+    # the next tile's first QK is issued, under that product: the first QK of a tile is the one
+    # GEMM no softmax overlaps, and at S = 1k a tile has 4.5 K/V steps on average (causal), so its
+    # prologue and epilogue weigh. Needs the overlapped schedule and O in its own buffer (the
+    # next tile's Q lands in the Q buffer while the previous O is still being staged). Census
+    # (sm_90a, bf16): no local memory on the short-causal d64 tile (128 rows, 240 registers), its
+    # steady loop 427 -> 432 instructions; 16 B of spill on d64's 192-row tile; at d128 the held O
+    # spills (92-180 B, local memory in the tile loop). Not yet run on the H200: off
+    overlap_epilogue: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -205,6 +214,10 @@ class HopperFwdConfig:
                              "split_tail=False")
         if self.late_k_release and not self.overlap:
             raise ValueError("late_k_release moves the K release of the overlapped step: it needs overlap=True")
+        if self.overlap_epilogue and not (self.overlap and self.separate_o):
+            raise ValueError("overlap_epilogue runs a tile's epilogue under the next tile's first QK of the "
+                             "overlapped schedule, with O staged in its own buffer: it needs overlap=True and "
+                             "separate_o=True")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:

@@ -30,6 +30,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   each score against one bound per row (``row_bound_mask``, the causal default);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
+* with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
+  (``_finish_previous``), the one product no softmax overlaps;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
 * a balanced persistent grid (``balanced``, the default of every causal d64 and d128 problem):
@@ -242,6 +244,7 @@ class _Schedule:
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
+    OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -531,15 +534,22 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
 
 @gluon.jit
 def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
-                       qk_scale_log2, WG: gl.constexpr, c):
+                       qk_scale_log2, prev, epi, WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
     steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of the first tile visited,
-    ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``)."""
+    ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``).
+
+    With ``OVERLAP_EPILOGUE`` the previous tile's epilogue (``prev``, stored through ``epi``: see
+    :func:`_finish_previous`) runs while this tile's first QK is in flight, the one product no
+    softmax overlaps."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-        s = _wait_scores(_qk(q, sh, idx, c), 0)
+        s = _qk(q, sh, idx, c)
+        if c.OVERLAP_EPILOGUE:
+            _finish_previous(prev, epi, sh, sz, WG, c)
+        s = _wait_scores(s, 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         # the first tile is masked unconditionally: one tile, and it may be the only one
         s = _mask_tile(s, rows, first_kv, sz, c)
@@ -565,6 +575,10 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         acc = _pv(p_op, acc, sh, idx, c)
         acc, p_op = _wait_pv(acc, p_op)
         mbarrier.arrive(sh.v_empty_bars.index(idx))
+    if c.OVERLAP_EPILOGUE:
+        if kv_hi <= kv_lo:
+            # no K/V tile to hide it under (rows that see no key)
+            _finish_previous(prev, epi, sh, sz, WG, c)
     return acc, m_i, l_i, turn
 
 
@@ -679,6 +693,54 @@ def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: g
 
 
 @gluon.jit
+def _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, epi, sh, sz, WG: gl.constexpr, c):
+    """Work item ``item``'s O and LSE, normalized: LSE straight to global, O through shared memory
+    and a TMA store (a split item's both to the workspace). ``epi`` is ``(o_desc, lse_ptr,
+    parts, o_buf)``, ``o_buf`` this consumer's O staging buffer."""
+    o_desc, lse_ptr, parts, o_buf = epi
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
+    if c.SPLIT_TAIL:
+        if split >= 0:
+            _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
+                           m_block, WG, c)
+        else:
+            _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+    else:
+        _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+    write_o = my_row0 < sz.seqlen_q
+    if c.SPLIT_TAIL:
+        write_o = write_o & (split < 0)      # a split item's O went to the workspace
+    if write_o:
+        # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
+        # is done
+        if c.SEPARATE_O:
+            # the previous tile's store must have read the buffer; it ran under this tile
+            tma.store_wait(0)
+        o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
+        if not c.SEPARATE_O:
+            # the next Q may only land in the buffer once the store has read it
+            tma.store_wait(0)
+
+@gluon.jit
+def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
+    """:func:`_epilogue` of the work item this consumer finished before the current one, if any:
+    ``prev`` is its ``(acc, m_i, l_i, item, valid)``."""
+    acc, m_i, l_i, item, valid = prev
+    if valid:
+        # the coordinates derived from the item again, as the loop derived them (carrying the
+        # item alone keeps the loop's carried state to O and the row statistics)
+        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, sz.num_tiles // sz.num_m_blocks, sz.heads_q,
+                                    sz.head_section, c.LPT)
+        _epilogue(acc, m_i, l_i, b, h, m_block, m_block * c.BLOCK_M + WG * _ROWS, split, item, tile_id, epi, sh, sz,
+                  WG, c)
+
+
+@gluon.jit
 def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                         WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
@@ -693,6 +755,12 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     batch_heads = sz.num_tiles // sz.num_m_blocks
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+    if c.OVERLAP_EPILOGUE:
+        # the finished tile whose epilogue is still to run: none before the first
+        prev_acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
+        prev_m = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        prev_l = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
+        prev_item = start
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
         tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
@@ -707,6 +775,10 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
+        if c.OVERLAP_EPILOGUE:
+            prev = (prev_acc, prev_m, prev_l, prev_item, tile_iter > 0)
+        else:
+            prev = ()
         if c.Q_IN_REGISTERS:
             # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
             q_op = q.load(_a_operand_layout(c.BLOCK_N))
@@ -716,12 +788,14 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             # the tile's last rows lie past the sequence (a partial m-tile): this warpgroup's
             # GEMMs would only feed rows that are never stored; its rows stay empty (O = 0,
             # LSE = -inf, neither written) and the others get the tensor cores to themselves
+            if c.OVERLAP_EPILOGUE:
+                _finish_previous(prev, (o_desc, lse_ptr, parts, o_buf), sh, sz, WG, c)
             turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
         elif c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, kv_visit(kv_lo, kv_lo, n_rot, kv_start,
                                                                                       c.STAGGER_KV),
-                count, turn, qk_scale_log2, WG, c)
+                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts, o_buf), WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
@@ -731,35 +805,21 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             # one's epilogue runs
             mbarrier.arrive(sh.q_empty_bars.index(WG))
 
-        # epilogue: LSE straight to global, O through shared memory and a TMA store
-        out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
-        if c.SPLIT_TAIL:
-            if split >= 0:
-                _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
-                               m_block, WG, c)
-            else:
-                _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+        if c.OVERLAP_EPILOGUE:
+            # this tile's epilogue runs under the next tile's first QK, or after the loop
+            prev_acc = acc
+            prev_m = m_i
+            prev_l = l_i
+            prev_item = item
         else:
-            _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
-        write_o = my_row0 < sz.seqlen_q
-        if c.SPLIT_TAIL:
-            write_o = write_o & (split < 0)      # a split item's O went to the workspace
-        if write_o:
-            # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
-            # is done
-            if c.SEPARATE_O:
-                # the previous tile's store must have read the buffer; it ran under this tile
-                tma.store_wait(0)
-            o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
-            if not c.SEPARATE_O:
-                # the next Q may only land in the buffer once the store has read it
-                tma.store_wait(0)
+            _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, (o_desc, lse_ptr, parts, o_buf), sh, sz,
+                      WG, c)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(WG))
         tile_iter += 1
+    if c.OVERLAP_EPILOGUE:
+        _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts, o_buf), sh, sz,
+                         WG, c)
     # a TMA store still reading shared memory must finish before the CTA exits
     tma.store_wait(0)
 
@@ -782,7 +842,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
-                     SKIP_EMPTY_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -832,7 +892,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
-                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS)
+                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -901,7 +961,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
-        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, CONSUMER_REGS=cfg.consumer_regs,
+        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

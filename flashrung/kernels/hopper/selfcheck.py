@@ -100,6 +100,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("late_k_release", dict(late_k_release=not base.late_k_release)),
         ("row_bound_mask", dict(row_bound_mask=not base.row_bound_mask)),
         ("skip_empty_rows", dict(skip_empty_rows=not base.skip_empty_rows)),
+        ("overlap_epilogue", dict(overlap_epilogue=not base.overlap_epilogue)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

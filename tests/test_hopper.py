@@ -144,7 +144,8 @@ CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": 
 CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {**_D64_SHORT, "row_bound_mask": False}))
 CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": False}))
 # the epilogue deferred under the next tile's first QK, on the short-causal d64 tile it targets
-CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True, {**_D64_SHORT, "overlap_epilogue": True}))
+CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
+                       {**_D64_SHORT, "overlap_epilogue": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))

@@ -725,6 +725,7 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, epi, 
             # the next Q may only land in the buffer once the store has read it
             tma.store_wait(0)
 
+
 @gluon.jit
 def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
     """:func:`_epilogue` of the work item this consumer finished before the current one, if any:
@@ -812,14 +813,14 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             prev_l = l_i
             prev_item = item
         else:
-            _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, (o_desc, lse_ptr, parts, o_buf), sh, sz,
-                      WG, c)
+            _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, (o_desc, lse_ptr, parts, o_buf),
+                      sh, sz, WG, c)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(WG))
         tile_iter += 1
     if c.OVERLAP_EPILOGUE:
-        _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts, o_buf), sh, sz,
-                         WG, c)
+        _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts, o_buf),
+                         sh, sz, WG, c)
     # a TMA store still reading shared memory must finish before the CTA exits
     tma.store_wait(0)
 
@@ -842,7 +843,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
-                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()

@@ -991,13 +991,7 @@ def test_gate_skip_empty_rows_on_each_schedule(changes, causal, shape):
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("shape", [
-    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
-    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
-    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),    # causal: tiles with no K/V tile
-    dict(batch=1, seqlen_q=17, seqlen_k=333, heads_q=2, heads_kv=1),
-    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1),
-], ids=_shape_id)
+@pytest.mark.parametrize("shape", _EMPTY_ROW_SHAPES, ids=_shape_id)    # 4097 × 1000 causal: tiles with no K/V tile
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("skip", [True, False], ids=["skip", "compute-empty"])

@@ -693,12 +693,14 @@ def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: g
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, epi, sh, sz, WG: gl.constexpr, c):
+def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, WG: gl.constexpr, c):
     """Work item ``item``'s O and LSE, normalized: LSE straight to global, O through shared memory
     and a TMA store (a split item's both to the workspace). ``epi`` is ``(o_desc, lse_ptr,
-    parts, o_buf)``, ``o_buf`` this consumer's O staging buffer."""
-    o_desc, lse_ptr, parts, o_buf = epi
+    parts)``."""
+    o_desc, lse_ptr, parts = epi
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_buf = sh.o_bufs.index(WG)
+    my_row0 = m_block * c.BLOCK_M + WG * _ROWS
     out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
     if c.SPLIT_TAIL:
@@ -737,8 +739,7 @@ def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
         tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, sz.num_tiles // sz.num_m_blocks, sz.heads_q,
                                     sz.head_section, c.LPT)
-        _epilogue(acc, m_i, l_i, b, h, m_block, m_block * c.BLOCK_M + WG * _ROWS, split, item, tile_id, epi, sh, sz,
-                  WG, c)
+        _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, WG, c)
 
 
 @gluon.jit
@@ -748,7 +749,6 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     q_buf = sh.q_bufs.index(WG)                      # [1, 64, 1, D], the TMA box
-    o_buf = sh.o_bufs.index(WG)
     q = q_buf.reshape([_ROWS, c.HEAD_DIM])           # the same bytes as a wgmma operand
     count = 0
     turn = 0
@@ -790,13 +790,13 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             # GEMMs would only feed rows that are never stored; its rows stay empty (O = 0,
             # LSE = -inf, neither written) and the others get the tensor cores to themselves
             if c.OVERLAP_EPILOGUE:
-                _finish_previous(prev, (o_desc, lse_ptr, parts, o_buf), sh, sz, WG, c)
+                _finish_previous(prev, (o_desc, lse_ptr, parts), sh, sz, WG, c)
             turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
         elif c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, kv_visit(kv_lo, kv_lo, n_rot, kv_start,
                                                                                       c.STAGGER_KV),
-                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts, o_buf), WG, c)
+                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
@@ -813,13 +813,12 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             prev_l = l_i
             prev_item = item
         else:
-            _epilogue(acc, m_i, l_i, b, h, m_block, my_row0, split, item, tile_id, (o_desc, lse_ptr, parts, o_buf),
-                      sh, sz, WG, c)
+            _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(WG))
         tile_iter += 1
     if c.OVERLAP_EPILOGUE:
-        _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts, o_buf),
+        _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts),
                          sh, sz, WG, c)
     # a TMA store still reading shared memory must finish before the CTA exits
     tma.store_wait(0)

@@ -145,7 +145,12 @@ class HopperFwdConfig:
     # next tile's Q lands in the Q buffer while the previous O is still being staged). Census
     # (sm_90a, bf16): no local memory on the short-causal d64 tile (128 rows, 240 registers), its
     # steady loop 427 -> 432 instructions; 16 B of spill on d64's 192-row tile; at d128 the held O
-    # spills (92-180 B, local memory in the tile loop). Not yet run on the H200: off
+    # spills (92-180 B, local memory in the tile loop). Gated on the H200 (tests/test_hopper.py),
+    # then paired with each block preheated 150 ms (t_keep 1.002164), bf16: d64 B32 H32 S1024
+    # causal 0.9566 / 0.9594, B16 S2048 causal 0.9705 / 0.9758, B32 S1024 non-causal 0.9713 /
+    # 0.9717 — REVERT at all three: off, kept for the record and its gates. Predicted +1-3%; its
+    # code is 38% larger (75 -> 104 KiB of SASS on the short-causal d64 kernel, four inlined
+    # epilogues per consumer), and why it loses was not profiled
     overlap_epilogue: bool = False
 
     @property

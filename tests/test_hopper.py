@@ -146,6 +146,9 @@ CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": Fa
 # the epilogue deferred under the next tile's first QK, on the short-causal d64 tile it targets
 CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
                        {**_D64_SHORT, "overlap_epilogue": True}))
+# the first K/V tile masked only when the loop would mask it, on the two tiles it is priced on
+CENSUS_CONFIGS.append(("d64-causal-short-first-mask-on-need", 64, True, {**_D64_SHORT, "first_mask_on_need": True}))
+CENSUS_CONFIGS.append(("d128-full-first-mask-on-need", 128, False, {"first_mask_on_need": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -269,6 +272,19 @@ def test_overlap_epilogue_census(census):
     assert oe["row"]["spill_bytes"] == 0 and oe["row"]["sass"]["LDL"] == 0 and oe["row"]["sass"]["STL"] == 0
     assert oe["row"]["sass"]["UTMASTG"] == 4 * base["row"]["sass"]["UTMASTG"]
     assert abs(oe["loop"]["length"] - base["loop"]["length"]) <= 8
+
+
+def test_first_mask_on_need_census(census):
+    # the lever touches the peeled first step only (a uniform branch around its mask): every K/V
+    # loop of each consumer keeps its length and its mask, and nothing reaches local memory
+    for base_name, name in (("d64-causal-short", "d64-causal-short-first-mask-on-need"),
+                            ("d128-full", "d128-full-first-mask-on-need")):
+        base, lever = census[base_name], census[name]
+        assert "error" not in lever["row"], lever["row"].get("error")
+        assert lever["row"]["spill_bytes"] == 0 and lever["row"]["sass"]["LDL"] == 0
+        assert len(lever["kv_loops"]) == len(base["kv_loops"])
+        for a, b in zip(lever["kv_loops"], base["kv_loops"]):
+            assert abs(a["length"] - b["length"]) <= 16 and a["fsel"] == b["fsel"] and a["mufu"] == b["mufu"]
 
 
 def test_short_causal_tile_census(census):
@@ -1005,6 +1021,43 @@ def test_gate_overlap_epilogue(head_dim, causal, shape, skip):
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
+# first visited K/V tiles of every kind: unmasked (S1024: 7 of 8 causal tiles), the diagonal,
+# the key tail as the only tile (17 keys) or the last (1000 keys), bottom-right causal with
+# Sq != Sk (4097 x 1000: rows that see no key; 1000 x 1500: every tile's first keys visible),
+# a staggered sweep's rotated start (d64 from 3072) and one row
+_FIRST_TILE_SHAPES = [
+    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1500, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=4097, seqlen_k=4097, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _FIRST_TILE_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_first_mask_on_need(head_dim, causal, shape):
+    # a first tile left unmasked that needed the mask lets a row see a key it may not (the
+    # diagonal, or zero-filled keys past Sk): every kind of first tile, every head dim's default
+    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(default, first_mask_on_need=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
+def test_gate_first_mask_on_need_with_the_split_tail(shape):
+    # a split item starts at its own K/V tile: the key tail may be the first tile it visits
+    cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, first_mask_on_need=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
@@ -1114,6 +1167,7 @@ def _switches():
         dict(row_bound_mask=not base.row_bound_mask, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(skip_empty_rows=not base.skip_empty_rows),
         dict(overlap_epilogue=True),
+        dict(first_mask_on_need=True),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

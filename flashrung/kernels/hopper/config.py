@@ -152,6 +152,14 @@ class HopperFwdConfig:
     # code is 38% larger (75 -> 104 KiB of SASS on the short-causal d64 kernel, four inlined
     # epilogues per consumer), and why it loses was not profiled
     overlap_epilogue: bool = False
+    # the first K/V tile a work item visits is masked only when it needs the mask (the causal
+    # diagonal or the key tail: the tile lies at or past num_unmasked), as the loop's tiles are;
+    # otherwise its scores go straight to the softmax. The default masks that first tile
+    # unconditionally: one compare and one select per score (128 per thread at 128 keys) on the
+    # first step, the one step no GEMM of the same warpgroup overlaps, on every tile whose first
+    # K/V tile is unmasked — 7 of 8 causal tiles at S1k, every non-causal tile without a key tail.
+    # A warpgroup-uniform branch, no second copy of the softmax
+    first_mask_on_need: bool = False
 
     @property
     def kv_tile(self) -> int:

@@ -27,7 +27,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked,
-  each score against one bound per row (``row_bound_mask``, the causal default);
+  each score against one bound per row (``row_bound_mask``, the causal default); the first tile
+  of a work item is masked unconditionally unless ``first_mask_on_need``;
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
@@ -245,6 +246,7 @@ class _Schedule:
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
+    FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -551,8 +553,13 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
             _finish_previous(prev, epi, sh, sz, WG, c)
         s = _wait_scores(s, 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
-        # the first tile is masked unconditionally: one tile, and it may be the only one
-        s = _mask_tile(s, rows, first_kv, sz, c)
+        if c.FIRST_MASK_ON_NEED:
+            # masked as the loop masks: only the diagonal and the key tail (kv_tile_range)
+            if first_kv >= n_unmasked:
+                s = _mask_tile(s, rows, first_kv, sz, c)
+        else:
+            # the first tile is masked unconditionally: one tile, and it may be the only one
+            s = _mask_tile(s, rows, first_kv, sz, c)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE)
@@ -842,7 +849,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
-                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
+                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -893,7 +900,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
-                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE)
+                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
+                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -962,7 +970,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
-        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue, CONSUMER_REGS=cfg.consumer_regs,
+        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
+        FIRST_MASK_ON_NEED=cfg.first_mask_on_need, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

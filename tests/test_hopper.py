@@ -146,9 +146,9 @@ CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": Fa
 # the epilogue deferred under the next tile's first QK, on the short-causal d64 tile it targets
 CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
                        {**_D64_SHORT, "overlap_epilogue": True}))
-# the first K/V tile masked only when the loop would mask it, on the two tiles it is priced on
-CENSUS_CONFIGS.append(("d64-causal-short-first-mask-on-need", 64, True, {**_D64_SHORT, "first_mask_on_need": True}))
-CENSUS_CONFIGS.append(("d128-full-first-mask-on-need", 128, False, {"first_mask_on_need": True}))
+# the first K/V tile masked unconditionally, as before first_mask_on_need, on two tiles it was priced on
+CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
+CENSUS_CONFIGS.append(("d128-full-first-mask-always", 128, False, {"first_mask_on_need": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -277,9 +277,10 @@ def test_overlap_epilogue_census(census):
 def test_first_mask_on_need_census(census):
     # the lever touches the peeled first step only (a uniform branch around its mask): every K/V
     # loop of each consumer keeps its length and its mask, and nothing reaches local memory
-    for base_name, name in (("d64-causal-short", "d64-causal-short-first-mask-on-need"),
-                            ("d128-full", "d128-full-first-mask-on-need")):
+    for name, base_name in (("d64-causal-short", "d64-causal-short-first-mask-always"),
+                            ("d128-full", "d128-full-first-mask-always")):
         base, lever = census[base_name], census[name]
+        assert lever["row"]["config"]["first_mask_on_need"] and not base["row"]["config"]["first_mask_on_need"]
         assert "error" not in lever["row"], lever["row"].get("error")
         assert lever["row"]["spill_bytes"] == 0 and lever["row"]["sass"]["LDL"] == 0
         assert len(lever["kv_loops"]) == len(base["kv_loops"])
@@ -1041,11 +1042,12 @@ _FIRST_TILE_SHAPES = [
 @pytest.mark.parametrize("shape", _FIRST_TILE_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_first_mask_on_need(head_dim, causal, shape):
+def test_gate_first_mask_on_need_switched(head_dim, causal, shape):
     # a first tile left unmasked that needed the mask lets a row see a key it may not (the
-    # diagonal, or zero-filled keys past Sk): every kind of first tile, every head dim's default
+    # diagonal, or zero-filled keys past Sk): every kind of first tile, every head dim's default,
+    # both settings (the default gates through every other test)
     default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, first_mask_on_need=True)
+    cfg = dataclasses.replace(default, first_mask_on_need=not default.first_mask_on_need)
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
@@ -1167,7 +1169,7 @@ def _switches():
         dict(row_bound_mask=not base.row_bound_mask, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(skip_empty_rows=not base.skip_empty_rows),
         dict(overlap_epilogue=True),
-        dict(first_mask_on_need=True),
+        dict(first_mask_on_need=not base.first_mask_on_need),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

@@ -154,12 +154,18 @@ class HopperFwdConfig:
     overlap_epilogue: bool = False
     # the first K/V tile a work item visits is masked only when it needs the mask (the causal
     # diagonal or the key tail: the tile lies at or past num_unmasked), as the loop's tiles are;
-    # otherwise its scores go straight to the softmax. The default masks that first tile
+    # otherwise its scores go straight to the softmax. Off, that first tile is masked
     # unconditionally: one compare and one select per score (128 per thread at 128 keys) on the
     # first step, the one step no GEMM of the same warpgroup overlaps, on every tile whose first
     # K/V tile is unmasked — 7 of 8 causal tiles at S1k, every non-causal tile without a key tail.
-    # A warpgroup-uniform branch, no second copy of the softmax
-    first_mask_on_need: bool = False
+    # A warpgroup-uniform branch, no second copy of the softmax. Paired on the H200 with each
+    # block preheated 150 ms, bf16, over masking it always (S1024: B32, H32 at d64, H16 at d128):
+    # d64 causal 1.0074 / 1.0163 (t_keep 1.006339, the null at that shape), d64 non-causal
+    # 1.0063 / 1.0037, d128 causal 1.0138 / 1.0038 (KEEP, t_keep 1.002164), d128 non-causal
+    # 1.0075 / 1.0057 (NULL: run 1's halves disagree). Predicted +1-3% at S1k from the census
+    # (about 130 of ~2700 instructions per causal d64 tile), less at longer S; the K/V loops are
+    # unchanged and the branch is one compare per tile: on everywhere
+    first_mask_on_need: bool = True
 
     @property
     def kv_tile(self) -> int:

@@ -163,9 +163,13 @@ class HopperFwdConfig:
     # d64 causal 1.0074 / 1.0163 (t_keep 1.006339, the null at that shape), d64 non-causal
     # 1.0063 / 1.0037, d128 causal 1.0138 / 1.0038 (KEEP, t_keep 1.002164), d128 non-causal
     # 1.0075 / 1.0057 (NULL: run 1's halves disagree). Predicted +1-3% at S1k from the census
-    # (about 130 of ~2700 instructions per causal d64 tile), less at longer S; the K/V loops are
-    # unchanged and the branch is one compare per tile: on everywhere
-    first_mask_on_need: bool = True
+    # (about 130 of ~2700 instructions per causal d64 tile), less at longer S; then over the new
+    # default, d64 B8 H32 S4096 causal 1.0079 / 1.0079 (KEEP). The K/V loops are unchanged, but
+    # on two non-causal kernels ptxas keeps per-tile values in local memory across the branch
+    # (census: d64's 192-row tile below S3072 184 B, 23 LDL + 23 STL outside the K/V loops; d128
+    # without the split tail 12 B); every causal default keeps none (causal d256's 64 B prologue
+    # spill goes too). On for causal problems (_LEVERS), off here
+    first_mask_on_need: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -295,7 +299,8 @@ _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 # 1.0177; d256 B8 H16 S2048 1.0322 / 1.0304 (its 64 B of spill sit outside the loop). At d128
 # B32 H16 S1024 the first run's halves disagreed (0.890, AB 0.693 / BA 1.029), the second read
 # 1.0219 — NULL there, where the census puts the same 17% off the masked step.
-_ROW_BOUND = dict(row_bound_mask=True)
+# causal masks: one bound per row (change 19); the first K/V tile masked only when it needs it (change 22)
+_CAUSAL_MASK = dict(row_bound_mask=True, first_mask_on_need=True)
 _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
     (64, False): dict(_FA4_SCHEDULE, pack_p=True),
@@ -305,7 +310,7 @@ _LEVERS = {
     # where it stays off: non-causal B4 H32 S8192 0.9979 / 1.0008 and
     # B32 H32 S1024 0.9960 / 0.9999; the short-causal tile at B32 H32 S1024 1.0011 / 1.0076
     # (run 1's halves disagreeing)
-    (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_ROW_BOUND),
+    (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_CAUSAL_MASK),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16
     # S1024 non-causal the two runs disagreed, 1.018 and 0.858, verdict NULL)
@@ -313,11 +318,11 @@ _LEVERS = {
     # causal d128 also takes FA4's schedule with the token on named barriers (short problems
     # drop it again, below): paired over the FA3 order, B16 S2048 1.0424 / 1.0526, B8 S4096
     # 1.0362 / 1.0335, B2 S16384 1.0034 / 1.0034 (H16)
-    (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True, **_ROW_BOUND),
+    (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True, **_CAUSAL_MASK),
     # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
     # paired margin above was taken on top of it. Causal d256 spills with them.
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
-    (256, True): dict(_FA4_SCHEDULE, **_ROW_BOUND),
+    (256, True): dict(_FA4_SCHEDULE, **_CAUSAL_MASK),
 }
 # The persistent grid (one CTA per SM walking the heaviest-first order with a stride) up to this
 # max(Sq, Sk); longer problems launch one CTA per tile and let the hardware hand out tiles as SMs

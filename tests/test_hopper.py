@@ -989,8 +989,14 @@ def test_gate_skip_empty_rows_switched(head_dim, causal, shape):
     # a consumer that skips its GEMMs must still take every turn and release every K/V slot in
     # order, or the ring and the token desynchronise: a hang, or another consumer reading a slot
     # being refilled (a moving error). Both settings on every head dim's default
+    _gate_switched("skip_empty_rows", head_dim, causal, shape)
+
+
+def _gate_switched(field, head_dim, causal, shape):
+    # the gate on the head dim's default for this shape with one boolean switch flipped: the
+    # default itself gates through every other test
     default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, skip_empty_rows=not default.skip_empty_rows)
+    cfg = dataclasses.replace(default, **{field: not getattr(default, field)})
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
@@ -1058,10 +1064,8 @@ _FIRST_TILE_SHAPES = [
 def test_gate_first_mask_on_need_switched(head_dim, causal, shape):
     # a first tile left unmasked that needed the mask lets a row see a key it may not (the
     # diagonal, or zero-filled keys past Sk): every kind of first tile, every head dim's default,
-    # both settings (the default gates through every other test)
-    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, first_mask_on_need=not default.first_mask_on_need)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+    # both settings
+    _gate_switched("first_mask_on_need", head_dim, causal, shape)
 
 
 @pytest.mark.gpu

@@ -99,8 +99,10 @@ def named_barriers(sass):
 
 result = {}
 for label, d, causal, changes in json.loads(sys.argv[1]):
+    # "_key_tail": False builds a launch whose keys fill their K/V tiles (fwd.census_spec)
+    key_tail = changes.pop("_key_tail", True)
     cfg = dataclasses.replace(fwd.default_config(d, causal), **changes)
-    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16)
+    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -152,6 +154,12 @@ CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
+# the same two non-causal kernels with the switch on, built for keys that fill their K/V tiles
+# (the launches of every benchmark row): no key tail, no branch around the first tile's mask
+CENSUS_CONFIGS.append(("d64-full-unstaggered-first-mask-no-tail", 64, False,
+                       {"stagger_kv": False, "first_mask_on_need": True, "_key_tail": False}))
+CENSUS_CONFIGS.append(("d128-full-whole-first-mask-no-tail", 128, False,
+                       {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -299,6 +307,27 @@ def test_short_non_causal_defaults_keep_no_local_memory(census):
         assert "error" not in row, row.get("error")
         assert not row["config"]["first_mask_on_need"]
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+
+
+def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):
+    # a non-causal launch whose keys fill their K/V tiles compiles the switch without its branch
+    # (KEY_TAIL False): the first tile is simply not masked, and the per-tile values the branch
+    # pushed to local memory stay in registers; the K/V loops keep their masks and exponentials
+    # (ptxas schedules them a few percent apart: 427 -> 428, 643 -> 625 at d64)
+    for name, base_name in (("d64-full-unstaggered-first-mask-no-tail", "d64-full-unstaggered"),
+                            ("d128-full-whole-first-mask-no-tail", "d128-full-whole")):
+        row, base = census[name]["row"], census[base_name]
+        assert "error" not in row, row.get("error")
+        assert row["config"]["first_mask_on_need"]
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        # (the K/V loops: the census's other 'loops' are mbarrier retry branches that jump back
+        # across a whole tile or an epilogue, and measure that code, not a K/V step)
+        loops, base_loops = ([l for l in e["kv_loops"] if l["length"] < 800 and l["mufu"] >= 32]
+                             for e in (census[name], base))
+        assert len(loops) == len(base_loops) >= 2
+        for a, b in zip(loops, base_loops):
+            assert abs(a["length"] - b["length"]) <= 0.04 * b["length"]
+            assert (a["fsel"], a["mufu"], a["ldl"]) == (b["fsel"], b["mufu"], 0)
 
 
 def test_short_causal_tile_census(census):

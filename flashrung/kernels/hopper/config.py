@@ -168,7 +168,9 @@ class HopperFwdConfig:
     # on two non-causal kernels ptxas keeps per-tile values in local memory across the branch
     # (census: d64's 192-row tile below S3072 184 B, 23 LDL + 23 STL outside the K/V loops; d128
     # without the split tail 12 B); every causal default keeps none (causal d256's 64 B prologue
-    # spill goes too). On for causal problems (_LEVERS), off here
+    # spill goes too). On for causal problems (_LEVERS), off here. Since then a non-causal launch
+    # whose keys fill their K/V tiles builds it with no branch at all (fwd's KEY_TAIL constexpr):
+    # no local memory on either kernel (census), not yet gated or priced on the H200
     first_mask_on_need: bool = False
 
     @property

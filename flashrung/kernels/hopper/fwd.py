@@ -247,6 +247,7 @@ class _Schedule:
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
+    KEY_TAIL: gl.constexpr       # seqlen_k may end inside a K/V tile (False: a launch whose Sk fills its tiles)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -554,9 +555,11 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         s = _wait_scores(s, 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         if c.FIRST_MASK_ON_NEED:
-            # masked as the loop masks: only the diagonal and the key tail (kv_tile_range)
-            if first_kv >= n_unmasked:
-                s = _mask_tile(s, rows, first_kv, sz, c)
+            # masked as the loop masks: only the diagonal and the key tail (kv_tile_range); a
+            # non-causal launch whose keys fill their tiles masks nothing, and needs no branch
+            if c.IS_CAUSAL or c.KEY_TAIL:
+                if first_kv >= n_unmasked:
+                    s = _mask_tile(s, rows, first_kv, sz, c)
         else:
             # the first tile is masked unconditionally: one tile, and it may be the only one
             s = _mask_tile(s, rows, first_kv, sz, c)
@@ -850,6 +853,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
+                     KEY_TAIL: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -901,7 +905,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
-                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED)
+                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, KEY_TAIL=KEY_TAIL)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -971,7 +975,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
-        FIRST_MASK_ON_NEED=cfg.first_mask_on_need, CONSUMER_REGS=cfg.consumer_regs,
+        FIRST_MASK_ON_NEED=cfg.first_mask_on_need, KEY_TAIL=True, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 
@@ -1103,6 +1107,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
+    if cfg.first_mask_on_need and not causal:
+        # a non-causal launch whose keys fill their K/V tiles masks no tile, so its first tile
+        # needs no branch either (census: with the branch, d64's 192-row tile keeps 184 B in
+        # local memory; without it none)
+        constexprs["KEY_TAIL"] = seqlen_k % cfg.kv_tile != 0
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(grid,))
     _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
@@ -1194,8 +1203,10 @@ def _check(cfg: HopperFwdConfig, head_dim: int, elem_bytes: int) -> None:
 # --------------------------------------------------------------------------- census
 
 
-def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16):
-    """The :class:`CensusSpec` of one configuration (what ``forward`` would compile)."""
+def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
+                key_tail: bool = True):
+    """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
+    False is the build of a launch whose keys fill their K/V tiles (``KEY_TAIL``)."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -1214,7 +1225,8 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t)
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
-                      constexprs=_constexprs(cfg, head_dim, causal), num_warps=CONSUMER_WARPS, gluon=True,
+                      constexprs=dict(_constexprs(cfg, head_dim, causal), KEY_TAIL=key_tail),
+                      num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",))
 
 

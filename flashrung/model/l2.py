@@ -28,7 +28,7 @@ import dataclasses
 
 from flashrung.kernels.hopper import schedule
 from flashrung.kernels.hopper.schedule import TILE_OVERHEAD_KV_TILES, tile_position
-from flashrung.model.schedule import _check, live_blocks
+from flashrung.model.schedule import check_positive_ints, live_blocks
 
 # The staggered sweep's low-discrepancy step (``hopper.schedule.kv_stagger``, the kernel's own
 # constants): start fraction (m · STEP mod 2^BITS) / 2^BITS of the item's unmasked K/V tiles
@@ -58,9 +58,9 @@ class Launch:
     stagger: bool = False         # staggered K/V sweeps (``stagger_kv``)
 
     def __post_init__(self):
-        _check(**{name: getattr(self, name) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
-                                                          "head_dim", "block_m", "kv_tile", "elem_bytes", "ctas",
-                                                          "section_mib")})
+        check_positive_ints(**{name: getattr(self, name) for name in (
+            "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "block_m", "kv_tile", "elem_bytes",
+            "ctas", "section_mib")})
         if self.heads_q % self.heads_kv:
             raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         if self.grid not in GRIDS:

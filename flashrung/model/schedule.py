@@ -20,19 +20,20 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check(**xs: int) -> None:
+def check_positive_ints(**xs: int) -> None:
+    """Raise a ValueError naming the first argument that is not a positive integer."""
     for k, v in xs.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
 
 
 def kv_blocks(seqlen_k: int, block_n: int) -> int:
-    _check(seqlen_k=seqlen_k, block_n=block_n)
+    check_positive_ints(seqlen_k=seqlen_k, block_n=block_n)
     return _ceil_div(seqlen_k, block_n)
 
 
 def q_blocks(seqlen_q: int, block_m: int) -> int:
-    _check(seqlen_q=seqlen_q, block_m=block_m)
+    check_positive_ints(seqlen_q=seqlen_q, block_m=block_m)
     return _ceil_div(seqlen_q, block_m)
 
 
@@ -93,7 +94,7 @@ class Schedule:
 def list_schedule(costs: Sequence[float], order: Sequence[int], workers: int) -> Schedule:
     """Greedy first-free list scheduling: each tile in ``order`` goes to the least-loaded worker
     (lowest index on ties), as a persistent kernel's next free SM would take it."""
-    _check(workers=workers)
+    check_positive_ints(workers=workers)
     if sorted(order) != list(range(len(costs))):
         raise ValueError("order must be a permutation of range(len(costs))")
     loads = [0.0] * workers
@@ -117,7 +118,7 @@ def lpt_order(costs: Sequence[float]) -> list[int]:
 
 def makespan_lower_bound(costs: Sequence[float], workers: int) -> float:
     """max(sum/P, max): no schedule on P identical workers finishes earlier."""
-    _check(workers=workers)
+    check_positive_ints(workers=workers)
     if not costs:
         return 0.0
     return max(sum(costs) / workers, max(costs))

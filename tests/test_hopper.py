@@ -149,17 +149,18 @@ CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": Fa
 CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
                        {**_D64_SHORT, "overlap_epilogue": True}))
 # the first K/V tile masked unconditionally, as before first_mask_on_need (change 22), on two causal
-# tiles it was priced on; and the non-causal kernels below S3072 (d64) and S16k (d128), where it
-# stays off because ptxas then keeps per-tile values in local memory (census)
+# tiles it was priced on; and the non-causal kernels below S3072 (d64) and S16k (d128) as a launch
+# with a key tail builds them: first tile masked always, as a branch around it made ptxas keep
+# per-tile values in local memory (census)
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
-# the same two non-causal kernels with the switch on, built for keys that fill their K/V tiles
-# (the launches of every benchmark row): no key tail, no branch around the first tile's mask
+# the same two non-causal kernels built for keys that fill their K/V tiles (the launches of every
+# benchmark row): no key tail, so no mask on the first tile and no branch around it
 CENSUS_CONFIGS.append(("d64-full-unstaggered-first-mask-no-tail", 64, False,
-                       {"stagger_kv": False, "first_mask_on_need": True, "_key_tail": False}))
+                       {"stagger_kv": False, "_key_tail": False}))
 CENSUS_CONFIGS.append(("d128-full-whole-first-mask-no-tail", 128, False,
-                       {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}))
+                       {"split_tail": False, "_key_tail": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -300,13 +301,28 @@ def test_first_mask_on_need_census(census):
 
 
 def test_short_non_causal_defaults_keep_no_local_memory(census):
-    # the non-causal kernels of the shorter problems (no stagger at d64, no split tail at d128):
-    # with first_mask_on_need they kept 184 B and 12 B in local memory (census), so it is off there
+    # the non-causal kernels of the shorter problems (no stagger at d64, no split tail at d128) as
+    # a launch with a key tail builds them: with a branch around the first tile's mask they kept
+    # 184 B and 12 B in local memory (census), so that launch masks its first tile always
     for name in ("d64-full-unstaggered", "d128-full-whole"):
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
-        assert not row["config"]["first_mask_on_need"]
+        assert row["config"]["first_mask_on_need"]
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_first_mask_on_need_reaches_a_non_causal_kernel_only_without_a_key_tail(head_dim):
+    # a non-causal launch with the switch builds no mask for its first tile at all: right only when
+    # no key lies past seqlen_k inside a K/V tile (a one-tile item's zero-filled keys would get
+    # weight); a causal launch keeps the config's switch (its branch tests the tile at run time)
+    for causal in (False, True):
+        for on in (False, True):
+            cfg = dataclasses.replace(fwd.default_config(head_dim, causal), first_mask_on_need=on)
+            for key_tail in (False, True):
+                built = fwd.census_spec(cfg, head_dim, causal, key_tail=key_tail).constexprs["FIRST_MASK_ON_NEED"]
+                assert built == (on and (causal or not key_tail)), (causal, on, key_tail)
+    assert fwd.default_config(head_dim, False).first_mask_on_need
 
 
 def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):

@@ -168,10 +168,13 @@ class HopperFwdConfig:
     # on two non-causal kernels ptxas keeps per-tile values in local memory across the branch
     # (census: d64's 192-row tile below S3072 184 B, 23 LDL + 23 STL outside the K/V loops; d128
     # without the split tail 12 B); every causal default keeps none (causal d256's 64 B prologue
-    # spill goes too). On for causal problems (_LEVERS), off here. Since then a non-causal launch
-    # whose keys fill their K/V tiles builds it with no branch at all (fwd's KEY_TAIL constexpr):
-    # no local memory on either kernel (census), not yet gated or priced on the H200
-    first_mask_on_need: bool = False
+    # spill goes too). So a non-causal launch takes it only when its keys fill their K/V tiles,
+    # with no branch at all (fwd._first_mask_on_need: no local memory on either kernel, census);
+    # one with a key tail masks its first tile always. Paired (preheated, t_keep 1.002164) over
+    # masking always, non-causal, no key tail: d64 (H32) B32 S1024 1.0226 / 1.0243, B16 S2048
+    # 1.0136 / 1.0137, B8 S4096 1.0138 / 1.0164 (KEEP); d128 (H16) B32 S1024 1.0078 / 1.0096
+    # (KEEP), B16 S2048 1.0050 / 1.0017, B8 S4096 1.0006 / 1.0040 (NULL). On for every problem
+    first_mask_on_need: bool = True
 
     @property
     def kv_tile(self) -> int:
@@ -301,8 +304,8 @@ _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 # 1.0177; d256 B8 H16 S2048 1.0322 / 1.0304 (its 64 B of spill sit outside the loop). At d128
 # B32 H16 S1024 the first run's halves disagreed (0.890, AB 0.693 / BA 1.029), the second read
 # 1.0219 — NULL there, where the census puts the same 17% off the masked step.
-# causal masks: one bound per row (change 19); the first K/V tile masked only when it needs it (change 22)
-_CAUSAL_MASK = dict(row_bound_mask=True, first_mask_on_need=True)
+# causal masks: one bound per row (change 19)
+_CAUSAL_MASK = dict(row_bound_mask=True)
 _LEVERS = {
     # (head_dim, causal) -> switches on top of _BY_HEAD_DIM
     (64, False): dict(_FA4_SCHEDULE, pack_p=True),

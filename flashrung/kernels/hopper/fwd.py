@@ -27,8 +27,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked,
-  each score against one bound per row (``row_bound_mask``, the causal default); the first tile
-  of a work item is masked unconditionally unless ``first_mask_on_need``;
+  each score against one bound per row (``row_bound_mask``, the causal default); a work item's
+  first tile is masked only where the loop's rule masks it (``first_mask_on_need``, the default;
+  a non-causal launch with a key tail masks it always);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
@@ -247,7 +248,6 @@ class _Schedule:
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
-    KEY_TAIL: gl.constexpr       # seqlen_k may end inside a K/V tile (False: a launch whose Sk fills its tiles)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -555,9 +555,10 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         s = _wait_scores(s, 0)
         mbarrier.arrive(sh.k_empty_bars.index(idx))
         if c.FIRST_MASK_ON_NEED:
-            # masked as the loop masks: only the diagonal and the key tail (kv_tile_range); a
-            # non-causal launch whose keys fill their tiles masks nothing, and needs no branch
-            if c.IS_CAUSAL or c.KEY_TAIL:
+            # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
+            # non-causal launch sets it only when its keys fill their tiles (_first_mask_on_need),
+            # where no tile is masked and no branch is needed
+            if c.IS_CAUSAL:
                 if first_kv >= n_unmasked:
                     s = _mask_tile(s, rows, first_kv, sz, c)
         else:
@@ -853,7 +854,6 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
-                     KEY_TAIL: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -905,7 +905,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
-                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, KEY_TAIL=KEY_TAIL)
+                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -975,9 +975,18 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
-        FIRST_MASK_ON_NEED=cfg.first_mask_on_need, KEY_TAIL=True, CONSUMER_REGS=cfg.consumer_regs,
+        FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True), CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
+
+
+def _first_mask_on_need(cfg: HopperFwdConfig, causal: bool, key_tail: bool) -> bool:
+    """The kernel's FIRST_MASK_ON_NEED for one launch. Causal: the config's switch. Non-causal: on
+    only for a launch whose keys fill their K/V tiles (no ``key_tail``), which masks no tile and
+    builds no branch; a launch with a key tail masks its first tile always, as the loop's one
+    masked tile is the last — with the branch instead, ptxas kept per-tile values in local memory
+    (census: 184 B on d64's 192-row tile, 12 B on d128's without the split tail)."""
+    return cfg.first_mask_on_need and (causal or not key_tail)
 
 
 def _strides_reason(name: str, strides, ptr_alignment: int, elem_bytes: int) -> str | None:
@@ -1107,11 +1116,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
-    if cfg.first_mask_on_need and not causal:
-        # a non-causal launch whose keys fill their K/V tiles masks no tile, so its first tile
-        # needs no branch either (census: with the branch, d64's 192-row tile keeps 184 B in
-        # local memory; without it none)
-        constexprs["KEY_TAIL"] = seqlen_k % cfg.kv_tile != 0
+    constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(grid,))
     _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
@@ -1206,7 +1211,7 @@ def _check(cfg: HopperFwdConfig, head_dim: int, elem_bytes: int) -> None:
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
                 key_tail: bool = True):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
-    False is the build of a launch whose keys fill their K/V tiles (``KEY_TAIL``)."""
+    False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``)."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -1223,9 +1228,10 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         "num_tiles": "i32", "head_section": "i32", "num_items": "i32", "num_full_tiles": "i32",
         "tail_splits": "i32", "qk_scale_log2": "fp32",
     }
-    config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t)
+    config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
-                      constexprs=dict(_constexprs(cfg, head_dim, causal), KEY_TAIL=key_tail),
+                      constexprs=dict(_constexprs(cfg, head_dim, causal),
+                                      FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",))
 
@@ -1296,7 +1302,9 @@ _CENSUS_SEQLENS = (32768, 8192, 1024)
 def census_specs():
     """Every default configuration this module ships: d ∈ {64, 128, 256} × causal × dtype, the
     short-causal ones and the balanced grids; ``persistent`` alone is host-side and does not change
-    the kernel (``balanced`` does: the CTA reads its list)."""
+    the kernel (``balanced`` does: the CTA reads its list). A non-causal configuration comes twice:
+    built for a launch with a key tail, and for one whose keys fill their K/V tiles (every
+    benchmark row), whose first tile is not masked (``_first_mask_on_need``)."""
     specs, seen = [], set()
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
@@ -1305,5 +1313,7 @@ def census_specs():
                 kernel = (dataclasses.replace(cfg, persistent=cfg.balanced), d, causal)
                 if kernel not in seen:
                     seen.add(kernel)
-                    specs += [census_spec(cfg, d, causal, dtype) for dtype in (torch.float16, torch.bfloat16)]
+                    tails = (True, False) if cfg.first_mask_on_need and not causal else (True,)
+                    specs += [census_spec(cfg, d, causal, dtype, key_tail=key_tail)
+                              for key_tail in tails for dtype in (torch.float16, torch.bfloat16)]
     return specs

@@ -160,11 +160,12 @@ CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False})
 CENSUS_CONFIGS.append(("d64-full-unstaggered-first-mask-no-tail", 64, False,
                        {"stagger_kv": False, "_key_tail": False}))
 CENSUS_CONFIGS.append(("d128-full-whole-first-mask-no-tail", 128, False,
-                       {"split_tail": False, "_key_tail": False}))
+                       {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
-CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False}))   # d128 S16k's default without it
+# d128 S16k's default without it: the S1k-S8k kernel (first_mask_on_need is off with the split tail)
+CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False, "first_mask_on_need": True}))
 # the producer's V loads a step behind its K loads (FA4's order)
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
 # the consumers' K release moved after PV(j-1)'s wait
@@ -322,7 +323,7 @@ def test_first_mask_on_need_reaches_a_non_causal_kernel_only_without_a_key_tail(
             for key_tail in (False, True):
                 built = fwd.census_spec(cfg, head_dim, causal, key_tail=key_tail).constexprs["FIRST_MASK_ON_NEED"]
                 assert built == (on and (causal or not key_tail)), (causal, on, key_tail)
-    assert fwd.default_config(head_dim, False).first_mask_on_need
+    assert fwd.default_config(head_dim, False, 4096).first_mask_on_need
 
 
 def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):
@@ -609,8 +610,10 @@ def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
         assert cfg.split_tail is split, (head_dim, sq, sk)
+        # the split-tail kernel keeps its first tile masked (first_mask_on_need lost there, paired)
+        assert cfg.first_mask_on_need is not split, (head_dim, sq, sk)
         causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
-        assert causal.split_tail is False
+        assert causal.split_tail is False and causal.first_mask_on_need
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -173,7 +173,11 @@ class HopperFwdConfig:
     # one with a key tail masks its first tile always. Paired (preheated, t_keep 1.002164) over
     # masking always, non-causal, no key tail: d64 (H32) B32 S1024 1.0226 / 1.0243, B16 S2048
     # 1.0136 / 1.0137, B8 S4096 1.0138 / 1.0164 (KEEP); d128 (H16) B32 S1024 1.0078 / 1.0096
-    # (KEEP), B16 S2048 1.0050 / 1.0017, B8 S4096 1.0006 / 1.0040 (NULL). On for every problem
+    # (KEEP), B16 S2048 1.0050 / 1.0017, B8 S4096 1.0006 / 1.0040 (NULL); d256 (H16) B2 S8192
+    # 0.9959 / 1.0000, B8 S2048 1.0018 / 0.9974 (NULL). On for every problem but one: the split-tail
+    # kernel (d128 non-causal from S16384) lost with it, B2 H16 S16384 0.9935 / 0.9936 (REVERT),
+    # though its K/V loops compile to the same code (census: 474 and 675 instructions either way;
+    # only the peeled first step differs, 1/128 of the item's tiles) — why is not profiled
     first_mask_on_need: bool = True
 
     @property
@@ -439,9 +443,11 @@ def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, s
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short_causal:
         base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
-    # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B).
+    # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
+    # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
-                               balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib)
+                               balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
+                               first_mask_on_need=base.first_mask_on_need and not split_tail)
 
 
 def select_config(problem) -> HopperFwdConfig:

@@ -328,7 +328,7 @@ def test_first_mask_on_need_reaches_a_non_causal_kernel_only_without_a_key_tail(
 
 def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):
     # a non-causal launch whose keys fill their K/V tiles compiles the switch without its branch
-    # (KEY_TAIL False): the first tile is simply not masked, and the per-tile values the branch
+    # (fwd._first_mask_on_need): the first tile is simply not masked, and the per-tile values the branch
     # pushed to local memory stay in registers; the K/V loops keep their masks and exponentials
     # (ptxas schedules them a few percent apart: 427 -> 428, 643 -> 625 at d64)
     for name, base_name in (("d64-full-unstaggered-first-mask-no-tail", "d64-full-unstaggered"),

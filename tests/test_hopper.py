@@ -228,6 +228,50 @@ def test_default_config_census(census, head_dim, causal):
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
 
 
+_FAST_DIV_SCRIPT = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from flashrung.kernels.hopper.schedule import FastDivisor, fast_div
+
+@gluon.jit
+def probe(out_ptr, x, d, mul, shift):
+    gl.store(out_ptr, fast_div(x, FastDivisor(d, mul, shift)))
+
+signature = {"out_ptr": "*i32", "x": "i32", "d": "i32", "mul": "i32", "shift": "i32"}
+compiled = triton.compile(GluonASTSource(fn=probe, signature=signature, constexprs={}),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+ops = re.findall(r"\b((?:mul\.hi|shr|div|rem)\.[usb]32)\b", compiled.asm["ptx"])
+print(json.dumps(sorted(set(ops))))
+"""
+
+
+def test_fast_div_is_an_unsigned_multiply_high_and_a_logical_shift(tmp_path):
+    # the int32 multiplier is read as unsigned, and the high half (up to 2**32 - 1) is shifted in
+    # without its sign: an arithmetic shift or a signed multiply-high would be wrong for a
+    # multiplier or a high half of 2**31 or more
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import flashrung
+    from flashrung.evidence.census import interpreter_free_env
+
+    script = tmp_path / "fast_div_probe.py"     # a jit function needs a source file
+    script.write_text(_FAST_DIV_SCRIPT)
+    env = interpreter_free_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pathlib.Path(flashrung.__file__).parents[1]),
+                                                      env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["mul.hi.u32", "shr.u32"]
+
+
 def _masked_steps(entry):
     # the K/V loops that mask: one K/V tile's exponentials, as many as the unmasked steady loop
     # issues (the loop around a tile's first, masked step also holds its epilogue), and more

@@ -1,16 +1,27 @@
 """hopper.fwd's host-side schedule: which tiles the split tail cuts (host rule) and the merge of
 their partial results (``tail_combine``, plain Triton: runs under the interpreter on CPU, and on the
-GPU), and the balanced persistent grid's table (``schedule.balanced_schedule``).
+GPU), the balanced persistent grid's table (``schedule.balanced_schedule``), and the magic numbers
+the kernel divides by (``schedule.fast_divisor``), with its work-item decode replayed on the host.
 
 The kernel side (work items, K/V ranges, the partial stores, the table walk) runs only on sm_90:
 its gate tests are in tests/test_hopper.py (``test_gate_split_tail``, ``test_gate_balanced``).
 """
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 
-from flashrung.kernels.hopper.schedule import balanced_schedule, tail_split, tile_m_blocks, tile_position
+from flashrung.kernels.hopper import fwd
+from flashrung.kernels.hopper.schedule import (
+    balanced_schedule,
+    fast_divisor,
+    last_section_width,
+    tail_split,
+    tile_m_blocks,
+    tile_position,
+)
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
 from flashrung.model.schedule import causal_costs, list_schedule, live_blocks
 from flashrung.reference import oracle
@@ -239,3 +250,108 @@ def test_balanced_schedule_rejects_bad_input():
         balanced_schedule(4, 4, 4, True, 512, 512, 128, 128, True, 0)
     with pytest.raises(ValueError, match="seqlen_q"):
         balanced_schedule(4, 4, 4, True, 0, 512, 128, 128, True, 8)
+
+
+# --------------------------------------------------------------------------- the decode's divisions
+
+
+def _fast_div(x, mul, shift):
+    """schedule.fast_div on the host: umulhi(2·x, mul) >> shift, mul read as unsigned (numpy
+    uint64: 2·x and mul are below 2**32, so their product fits)."""
+    x = np.asarray(x, dtype=np.uint64)
+    return ((x * np.uint64(2) * np.uint64(mul % (1 << 32))) >> np.uint64(32 + shift)).astype(np.int64)
+
+
+def _dividends(d, rng):
+    """0 and its neighbours, both sides of multiples of ``d`` up to the largest below 2**31, the
+    largest dividends, and random ones."""
+    top = (1 << 31) - 1
+    ks = sorted({1, 2, 3, top // d, max(top // d - 1, 1)} | {rng.randrange(1, top // d + 1) for _ in range(40)})
+    xs = set(range(0, 260)) | {top, top - 1, top - d, top - top % d, top - top % d - 1}
+    xs |= {k * d + e for k in ks for e in (-1, 0, 1)} | {rng.randrange(0, top + 1) for _ in range(200)}
+    return np.array(sorted(x for x in xs if 0 <= x <= top), dtype=np.uint64)
+
+
+def test_fast_divisor_divides_exactly():
+    rng = random.Random(2024)
+    top = (1 << 31) - 1
+    divisors = set(range(1, 5001)) | {1 << k for k in range(31)} | {(1 << k) + e for k in range(2, 31) for e in (-1, 1)}
+    divisors |= {top, top - 1, 3 ** 19, 641 * 6700417 % top} | {rng.randrange(1, top + 1) for _ in range(2000)}
+    for d in sorted(divisors):
+        mul, shift = fast_divisor(d)
+        # an int32 argument (i32 in the kernel's signature) and a shift a 32-bit shifter takes
+        assert -(1 << 31) <= mul < 0 and 0 <= shift <= 31, d
+        xs = _dividends(d, rng)
+        assert np.array_equal(_fast_div(xs, mul, shift), (xs // np.uint64(d)).astype(np.int64)), d
+
+
+@pytest.mark.parametrize("d", [0, -3, 1 << 31, 1 << 40, 2.0, True, "7", None])
+def test_fast_divisor_rejects_what_int32_dividing_cannot_take(d):
+    with pytest.raises(ValueError, match="num_m_blocks"):
+        fast_divisor(d, "num_m_blocks")
+
+
+def _replay_decode(tile_id, sizes, lpt):
+    """schedule.fast_tile_coords and the producer's K/V head as the kernel computes them, from the
+    arguments _launch passes (``sizes``: by name, as in the kernel's signature)."""
+    def div(x, name):
+        return int(_fast_div(x, sizes[f"{name}_mul"], sizes[f"{name}_shift"]))
+
+    if lpt:
+        per_section = sizes["num_m_blocks"] * sizes["head_section"]
+        section = div(tile_id, "per_section")
+        r = tile_id - section * per_section
+        first_bh = section * sizes["head_section"]
+        narrow = first_bh + sizes["head_section"] > sizes["batch_heads"]
+        width, name = (sizes["last_section"], "last_section") if narrow else (sizes["head_section"], "section")
+        m_from_last = div(r, name)
+        m_block = sizes["num_m_blocks"] - 1 - m_from_last
+        bh = first_bh + r - m_from_last * width
+    else:
+        bh = div(tile_id, "m_blocks")
+        m_block = tile_id - bh * sizes["num_m_blocks"]
+    b = div(bh, "heads_q")
+    h = bh - b * sizes["heads_q"]
+    return b, h, m_block, div(h, "group")
+
+
+@pytest.mark.parametrize("m_blocks, batch, heads_q, heads_kv, section", [
+    (1, 1, 1, 1, 1), (3, 1, 5, 5, 2), (7, 1, 13, 13, 4), (171, 2, 16, 2, 6), (8, 4, 24, 3, 96), (2, 3, 3, 1, 16),
+    (17, 5, 12, 4, 8), (33, 1, 64, 8, 40), (9, 7, 6, 6, 7), (5, 11, 8, 1, 1000000)])
+def test_kernel_decode_walks_the_host_order(m_blocks, batch, heads_q, heads_kv, section):
+    # the kernel's (batch, q_head, m_block, kv_head) of every tile, replayed with the launch's magic
+    # numbers, is tile_position's (the order the balanced table and the L2 model assume), ragged
+    # last sections and sections wider than every column (clamped, as _launch does) included
+    batch_heads = batch * heads_q
+    clamped = min(section, batch_heads)
+    values = fwd._decode_sizes(heads_q, heads_q // heads_kv, m_blocks, batch_heads, clamped)
+    assert len(values) == len(fwd._SIZE_ARGS[2:20]) and fwd._SIZE_ARGS[20] == "num_items"
+    sizes = dict(zip(fwd._SIZE_ARGS[2:20], values))
+    assert sizes["last_section"] == last_section_width(batch_heads, clamped) == (
+        batch_heads - (math.ceil(batch_heads / clamped) - 1) * clamped)
+    for lpt in (True, False):
+        for tile_id in range(m_blocks * batch_heads):
+            bh, m = tile_position(tile_id, m_blocks, batch_heads, section, lpt)
+            assert (bh, m) == tile_position(tile_id, m_blocks, batch_heads, clamped, lpt)
+            b, h, m_block, kv_head = _replay_decode(tile_id, sizes, lpt)
+            assert (b * heads_q + h, m_block) == (bh, m) and 0 <= h < heads_q, (lpt, tile_id)
+            assert kv_head == h // (heads_q // heads_kv)
+
+
+@pytest.mark.parametrize("num_tiles, resident, n_kv", [(4096, 132, 128), (4096, 132, 8), (5462, 132, 128),
+                                                        (24, 132, 8), (17, 132, 3)])
+def test_kernel_split_decode_is_the_plain_one(num_tiles, resident, n_kv):
+    # schedule.work_item and kv_split_range with tail_splits' magic numbers against plain division
+    full, splits = tail_split(num_tiles, resident, n_kv)
+    _, mul, shift = fwd._divisor_args(splits, "tail_splits")
+    covered = {}
+    for item in range(full, full + (num_tiles - full) * splits):
+        tail = item - full
+        tile_tail = int(_fast_div(tail, mul, shift))
+        split = tail - tile_tail * splits
+        assert (tile_tail, split) == divmod(tail, splits)
+        lo, hi = (int(_fast_div(s * n_kv, mul, shift)) for s in (split, split + 1))
+        assert (lo, hi) == (split * n_kv // splits, (split + 1) * n_kv // splits) and lo < hi
+        covered.setdefault(tile_tail, []).append((lo, hi))
+    for ranges in covered.values():
+        assert [lo for lo, _ in ranges[1:]] == [hi for _, hi in ranges[:-1]] and ranges[-1][1] == n_kv

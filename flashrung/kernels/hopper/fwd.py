@@ -86,12 +86,18 @@ from flashrung.kernels.hopper.config import (
 )
 from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns, wait_mma_after_softmax, wait_turn
 from flashrung.kernels.hopper.schedule import (
+    DIVIDEND_BITS,
+    FastDivisor,
+    fast_div,
+    fast_divisor,
+    fast_tile_coords,
     head_section,
     kv_split_range,
     kv_stagger,
     kv_visit,
     balanced_schedule,
     kv_tile_range,
+    last_section_width,
     tail_split,
     tile_coords,
     work_at,
@@ -167,31 +173,36 @@ class _Shared:
 
 @aggregate
 class _Sizes:
-    """Runtime scalars every partition needs to walk the same tiles."""
+    """Runtime scalars every partition needs to walk the same tiles; the work-item decode's
+    divisors come with their multiply-high magic (schedule.FastDivisor)."""
 
     seqlen_q: gl.tensor
     seqlen_k: gl.tensor
-    heads_q: gl.tensor
-    group: gl.tensor          # q heads per K/V head (GQA)
-    num_m_blocks: gl.tensor
-    num_tiles: gl.tensor
-    head_section: gl.tensor   # (batch, head) columns per LPT section
-    num_items: gl.tensor      # work items: whole tiles, then the split tail's items
+    heads_q: FastDivisor
+    group: FastDivisor          # q heads per K/V head (GQA)
+    num_m_blocks: FastDivisor
+    batch_heads: gl.tensor
+    head_section: FastDivisor   # (batch, head) columns per LPT section
+    last_section: FastDivisor   # columns of the last LPT section (schedule.last_section_width)
+    per_section: FastDivisor    # tiles per LPT section: num_m_blocks · head_section
+    num_items: gl.tensor        # work items: whole tiles, then the split tail's items
     num_full_tiles: gl.tensor
-    tail_splits: gl.tensor    # work items per tail tile (1: no split tail)
-    sched_ptr: gl.tensor      # int32 table of the balanced grid (schedule.balanced_schedule)
+    tail_splits: FastDivisor    # work items per tail tile (1: no split tail)
+    sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule)
 
     @gluon.constexpr_function
-    def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
-                 num_full_tiles, tail_splits, sched_ptr):
+    def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
+                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr):
         self.sched_ptr = sched_ptr
         self.seqlen_q = seqlen_q
         self.seqlen_k = seqlen_k
         self.heads_q = heads_q
         self.group = group
         self.num_m_blocks = num_m_blocks
-        self.num_tiles = num_tiles
+        self.batch_heads = batch_heads
         self.head_section = head_section
+        self.last_section = last_section
+        self.per_section = per_section
         self.num_items = num_items
         self.num_full_tiles = num_full_tiles
         self.tail_splits = tail_splits
@@ -256,6 +267,28 @@ class _Schedule:
             setattr(self, name, gl.constexpr(value))
 
 
+# The producer decodes every work item by multiply-high (schedule.fast_divisor): its next K load
+# waits on the decode. The consumers keep the hardware's division: by multiply-high their decode
+# moves to the uniform datapath, and ptxas then lays out the K/V loops' uniform registers anew
+# (census: 5 UMOV more per steady step of every d128 default, 3 moves more at d64's 128-row tile,
+# -6..+3 at d256), for tile heads 50-80 instructions shorter
+_CONSUMER_FAST_DIV = gl.constexpr(False)
+
+
+@gluon.jit
+def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
+    """(tile_id, split, batch, q_head, m_block) of work item ``item`` (schedule.work_item and
+    tile_coords), its divisions by multiply-high with ``FAST_DIV``."""
+    tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL, FAST_DIV)
+    if FAST_DIV:
+        b, h, m_block = fast_tile_coords(tile_id, sz.num_m_blocks, sz.batch_heads, sz.heads_q, sz.head_section,
+                                         sz.last_section, sz.per_section, c.LPT)
+    else:
+        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks.d, sz.batch_heads, sz.heads_q.d, sz.head_section.d,
+                                    c.LPT)
+    return tile_id, split, b, h, m_block
+
+
 # --------------------------------------------------------------------------- producer
 
 
@@ -289,16 +322,14 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
 def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
-    batch_heads = sz.num_tiles // sz.num_m_blocks
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
-        kv_head = h // sz.group
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, True)
+        kv_head = fast_div(h, sz.group)
         row0 = m_block * c.BLOCK_M
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, True)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         # ring position of K/V tile j of this item: base + j
         base = count - kv_lo
@@ -678,7 +709,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
 @gluon.jit
 def _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows: gl.constexpr):
     lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
-    lse_offs = (b * sz.heads_q + h).to(gl.int64) * sz.seqlen_q + lse_rows
+    lse_offs = (b * sz.heads_q.d + h).to(gl.int64) * sz.seqlen_q + lse_rows
     gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
 
 
@@ -747,9 +778,7 @@ def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
     if valid:
         # the coordinates derived from the item again, as the loop derived them (carrying the
         # item alone keeps the loop's carried state to O and the row statistics)
-        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, sz.num_tiles // sz.num_m_blocks, sz.heads_q,
-                                    sz.head_section, c.LPT)
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, _CONSUMER_FAST_DIV)
         _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, WG, c)
 
 
@@ -765,7 +794,6 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     turn = 0
     tile_iter = 0
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    batch_heads = sz.num_tiles // sz.num_m_blocks
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
     if c.OVERLAP_EPILOGUE:
         # the finished tile whose epilogue is still to run: none before the first
@@ -775,12 +803,11 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         prev_item = start
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL)
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks, batch_heads, sz.heads_q, sz.head_section, c.LPT)
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, _CONSUMER_FAST_DIV)
         row0 = m_block * c.BLOCK_M
         my_row0 = row0 + WG * _ROWS
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, _CONSUMER_FAST_DIV)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -838,12 +865,22 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
 # --------------------------------------------------------------------------- kernel
 
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads_q", "group", "num_m_blocks", "num_tiles",
-                              "head_section", "num_items", "num_full_tiles", "tail_splits"])
+# the sizes and the decode's magic numbers (schedule.fast_divisor: a shift of 1 would otherwise
+# specialize into a constant and compile again)
+_SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift", "group", "group_mul", "group_shift",
+              "num_m_blocks", "m_blocks_mul", "m_blocks_shift", "batch_heads", "head_section", "section_mul",
+              "section_shift", "last_section", "last_section_mul", "last_section_shift", "per_section_mul",
+              "per_section_shift", "num_items", "num_full_tiles", "tail_splits", "splits_mul", "splits_shift")
+
+
+@gluon.jit(do_not_specialize=_SIZE_ARGS)
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
                      sched_ptr,
-                     seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section,
-                     num_items, num_full_tiles, tail_splits, qk_scale_log2,
+                     seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
+                     num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
+                     section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
+                     per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
+                     qk_scale_log2,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
@@ -891,8 +928,12 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs)
-    sz = _Sizes(seqlen_q, seqlen_k, heads_q, group, num_m_blocks, num_tiles, head_section, num_items,
-                num_full_tiles, tail_splits, sched_ptr)
+    sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
+                FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
+                batch_heads, FastDivisor(head_section, section_mul, section_shift),
+                FastDivisor(last_section, last_section_mul, last_section_shift),
+                FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
+                num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
@@ -1087,6 +1128,9 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         if cfg.split_tail:
             num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile))
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
+    if num_items >= 1 << DIVIDEND_BITS:
+        # every dividend of the work-item decode is below num_items (schedule.fast_divisor)
+        raise ValueError(f"{KERNEL_NAME}: {num_items} work items; the kernel numbers them in int32")
     grid = min(num_items, resident) if cfg.persistent and not warmup else num_items
     if splits > 1:
         part_o, part_lse, coords = tail_workspace(num_items - num_full_tiles, num_tiles - num_full_tiles,
@@ -1094,7 +1138,9 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         # never dereferenced: no work item is a split one
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
-    section = head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), cfg.l2_section_mib << 20)
+    # a section wider than every column is one section; clamped, its tile count stays an int32
+    section = min(head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), cfg.l2_section_mib << 20),
+                  batch * heads_q)
     if cfg.balanced and not warmup:
         sched = _schedule_table(num_m_blocks, batch * heads_q, section, cfg.lpt, seqlen_q, seqlen_k, cfg.block_m,
                                 cfg.kv_tile, bool(causal), grid, str(q.device))
@@ -1107,8 +1153,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         _descriptor(k, cfg.extra_keys) if cfg.extra_keys else k_desc,
         _descriptor(v, cfg.extra_keys) if cfg.extra_keys else v_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords, sched,
-        seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, num_m_blocks, num_tiles, section,
-        num_items, num_full_tiles, splits, fold_scale(softmax_scale),
+        seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
+        num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"), fold_scale(softmax_scale),
     )
     constexprs = _constexprs(cfg, head_dim, causal, softmax_scale > 0)
     if not warmup:
@@ -1122,6 +1168,23 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
     if splits > 1:
         combine_tail(part_o, part_lse, coords, out, lse, splits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisor_args(d: int, name: str) -> tuple[int, int, int]:
+    """``(d, mul, shift)``: a divisor of the work-item decode and its magic numbers
+    (schedule.fast_divisor), once per value."""
+    return (d, *fast_divisor(d, name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_sizes(heads_q: int, group: int, num_m_blocks: int, batch_heads: int, section: int) -> tuple:
+    """The kernel's arguments from ``heads_q`` to ``per_section_shift`` (``section``: the LPT
+    section, at most ``batch_heads`` columns), once per shape."""
+    return (*_divisor_args(heads_q, "heads_q"), *_divisor_args(group, "group"),
+            *_divisor_args(num_m_blocks, "num_m_blocks"), batch_heads, *_divisor_args(section, "head_section"),
+            *_divisor_args(last_section_width(batch_heads, section), "last_section"),
+            *fast_divisor(num_m_blocks * section, "per_section"))
 
 
 def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
@@ -1224,9 +1287,7 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     signature = {
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
-        "seqlen_q": "i32", "seqlen_k": "i32", "heads_q": "i32", "group": "i32", "num_m_blocks": "i32",
-        "num_tiles": "i32", "head_section": "i32", "num_items": "i32", "num_full_tiles": "i32",
-        "tail_splits": "i32", "qk_scale_log2": "fp32",
+        **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,

@@ -27,13 +27,20 @@ computed.
 Causal masks are bottom-right aligned: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``.
 K/V tiles fully above the diagonal are never loaded; tiles fully below it (and fully inside
 ``Sk``) run without any mask; only the remaining tiles pay for one.
-"""
-from __future__ import annotations
 
+Every work item is decoded into ``(batch, q_head, m_block)`` by dividing by sizes fixed per launch.
+A 32-bit ``//`` by a run-time value compiles to a reciprocal and its corrections (I2F.RP, MUFU.RCP,
+F2I, IMAD.HI and fix-ups: 15-20 instructions, in every tile's head); with a magic number computed
+on the host it is one multiply-high and a shift (:func:`fast_divisor`, :class:`FastDivisor`:
+Granlund and Montgomery's division by invariant integers).
+"""
+# No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
+# annotations at trace time, which must therefore be real classes, not strings.
 import heapq
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.language.core import _aggregate as aggregate
 
 from flashrung.model.schedule import live_blocks
 
@@ -70,6 +77,69 @@ def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int) -> tuple[i
     if splits < 2:
         return num_tiles, 1
     return num_tiles - rem, splits
+
+
+# every dividend of the work-item decode is a non-negative int32
+DIVIDEND_BITS = 31
+
+
+def fast_divisor(d: int, name: str = "divisor") -> tuple[int, int]:
+    """``(mul, shift)`` such that ``x // d == umulhi(2·x, mul) >> shift`` for every
+    ``0 <= x < 2**31`` (:func:`fast_div` on the device).
+
+    ``shift = ceil(log2(d))`` and ``mul = ceil(2**(31 + shift) / d)``, which lies in
+    ``[2**31, 2**32)``; it is returned as the int32 of the same bits, so the kernel argument stays
+    ``i32``. Exact: with ``e = mul·d - 2**(31 + shift)``, ``0 <= e < d <= 2**shift``, the product
+    is ``x/d + x·e / (d·2**(31 + shift))`` and the excess stays below ``2**-shift <= 1/d``, too
+    little to carry ``x/d`` (whose fraction is at most ``(d - 1)/d``) to the next integer."""
+    if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d < 1 << DIVIDEND_BITS:
+        raise ValueError(f"{name} must be an integer in [1, 2**{DIVIDEND_BITS}), got {d!r}")
+    shift = (d - 1).bit_length()
+    mul = -(-(1 << (DIVIDEND_BITS + shift)) // d)
+    return mul - (1 << 32), shift
+
+
+@aggregate
+class FastDivisor:
+    """A divisor fixed per launch and :func:`fast_divisor`'s ``(mul, shift)`` for it."""
+
+    d: gl.tensor
+    mul: gl.tensor
+    shift: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, d, mul, shift):
+        self.d = d
+        self.mul = mul
+        self.shift = shift
+
+
+@gluon.jit
+def fast_div(x, dv):
+    """``x // dv.d`` for ``0 <= x < 2**31``: one multiply-high and a shift."""
+    # umulhi reads its operands as unsigned (mul.hi.u32): 2·x fits 32 bits and mul is the int32
+    # of a value in [2**31, 2**32). The high half may reach 2**31, so the shift is a logical one
+    hi = gl.umulhi(x + x, dv.mul)
+    return (hi.to(gl.uint32, bitcast=True) >> dv.shift).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
+def fast_divmod(x, dv):
+    """``(x // dv.d, x % dv.d)`` for ``0 <= x < 2**31``."""
+    q = fast_div(x, dv)
+    return q, x - q * dv.d
+
+
+@gluon.jit
+def _pick_divisor(cond, a, b):
+    """:class:`FastDivisor` ``a`` where ``cond`` holds, else ``b``."""
+    return FastDivisor(gl.where(cond, a.d, b.d), gl.where(cond, a.mul, b.mul), gl.where(cond, a.shift, b.shift))
+
+
+def last_section_width(batch_heads: int, section: int) -> int:
+    """The (batch, q_head) columns of the LPT order's last section: ``section``, or the fewer left
+    over when ``batch_heads`` is not a multiple of it."""
+    return batch_heads - (batch_heads - 1) // section * section
 
 
 # a tile's prologue (Q load, ring fill) and epilogue (O store), in K/V tiles of its loop: an
@@ -157,14 +227,20 @@ def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
 
 
 @gluon.jit
-def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr):
+def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr, FAST_DIV: gl.constexpr):
     """(tile_id, split) of work item ``item``: a whole tile (``split = -1``) or split ``split`` of a
-    tail tile (see :func:`tail_split`)."""
+    tail tile (see :func:`tail_split`). ``tail_splits`` is a :class:`FastDivisor`, divided by
+    multiply-high with ``FAST_DIV``, else by the hardware's division."""
     if SPLIT_TAIL:
         tail = gl.maximum(item - num_full_tiles, 0)
         is_split = item >= num_full_tiles
-        tile_id = gl.where(is_split, num_full_tiles + tail // tail_splits, item)
-        split = gl.where(is_split, tail % tail_splits, -1)
+        if FAST_DIV:
+            tail_tile, split_of_tile = fast_divmod(tail, tail_splits)
+        else:
+            tail_tile = tail // tail_splits.d
+            split_of_tile = tail % tail_splits.d
+        tile_id = gl.where(is_split, num_full_tiles + tail_tile, item)
+        split = gl.where(is_split, split_of_tile, -1)
     else:
         tile_id = item
         split = -1
@@ -172,11 +248,17 @@ def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr):
 
 
 @gluon.jit
-def kv_split_range(num_kv_tiles, split, tail_splits, SPLIT_TAIL: gl.constexpr):
-    """``[kv_lo, kv_hi)``: the K/V tiles of a work item; every tile for a whole one (``split < 0``)."""
+def kv_split_range(num_kv_tiles, split, tail_splits, SPLIT_TAIL: gl.constexpr, FAST_DIV: gl.constexpr):
+    """``[kv_lo, kv_hi)``: the K/V tiles of a work item; every tile for a whole one (``split < 0``).
+    ``tail_splits`` as in :func:`work_item`."""
     if SPLIT_TAIL:
-        kv_lo = gl.where(split < 0, 0, split * num_kv_tiles // tail_splits)
-        kv_hi = gl.where(split < 0, num_kv_tiles, (split + 1) * num_kv_tiles // tail_splits)
+        if FAST_DIV:
+            # a whole tile's (negative) products are divided too, and discarded
+            kv_lo = gl.where(split < 0, 0, fast_div(split * num_kv_tiles, tail_splits))
+            kv_hi = gl.where(split < 0, num_kv_tiles, fast_div((split + 1) * num_kv_tiles, tail_splits))
+        else:
+            kv_lo = gl.where(split < 0, 0, split * num_kv_tiles // tail_splits.d)
+            kv_hi = gl.where(split < 0, num_kv_tiles, (split + 1) * num_kv_tiles // tail_splits.d)
     else:
         kv_lo = 0
         kv_hi = num_kv_tiles
@@ -185,7 +267,8 @@ def kv_split_range(num_kv_tiles, split, tail_splits, SPLIT_TAIL: gl.constexpr):
 
 @gluon.jit
 def tile_coords(tile_id, num_m_blocks, batch_heads, heads_q, head_section, LPT: gl.constexpr):
-    """(batch, q_head, m_block) of linear tile ``tile_id``."""
+    """(batch, q_head, m_block) of linear tile ``tile_id``, by the hardware's division
+    (:func:`fast_tile_coords` divides by multiply-high)."""
     if LPT:
         per_section = num_m_blocks * head_section
         section = tile_id // per_section
@@ -198,6 +281,26 @@ def tile_coords(tile_id, num_m_blocks, batch_heads, heads_q, head_section, LPT: 
         bh = tile_id // num_m_blocks
         m_block = tile_id % num_m_blocks
     return bh // heads_q, bh % heads_q, m_block
+
+
+@gluon.jit
+def fast_tile_coords(tile_id, num_m_blocks, batch_heads, heads_q, head_section, last_section, per_section,
+                     LPT: gl.constexpr):
+    """:func:`tile_coords` dividing by :class:`FastDivisor` values: ``num_m_blocks``, ``heads_q``,
+    ``head_section``, ``last_section`` (its width: :func:`last_section_width`) and ``per_section``
+    (``num_m_blocks · head_section`` tiles)."""
+    if LPT:
+        section, r = fast_divmod(tile_id, per_section)
+        first_bh = section * head_section.d
+        # only the last section may be narrower; a run-time width would need a division again
+        width = _pick_divisor(first_bh + head_section.d > batch_heads, last_section, head_section)
+        m_from_last, col = fast_divmod(r, width)
+        m_block = num_m_blocks.d - 1 - m_from_last
+        bh = first_bh + col
+    else:
+        bh, m_block = fast_divmod(tile_id, num_m_blocks)
+    b, h = fast_divmod(bh, heads_q)
+    return b, h, m_block
 
 
 # Staggered K/V sweeps (``stagger_kv``): work item ``m`` starts its unmasked K/V tiles at the

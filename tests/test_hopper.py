@@ -1092,6 +1092,43 @@ def _gate_switched(field, head_dim, causal, shape):
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
 
 
+# shapes whose work-item decode divides by every size: GQA groups of 1, 3 and 4; LPT sections of
+# one head (l2_section_mib=1 below) that leave a narrower last one; a causal row count past Sk
+_FAST_DIVIDE_SHAPES = [
+    dict(batch=3, seqlen_q=1000, seqlen_k=1000, heads_q=12, heads_kv=4),
+    dict(batch=2, seqlen_q=900, seqlen_k=777, heads_q=6, heads_kv=2),
+    dict(batch=5, seqlen_q=1024, seqlen_k=1024, heads_q=3, heads_kv=3),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _FAST_DIVIDE_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("who", ["producer", "both"])
+def test_gate_fast_divide(who, head_dim, causal, shape):
+    # a wrong magic number sends a partition to another tile or K/V head: the producer loads one
+    # tile while the consumers compute another, or a consumer writes O where it does not belong.
+    # With one-head LPT sections every divisor of the decode is exercised, the last section's too
+    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+    cfg = dataclasses.replace(default, fast_divide_producer=True, fast_divide_consumers=who == "both",
+                              l2_section_mib=1)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
+def test_gate_fast_divide_with_the_split_tail(shape):
+    # split items: the tail's item -> (tile, split) and each split's K/V range divide too
+    cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, fast_divide_producer=True,
+                              fast_divide_consumers=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+
+
 _SERIAL = dict(overlap=False, wait_pv_early=False, named_turns=False)     # serial steps, pingpong turns
 _FA3_ORDER = dict(pingpong=False, wait_pv_early=False, named_turns=False)
 _MBARRIER_TURNS = dict(pingpong=True, wait_pv_early=True, named_turns=False)

@@ -179,6 +179,17 @@ class HopperFwdConfig:
     # though its K/V loops compile to the same code (census: 474 and 675 instructions either way;
     # only the peeled first step differs, 1/128 of the item's tiles) — why is not profiled
     first_mask_on_need: bool = True
+    # Each work item is decoded into (batch, head, m-block) by dividing by sizes fixed per launch;
+    # a 32-bit division by a run-time value compiles to a reciprocal and its corrections (I2F.RP,
+    # MUFU.RCP, F2I, IMAD.HI, fix-ups: 15-20 instructions each, in every tile's head). With these the
+    # producer / the consumers divide by multiply-high with magic numbers from the host
+    # (schedule.fast_divisor). Census (sm_90a, bf16 defaults): the producer's tile head 115-204 ->
+    # 48-116 instructions, every K/V loop unchanged; the consumers' tile heads 50-80 instructions
+    # shorter, but their decode moves to the uniform datapath and ptxas lays out the K/V loops'
+    # uniform registers anew: 5 UMOV more per steady step of every d128 default, 3 moves more at
+    # d64's 128-row tile, 1-3 fewer at d64's 192-row tiles, -6..+3 at d256. Not yet priced
+    fast_divide_producer: bool = False
+    fast_divide_consumers: bool = False
 
     @property
     def kv_tile(self) -> int:

@@ -259,6 +259,8 @@ class _Schedule:
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
+    FAST_DIVIDE_PRODUCER: gl.constexpr  # the producer decodes work items by multiply-high (schedule.fast_divisor)
+    FAST_DIVIDE_CONSUMERS: gl.constexpr  # so do the consumers
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -266,13 +268,6 @@ class _Schedule:
         for name, value in values.items():
             setattr(self, name, gl.constexpr(value))
 
-
-# The producer decodes every work item by multiply-high (schedule.fast_divisor): its next K load
-# waits on the decode. The consumers keep the hardware's division: by multiply-high their decode
-# moves to the uniform datapath, and ptxas then lays out the K/V loops' uniform registers anew
-# (census: 5 UMOV more per steady step of every d128 default, 3 moves more at d64's 128-row tile,
-# -6..+3 at d256), for tile heads 50-80 instructions shorter
-_CONSUMER_FAST_DIV = gl.constexpr(False)
 
 
 @gluon.jit
@@ -325,11 +320,14 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split, b, h, m_block = _work_coords(item, sz, c, True)
-        kv_head = fast_div(h, sz.group)
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
+        if c.FAST_DIVIDE_PRODUCER:
+            kv_head = fast_div(h, sz.group)
+        else:
+            kv_head = h // sz.group.d
         row0 = m_block * c.BLOCK_M
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, True)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         # ring position of K/V tile j of this item: base + j
         base = count - kv_lo
@@ -778,7 +776,7 @@ def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
     if valid:
         # the coordinates derived from the item again, as the loop derived them (carrying the
         # item alone keeps the loop's carried state to O and the row statistics)
-        tile_id, split, b, h, m_block = _work_coords(item, sz, c, _CONSUMER_FAST_DIV)
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
         _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, WG, c)
 
 
@@ -803,11 +801,11 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         prev_item = start
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split, b, h, m_block = _work_coords(item, sz, c, _CONSUMER_FAST_DIV)
+        tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
         row0 = m_block * c.BLOCK_M
         my_row0 = row0 + WG * _ROWS
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, _CONSUMER_FAST_DIV)
+        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -891,6 +889,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
+                     FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -946,7 +945,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
-                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED)
+                  FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
+                  FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1016,7 +1016,9 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
-        FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True), CONSUMER_REGS=cfg.consumer_regs,
+        FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
+        FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
+        CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

@@ -161,6 +161,9 @@ CENSUS_CONFIGS.append(("d64-full-unstaggered-first-mask-no-tail", 64, False,
                        {"stagger_kv": False, "_key_tail": False}))
 CENSUS_CONFIGS.append(("d128-full-whole-first-mask-no-tail", 128, False,
                        {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}))
+# the short-causal d64 tile dividing by the hardware's sequence (change 24 decodes by multiply-high)
+CENSUS_CONFIGS.append(("d64-causal-short-hardware-divide", 64, True,
+                       {**_D64_SHORT, "fast_divide_producer": False, "fast_divide_consumers": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -329,6 +332,23 @@ def test_overlap_epilogue_census(census):
     assert oe["row"]["spill_bytes"] == 0 and oe["row"]["sass"]["LDL"] == 0 and oe["row"]["sass"]["STL"] == 0
     assert oe["row"]["sass"]["UTMASTG"] == 4 * base["row"]["sass"]["UTMASTG"]
     assert abs(oe["loop"]["length"] - base["loop"]["length"]) <= 8
+
+
+def test_fast_divide_census(census):
+    # the multiply-high decode removes every run-time division from the short-causal d64 kernel
+    # (each a reciprocal on MUFU.RCP and its corrections) and leaves its K/V loops as they were
+    # but for a few uniform-register moves (census: 427/565 -> 430/568), with no local memory
+    base, fast = census["d64-causal-short-hardware-divide"], census["d64-causal-short"]
+    assert fast["row"]["config"]["fast_divide_producer"] and fast["row"]["config"]["fast_divide_consumers"]
+    for e in (base, fast):
+        assert "error" not in e["row"], e["row"].get("error")
+        assert e["row"]["spill_bytes"] == 0 and e["row"]["sass"]["LDL"] == 0
+    divisions = base["row"]["sass"]["MUFU.RCP"] - fast["row"]["sass"]["MUFU.RCP"]
+    assert divisions >= 8, divisions
+    assert fast["row"]["sass"]["total"] < base["row"]["sass"]["total"] - 10 * divisions
+    assert len(fast["kv_loops"]) == len(base["kv_loops"])
+    for a, b in zip(fast["kv_loops"], base["kv_loops"]):
+        assert abs(a["length"] - b["length"]) <= 6 and (a["fsel"], a["mufu"]) == (b["fsel"], b["mufu"])
 
 
 def test_first_mask_on_need_census(census):

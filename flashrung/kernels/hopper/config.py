@@ -187,7 +187,12 @@ class HopperFwdConfig:
     # 48-116 instructions, every K/V loop unchanged; the consumers' tile heads 50-80 instructions
     # shorter, but their decode moves to the uniform datapath and ptxas lays out the K/V loops'
     # uniform registers anew: 5 UMOV more per steady step of every d128 default, 3 moves more at
-    # d64's 128-row tile, 1-3 fewer at d64's 192-row tiles, -6..+3 at d256. Not yet priced
+    # d64's 128-row tile, 1-3 fewer at d64's 192-row tiles, -6..+3 at d256; the split-tail kernel
+    # keeps 16 B in local memory. Paired on the H200, preheated, B32 S1024 (t_keep 1.002164), both
+    # over neither: d64 causal (the short-causal 128-row tile, H32) 1.0412 / 1.0305 (KEEP; the
+    # producer alone 1.0293 / 1.0239), d64 non-causal (H32) 1.0055 / 0.9979, d128 causal (H16)
+    # 1.0017 / 1.0059 (NULL). On for d64's short-causal tile (_SHORT_CAUSAL), where a tile has the
+    # fewest K/V steps to hide its head behind; off elsewhere, where it is NULL or not priced
     fast_divide_producer: bool = False
     fast_divide_consumers: bool = False
 
@@ -391,11 +396,15 @@ BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 #   rows take) came back above 2048, paired and preheated over the 128-row tile: B10 H32 S3072
 #   1.0274 / 1.0263, B8 H32 S4096 1.0062 / 1.0109 (1.0048 / 1.0056 without the stagger); at B16
 #   H32 S2048 it still lost (0.9747 / 0.9732, without the stagger).
+#   On it every partition decodes its work items by multiply-high (fast_divide_*; change 24):
+#   paired, preheated, B32 H32 S1024, both 1.0412 / 1.0305, the producer alone 1.0293 / 1.0239
+#   (KEEP, t_keep 1.002164; both clear the shape's own null, 1.006339).
 # - d128 keeps FA3's order without pingpong: at B32 H16 S1024 FA4's schedule with named turns
 #   measured 0.827 / 0.794 paired.
 SHORT_CAUSAL_MAX_SEQLEN = {64: 2048, 128: 1024}
 _SHORT_CAUSAL = {
-    64: dict(block_m=128, consumer_regs=240, defer_row_sum=False),
+    64: dict(block_m=128, consumer_regs=240, defer_row_sum=False, fast_divide_producer=True,
+             fast_divide_consumers=True),
     128: dict(pingpong=False, wait_pv_early=False, named_turns=False),
 }
 

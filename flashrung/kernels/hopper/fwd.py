@@ -32,6 +32,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   a non-causal launch with a key tail masks it always);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
+* each partition decodes its work items (``_work_coords``) by run-time division, or by
+  multiply-high with magic numbers from the host (``fast_divide_producer``,
+  ``fast_divide_consumers``; ``schedule.fast_divisor``), the default of d64's short-causal tile;
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
   (``_finish_previous``), the one product no softmax overlaps;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the

@@ -91,7 +91,7 @@ from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns,
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
-    fast_div,
+    divide,
     fast_divisor,
     fast_tile_coords,
     head_section,
@@ -272,7 +272,6 @@ class _Schedule:
             setattr(self, name, gl.constexpr(value))
 
 
-
 @gluon.jit
 def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
     """(tile_id, split, batch, q_head, m_block) of work item ``item`` (schedule.work_item and
@@ -324,10 +323,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
         tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
-        if c.FAST_DIVIDE_PRODUCER:
-            kv_head = fast_div(h, sz.group)
-        else:
-            kv_head = h // sz.group.d
+        kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
         row0 = m_block * c.BLOCK_M
         n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)

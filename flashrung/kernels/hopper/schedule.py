@@ -131,6 +131,28 @@ def fast_divmod(x, dv):
 
 
 @gluon.jit
+def divide(x, dv, FAST_DIV: gl.constexpr):
+    """``x // dv.d``: by multiply-high (:func:`fast_div`) with ``FAST_DIV``, else by the hardware's
+    division."""
+    if FAST_DIV:
+        q = fast_div(x, dv)
+    else:
+        q = x // dv.d
+    return q
+
+
+@gluon.jit
+def divide_mod(x, dv, FAST_DIV: gl.constexpr):
+    """``(x // dv.d, x % dv.d)``, as :func:`divide`."""
+    if FAST_DIV:
+        q, r = fast_divmod(x, dv)
+    else:
+        q = x // dv.d
+        r = x % dv.d
+    return q, r
+
+
+@gluon.jit
 def _pick_divisor(cond, a, b):
     """:class:`FastDivisor` ``a`` where ``cond`` holds, else ``b``."""
     return FastDivisor(gl.where(cond, a.d, b.d), gl.where(cond, a.mul, b.mul), gl.where(cond, a.shift, b.shift))
@@ -229,16 +251,12 @@ def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
 @gluon.jit
 def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr, FAST_DIV: gl.constexpr):
     """(tile_id, split) of work item ``item``: a whole tile (``split = -1``) or split ``split`` of a
-    tail tile (see :func:`tail_split`). ``tail_splits`` is a :class:`FastDivisor`, divided by
-    multiply-high with ``FAST_DIV``, else by the hardware's division."""
+    tail tile (see :func:`tail_split`). ``tail_splits`` is a :class:`FastDivisor`, divided as
+    :func:`divide` does with ``FAST_DIV``."""
     if SPLIT_TAIL:
         tail = gl.maximum(item - num_full_tiles, 0)
         is_split = item >= num_full_tiles
-        if FAST_DIV:
-            tail_tile, split_of_tile = fast_divmod(tail, tail_splits)
-        else:
-            tail_tile = tail // tail_splits.d
-            split_of_tile = tail % tail_splits.d
+        tail_tile, split_of_tile = divide_mod(tail, tail_splits, FAST_DIV)
         tile_id = gl.where(is_split, num_full_tiles + tail_tile, item)
         split = gl.where(is_split, split_of_tile, -1)
     else:
@@ -252,13 +270,9 @@ def kv_split_range(num_kv_tiles, split, tail_splits, SPLIT_TAIL: gl.constexpr, F
     """``[kv_lo, kv_hi)``: the K/V tiles of a work item; every tile for a whole one (``split < 0``).
     ``tail_splits`` as in :func:`work_item`."""
     if SPLIT_TAIL:
-        if FAST_DIV:
-            # a whole tile's (negative) products are divided too, and discarded
-            kv_lo = gl.where(split < 0, 0, fast_div(split * num_kv_tiles, tail_splits))
-            kv_hi = gl.where(split < 0, num_kv_tiles, fast_div((split + 1) * num_kv_tiles, tail_splits))
-        else:
-            kv_lo = gl.where(split < 0, 0, split * num_kv_tiles // tail_splits.d)
-            kv_hi = gl.where(split < 0, num_kv_tiles, (split + 1) * num_kv_tiles // tail_splits.d)
+        # a whole tile's (negative) products are divided too, and discarded
+        kv_lo = gl.where(split < 0, 0, divide(split * num_kv_tiles, tail_splits, FAST_DIV))
+        kv_hi = gl.where(split < 0, num_kv_tiles, divide((split + 1) * num_kv_tiles, tail_splits, FAST_DIV))
     else:
         kv_lo = 0
         kv_hi = num_kv_tiles

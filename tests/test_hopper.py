@@ -164,6 +164,11 @@ CENSUS_CONFIGS.append(("d128-full-whole-first-mask-no-tail", 128, False,
 # the short-causal d64 tile dividing by the hardware's sequence (change 24 decodes by multiply-high)
 CENSUS_CONFIGS.append(("d64-causal-short-hardware-divide", 64, True,
                        {**_D64_SHORT, "fast_divide_producer": False, "fast_divide_consumers": False}))
+# two Q buffers per consumer (the next tile's Q loads during this one) on the short-causal d64
+# tile and on d128's non-causal S1k kernel
+CENSUS_CONFIGS.append(("d64-causal-short-two-q-stages", 64, True, {**_D64_SHORT, "num_q_stages": 2}))
+CENSUS_CONFIGS.append(("d128-full-whole-no-tail-two-q-stages", 128, False,
+                       {"split_tail": False, "num_q_stages": 2, "_key_tail": False}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -349,6 +354,24 @@ def test_fast_divide_census(census):
     assert len(fast["kv_loops"]) == len(base["kv_loops"])
     for a, b in zip(fast["kv_loops"], base["kv_loops"]):
         assert abs(a["length"] - b["length"]) <= 6 and (a["fsel"], a["mufu"]) == (b["fsel"], b["mufu"])
+
+
+def test_two_q_stages_census(census):
+    # the second Q buffer changes where the producer loads Q and which buffer a tile reads, not
+    # the K/V loops: each within a few instructions of the one-buffer build, no local memory, and
+    # one more Q tile of shared memory
+    pairs = [("d64-causal-short", "d64-causal-short-two-q-stages", 64),
+             ("d128-full-whole-first-mask-no-tail", "d128-full-whole-no-tail-two-q-stages", 128)]
+    for one, two, head_dim in pairs:
+        base, q2 = census[one], census[two]
+        for e in (base, q2):
+            assert "error" not in e["row"], e["row"].get("error")
+            assert e["row"]["spill_bytes"] == 0 and e["row"]["sass"]["LDL"] == 0 and e["row"]["sass"]["STL"] == 0
+        assert q2["row"]["config"]["num_q_stages"] == 2
+        assert q2["row"]["smem_bytes"] >= base["row"]["smem_bytes"] + 128 * head_dim * 2
+        assert len(q2["kv_loops"]) == len(base["kv_loops"])
+        for a, b in zip(q2["kv_loops"], base["kv_loops"]):
+            assert abs(a["length"] - b["length"]) <= 6 and (a["fsel"], a["mufu"]) == (b["fsel"], b["mufu"])
 
 
 def test_first_mask_on_need_census(census):
@@ -697,6 +720,10 @@ def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
     (dict(overlap=False, exp2_fma_every=4), "overlap"),
     (dict(overlap_epilogue=True), "separate_o"),                  # d256: O staged in Q's buffer
     (dict(overlap_epilogue=True, separate_o=True, overlap=False), "overlap=True"),
+    (dict(num_q_stages=3), "num_q_stages"),
+    (dict(num_q_stages=0), "num_q_stages"),
+    (dict(num_q_stages=2), "separate_o"),                         # d256: O staged in Q's buffer
+    (dict(num_q_stages=2, separate_o=True), "shared memory"),     # d256: 2 × 32 KiB Q + O + ring
 ])
 def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)
@@ -1226,6 +1253,31 @@ def test_gate_first_mask_on_need_with_the_split_tail(shape):
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
 
 
+# Q stages wrap: many tiles per persistent CTA (B4 H16 S2048: 8+ tiles each at d128), GQA with
+# key and query tails, causal rows that see no key (the producer loads their Q alone), one row,
+# and a per-tile grid (one tile per CTA: the second stage is never used)
+_Q_STAGE_SHAPES = [
+    dict(batch=4, seqlen_q=2048, seqlen_k=2048, heads_q=16, heads_kv=16),
+    dict(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=12, heads_kv=4),
+    dict(batch=2, seqlen_q=4097, seqlen_k=1000, heads_q=8, heads_kv=8),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("grid", ["default", "per-tile"])
+@pytest.mark.parametrize("shape", _Q_STAGE_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_two_q_stages(head_dim, causal, shape, grid):
+    # with two Q buffers the producer loads tile t+1's Q while tile t still reads its own: a wrong
+    # stage or phase lets a consumer read a Q box being overwritten (a moving error) or wait
+    # forever. Every d64 and d128 default (the short-causal tiles at S <= 2048 included)
+    grid_changes = dict(persistent=False, balanced=False, split_tail=False) if grid == "per-tile" else {}
+    _gate_forced(head_dim, shape, causal, num_q_stages=2, **grid_changes)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
@@ -1336,6 +1388,8 @@ def _switches():
         dict(skip_empty_rows=not base.skip_empty_rows),
         dict(overlap_epilogue=True),
         dict(first_mask_on_need=not base.first_mask_on_need),
+        dict(num_q_stages=2),
+        dict(num_q_stages=2, overlap_epilogue=True),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

@@ -195,6 +195,14 @@ class HopperFwdConfig:
     # fewest K/V steps to hide its head behind; off elsewhere, where it is NULL or not priced
     fast_divide_producer: bool = False
     fast_divide_consumers: bool = False
+    # Q buffers per consumer warpgroup (1 or 2). With one, the producer loads a tile's Q only once
+    # the consumers have released the previous tile's (after its last PV), so the next tile's first
+    # QK waits out a Q load that only the epilogue overlaps; with two, the producer loads Q(t+1)
+    # into the other buffer as soon as it reaches the tile's head, about a ring's depth of K/V
+    # steps before tile t ends. Needs O in its own buffer (the epilogue stages O outside the Q
+    # ring); costs block_m·D·2 bytes of shared memory more. Census (sm_90a, bf16): every K/V loop
+    # within 4 instructions of the one-buffer build, no local memory. Off until priced
+    num_q_stages: int = 1
 
     @property
     def kv_tile(self) -> int:
@@ -208,11 +216,13 @@ class HopperFwdConfig:
     def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
         """Shared memory the kernel allocates: Q (also O's staging unless ``separate_o``), the K and V
         rings, barriers."""
-        q = self.block_m * head_dim * elem_bytes
-        o = q if self.separate_o else 0
+        q_tile = self.block_m * head_dim * elem_bytes
+        q = self.num_q_stages * q_tile
+        o = q_tile if self.separate_o else 0
         kv = 2 * self.num_kv_stages * self.kv_tile * head_dim * elem_bytes
-        # q ready/empty per consumer, k/v ready/empty per stage, one turn barrier per consumer
-        bars = (3 * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
+        # q ready/empty per consumer and Q stage, k/v ready/empty per stage, one turn barrier per
+        # consumer
+        bars = ((2 * self.num_q_stages + 1) * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
         return q + o + kv + bars
 
     @property
@@ -266,6 +276,10 @@ class HopperFwdConfig:
             raise ValueError("overlap_epilogue runs a tile's epilogue under the next tile's first QK of the "
                              "overlapped schedule, with O staged in its own buffer: it needs overlap=True and "
                              "separate_o=True")
+        if self.num_q_stages not in (1, 2):
+            raise ValueError(f"num_q_stages must be 1 or 2 (Q buffers per consumer warpgroup), got {self.num_q_stages}")
+        if self.num_q_stages > 1 and not self.separate_o:
+            raise ValueError("num_q_stages=2 keeps O's staging out of the Q buffers: it needs separate_o=True")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:
@@ -288,7 +302,8 @@ class HopperFwdConfig:
         smem = self.smem_budget_bytes(head_dim, elem_bytes)
         if smem > SMEM_PER_BLOCK_BYTES:
             raise ValueError(
-                f"block_m={self.block_m}, block_n={self.block_n}, num_kv_stages={self.num_kv_stages} at "
+                f"block_m={self.block_m}, block_n={self.block_n}, num_kv_stages={self.num_kv_stages}, "
+                f"num_q_stages={self.num_q_stages}, separate_o={self.separate_o} at "
                 f"head_dim={head_dim} needs {smem} bytes of shared memory, more than {SMEM_PER_BLOCK_BYTES}")
 
 

@@ -142,12 +142,12 @@ _SIG_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 class _Shared:
     """Shared-memory buffers and mbarriers, handed to every partition."""
 
-    q_bufs: gl.shared_memory_descriptor        # [consumers, 1, 64, 1, D]
+    q_bufs: gl.shared_memory_descriptor        # [Q stages · consumers, 1, 64, 1, D]
     o_bufs: gl.shared_memory_descriptor        # O staging for the TMA store: q_bufs itself, or its own
     k_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
     v_bufs: gl.shared_memory_descriptor        # [stages, 1, BLOCK_N, 1, D]
-    q_ready_bars: gl.shared_memory_descriptor  # per consumer: its Q box landed
-    q_empty_bars: gl.shared_memory_descriptor  # per consumer: its Q buffer is free for the next tile
+    q_ready_bars: gl.shared_memory_descriptor  # per Q stage and consumer: its Q box landed
+    q_empty_bars: gl.shared_memory_descriptor  # per Q stage and consumer: its Q buffer is free again
     k_ready_bars: gl.shared_memory_descriptor  # per stage: K tile landed
     k_empty_bars: gl.shared_memory_descriptor  # per stage: every consumer finished QK on it
     v_ready_bars: gl.shared_memory_descriptor
@@ -234,6 +234,7 @@ class _Schedule:
     BLOCK_N: gl.constexpr
     HEAD_DIM: gl.constexpr
     NUM_KV_STAGES: gl.constexpr
+    NUM_Q_STAGES: gl.constexpr   # Q buffers per consumer warpgroup: q_bufs[stage · NUM_CONSUMERS + wg]
     NUM_CONSUMERS: gl.constexpr
     IS_CAUSAL: gl.constexpr
     LPT: gl.constexpr
@@ -290,12 +291,14 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_desc, sh, b, h, row0, q_phase, NUM_CONSUMERS: gl.constexpr):
-    for wg in gl.static_range(NUM_CONSUMERS):
-        mbarrier.wait(sh.q_empty_bars.index(wg), q_phase ^ 1)
-        mbarrier.expect(sh.q_ready_bars.index(wg), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(wg),
-                                        sh.q_bufs.index(wg))
+def _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c):
+    """The tile's Q, one box per consumer, into Q stage ``q_stage`` (``ring_slot`` of the tile's count)."""
+    for wg in gl.static_range(c.NUM_CONSUMERS):
+        slot = q_stage * c.NUM_CONSUMERS + wg
+        mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
+        mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
+                                        sh.q_bufs.index(slot))
 
 
 @gluon.jit
@@ -330,13 +333,13 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         # ring position of K/V tile j of this item: base + j
         base = count - kv_lo
-        q_phase = tile_iter & 1
+        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
         if kv_hi > kv_lo:
             # the first K first: it streams while the previous tile still holds the Q buffers.
             first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV)
             _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                           count, c)
-            _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
+            _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c)
             if c.LAG_V_LOADS:
                 # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
                 # slot is filled when its tile is next needed, not as soon as it frees
@@ -362,7 +365,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         else:
             # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
             # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-            _load_q(q_desc, sh, b, h, row0, q_phase, c.NUM_CONSUMERS)
+            _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c)
         count += kv_hi - kv_lo
         tile_iter += 1
 
@@ -785,8 +788,6 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    q_buf = sh.q_bufs.index(WG)                      # [1, 64, 1, D], the TMA box
-    q = q_buf.reshape([_ROWS, c.HEAD_DIM])           # the same bytes as a wgmma operand
     count = 0
     turn = 0
     tile_iter = 0
@@ -810,7 +811,11 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
-        mbarrier.wait(sh.q_ready_bars.index(WG), tile_iter & 1)
+        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+        q_slot = q_stage * c.NUM_CONSUMERS + WG
+        # [1, 64, 1, D], the TMA box; reshaped, the same bytes as a wgmma operand
+        q = sh.q_bufs.index(q_slot).reshape([_ROWS, c.HEAD_DIM])
+        mbarrier.wait(sh.q_ready_bars.index(q_slot), q_phase)
         if c.OVERLAP_EPILOGUE:
             prev = (prev_acc, prev_m, prev_l, prev_item, tile_iter > 0)
         else:
@@ -839,7 +844,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         if c.SEPARATE_O:
             # every QK of the tile is done: the producer may load the next tile's Q while this
             # one's epilogue runs
-            mbarrier.arrive(sh.q_empty_bars.index(WG))
+            mbarrier.arrive(sh.q_empty_bars.index(q_slot))
 
         if c.OVERLAP_EPILOGUE:
             # this tile's epilogue runs under the next tile's first QK, or after the loop
@@ -850,7 +855,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         else:
             _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
         if not c.SEPARATE_O:
-            mbarrier.arrive(sh.q_empty_bars.index(WG))
+            mbarrier.arrive(sh.q_empty_bars.index(q_slot))
         tile_iter += 1
     if c.OVERLAP_EPILOGUE:
         _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts),
@@ -879,7 +884,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
                      qk_scale_log2,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_KV_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
+                     NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
@@ -893,7 +898,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [NUM_Q_STAGES * NUM_CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v_desc.block_type.shape, v_desc.layout)
     if EXTRA_KEYS > 0:
@@ -906,8 +912,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         o_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     else:
         o_bufs = q_bufs
-    q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
-    q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
+    q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
+    q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
     turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
     k_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
     k_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
@@ -917,6 +923,9 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(q_ready_bars.index(i), count=1)     # the producer's expect-tx arrival
         mbarrier.init(q_empty_bars.index(i), count=1)     # its one consumer
         mbarrier.init(turn_bars.index(i), count=1)        # the previous consumer in the ring
+    for i in gl.static_range(NUM_CONSUMERS, NUM_Q_STAGES * NUM_CONSUMERS):
+        mbarrier.init(q_ready_bars.index(i), count=1)     # the further Q stages, as the first
+        mbarrier.init(q_empty_bars.index(i), count=1)
     for i in gl.static_range(NUM_KV_STAGES):
         mbarrier.init(k_ready_bars.index(i), count=1)
         mbarrier.init(v_ready_bars.index(i), count=1)
@@ -935,6 +944,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
+                  NUM_Q_STAGES=NUM_Q_STAGES,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
@@ -1007,6 +1017,7 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool) -> tuple:
     return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
+        NUM_Q_STAGES=cfg.num_q_stages,
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,

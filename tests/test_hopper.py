@@ -671,6 +671,21 @@ def test_short_causal_schedule_follows_the_measured_rule(head_dim, seqlen, short
         causal.check(head_dim)
 
 
+@pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
+    (64, 1, 2, 1), (64, 1024, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
+    (128, 1, 1, 2), (128, 1024, 1, 2), (128, 2048, 1, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
+    (256, 1024, 1, 1)])
+def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
+    # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
+    # short-causal tile and d128 non-causal up to 2048; the longer of Sq and Sk decides
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        for causal, stages in ((True, causal_stages), (False, full_stages)):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert cfg.num_q_stages == stages, (head_dim, causal, sq, sk)
+            cfg.check(head_dim)
+
+
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
     (64, 1, True), (64, 1024, True), (64, 4096, True), (64, 8192, True), (64, 1 << 20, True),
     (128, 1, True), (128, 1024, True), (128, 2048, True), (128, 16384, True), (128, 1 << 20, True),

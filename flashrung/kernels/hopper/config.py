@@ -201,7 +201,8 @@ class HopperFwdConfig:
     # into the other buffer as soon as it reaches the tile's head, about a ring's depth of K/V
     # steps before tile t ends. Needs O in its own buffer (the epilogue stages O outside the Q
     # ring); costs block_m·D·2 bytes of shared memory more. Census (sm_90a, bf16): every K/V loop
-    # within 4 instructions of the one-buffer build, no local memory. Off until priced
+    # within 4 instructions of the one-buffer build, no local memory. Default where it was priced
+    # a KEEP (TWO_Q_STAGES_MAX_SEQLEN, with the margins)
     num_q_stages: int = 1
 
     @property
@@ -472,9 +473,20 @@ CAUSAL_L2_SECTION_MIB = 16
 CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 
 
+# Two Q buffers per consumer (num_q_stages=2) up to this max(Sq, Sk), per (head dim, causal): where
+# a tile has few K/V steps, the next tile's Q load was waited for at every tile boundary. Paired on
+# the H200 with each block preheated 150 ms (t_keep 1.002164; the S1024 shape's own null 1.006339),
+# bf16, two stages over one: d64 causal (the short-causal 128-row tile, H32) B32 S1024 1.0167 /
+# 1.0214, B16 S2048 1.0113 / 1.0074; d128 non-causal (H16) B32 S1024 1.0154 / 1.0158, B16 S2048
+# 1.0041 / 1.0033 (KEEP). Not taken: d64 non-causal B32 H32 S1024 1.0044 / 1.0050 (clears t_keep,
+# not the S1024 null), d128 causal B32 H16 S1024 0.9969 / 1.0017 (NULL; run 1's halves disagree).
+# d256 has no room (its O is staged in Q's buffer)
+TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (128, False): 2048}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, split_tail: bool,
-            balanced: bool, stagger_kv: bool, l2_section_mib: int) -> HopperFwdConfig:
+            balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short_causal:
         base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
@@ -482,7 +494,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, s
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
                                balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
-                               first_mask_on_need=base.first_mask_on_need and not split_tail)
+                               first_mask_on_need=base.first_mask_on_need and not split_tail,
+                               num_q_stages=num_q_stages)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -496,5 +509,6 @@ def select_config(problem) -> HopperFwdConfig:
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
+    two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv,
-                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB)
+                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1)

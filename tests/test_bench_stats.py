@@ -123,6 +123,36 @@ def test_order_effect_shows_up_in_the_halves(t_noise):
     assert stats.keep_gate([s, s], t_noise, baseline_correct=True, candidate_correct=True).verdict == stats.NULL
 
 
+def test_shared_slowdowns_are_counted_and_named_not_dropped(t_noise):
+    # a window of ten alternations in which the machine slows both arms 1.3-2x (as a compare run
+    # at B32 H16 S1024 d128 causal saw on the H200): the count says so, the verdict names it, and
+    # the margin is still the median over every alternation
+    rng = np.random.default_rng(5)
+    orders = stats.half_orders(40)
+    base = list(0.32 * np.exp(rng.normal(0, 0.01, 40)))
+    cand = list(0.32 * np.exp(rng.normal(0, 0.01, 40)))
+    for i in range(24, 34):
+        slow = 1.3 + 0.07 * (i - 24)
+        base[i] *= slow
+        cand[i] *= slow * rng.uniform(0.9, 1.1)
+    s = stats.summarize(stats.PairedRun(tuple(base), tuple(cand), orders))
+    assert s.shared_slow == 10
+    assert s.margin == pytest.approx(float(np.median(np.asarray(base) / np.asarray(cand))))
+    verdict = stats.keep_gate([s, s], t_noise, baseline_correct=True, candidate_correct=True)
+    assert any("10 of 40 alternations" in r and "both sides" in r for r in verdict.reasons)
+    # one arm slow alone is that arm's own time, not the machine's
+    assert stats.shared_slowdowns([1.0] * 9 + [2.0], [1.0] * 10) == 0
+    assert stats.shared_slowdowns([1.0] * 9 + [2.0], [1.0] * 9 + [1.19]) == 0
+    assert stats.shared_slowdowns([1.0] * 9 + [2.0], [1.0] * 9 + [1.2]) == 1
+    # summaries written before the count existed still load (as 0)
+    old = {k: v for k, v in s.to_json().items() if k != "shared_slow"}
+    assert stats.PairedSummary.from_json(old).shared_slow == 0
+    with pytest.raises(ValueError, match="factor"):
+        stats.shared_slowdowns([1.0], [1.0], factor=1.0)
+    with pytest.raises(ValueError, match="one entry per alternation"):
+        stats.shared_slowdowns([1.0, 1.0], [1.0])
+
+
 def test_scheduler_runs_ab_then_ba_halves():
     calls = []
     clock = {"t": 0.0}

@@ -316,7 +316,8 @@ def _pct(x: float) -> str:
 def _summary_line(label: str, s: stats.PairedSummary) -> str:
     return (f"{label}: margin {s.margin:.6f} [p10 {s.lo:.6f}, p90 {s.hi:.6f}]  AB {s.margin_ab:.6f}  "
             f"BA {s.margin_ba:.6f}  ({'agree' if s.halves_agree else 'DISAGREE'})  n={s.n}  "
-            f"unpaired {s.unpaired_ratio:.6f}")
+            f"unpaired {s.unpaired_ratio:.6f}"
+            + (f"  shared slowdowns {s.shared_slow}" if s.shared_slow else ""))
 
 
 def cmd_null(args) -> int:

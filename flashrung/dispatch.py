@@ -7,6 +7,7 @@ backend that declined and its reason, so a fallback is never silent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import threading
@@ -165,8 +166,17 @@ class Variant:
 
     def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None):
         problem = Problem.of(q, k, v, causal)
-        config = self.module.config_with(problem, dict(self.overrides))
+        config = _variant_config(self.module, problem, self.overrides)
         return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
+
+
+@functools.lru_cache(maxsize=256)
+def _variant_config(module, problem: Problem, overrides: tuple[tuple[str, str], ...]):
+    """``module.config_with`` once per (problem, overrides): parsing and checking the overrides
+    on every call (15 µs on a 2-core host) gave a variant a longer host path than the plain
+    kernel it is compared with — at S = 1k calls of 0.3 ms, enough for a slowed host to starve
+    the GPU on the variant's side only."""
+    return module.config_with(problem, dict(overrides))
 
 
 def select(problem: Problem, direction: str, impl: str | None = None):

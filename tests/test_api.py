@@ -159,6 +159,30 @@ def test_impl_overrides_parse_and_are_refused_by_kernels_without_a_config():
         flashrung.attention(q, k, v, impl="portable.fwd@block_m=64")
 
 
+def test_a_variant_resolves_its_overrides_once_per_problem():
+    # a variant (impl="name@key=value") must not carry a longer host path than the kernel it is
+    # compared with: its overrides are parsed and checked once per problem, not on every call
+    from flashrung import dispatch
+    calls, forwards = [], []
+
+    def config_with(problem, overrides):
+        calls.append((problem, dict(overrides)))
+        return ("config", tuple(sorted(overrides.items())))
+
+    def forward(q, k, v, causal, scale, out=None, lse=None, config=None):
+        forwards.append(config)
+        return q
+
+    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward)})
+    variant = dispatch.Variant(module, (("num_q_stages", "2"),))
+    q, k, v = qkv()
+    for _ in range(3):
+        variant.forward(q, k, v, False, 0.125)
+    variant.forward(q, k, v, True, 0.125)       # another problem: resolved again
+    assert len(calls) == 2 and calls[0][1] == {"num_q_stages": "2"}
+    assert forwards == [("config", (("num_q_stages", "2"),))] * 4
+
+
 def test_hopper_declines_layouts_tma_cannot_address_instead_of_copying():
     # a packed qkv view with a head dim of 72 elements (144 bytes: not a 16-byte multiple stride)
     # must fall back visibly to the portable kernel, not be copied behind the user's back

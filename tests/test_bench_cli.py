@@ -208,3 +208,16 @@ def test_compare_reports_the_power_regime_its_runs_ended_in():
     # no snapshot (the CPU path, or nvidia-smi missing or printing [N/A]): no line rather than a guess
     assert cli.regime_line([{"clocks_end": {"source": "torch", "clocks.sm": 1980}}, {}], plain) is None
     assert cli.regime_line([_run_end("[N/A]")], plain) is None
+
+
+def test_compare_says_when_an_arm_may_be_timed_host_bound():
+    # the property: an arm whose host path per call comes near its GPU time is named, with both
+    # figures; arms well ahead of the GPU, and runs without a probe (the CPU path), print nothing
+    near = {"host_path": {"baseline": {"host_ms": 0.10, "device_ms": 0.32},
+                          "candidate": {"host_ms": 0.29, "device_ms": 0.32}}}
+    far = {"host_path": {"baseline": {"host_ms": 0.05, "device_ms": 0.5}, "candidate": {"host_ms": 0.06, "device_ms": 0.5}}}
+    line = cli.host_path_line([far, near])
+    assert line.startswith("host path: run 2 candidate 0.290 ms/call issued against 0.320 ms/call")
+    assert "run 1" not in line and "baseline" not in line
+    assert cli.host_path_line([far, far]) is None
+    assert cli.host_path_line([{"host_path": None}, {}]) is None

@@ -290,3 +290,28 @@ def test_block_preheat_runs_each_arm_at_its_own_steady_state():
     assert "".join(calls) == "aabb" + "bbaa"
     with pytest.raises(ValueError, match="block_preheat_ms"):
         timing.PairedProtocol(block_preheat_ms=-1.0)
+
+
+def test_host_path_probe_reads_the_host_beside_the_timer():
+    # a fake GPU that runs each call in 2 ms while issuing it costs the host 0.5 ms: the probe
+    # reports both per call, after emptying the queue once
+    clock = {"host": 0.0}
+    synced = []
+
+    class Timer:
+        def block(self, fn, reps):
+            for _ in range(reps):
+                fn()
+            return [2.0] * reps
+
+        def resolve(self, handle):
+            return handle
+
+    def call():
+        clock["host"] += 0.0005
+
+    out = timing.host_path(Timer(), call, 10, now=lambda: clock["host"], sync=lambda: synced.append(1))
+    assert out == {"host_ms": pytest.approx(0.5), "device_ms": pytest.approx(2.0), "calls": 10}
+    assert synced == [1]
+    with pytest.raises(ValueError, match="reps"):
+        timing.host_path(Timer(), call, 0)

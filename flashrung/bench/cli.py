@@ -428,6 +428,28 @@ def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:
     return line
 
 
+# At this share of its GPU time per call, an arm's host path may bound what the events measure
+HOST_BOUND_SHARE = 0.8
+
+
+def host_path_line(runs) -> str | None:
+    """One line when an arm's host path comes within HOST_BOUND_SHARE of its GPU time in any run
+    (the worker's probe after warm-up), or None. There the GPU can wait for the host between calls:
+    a moment of a slower host then slows that arm alone, and an arm with the longer host path
+    (another dispatch path, a variant) carries it into the margin."""
+    near = []
+    for i, r in enumerate(runs, 1):
+        for role, h in (r.get("host_path") or {}).items():
+            host, device = _number(h.get("host_ms")), _number(h.get("device_ms"))
+            if host is not None and device and host >= HOST_BOUND_SHARE * device:
+                near.append(f"run {i} {role} {host:.3f} ms/call issued against {device:.3f} ms/call on the GPU "
+                            f"({host / device:.2f}×)")
+    if not near:
+        return None
+    return ("host path: " + "; ".join(near) + " — calls this short can be timed host-bound: a larger batch, or "
+            "CUDA graphs on both sides, keep the GPU ahead")
+
+
 def cmd_compare(args) -> int:
     from flashrung.bench import worker
     gpu = _require_device("compare", args)
@@ -472,11 +494,15 @@ def cmd_compare(args) -> int:
     regime = regime_line(runs, protocol)
     if regime is not None:
         print(regime)
+    host = host_path_line(runs)
+    if host is not None:
+        print(host)
     if args.json:
         link = stats.Link(baseline=args.baseline, candidate=args.candidate, margin=verdict.margin,
                           verdict=verdict.verdict, paired=True)
         report.write_json({"link": {**link.to_json(), "row": row.plan()}, "verdict": verdict.to_json(),
-                           "t_noise_source": source, "regime": regime, "runs": runs}, args.json)
+                           "t_noise_source": source, "regime": regime, "host_path": host, "runs": runs},
+                          args.json)
     return 0
 
 

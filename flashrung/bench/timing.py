@@ -78,6 +78,26 @@ def measure(timer, fn: Callable[[], Any], reps: int) -> list[float]:
     return timer.resolve(timer.block(fn, reps))
 
 
+# calls per arm of the host-path probe (compare's workers, after warm-up)
+HOST_PATH_CALLS = 30
+
+
+def host_path(timer, fn: Callable[[], Any], reps: int = HOST_PATH_CALLS, *,
+              now: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None) -> dict:
+    """Milliseconds per call the host takes to issue ``reps`` back-to-back calls, beside what the
+    timer measures for them (``device_ms``). With CUDA events the host runs ahead of the GPU while
+    ``host_ms`` is well below ``device_ms``; near or above it the GPU waits for the host between
+    calls and the timer measures the host path too. ``sync`` empties the queue first."""
+    if reps < 1:
+        raise ValueError(f"reps must be ≥ 1, got {reps!r}")
+    sync()
+    t0 = now()
+    handle = timer.block(fn, reps)
+    host_ms = (now() - t0) * 1e3 / reps
+    device_ms = float(sum(timer.resolve(handle))) / reps
+    return {"host_ms": host_ms, "device_ms": device_ms, "calls": reps}
+
+
 @dataclasses.dataclass(frozen=True)
 class Warmup:
     calls: int

@@ -75,6 +75,9 @@ def run_in_process(spec: Spec) -> dict:
     for p in arms.values():
         p.first_out = None
         timing.measure(timer, p.fn, spec.protocol.warmup_calls)
+    # how close each arm's host path comes to its GPU time (CUDA only: on the CPU they are one clock)
+    host = ({r: timing.host_path(timer, p.fn, sync=torch.cuda.synchronize) for r, p in arms.items()}
+            if spec.device == "cuda" else None)
     run = timing.paired_run(arms["baseline"].fn, arms["candidate"].fn, spec.protocol, timer)
     summary = stats.summarize(run)
     gates = {}
@@ -86,7 +89,7 @@ def run_in_process(spec: Spec) -> dict:
         "spec": spec.to_json(), "gpu": device_name(spec.device), "run": run.to_json(),
         "summary": summary.to_json(), "dispatch": {r: p.dispatch for r, p in arms.items()},
         "notes": {r: p.note for r, p in arms.items()}, "gate": gates, "pid": os.getpid(),
-        "clocks_start": clocks_start, "clocks_end": manifest_mod.clocks(),
+        "clocks_start": clocks_start, "clocks_end": manifest_mod.clocks(), "host_path": host,
         "wall_s": time.perf_counter() - started,
     }
 

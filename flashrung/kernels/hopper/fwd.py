@@ -49,8 +49,12 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   keys into work items over every SM, each leaving a partial O and LSE that ``tail_combine``
   merges (``schedule.tail_split``);
 * O is normalized in registers, written to shared memory and stored by TMA: into its own buffer
-  (``separate_o``: Q is released right after the tile's last QK and the store is waited only
-  before the buffer is reused), or into the consumer's Q buffer once the last QK is done.
+  (``separate_o``: Q is released when the tile's K/V loop is done, before the epilogue, and the
+  store is waited only before the buffer is reused), or into the consumer's Q buffer once the
+  last QK is done;
+* two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default of d64's
+  short-causal tile and d128 non-causal up to 2048): the producer loads the next tile's Q while
+  this tile still reads its own, instead of after this tile's loop.
 
 Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA
 bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its

@@ -70,9 +70,10 @@ class HopperFwdConfig:
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
     # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128
     tree_reduce: bool = False
-    # O staged in its own shared buffer instead of Q's: Q is released as soon as the tile's last
-    # QK is done (the next tile's Q loads under this tile's epilogue) and the O store is waited
-    # only before the buffer is written again (it runs under the next tile's mainloop)
+    # O staged in its own shared buffer instead of Q's: Q is released when the tile's K/V loop is
+    # done, before the epilogue (the next tile's Q loads under this tile's epilogue), and the O
+    # store is waited only before the buffer is written again (it runs under the next tile's
+    # mainloop)
     separate_o: bool = False
     # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
     # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile); on at

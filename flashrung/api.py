@@ -64,6 +64,8 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
 def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None):
     problem = dispatch.Problem.of(q, k, v, causal)
     module, _ = dispatch.select(problem, "fwd", impl)
+    if getattr(module, "FORWARD_TAKES_PROBLEM", False):
+        return module.forward(q, k, v, causal, softmax_scale, problem=problem)
     return module.forward(q, k, v, causal, softmax_scale)
 
 

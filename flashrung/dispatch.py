@@ -69,7 +69,13 @@ class Backend:
     auto: bool = True  # False: runs only when asked for by name (ladder rungs, variants)
 
     def load(self):
-        return importlib.import_module(self.module)
+        return _import(self.module)
+
+
+@functools.lru_cache(maxsize=None)
+def _import(module: str):
+    # once per module: import_module's lookup, twice a call, was host time on every forward
+    return importlib.import_module(module)
 
 
 # Best first. A backend missing here cannot run, however good it is.
@@ -164,10 +170,16 @@ class Variant:
             self.module.config_with(problem, dict(self.overrides))   # raises on a bad override
         return reason
 
-    def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None):
-        problem = Problem.of(q, k, v, causal)
+    @property
+    def FORWARD_TAKES_PROBLEM(self) -> bool:     # noqa: N802 (the module-level flag's name)
+        return bool(getattr(self.module, "FORWARD_TAKES_PROBLEM", False))
+
+    def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None, problem=None):
+        if problem is None:
+            problem = Problem.of(q, k, v, causal)
         config = _variant_config(self.module, problem, self.overrides)
-        return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
+        extra = {"problem": problem} if self.FORWARD_TAKES_PROBLEM else {}
+        return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config, **extra)
 
 
 @functools.lru_cache(maxsize=256)

@@ -24,4 +24,6 @@ def test_without_a_gpu_it_says_why(capsys):
 def test_rows_time_every_layer_of_flashrungs_path():
     rows = dict(host_overhead.rows(1, 128, 1, 64, calls=5))
     mine = {name: us for name, us in rows.items() if "flashrung" in name or "forward" in name}
-    assert len(mine) == 4 and all(math.isfinite(us) and us > 0 for us in mine.values())
+    # the public call and the kernel's forward per mask, and on Hopper the same forward through
+    # JITFunction.run (what the direct launch saves)
+    assert len(mine) in (4, 6) and all(math.isfinite(us) and us > 0 for us in mine.values())

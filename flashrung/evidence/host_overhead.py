@@ -5,7 +5,8 @@ than its kernel leaves the GPU idle between launches however fast the kernel is.
 that path alone: a shape whose kernel is far shorter than any host path (B1 S128 H1 by default),
 ``--calls`` calls back to back after a warm-up, no synchronisation between them, wall time divided
 by the count. Rows for each layer of flashrung's path (the public call, the forced kernel, the
-kernel's ``forward``, its launch) say where the time goes; cuDNN (through SDPA) and FA4 (when
+kernel's ``forward``, the same through ``JITFunction.run`` instead of the direct launch) say
+where the time goes; cuDNN (through SDPA) and FA4 (when
 ``flash_attn.cute`` imports) are the yardsticks. ``--profile PATH`` adds a cProfile of the public
 call. Needs a CUDA GPU; numbers are host-CPU specific (compare rows of one run, not across
 machines).
@@ -54,6 +55,14 @@ def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list
         module, chosen = dispatch.select(problem, "fwd")
         direct = per_call_us(lambda: module.forward(q, k, v, causal, scale), calls)
         out.append((f"{chosen.kernel} forward ({mask})", direct))
+        if hasattr(module, "DIRECT_LAUNCH"):
+            # the same call with every launch through JITFunction.run: what the direct launch saves
+            saved, module.DIRECT_LAUNCH = module.DIRECT_LAUNCH, False
+            try:
+                ordinary = per_call_us(lambda: module.forward(q, k, v, causal, scale), calls)
+            finally:
+                module.DIRECT_LAUNCH = saved
+            out.append((f"{chosen.kernel} forward, JITFunction.run ({mask})", ordinary))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -69,6 +69,8 @@ figures and their protocols are in docs/hopper.md.
 # annotations at trace time, which must therefore be real classes, not strings.
 import dataclasses
 import functools
+import types
+from typing import Any, Mapping
 
 import torch
 import triton
@@ -85,6 +87,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
+from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     ROWS_PER_CONSUMER_WARPGROUP,
     SUPPORTED_HEAD_DIMS,
@@ -1131,59 +1134,103 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
     return table
 
 
-def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
-    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+@dataclasses.dataclass(frozen=True)
+class _LaunchPlan:
+    """Everything a launch derives from its shape and configuration but not from its tensors:
+    built once per (configuration, shape, device) by :func:`_plan`."""
+
+    grid: int
+    num_m_blocks: int
+    num_tiles: int
+    num_items: int
+    num_full_tiles: int
+    splits: int
+    section: int
+    ints: tuple            # the kernel's integer arguments, seqlen_q to splits_shift, in order
+    constexprs: Mapping[str, Any]
+    build: tuple           # what, besides the integers and the tensors, picks the compiled kernel
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
+          head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None) -> _LaunchPlan:
+    """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item)."""
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     num_tiles = num_m_blocks * batch * heads_q
     num_full_tiles, splits = num_tiles, 1
-    if not warmup:
-        sm_count = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
-        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, q.element_size())
+    resident = None
+    if sm_count is not None:
+        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes)
         if cfg.split_tail:
             num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile))
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
     if num_items >= 1 << DIVIDEND_BITS:
         # every dividend of the work-item decode is below num_items (schedule.fast_divisor)
         raise ValueError(f"{KERNEL_NAME}: {num_items} work items; the kernel numbers them in int32")
-    grid = min(num_items, resident) if cfg.persistent and not warmup else num_items
-    if splits > 1:
-        part_o, part_lse, coords = tail_workspace(num_items - num_full_tiles, num_tiles - num_full_tiles,
-                                                  cfg.block_m, head_dim, q.device)
-    else:
-        # never dereferenced: no work item is a split one
-        part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
+    grid = min(num_items, resident) if cfg.persistent and resident is not None else num_items
     # a section wider than every column is one section; clamped, its tile count stays an int32
-    section = min(head_section(seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), cfg.l2_section_mib << 20),
+    section = min(head_section(seqlen_k, heads_q, heads_kv, head_dim, elem_bytes, cfg.l2_section_mib << 20),
                   batch * heads_q)
-    if cfg.balanced and not warmup:
-        sched = _schedule_table(num_m_blocks, batch * heads_q, section, cfg.lpt, seqlen_q, seqlen_k, cfg.block_m,
-                                cfg.kv_tile, bool(causal), grid, str(q.device))
-    else:
-        sched = coords          # never dereferenced: the stride needs no table
-    k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
-    args = (
-        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
-        # the second box of each K/V tile (extra_keys); without one the kernel never reads these
-        _descriptor(k, cfg.extra_keys) if cfg.extra_keys else k_desc,
-        _descriptor(v, cfg.extra_keys) if cfg.extra_keys else v_desc,
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), lse, part_o, part_lse, coords, sched,
-        seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
-        num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"), fold_scale(softmax_scale),
-    )
-    constexprs = _constexprs(cfg, head_dim, causal, softmax_scale > 0)
-    if not warmup:
+    ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
+            num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive)
+    if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
+    build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
+             constexprs["FIRST_MASK_ON_NEED"])
+    return _LaunchPlan(grid, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
+                       types.MappingProxyType(constexprs), build)
+
+
+# Launches skip JITFunction.run's per-call binding (flashrung.kernels.direct_launch): the key of a
+# launch is its plan's build, its integers and its pointers' dtypes and 16-byte alignment — all
+# that Triton specializes on (the descriptors' dtype, box and layout follow from the build)
+_DIRECT = DirectLaunch(_attn_fwd_kernel)
+# False: every launch through JITFunction.run (the reference the direct path is tested against)
+DIRECT_LAUNCH = True
+
+
+def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
+    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
+    scale = fold_scale(softmax_scale)
+    plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
+                 softmax_scale > 0, None if warmup else _sm_count(device_index))
+    if plan.splits > 1:
+        part_o, part_lse, coords = tail_workspace(plan.num_items - plan.num_full_tiles, plan.num_tiles - plan.num_full_tiles,
+                                                  cfg.block_m, head_dim, q.device)
+    else:
+        # never dereferenced: no work item is a split one
+        part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
+    if cfg.balanced and not warmup:
+        sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
+                                cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index)
+    else:
+        sched = coords          # never dereferenced: the stride needs no table
+    k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
+    pointers = (lse, part_o, part_lse, coords, sched)
+    args = (
+        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
+        # the second box of each K/V tile (extra_keys); without one the kernel never reads these
+        _descriptor(k, cfg.extra_keys) if cfg.extra_keys else k_desc,
+        _descriptor(v, cfg.extra_keys) if cfg.extra_keys else v_desc,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), *pointers, *plan.ints, scale,
+    )
     if warmup:
-        return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(grid,))
-    _attn_fwd_kernel[(grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
-    if splits > 1:
-        combine_tail(part_o, part_lse, coords, out, lse, splits)
+        return _attn_fwd_kernel.warmup(*args, **plan.constexprs, num_warps=CONSUMER_WARPS, grid=(plan.grid,))
+    if DIRECT_LAUNCH:
+        key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
+        _DIRECT(plan.grid, key, args, plan.constexprs, CONSUMER_WARPS)
+    else:
+        _attn_fwd_kernel[(plan.grid,)](*args, **plan.constexprs, num_warps=CONSUMER_WARPS)
+    if plan.splits > 1:
+        combine_tail(part_o, part_lse, coords, out, lse, plan.splits)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1214,15 +1261,23 @@ def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype
     return _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
 
 
+# dispatch hands forward the Problem it built (flashrung.api): building it again cost a few µs of
+# host time per call
+FORWARD_TAKES_PROBLEM = True
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None):
+            lse: torch.Tensor | None = None, problem=None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32 natural log.
     ``config`` overrides :func:`select_config` (for ablations). ``out``/``lse`` are written in
     place when given (``lse`` contiguous; ``out`` with strides TMA can take). Inputs TMA cannot
-    address where they lie (see :func:`layout_reason`) are copied once with ``.contiguous()``.
+    address where they lie (see :func:`layout_reason`) raise, as :func:`unsupported_reason` says
+    (dispatch sends them to a kernel that can, visibly). ``problem``: the
+    :class:`flashrung.dispatch.Problem` of exactly these ``(q, k, v, causal)``, when the caller
+    has built it.
     """
     from flashrung.dispatch import Problem
 
@@ -1238,7 +1293,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    problem = Problem.of(q, k, v, causal)
+    if problem is None:
+        problem = Problem.of(q, k, v, causal)
     reason = unsupported_reason(problem)
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
@@ -1267,8 +1323,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         return out, lse
     if seqlen_k == 0:            # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("-inf"))
-    if layout_reason(q, k, v) is not None:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
     if q.device.index == torch.cuda.current_device():
         _launch(q, k, v, out, lse, causal, softmax_scale, cfg)

@@ -1,0 +1,192 @@
+"""The direct launch (flashrung.kernels.direct_launch): what it keys on, and that it runs the kernel
+Triton would have run.
+
+CPU: the hopper.fwd launch key determines everything Triton specializes the kernel on (checked
+against Triton's own specializer over launches that differ in exactly those properties), and the
+launcher binds trailing parameters as ``JITFunction.run`` does. GPU (sm_90): the direct path and
+``JITFunction.run`` give bit-identical outputs, and a launch hook sends calls the ordinary way.
+"""
+import dataclasses
+import itertools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flashrung.kernels import direct_launch
+from flashrung.kernels.hopper import fwd
+
+
+@triton.jit
+def _axpy(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr, ADD: tl.constexpr = True):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    if ADD:
+        tl.store(y_ptr + offs, alpha * x + tl.load(y_ptr + offs, mask=offs < n), mask=offs < n)
+    else:
+        tl.store(y_ptr + offs, alpha * x, mask=offs < n)
+
+
+def test_trailing_parameters_bind_keywords_then_defaults_in_signature_order():
+    launcher = direct_launch.DirectLaunch(_axpy)
+    assert launcher._trailing(4, {"BLOCK": 128}, 4) == (128, True)
+    assert launcher._trailing(4, {"ADD": False, "BLOCK": 64}, 4) == (64, False)
+    with pytest.raises(TypeError, match="BLOCK"):
+        launcher._trailing(4, {}, 4)
+    with pytest.raises(TypeError, match="unknown keyword"):
+        launcher._trailing(4, {"BLOCK": 64, "BLOK": 1}, 4)
+
+
+def test_an_interpreted_function_always_takes_the_ordinary_path():
+    # under TRITON_INTERPRET=1 (the CPU suite) triton.jit returns an InterpretedFunction: nothing
+    # compiled to call directly, so every launch goes through it
+    launcher = direct_launch.DirectLaunch(_axpy)
+    assert launcher._compiled == isinstance(_axpy, triton.runtime.jit.JITFunction)
+
+
+def test_hooks_are_seen_only_when_set():
+    from triton import knobs
+
+    assert not direct_launch._hook_set(None)
+    assert not direct_launch._hook_set(knobs.HookChain())
+    chain = knobs.HookChain()
+    chain.add(lambda metadata: None)
+    assert direct_launch._hook_set(chain)
+    assert direct_launch._hook_set(lambda metadata: None)
+
+
+# --------------------------------------------------------------------------- the hopper.fwd key (CPU)
+
+
+def _specialization(args, constexprs):
+    """What Triton compiles a launch for: its specializer's verdict on every runtime argument
+    (type, alignment, value 1) and the constexprs."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    return (tuple(native_specialize_impl(BaseBackend, a, False, True, True) for a in args),
+            tuple(sorted(constexprs.items())))
+
+
+def _recorded_launches(monkeypatch):
+    """Run hopper.fwd's _launch on CPU tensors over shapes, configurations and buffers that move
+    every property Triton specializes on, recording (key, specialization) of each launch."""
+    records = []
+
+    def record(grid, key, args, constexprs, num_warps):
+        records.append((key, _specialization(args, constexprs)))
+
+    monkeypatch.setattr(fwd, "_DIRECT", record)
+    monkeypatch.setattr(fwd, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(fwd, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fwd, "combine_tail", lambda *a, **kw: None)
+    monkeypatch.setattr(fwd, "_schedule_table", lambda *a, **kw: torch.zeros(64, dtype=torch.int32))
+    shapes = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): ones, multiples of 16, odd sizes
+        (1, 1, 1, 1, 1), (1, 16, 16, 16, 16), (2, 17, 1000, 4, 2), (1, 128, 128, 1, 1),
+        (3, 4097, 333, 6, 3), (2, 1024, 1024, 16, 16), (1, 16384, 16384, 2, 1), (1, 32768, 32768, 1, 1),
+        # one query length, the other integers moving: batch, heads, the GQA group, the key length
+        (1, 1000, 1000, 1, 1), (2, 1000, 1000, 16, 16), (3, 1000, 1000, 3, 1), (2, 1000, 16, 16, 1),
+        (4, 1000, 1001, 32, 2),
+    ]
+    for head_dim, causal, dtype in itertools.product((64, 128, 256), (False, True), (torch.float16, torch.bfloat16)):
+        for batch, seqlen_q, seqlen_k, heads_q, heads_kv in shapes:
+            cfg = fwd.default_config(head_dim, causal, max(seqlen_q, seqlen_k))
+            q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
+            k = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=dtype)
+            for lse_offset in (0, 1, 4):           # lse 16-byte aligned or not (a caller's lse=)
+                lse = torch.zeros(batch * heads_q * seqlen_q + lse_offset)[lse_offset:]
+                lse = lse.view(batch, heads_q, seqlen_q)
+                for scale in (0.125, -0.125):
+                    fwd._launch(q, k, k, torch.zeros_like(q), lse, causal, scale, cfg)
+            if head_dim == 128 and not causal:      # a configuration beside the default
+                fwd._launch(q, k, k, torch.zeros_like(q), lse, causal, 0.125,
+                            dataclasses.replace(cfg, num_q_stages=1 if cfg.num_q_stages == 2 else 2))
+    return records
+
+
+def test_the_launch_key_determines_what_triton_specializes_on(monkeypatch):
+    # The direct launch reuses the kernel Triton compiled for the first launch of a key: equal
+    # keys must mean equal specializations (argument types, 16-byte alignment, integers equal to 1
+    # or divisible by 16, descriptor boxes and layouts, constexprs), or a launch would run a kernel
+    # built for other arguments
+    records = _recorded_launches(monkeypatch)
+    by_key = {}
+    for key, spec in records:
+        by_key.setdefault(key, set()).add(spec)
+    assert len(records) > 400
+    mixed = {key: specs for key, specs in by_key.items() if len(specs) > 1}
+    assert not mixed, f"{len(mixed)} keys cover more than one specialization"
+    # the property the test relies on actually varies: alignment, value-1 integers, constexprs
+    specs = {spec for _, spec in records}
+    assert any("D" != s[1] and s[0] == "*fp32" for spec in specs for s in spec[0])
+    assert any(s == ("constexpr", 1) for spec in specs for s in spec[0])
+    assert len({spec[1] for spec in specs}) > 12
+
+
+def test_the_launch_key_sees_every_pointer(monkeypatch):
+    # a key of the integers and the build alone would miss the buffers' alignment: the same shape
+    # with a misaligned lse is another key
+    records = _recorded_launches(monkeypatch)
+    assert len({key for key, _ in records}) > len({(key[0], key[1], key[2]) for key, _ in records})
+
+
+# --------------------------------------------------------------------------- GPU (sm_90)
+
+on_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs a CUDA device of compute capability 9.0 (Hopper)")
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal, shape", [
+    (128, False, (2, 1000, 1000, 4, 2)),    # key tail, GQA
+    (128, False, (1, 16384, 16384, 2, 2)),  # the split tail (split items and the merge)
+    (128, True, (2, 2048, 2048, 4, 4)),     # the balanced lists, two Q buffers off
+    (64, True, (4, 1024, 1024, 4, 4)),      # d64's short-causal tile, two Q buffers
+    (64, False, (1, 17, 4097, 1, 1)),       # one row of a tile, a long key sweep
+    (256, True, (1, 333, 777, 2, 1)),       # Sq < Sk causal
+])
+def test_the_direct_path_computes_what_the_ordinary_path_does(monkeypatch, head_dim, causal, shape):
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    monkeypatch.setattr(fwd, "DIRECT_LAUNCH", False)
+    ref_out, ref_lse = fwd.forward(q, k, v, causal, head_dim ** -0.5)
+    monkeypatch.setattr(fwd, "DIRECT_LAUNCH", True)
+    before = fwd._DIRECT.direct_calls
+    outs = []
+    for _ in range(3):       # the first call of a new key goes the ordinary way, the rest direct
+        # poisoned outputs: a launch that wrote nothing cannot pass
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((batch, heads_q, seqlen_q), float("nan"), device="cuda")
+        outs.append(fwd.forward(q, k, v, causal, head_dim ** -0.5, out=out, lse=lse))
+    torch.cuda.synchronize()
+    assert fwd._DIRECT.direct_calls - before >= 2
+    for out, lse in outs:
+        assert torch.equal(out, ref_out)
+        assert torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_a_launch_hook_sees_every_launch(monkeypatch):
+    from triton import knobs
+
+    q = torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+    fwd.forward(q, q, q, False, 0.125)        # the key is known: the next call would go direct
+    seen = []
+    hook = lambda metadata: seen.append(metadata.get()["name"])   # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        ordinary = fwd._DIRECT.ordinary_calls
+        fwd.forward(q, q, q, False, 0.125)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert fwd._DIRECT.ordinary_calls == ordinary + 1
+    assert any("attn_fwd" in name for name in seen)

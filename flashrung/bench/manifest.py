@@ -95,11 +95,19 @@ def git_state() -> dict:
             "source": "no git metadata (copied tree?); set FLASHRUNG_GIT_COMMIT to record it"}
 
 
-def _compiled_kernels_of(obj, seen: set) -> list:
-    """Compiled kernels cached on a Triton/Gluon JIT function (through autotuner wrappers)."""
+def _jit_function(obj):
+    """The Triton/Gluon JIT function behind ``obj`` (through autotuner wrappers and launchers that
+    keep it as ``.fn``), or ``obj`` itself."""
     from triton.runtime.jit import JITFunction
     while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
         obj = obj.fn
+    return obj
+
+
+def _compiled_kernels_of(obj, seen: set) -> list:
+    """Compiled kernels cached on a Triton/Gluon JIT function (through autotuner wrappers)."""
+    from triton.runtime.jit import JITFunction
+    obj = _jit_function(obj)
     if not isinstance(obj, JITFunction) or id(obj) in seen:
         return []
     seen.add(id(obj))
@@ -127,7 +135,9 @@ def compiled_kernel_hashes() -> list[dict]:
                 asm = getattr(k, "asm", {}) or {}
                 cubin = asm.get("cubin")
                 out.append({
-                    "module": modname, "function": attr, "name": getattr(k, "name", None),
+                    # the JIT function's own name, whichever module attribute reached it first
+                    "module": modname, "function": getattr(_jit_function(value), "__name__", attr),
+                    "name": getattr(k, "name", None),
                     "triton_hash": getattr(k, "hash", None),
                     "cubin_sha256": hashlib.sha256(cubin).hexdigest() if isinstance(cubin, bytes) else None,
                 })

@@ -331,8 +331,9 @@ _BY_HEAD_DIM = {
 }
 # FA4's schedule (pingpong between the consumer warpgroups, PV waited right after the row max),
 # with packed P: at d64 (then on 192×64 tiles with Q in registers, B4 H32 S8192) 1.0872
-# non-causal, 1.0942 causal; at d256 (B2 H16 S8192) 1.0802 non-causal, 1.0100 causal. At d128 it
-# did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events: 0.989).
+# non-causal, 1.0942 causal; at d256 (B2 H16 S8192) 1.0802 non-causal, 1.0100 causal. At d128
+# non-causal it did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events:
+# 0.989; with named turns, paired and preheated at the same shape, 1.0024 / 0.9990, NULL).
 _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 # Causal masked tiles compare each score with one bound per row (`row_bound_mask`): paired with
 # each block preheated for 150 ms (t_keep 1.002164) over the two-condition mask, on each head
@@ -480,7 +481,8 @@ CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # bf16, two stages over one: d64 causal (the short-causal 128-row tile, H32) B32 S1024 1.0167 /
 # 1.0214, B16 S2048 1.0113 / 1.0074; d128 non-causal (H16) B32 S1024 1.0154 / 1.0158, B16 S2048
 # 1.0041 / 1.0033 (KEEP). Not taken: d64 non-causal B32 H32 S1024 1.0044 / 1.0050 (clears t_keep,
-# not the S1024 null), d128 causal B32 H16 S1024 0.9969 / 1.0017 (NULL; run 1's halves disagree).
+# not the S1024 null), B16 H32 S2048 1.0010 / 1.0006 (NULL); d128 causal B32 H16 S1024 0.9969 /
+# 1.0017 (NULL; run 1's halves disagree), B16 H16 S2048 0.9952 / 1.0025 (NULL).
 # d256 has no room (its O is staged in Q's buffer)
 TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (128, False): 2048}
 

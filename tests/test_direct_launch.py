@@ -56,6 +56,14 @@ def test_hooks_are_seen_only_when_set():
     assert direct_launch._hook_set(lambda metadata: None)
 
 
+def test_the_environment_can_turn_the_direct_launch_off():
+    assert fwd._direct_launch_default({}) is True
+    assert fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": "1"}) is True
+    assert fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": " 0 "}) is False
+    with pytest.raises(ValueError, match="FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got 'no'"):
+        fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": "no"})
+
+
 # --------------------------------------------------------------------------- the hopper.fwd key (CPU)
 
 

@@ -69,6 +69,7 @@ figures and their protocols are in docs/hopper.md.
 # annotations at trace time, which must therefore be real classes, not strings.
 import dataclasses
 import functools
+import os
 import types
 from typing import Any, Mapping
 
@@ -1190,8 +1191,20 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
 # launch is its plan's build, its integers and its pointers' dtypes and 16-byte alignment — all
 # that Triton specializes on (the descriptors' dtype, box and layout follow from the build)
 _DIRECT = DirectLaunch(_attn_fwd_kernel)
+
+
+def _direct_launch_default(environ=os.environ) -> bool:
+    """``FLASHRUNG_DIRECT_LAUNCH=0`` sends every launch through ``JITFunction.run`` (slower host
+    path, Triton's own binding): the way out should a Triton release change what the direct path
+    relies on. Any other value but ``1`` is refused rather than guessed at."""
+    value = environ.get("FLASHRUNG_DIRECT_LAUNCH", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 # False: every launch through JITFunction.run (the reference the direct path is tested against)
-DIRECT_LAUNCH = True
+DIRECT_LAUNCH = _direct_launch_default()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):

@@ -167,7 +167,9 @@ class Variant:
     def unsupported_reason(self, problem: Problem) -> str | None:
         reason = self.module.unsupported_reason(problem)
         if reason is None:
-            self.module.config_with(problem, dict(self.overrides))   # raises on a bad override
+            # raises on a bad override, on every call (lru_cache keeps no exceptions); a good one
+            # is resolved once per problem, as forward resolves it
+            _variant_config(self.module, problem, self.overrides)
         return reason
 
     @property

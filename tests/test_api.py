@@ -173,14 +173,32 @@ def test_a_variant_resolves_its_overrides_once_per_problem():
         forwards.append(config)
         return q
 
-    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward)})
+    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward),
+                                   "unsupported_reason": staticmethod(lambda problem: None)})
     variant = dispatch.Variant(module, (("num_q_stages", "2"),))
     q, k, v = qkv()
     for _ in range(3):
+        # dispatch asks whether the variant can run, then runs it: both on every call
+        assert variant.unsupported_reason(dispatch.Problem.of(q, k, v, False)) is None
         variant.forward(q, k, v, False, 0.125)
     variant.forward(q, k, v, True, 0.125)       # another problem: resolved again
     assert len(calls) == 2 and calls[0][1] == {"num_q_stages": "2"}
     assert forwards == [("config", (("num_q_stages", "2"),))] * 4
+
+
+def test_a_variant_with_a_bad_override_raises_on_every_call():
+    from flashrung import dispatch
+
+    def config_with(problem, overrides):
+        raise ValueError(f"unknown field {sorted(overrides)}")
+
+    module = type("Backend", (), {"config_with": staticmethod(config_with),
+                                   "unsupported_reason": staticmethod(lambda problem: None)})
+    variant = dispatch.Variant(module, (("no_such_field", "1"),))
+    q, k, v = qkv()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no_such_field"):
+            variant.unsupported_reason(dispatch.Problem.of(q, k, v, False))
 
 
 def test_hopper_declines_layouts_tma_cannot_address_instead_of_copying():

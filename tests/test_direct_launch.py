@@ -8,6 +8,7 @@ launcher binds trailing parameters as ``JITFunction.run`` does. GPU (sm_90): the
 """
 import dataclasses
 import itertools
+import types
 
 import pytest
 import torch
@@ -62,6 +63,57 @@ def test_the_environment_can_turn_the_direct_launch_off():
     assert fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": " 0 "}) is False
     with pytest.raises(ValueError, match="FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got 'no'"):
         fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": "no"})
+
+
+def _fake_compiled_kernel(launch, n_descriptors):
+    """A compiled kernel as RawLaunch sees it: a launcher of Triton's CudaLauncher class shape."""
+    CudaLauncher = type("CudaLauncher", (), {})      # noqa: N806 (the class name RawLaunch checks)
+    run = CudaLauncher()
+    run.global_scratch_size = run.profile_scratch_size = 0
+    run.global_scratch_align = run.profile_scratch_align = 1
+    run.launch_cooperative_grid, run.launch_pdl, run.num_ctas = False, True, 1
+    run.launch = launch
+    return types.SimpleNamespace(run=run, function=0xF00, packed_metadata=("packed",))
+
+
+def test_the_raw_launch_hands_the_c_launcher_what_cudalauncher_would(monkeypatch):
+    # RawLaunch skips CudaLauncher.__call__ and Triton's descriptor wrapper; the C function must
+    # receive exactly the arguments those two would have built: base arguments, every descriptor
+    # expanded in place, the rest and the constexpr positions in order
+    nvidia_driver = pytest.importorskip("triton.backends.nvidia.driver")
+    expanded = lambda arg, meta: [("map", arg, meta), ("shape", arg), ("strides", arg)]   # noqa: E731
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", expanded)
+    signature = {0: "tensordesc<bf16[1, 64, 1, 128]>", 1: "tensordesc<bf16[1, 128, 1, 128]>", 2: "*fp32",
+                 3: "i32", 4: "tensordesc<bf16[1, 64, 1, 128]>", 5: "fp32", 6: "constexpr", 7: "constexpr"}
+    metas = [{"box": 64}, {"box": 128}, {"box": 64}]
+    received = []
+    wrapped = nvidia_driver.wrap_handle_tensordesc(lambda *a: received.append(a), signature, metas)
+    kernel = _fake_compiled_kernel(wrapped, 3)
+    args, trailing = ("q", "k", "lse", 17, "o", 0.125), (128, True)
+    # the ordinary way: CudaLauncher.__call__ as DirectLaunch calls kernel.run
+    nvidia_driver.CudaLauncher.__call__(kernel.run, 96, 1, 1, 7, kernel.function, kernel.packed_metadata,
+                                        None, None, None, *args, *trailing)
+    raw = direct_launch.RawLaunch.of(kernel, len(args))
+    assert raw is not None and [p for p, _ in raw.descriptors] == [0, 1, 4]
+    raw(96, 7, kernel.function, kernel.packed_metadata, args, trailing)
+    assert len(received) == 2 and received[0] == received[1]
+    assert received[1][13:16] == (("map", "q", {"box": 64}), ("shape", "q"), ("strides", "q"))
+
+
+def test_the_raw_launch_declines_what_it_was_not_written_for():
+    nvidia_driver = pytest.importorskip("triton.backends.nvidia.driver")
+    signature = {0: "tensordesc<bf16[1, 64, 1, 128]>", 1: "i32"}
+    wrapped = nvidia_driver.wrap_handle_tensordesc(lambda *a: None, signature, [{"box": 64}])
+    assert direct_launch.RawLaunch.of(_fake_compiled_kernel(wrapped, 1), 2) is not None
+    # scratch memory to allocate per launch: CudaLauncher's job
+    kernel = _fake_compiled_kernel(wrapped, 1)
+    kernel.run.global_scratch_size = 256
+    assert direct_launch.RawLaunch.of(kernel, 2) is None
+    # a launcher of another class, or a wrapper that is not the driver's
+    assert direct_launch.RawLaunch.of(types.SimpleNamespace(run=lambda *a: None), 2) is None
+    assert direct_launch.RawLaunch.of(_fake_compiled_kernel(lambda *a: None, 0), 2) is None
+    # a descriptor among the trailing (constexpr) positions
+    assert direct_launch.RawLaunch.of(_fake_compiled_kernel(wrapped, 1), 0) is None
 
 
 # --------------------------------------------------------------------------- the hopper.fwd key (CPU)
@@ -175,6 +227,8 @@ def test_the_direct_path_computes_what_the_ordinary_path_does(monkeypatch, head_
         outs.append(fwd.forward(q, k, v, causal, head_dim ** -0.5, out=out, lse=lse))
     torch.cuda.synchronize()
     assert fwd._DIRECT.direct_calls - before >= 2
+    # on Triton 3.6 the direct path reaches the C launcher itself (RawLaunch), not CudaLauncher
+    assert any(raw is not None for _, _, raw in fwd._DIRECT._kernels.values())
     for out, lse in outs:
         assert torch.equal(out, ref_out)
         assert torch.equal(lse, ref_lse)

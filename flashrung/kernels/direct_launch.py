@@ -23,12 +23,18 @@ instrumentation knobs are part of every key (Triton compiles a different kernel 
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any, Hashable, Mapping
 
 from triton import knobs
 from triton.knobs import HookChain
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+
+try:
+    from triton.backends.nvidia import driver as _nvidia_driver
+except ImportError:         # a Triton without the CUDA backend: RawLaunch.of finds nothing to call
+    _nvidia_driver = types.SimpleNamespace(__name__="")
 
 # compiled kernels kept per launcher; a key is one (configuration, shape class), so a process that
 # sees more distinct shapes than this starts over (each miss costs one ordinary launch, no compile)
@@ -45,6 +51,9 @@ class DirectLaunch:
         signature = getattr(fn, "signature", None) or inspect.signature(getattr(fn, "fn", fn))
         self._params = list(signature.parameters.values())
         self._kernels: dict[Hashable, tuple[Any, tuple]] = {}
+        # call the C launcher behind the compiled kernel's CudaLauncher (RawLaunch) where its
+        # structure is the one RawLaunch knows; False: always through CudaLauncher
+        self.raw = True
         self.direct_calls = 0       # launches that skipped JITFunction.run (tests read these)
         self.ordinary_calls = 0
 
@@ -64,13 +73,17 @@ class DirectLaunch:
                 kernel = kernel.result()
             if len(self._kernels) >= MAX_ENTRIES:
                 self._kernels.clear()
-            self._kernels[full_key] = (kernel, self._trailing(len(args), constexprs, num_warps))
+            self._kernels[full_key] = (kernel, self._trailing(len(args), constexprs, num_warps),
+                                       RawLaunch.of(kernel, len(args)) if self.raw else None)
             return
-        kernel, trailing = entry
+        kernel, trailing, raw = entry
         stream = driver.active.get_current_stream(device)
-        # the launcher skips the constexpr positions itself: it wants every parameter, in order
-        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *args, *trailing)
+        if raw is not None:
+            raw(grid, stream, kernel.function, kernel.packed_metadata, args, trailing)
+        else:
+            # the launcher skips the constexpr positions itself: it wants every parameter, in order
+            kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                       *args, *trailing)
         self.direct_calls += 1
 
     def _ordinary(self, grid, args, constexprs, num_warps):
@@ -95,6 +108,71 @@ class DirectLaunch:
 
     def clear(self) -> None:
         self._kernels.clear()
+
+
+class RawLaunch:
+    """The C launcher behind a compiled kernel's ``CudaLauncher``, called with the argument list
+    ``CudaLauncher.__call__`` and its descriptor wrapper would build.
+
+    For each launch Triton 3.6's ``CudaLauncher`` defines and calls two scratch allocators and
+    then a wrapper (``wrap_handle_tensordesc``) that walks every argument in Python to expand each
+    TMA descriptor into its encoded map, shape and strides — for ``hopper.fwd`` 80 arguments for 6
+    descriptors, the largest Python cost left in a launch (H200 host profile,
+    ``docs/results/h200-host-profile-d16d102.txt``). This does the same expansion at the
+    descriptor positions only, through the same ``make_tensordesc_arg``. :meth:`of` returns
+    ``None`` — the caller keeps ``CudaLauncher`` — unless the launcher is exactly what this was
+    written against: Triton's CUDA launcher, no scratch memory, and either the C function itself
+    (no descriptor argument) or the nvidia driver's descriptor wrapper with its closure intact.
+    ``tests/test_direct_launch.py`` checks that the C function receives the same arguments both
+    ways.
+    """
+
+    def __init__(self, launch, descriptors: tuple, cooperative: bool, pdl: bool):
+        self.launch = launch
+        self.descriptors = descriptors        # (argument position, tensordesc metadata), in order
+        self.cooperative = cooperative
+        self.pdl = pdl
+
+    @classmethod
+    def of(cls, kernel, n_args: int) -> "RawLaunch | None":
+        try:
+            run = kernel.run
+            if type(run).__name__ != "CudaLauncher" or run.global_scratch_size or run.profile_scratch_size:
+                return None
+            launch = run.launch
+            if isinstance(launch, types.FunctionType):
+                if (launch.__module__ != _nvidia_driver.__name__
+                        or launch.__qualname__ != "wrap_handle_tensordesc.<locals>.inner"):
+                    return None
+                free = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__ or ())))
+                if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys():
+                    return None
+                positions = sorted(free["tensordesc_indices"])
+                metas = list(free["tensordesc_meta"])
+                if len(positions) != len(metas) or (positions and positions[-1] >= n_args):
+                    return None
+                return cls(free["launcher"], tuple(zip(positions, metas)), bool(run.launch_cooperative_grid),
+                           bool(run.launch_pdl))
+            if isinstance(launch, types.BuiltinFunctionType):
+                return cls(launch, (), bool(run.launch_cooperative_grid), bool(run.launch_pdl))
+        except (AttributeError, TypeError, ValueError):
+            pass
+        return None
+
+    def __call__(self, grid: int, stream, function, packed_metadata, args: tuple, trailing: tuple) -> None:
+        # CudaLauncher's base arguments: grid, stream, function, cooperative, PDL, the two scratch
+        # buffers (none), packed metadata, launch metadata and the two hooks (none: DirectLaunch
+        # goes the ordinary way whenever a hook is set)
+        final = [grid, 1, 1, stream, function, self.cooperative, self.pdl, None, None, packed_metadata,
+                 None, None, None]
+        start = 0
+        for position, meta in self.descriptors:
+            final.extend(args[start:position])
+            final.extend(_nvidia_driver.make_tensordesc_arg(args[position], meta))
+            start = position + 1
+        final.extend(args[start:])
+        final.extend(trailing)
+        self.launch(*final)
 
 
 def _hook_set(hook) -> bool:

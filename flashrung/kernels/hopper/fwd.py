@@ -1290,23 +1290,26 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     address where they lie (see :func:`layout_reason`) raise, as :func:`unsupported_reason` says
     (dispatch sends them to a kernel that can, visibly). ``problem``: the
     :class:`flashrung.dispatch.Problem` of exactly these ``(q, k, v, causal)``, when the caller
-    has built it.
+    has built it from tensors it validated (``flashrung.api`` does); forward then skips its own
+    argument checks.
     """
-    from flashrung.dispatch import Problem
-
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"shapes must be q (B, Sq, Hq, D), k = v (B, Sk, Hkv, D); got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if problem is None:
+        # a caller that hands its Problem over (dispatch) has validated the tensors already
+        # (flashrung.api._validate checks all of this and more)
+        from flashrung.dispatch import Problem
+
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4:
+                raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+            raise ValueError(f"shapes must be q (B, Sq, Hq, D), k = v (B, Sk, Hkv, D); got q {tuple(q.shape)}, "
+                             f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if not (q.dtype == k.dtype == v.dtype):
+            raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if not (q.device == k.device == v.device):
+            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
         problem = Problem.of(q, k, v, causal)
     reason = unsupported_reason(problem)
     if reason is not None:

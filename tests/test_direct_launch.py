@@ -252,3 +252,27 @@ def test_a_launch_hook_sees_every_launch(monkeypatch):
         knobs.runtime.launch_enter_hook.remove(hook)
     assert fwd._DIRECT.ordinary_calls == ordinary + 1
     assert any("attn_fwd" in name for name in seen)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_the_direct_path_launches_on_the_current_stream():
+    # the launch must follow torch's current stream: on a side stream, a poison written after a
+    # long sleep and before the call must be overwritten by it (a launch on another stream would
+    # run first and leave the poison in place)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 2048, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref_out, ref_lse = fwd.forward(q, q, q, True, 0.125)      # the key is known: the next call is direct
+    torch.cuda.synchronize()
+    direct = fwd._DIRECT.direct_calls
+    out, lse = torch.empty_like(q), torch.empty_like(ref_lse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)       # about 0.1 s of GPU clock cycles
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        fwd.forward(q, q, q, True, 0.125, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert fwd._DIRECT.direct_calls == direct + 1
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

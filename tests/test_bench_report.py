@@ -49,6 +49,43 @@ def test_time_row_measures_every_impl_and_pairs_ours_with_the_best_peer(row_resu
     assert r["flops_convention"] == "fa-half" and "dense/2" in r["flops_convention_label"]
 
 
+def test_a_row_says_when_its_calls_were_host_bound(monkeypatch):
+    # the probe after the timing: when issuing a call takes the host as long as the call takes the
+    # GPU (here the synthetic calls advance one clock that both read), the cell is marked and the
+    # footnote says the rate is the entry point's
+    monkeypatch.setattr(peers, "prepare", fake_prepare({"cudnn": 2.0, "flashrung:portable": 1.6}))
+    timer = timing.ClockTimer(now=lambda: Clock.t)
+    protocol = timing.BenchProtocol(warmup_calls=2, warmup_ms=4, rounds=2, block_ms=8, block_reps_min=2,
+                                    block_reps_max=10)
+    bound = runner.time_row(ROW, ["cudnn", "flashrung:portable"], None, protocol, timer, numerators.FA_HALF,
+                            host_clock=lambda: Clock.t)
+    ours = bound["results"]["flashrung:portable"]
+    assert ours["host_bound"] and ours["host_path"]["host_ms"] == pytest.approx(ours["host_path"]["device_ms"])
+    assert runner.HOST_PROBE_MIN_CALLS <= ours["host_path"]["calls"] <= timing.HOST_PATH_CALLS
+    doc = {**_doc([bound]), "impls": ["cudnn", "flashrung:portable"]}
+    text = report.results_table(doc)
+    line = next(ln for ln in text.splitlines() if ln.startswith("B8 H16 S4096"))
+    assert line.count("*") == 2
+    assert "* host-bound" in text and "2 cells" in text and "rates the entry point, not the kernel" in text
+    # a host that issues far faster than the GPU runs (the real clock against 1.6 ms calls): no mark
+    free = runner.time_row(ROW, ["cudnn", "flashrung:portable"], None, protocol, timer, numerators.FA_HALF)
+    assert not free["results"]["flashrung:portable"]["host_bound"]
+    assert "host-bound" not in report.results_table({**_doc([free]), "impls": ["cudnn", "flashrung:portable"]})
+
+
+def test_a_failed_host_probe_leaves_the_timing_and_says_why(monkeypatch):
+    monkeypatch.setattr(peers, "prepare", fake_prepare({"cudnn": 2.0}))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probe could not run")
+    monkeypatch.setattr(timing, "host_path", broken)
+    r = runner.time_row(ROW, ["cudnn"], None, timing.QUICK_BENCH, timing.ClockTimer(now=lambda: Clock.t),
+                        numerators.FA_HALF)
+    res = r["results"]["cudnn"]
+    assert res["status"] == "ok" and res["ms"] == pytest.approx(2.0)
+    assert res["host_path"] == {"error": "RuntimeError: probe could not run"} and res["host_bound"] is False
+
+
 def _doc(rows, ceilings=True):
     return {"suite": "fa4-protocol", "impls": ["cudnn", "flash", "flex", "flashrung:portable"],
             "causal_convention": "fa-half", "rows": rows,

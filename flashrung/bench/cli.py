@@ -428,8 +428,7 @@ def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:
     return line
 
 
-# At this share of its GPU time per call, an arm's host path may bound what the events measure
-HOST_BOUND_SHARE = 0.8
+HOST_BOUND_SHARE = timing.HOST_BOUND_SHARE
 
 
 def host_path_line(runs) -> str | None:

@@ -4,7 +4,8 @@ The table has one line per row: each implementation's TFLOP/s, the best peer, an
 flashrung kernel its paired margin over the best peer (median of per-round ratios, > 1 means
 ours is faster, with p10–p90) and its share of the GEMM ceiling measured in the same run. The
 FLOP convention heads the table; unsupported implementations show ``unsup`` / ``error`` in
-their cell and their reasons below, never a blank.
+their cell and their reasons below, never a blank; a cell whose calls were host-bound carries a
+``*`` and a footnote.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import pathlib
 from typing import Iterable, Sequence
 
-from flashrung.bench import numerators, peers
+from flashrung.bench import numerators, peers, timing
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
 
@@ -39,12 +40,30 @@ def plan_table(plan: dict) -> str:
     return _table(["shape", "seqlen", "d", "dtype", "mask", "mode", "FLOPs", "convention"], lines, left=1)
 
 
+HOST_BOUND_MARK = "*"
+
+
 def _cell(result: dict | None) -> str:
     if result is None:
         return "-"
     if result["status"] == "ok":
-        return f"{result['tflops']:.1f}"
+        return f"{result['tflops']:.1f}" + (HOST_BOUND_MARK if result.get("host_bound") else "")
     return "unsup" if result["status"] == "unsupported" else "error"
+
+
+def host_bound_note(doc: dict) -> str | None:
+    """The footnote of the ``*`` cells: which rows and implementations ran host-bound."""
+    cells = [(row["label"], impl, r["host_path"]) for row in doc["rows"] for impl, r in row["results"].items()
+             if r.get("status") == "ok" and r.get("host_bound")]
+    if not cells:
+        return None
+    share = cells[0][2]
+    example = (f"e.g. {cells[0][1]} at {cells[0][0]}: {share['host_ms']:.3f} ms/call issued against "
+               f"{share['device_ms']:.3f} ms/call on the GPU")
+    return (f"{HOST_BOUND_MARK} host-bound: issuing a call took the host at least {timing.HOST_BOUND_SHARE:.0%} of "
+            f"the call's GPU time (probe of back-to-back calls after the row's timing), so the GPU waited for "
+            f"the host and the cell rates the entry point, not the kernel ({len(cells)} cell"
+            f"{'s' if len(cells) > 1 else ''}; {example})")
 
 
 def results_table(doc: dict) -> str:
@@ -73,6 +92,9 @@ def results_table(doc: dict) -> str:
             line.append(f"{pct:.1f}%" if pct is not None else "-")
         lines.append(line)
     out = "\n".join(head) + "\n" + _table(header, lines)
+    bound = host_bound_note(doc)
+    if bound:
+        out += "\n" + bound
     notes = reasons(doc)
     if notes:
         out += "\n\nnot measured:\n" + "\n".join(f"  {n}" for n in notes)

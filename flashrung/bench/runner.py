@@ -23,6 +23,11 @@ from flashrung.bench.suites import Row
 # reduced-sequence oracle"); the kernel, dtype, heads, head dim and mask stay the row's.
 GATE_MAX_SEQLEN = 1024
 GATE_MAX_BATCH = 2
+# The host-path probe after a row's timing: back-to-back calls filling about this many ms
+# (between HOST_PROBE_MIN_CALLS and timing.HOST_PATH_CALLS), host time to issue them beside the
+# events' time for them
+HOST_PROBE_MS = 50.0
+HOST_PROBE_MIN_CALLS = 5
 
 
 def gate_config(row: Row) -> dict:
@@ -57,8 +62,14 @@ def _max_abs_diff(a, b) -> float:
 
 def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: timing.BenchProtocol,
              timer, causal_convention: str, on_impl: Callable[[str], None] = lambda s: None,
-             peer_options: peers.PeerOptions = peers.PeerOptions()) -> dict:
-    """Prepare, warm and time every implementation on one row; returns the row's results."""
+             peer_options: peers.PeerOptions = peers.PeerOptions(), *,
+             sync: Callable[[], None] = lambda: None, host_clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Prepare, warm and time every implementation on one row; returns the row's results.
+
+    After the timing, each implementation's host path is probed (``timing.host_path``: the host's
+    time to issue back-to-back calls beside the events' time for them, ``sync`` emptying the queue
+    first): a result whose calls were host-bound says so (``host_bound``), since its time per call
+    is then its entry point's, not its kernel's."""
     flops, convention = row.flops(causal_convention)
     results: dict[str, dict] = {}
     prepared: dict[str, peers.Prepared] = {}
@@ -102,6 +113,15 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         if min(times) <= 0:     # an implementation that did no measurable work cannot be rated
             results[impl] = {"status": "error", "reason": f"non-positive time measured ({min(times)} ms)"}
             del prepared[impl]
+    probes = {}
+    for impl, p in prepared.items():
+        on_impl(f"host path {impl}")
+        calls = timing.reps_for(warm[impl].estimate_ms, target_ms=HOST_PROBE_MS, lo=HOST_PROBE_MIN_CALLS,
+                                hi=timing.HOST_PATH_CALLS)
+        try:
+            probes[impl] = timing.host_path(timer, p.fn, calls, now=host_clock, sync=sync)
+        except Exception as exc:    # the row's timing stands; only the probe is missing, and says why
+            probes[impl] = {"error": f"{type(exc).__name__}: {peers._one_line(exc)}"}
     for impl, p in prepared.items():
         dist = stats.Distribution.of(inter.per_call(impl))
         results[impl] = {
@@ -109,7 +129,7 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
             "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": protocol.rounds,
             "preheat_calls_per_block": preheat[impl],
             "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
-            "dispatch": p.dispatch,
+            "dispatch": p.dispatch, "host_path": probes[impl], "host_bound": timing.host_bound(probes[impl]),
         }
         if impl in diffs:
             results[impl]["max_abs_diff"] = {"vs": ref, "value": diffs[impl]}
@@ -152,7 +172,8 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
             bar.set_description(row.label())
             t0 = time.perf_counter()
             result = time_row(row, impls, inputs, protocol, timer, causal_convention,
-                              on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options)
+                              on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options,
+                              sync=torch.cuda.synchronize)
             result["wall_s"] = time.perf_counter() - t0
             gemm = ceilings.get(f"gemm:{row.dtype}")
             for impl, r in result["results"].items():
@@ -182,6 +203,8 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
             "(compile, allocation of inputs, and the forward of backward rows excluded); statistic: median per call; "
             "implementations interleaved round-robin, first half of the rounds in order, second half reversed; "
             "each block preceded by untimed calls of the same implementation for block_preheat_ms (its own "
-            "power/clock steady state)",
+            "power/clock steady state); after each row, a host-path probe per implementation (host_path: host "
+            "time to issue back-to-back calls beside their GPU time; host_bound when the host took at least "
+            f"{timing.HOST_BOUND_SHARE:.0%} of it)",
             "ceilings": ceilings, "rows": out_rows, "correctness": correctness, "manifest": manifest,
             "wall_s": time.perf_counter() - started}

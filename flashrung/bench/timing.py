@@ -78,8 +78,20 @@ def measure(timer, fn: Callable[[], Any], reps: int) -> list[float]:
     return timer.resolve(timer.block(fn, reps))
 
 
-# calls per arm of the host-path probe (compare's workers, after warm-up)
+# calls per arm of the host-path probe (compare's workers, after warm-up; the bench's rows at most)
 HOST_PATH_CALLS = 30
+# At this share of its GPU time per call, a call's host path may bound what the events measure:
+# the GPU waits for the host between calls, and the time per call is the entry point's, not the
+# kernel's
+HOST_BOUND_SHARE = 0.8
+
+
+def host_bound(probe: dict | None) -> bool:
+    """Whether a :func:`host_path` probe says the calls were (nearly) host-bound."""
+    if not probe:
+        return False
+    host, device = probe.get("host_ms"), probe.get("device_ms")
+    return bool(host is not None and device and host >= HOST_BOUND_SHARE * device)
 
 
 def host_path(timer, fn: Callable[[], Any], reps: int = HOST_PATH_CALLS, *,

@@ -25,6 +25,10 @@ def test_tiny_rows_end_to_end():
             assert r["status"] in ("ok", "unsupported", "error")
             if r["status"] == "ok":
                 assert r["tflops"] > 0 and r["distribution"]["n"] >= 2
+                # the host-path probe ran and its verdict follows from its two numbers
+                h = r["host_path"]
+                assert h["host_ms"] > 0 and h["device_ms"] > 0 and h["calls"] >= runner.HOST_PROBE_MIN_CALLS
+                assert r["host_bound"] == (h["host_ms"] >= timing.HOST_BOUND_SHARE * h["device_ms"])
             else:
                 assert r["reason"]
         assert row["results"]["flashrung"]["status"] == "ok", row["results"]["flashrung"]

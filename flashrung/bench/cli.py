@@ -428,19 +428,16 @@ def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:
     return line
 
 
-HOST_BOUND_SHARE = timing.HOST_BOUND_SHARE
-
-
 def host_path_line(runs) -> str | None:
-    """One line when an arm's host path comes within HOST_BOUND_SHARE of its GPU time in any run
+    """One line when an arm's host path comes within timing.HOST_BOUND_SHARE of its GPU time in any run
     (the worker's probe after warm-up), or None. There the GPU can wait for the host between calls:
     a moment of a slower host then slows that arm alone, and an arm with the longer host path
     (another dispatch path, a variant) carries it into the margin."""
     near = []
     for i, r in enumerate(runs, 1):
         for role, h in (r.get("host_path") or {}).items():
-            host, device = _number(h.get("host_ms")), _number(h.get("device_ms"))
-            if host is not None and device and host >= HOST_BOUND_SHARE * device:
+            if timing.host_bound(h):
+                host, device = float(h["host_ms"]), float(h["device_ms"])
                 near.append(f"run {i} {role} {host:.3f} ms/call issued against {device:.3f} ms/call on the GPU "
                             f"({host / device:.2f}×)")
     if not near:

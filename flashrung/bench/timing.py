@@ -86,11 +86,20 @@ HOST_PATH_CALLS = 30
 HOST_BOUND_SHARE = 0.8
 
 
+def _finite(value) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
 def host_bound(probe: dict | None) -> bool:
-    """Whether a :func:`host_path` probe says the calls were (nearly) host-bound."""
+    """Whether a :func:`host_path` probe (as measured, or read back from JSON) says the calls were
+    (nearly) host-bound; a probe without two finite numbers says nothing."""
     if not probe:
         return False
-    host, device = probe.get("host_ms"), probe.get("device_ms")
+    host, device = _finite(probe.get("host_ms")), _finite(probe.get("device_ms"))
     return bool(host is not None and device and host >= HOST_BOUND_SHARE * device)
 
 

@@ -980,10 +980,14 @@ def test_gate_split_tail(head_dim, shape, persistent):
           **shape)
 
 
+def _shape_default(head_dim, causal, shape):
+    """The default configuration of a gate shape (its length picks the grid and short tiles)."""
+    return fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
+
+
 def _gate_forced(head_dim, shape, causal, **changes):
     """The gate, bf16, on the problem's default configuration with ``changes`` forced."""
-    base = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(base, **changes)
+    cfg = dataclasses.replace(_shape_default(head_dim, causal, shape), **changes)
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
           **shape)
 
@@ -1115,10 +1119,8 @@ def test_gate_row_bound_mask_switched(head_dim, causal, shape):
     # Sq != Sk, rows that see no key, on every head dim's default (and d64's short-causal tile at
     # these lengths) with the form the default does not take (the two conditions under a causal
     # mask, one bound per row without)
-    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    assert default.row_bound_mask == causal
-    cfg = dataclasses.replace(default, row_bound_mask=not default.row_bound_mask)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+    assert _shape_default(head_dim, causal, shape).row_bound_mask == causal
+    _gate_switched("row_bound_mask", head_dim, causal, shape)
 
 
 # shapes whose last m-tile leaves whole consumer warpgroups past the last query row: d64's
@@ -1149,9 +1151,7 @@ def test_gate_skip_empty_rows_switched(head_dim, causal, shape):
 def _gate_switched(field, head_dim, causal, shape):
     # the gate on the head dim's default for this shape with one boolean switch flipped: the
     # default itself gates through every other test
-    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, **{field: not getattr(default, field)})
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+    _gate_forced(head_dim, shape, causal, **{field: not getattr(_shape_default(head_dim, causal, shape), field)})
 
 
 # shapes whose work-item decode divides by every size: GQA groups of 1, 3 and 4; LPT sections of
@@ -1175,10 +1175,8 @@ def test_gate_fast_divide(who, head_dim, causal, shape):
     # a wrong magic number sends a partition to another tile or K/V head: the producer loads one
     # tile while the consumers compute another, or a consumer writes O where it does not belong.
     # With one-head LPT sections every divisor of the decode is exercised, the last section's too
-    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, fast_divide_producer=True, fast_divide_consumers=who == "both",
-                              l2_section_mib=1)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+    _gate_forced(head_dim, shape, causal, fast_divide_producer=True, fast_divide_consumers=who == "both",
+                 l2_section_mib=1)
 
 
 @pytest.mark.gpu
@@ -1227,9 +1225,7 @@ def test_gate_overlap_epilogue(head_dim, causal, shape, skip):
     # persistent CTA's last tile is stored after its loop, a tile with no K/V tile (rows that see
     # no key) and an idle warpgroup's walk still store the previous one, and no O is written to a
     # buffer the previous TMA store still reads
-    default = fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
-    cfg = dataclasses.replace(default, overlap_epilogue=True, skip_empty_rows=skip)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+    _gate_forced(head_dim, shape, causal, overlap_epilogue=True, skip_empty_rows=skip)
 
 
 # first visited K/V tiles of every kind: unmasked (S1024: 7 of 8 causal tiles), the diagonal,

@@ -394,12 +394,7 @@ def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -
 POWER_LIMITED_SHARE = 0.9
 
 
-def _number(value) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
+_number = timing.finite_or_none
 
 
 def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:

@@ -86,7 +86,8 @@ HOST_PATH_CALLS = 30
 HOST_BOUND_SHARE = 0.8
 
 
-def _finite(value) -> float | None:
+def finite_or_none(value) -> float | None:
+    """``value`` as a finite float, or None (a probe or clock reading read back from JSON)."""
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -99,7 +100,7 @@ def host_bound(probe: dict | None) -> bool:
     (nearly) host-bound; a probe without two finite numbers says nothing."""
     if not probe:
         return False
-    host, device = _finite(probe.get("host_ms")), _finite(probe.get("device_ms"))
+    host, device = finite_or_none(probe.get("host_ms")), finite_or_none(probe.get("device_ms"))
     return bool(host is not None and device and host >= HOST_BOUND_SHARE * device)
 
 

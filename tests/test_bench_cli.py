@@ -221,3 +221,51 @@ def test_compare_says_when_an_arm_may_be_timed_host_bound():
     assert "run 1" not in line and "baseline" not in line
     assert cli.host_path_line([far, far]) is None
     assert cli.host_path_line([{"host_path": None}, {}]) is None
+
+
+def _failed_gate(role):
+    return {"impl": role, "mode": "fwd", "config": {}, "passed": False, "ratio": 85.2,
+            "text": f"FAIL {role}: worst out err 3.493e+00 bound 4.099e-02 ratio 85.220"}
+
+
+def test_a_failed_gate_is_not_timed_in_the_worker(monkeypatch):
+    # correct first: the worker gates both arms before it prepares or times anything; an arm that
+    # fails leaves a document with the gate results and no series
+    from flashrung.bench import peers, runner, worker
+    monkeypatch.setattr(runner, "run_gate", lambda impl, row, seed=0, device="cuda":
+                        _failed_gate(impl) if impl.endswith("@broken=1") else {**_failed_gate(impl), "passed": True})
+
+    def no_timing(*a, **k):
+        raise AssertionError("an arm that failed its gate was prepared or timed")
+    monkeypatch.setattr(peers, "make_inputs", no_timing)
+    monkeypatch.setattr(timing, "paired_run", no_timing)
+    row = cli.pair_row(parse("compare", "cudnn", "flash", *TINY))
+    spec = worker.Spec("flashrung:portable", "flashrung:portable@broken=1", row, timing.PairedProtocol(alternations=4),
+                       gate=True, device="cpu")
+    doc = worker.run_in_process(spec)
+    assert doc["summary"] is None and doc["run"] is None
+    assert doc["untimed"] == "candidate failed the correctness gate: not timed"
+    assert doc["gate"]["baseline"]["passed"] and not doc["gate"]["candidate"]["passed"]
+
+
+def test_compare_reverts_an_untimed_candidate_without_a_second_run(capsys, monkeypatch, tmp_path):
+    from flashrung.bench import worker
+    calls = []
+
+    def run_fresh(spec, **kw):
+        calls.append(spec)
+        return {"spec": spec.to_json(), "gpu": "cpu", "run": None, "summary": None,
+                "untimed": "candidate failed the correctness gate: not timed", "dispatch": {}, "notes": {},
+                "gate": {"baseline": None, "candidate": _failed_gate("flashrung:portable")}, "pid": 1,
+                "clocks_start": {}, "clocks_end": {}, "host_path": None, "wall_s": 0.1}
+    monkeypatch.setattr(worker, "run_fresh", run_fresh)
+    out_json = tmp_path / "c.json"
+    rc, out, err = run(capsys, "compare", "cudnn", "flashrung:portable", "--t-noise", "0.002",
+                       "--json", str(out_json), *TINY)
+    assert rc == 0, err
+    assert len(calls) == 1 and calls[0].gate            # the gated run only: nothing to replicate
+    assert "run 1: candidate failed the correctness gate: not timed" in out
+    assert "gate candidate: FAIL" in out and "\nREVERT: not timed vs t_keep 1.002000" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["verdict"]["verdict"] == "REVERT" and doc["link"]["margin"] is None
+    assert cli.load_links([out_json])[0].margin is None

@@ -1,4 +1,5 @@
 """A bench row end to end on a virtual clock (no GPU), its table, plot, manifest and calibration."""
+import dataclasses
 import json
 import sys
 import types
@@ -230,3 +231,41 @@ def test_given_commit_wins_over_a_stale_local_repository(monkeypatch):
         assert state["local_git"]["commit"] == local["commit"]
     monkeypatch.delenv("FLASHRUNG_GIT_COMMIT")
     assert manifest.git_state()["source"] != "FLASHRUNG_GIT_COMMIT"
+
+
+def test_bench_gates_before_timing_and_times_no_kernel_that_failed(monkeypatch):
+    # correct first: every flashrung kernel is gated once per problem family before any row is
+    # timed; a row whose family's gate failed does not time that kernel and shows it as FAIL with
+    # the check's text, in the same column order as the other rows; peers are timed as usual
+    from flashrung.bench import ceilings
+    events = []
+    monkeypatch.setattr(ceilings, "measure_all", lambda dtypes: {})
+    monkeypatch.setattr(manifest, "start", lambda command=None: {})
+    monkeypatch.setattr(manifest, "finish", lambda m: m)
+    monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0: None)
+
+    def run_gate(impl, row, seed=0, device="cuda"):
+        events.append(("gate", impl, row.causal))
+        ok = not row.causal          # this kernel is wrong under the causal mask only
+        return {"impl": impl, "mode": row.mode, "config": runner.gate_config(row), "passed": ok,
+                "text": ("PASS" if ok else "FAIL") + f" {impl} causal={row.causal}"}
+
+    def time_row(row, impls, inputs, protocol, timer, convention, **kw):
+        events.append(("time", tuple(impls), row.causal))
+        return {"label": row.label(), "results": {i: {"status": "ok", "ms": 1.0, "tflops": 1.0} for i in impls}}
+    monkeypatch.setattr(runner, "run_gate", run_gate)
+    monkeypatch.setattr(runner, "time_row", time_row)
+    rows = [dataclasses.replace(ROW, seqlen_q=s, seqlen_k=s, causal=c) for c in (False, True) for s in (1024, 2048)]
+    doc = runner.run(rows, ["cudnn", "flashrung"], protocol=timing.QUICK_BENCH, progress=False)
+    gates = [e for e in events if e[0] == "gate"]
+    assert gates == [("gate", "flashrung", False), ("gate", "flashrung", True)]      # one per family
+    assert events.index(gates[-1]) < min(i for i, e in enumerate(events) if e[0] == "time")
+    timed = [e[1] for e in events if e[0] == "time"]
+    assert timed == [("cudnn", "flashrung")] * 2 + [("cudnn",)] * 2
+    causal = doc["rows"][-1]["results"]
+    assert list(causal) == ["cudnn", "flashrung"] and causal["cudnn"]["status"] == "ok"
+    assert causal["flashrung"] == {"status": peers.GATE_FAILED, "reason": "not timed: FAIL flashrung causal=True"}
+    assert [g["passed"] for g in doc["correctness"]] == [True, False]
+    assert report._cell(causal["flashrung"]) == "FAIL"
+    table = report.results_table(doc)
+    assert "FAIL" in table and "flashrung (gate failed, 2 rows" in table

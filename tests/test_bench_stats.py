@@ -315,3 +315,21 @@ def test_host_path_probe_reads_the_host_beside_the_timer():
     assert synced == [1]
     with pytest.raises(ValueError, match="reps"):
         timing.host_path(Timer(), call, 0)
+
+
+def test_an_arm_that_failed_its_gate_is_judged_untimed(t_noise):
+    # correct first: a candidate whose gate failed is reverted with no margin (nothing was timed),
+    # a failed baseline leaves nothing to compare against, and no runs without a failed gate is a
+    # caller's mistake, not a verdict
+    v = stats.keep_gate([], t_noise, baseline_correct=True, candidate_correct=False)
+    assert v.verdict == stats.REVERT and v.margin is None and "not timed" in v.reasons[-1]
+    assert v.to_json()["margin"] is None and v.to_json()["runs"] == []
+    v = stats.keep_gate([], t_noise, baseline_correct=False, candidate_correct=None)
+    assert v.verdict == stats.NULL and v.margin is None and "baseline fails" in v.reasons[-1]
+    with pytest.raises(ValueError, match="failed its gate"):
+        stats.keep_gate([], t_noise, baseline_correct=True, candidate_correct=True)
+    # the link such a verdict writes round-trips, and no chain can keep it
+    link = stats.Link.from_json({"baseline": "a", "candidate": "b", "margin": None, "verdict": stats.REVERT})
+    assert link.margin is None and stats.kept_chain([link]) == []
+    with pytest.raises(ValueError, match="no positive margin"):
+        stats.kept_chain([dataclasses.replace(link, verdict=stats.KEEP, paired=True)])

@@ -462,7 +462,11 @@ def cmd_compare(args) -> int:
         except worker.WorkerError as exc:
             print(f"flashrung compare: run {i}: {exc}", file=sys.stderr)
             return 1
-    summaries = [stats.PairedSummary.from_json(r["summary"]) for r in runs]
+        if runs[-1]["summary"] is None:
+            # the gate (run 1) failed an arm: nothing is timed, and no second run is needed
+            print(f"run {i}: {runs[-1]['untimed']}")
+            break
+    summaries = [stats.PairedSummary.from_json(r["summary"]) for r in runs if r["summary"] is not None]
     gates = runs[0]["gate"] or {}
 
     def passed(role):
@@ -479,7 +483,8 @@ def cmd_compare(args) -> int:
         if g is not None:
             print(f"gate {role}: {g['text']}" if g["text"].startswith(("PASS", "FAIL"))
                   else f"gate {role}: FAIL {g['text']}")
-    print(f"\n{verdict.verdict}: margin {verdict.margin:.6f} vs t_keep {verdict.t_keep:.6f}")
+    margin = "not timed" if verdict.margin is None else f"margin {verdict.margin:.6f}"
+    print(f"\n{verdict.verdict}: {margin} vs t_keep {verdict.t_keep:.6f}")
     for reason in verdict.reasons:
         print(f"  - {reason}")
     regime = regime_line(runs, protocol)

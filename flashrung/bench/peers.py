@@ -47,6 +47,10 @@ DEFAULT_IMPLS = PEERS + (OURS,)
 FLEX_RECOMPILE_LIMIT = 1024
 
 
+# the status of a flashrung kernel that a row did not time because it failed its correctness gate
+GATE_FAILED = "gate failed"
+
+
 class Unsupported(Exception):
     """This implementation does not run this row; ``str(exc)`` says why."""
 

@@ -48,7 +48,7 @@ def _cell(result: dict | None) -> str:
         return "-"
     if result["status"] == "ok":
         return f"{result['tflops']:.1f}" + (HOST_BOUND_MARK if result.get("host_bound") else "")
-    return "unsup" if result["status"] == "unsupported" else "error"
+    return {"unsupported": "unsup", peers.GATE_FAILED: "FAIL"}.get(result["status"], "error")
 
 
 def host_bound_note(doc: dict) -> str | None:

@@ -4,8 +4,12 @@ Per shape, the inputs are made once and shared by every implementation. Per row,
 implementation is prepared (or marked unsupported with its reason), warmed, and then all of them
 are timed round-robin in the same process (:func:`flashrung.bench.timing.interleave`), so the
 ratio of ours to the best peer is a paired statistic, not a ratio of medians from different
-moments. Ceilings are measured first, in the same run. Correctness gates for flashrung kernels
-run last, at a reduced size, so they cannot disturb the timing.
+moments. Ceilings are measured first, in the same run. Then the correctness gates of the flashrung
+kernels, at a reduced size, once per problem family: a kernel that fails its gate is not timed on
+the rows that gate stands for (status ``"gate failed"``, the check's text as the reason) — a
+time would price a wrong kernel. The gates leave nothing behind that the timing sees (every timed
+block is warmed and preheated by its own implementation), but they compile flashrung's kernels, so
+its rows' ``first_call_s`` no longer include that compile.
 """
 from __future__ import annotations
 
@@ -34,6 +38,11 @@ def gate_config(row: Row) -> dict:
     return {"batch": min(row.batch, GATE_MAX_BATCH), "seqlen_q": min(row.seqlen_q, GATE_MAX_SEQLEN),
             "seqlen_k": min(row.seqlen_k, GATE_MAX_SEQLEN), "heads_q": row.heads_q, "heads_kv": row.heads_kv,
             "head_dim": row.headdim, "dtype": row.dtype, "causal": row.causal}
+
+
+def _gate_key(impl: str, row: Row) -> tuple:
+    """What one gate run stands for: the kernel, the direction and the reduced problem it checks."""
+    return impl, row.mode, tuple(sorted(gate_config(row).items()))
 
 
 def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
@@ -163,6 +172,16 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
     manifest = manifest_mod.start(command)
     timer = timing.CudaEventTimer()
     ceilings = {k: c.to_json() for k, c in ceilings_mod.measure_all({r.dtype for r in rows}).items()}
+    # correct first: each flashrung kernel is gated (reduced size, once per problem family) before
+    # any row times it; a kernel that fails is not timed on the rows its gate stands for
+    gates = {}
+    if gate:
+        for row in rows:
+            for impl in impls:
+                key = _gate_key(impl, row)
+                if peers.is_ours(impl) and key not in gates:
+                    gates[key] = run_gate(impl, row, seed=seed)
+    correctness = list(gates.values())
     out_rows = []
     bar = tqdm(total=len(rows), desc="bench", unit="row", disable=not progress, dynamic_ncols=True)
     for _, group in _group_by_shape(rows):
@@ -171,9 +190,16 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
         for row in group:
             bar.set_description(row.label())
             t0 = time.perf_counter()
-            result = time_row(row, impls, inputs, protocol, timer, causal_convention,
+            failed = {impl: g for impl in impls if (g := gates.get(_gate_key(impl, row))) and not g["passed"]}
+            result = time_row(row, [i for i in impls if i not in failed], inputs, protocol, timer, causal_convention,
                               on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options,
                               sync=torch.cuda.synchronize)
+            if failed:
+                # in the column order of the other rows, each untimed kernel says which check it failed
+                timed = result["results"]
+                result["results"] = {i: timed[i] if i in timed else
+                                     {"status": peers.GATE_FAILED, "reason": f"not timed: {failed[i]['text']}"}
+                                     for i in impls}
             result["wall_s"] = time.perf_counter() - t0
             gemm = ceilings.get(f"gemm:{row.dtype}")
             for impl, r in result["results"].items():
@@ -185,18 +211,6 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
         torch.cuda.empty_cache()
     bar.close()
 
-    correctness = []
-    if gate:
-        seen = set()
-        for row in rows:
-            for impl in impls:
-                if not peers.is_ours(impl):
-                    continue
-                key = (impl, row.mode, tuple(sorted(gate_config(row).items())))
-                if key in seen:
-                    continue
-                seen.add(key)
-                correctness.append(run_gate(impl, row, seed=seed))
     manifest_mod.finish(manifest)
     return {"suite": suite, "impls": list(impls), "causal_convention": causal_convention,
             "protocol": protocol.to_json(), "peer_options": dataclasses.asdict(peer_options), "timing": "CUDA events between back-to-back calls; warm kernel time "

@@ -222,9 +222,10 @@ class Verdict:
         return 1.0 + self.t_noise
 
     @property
-    def margin(self) -> float:
-        """The margin a chain multiplies: the first run's paired median."""
-        return self.runs[0].margin
+    def margin(self) -> float | None:
+        """The margin a chain multiplies: the first run's paired median (None: nothing was timed,
+        an arm failed its correctness gate)."""
+        return self.runs[0].margin if self.runs else None
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "t_noise": self.t_noise, "t_keep": self.t_keep,
@@ -237,10 +238,11 @@ def keep_gate(runs: Sequence[PairedSummary], t_noise_value: float, *,
     """Apply the keep gate to one or two paired runs (the second from a fresh process).
 
     ``*_correct`` is the correctness-gate result, ``None`` when the gate does not apply (a peer
-    that returns no LSE); only ``False`` blocks.
+    that returns no LSE); only ``False`` blocks. ``runs`` may be empty only when an arm failed its
+    gate (it is then not timed): the verdict follows from the gate alone and has no margin.
     """
-    if not runs:
-        raise ValueError("runs must hold at least one paired run")
+    if not runs and baseline_correct is not False and candidate_correct is not False:
+        raise ValueError("runs must hold at least one paired run (none only when an arm failed its gate)")
     if not (t_noise_value >= 0 and math.isfinite(t_noise_value)):
         raise ValueError(f"t_noise must be a finite non-negative number, got {t_noise_value!r}")
     t_keep, t_revert = 1.0 + t_noise_value, 1.0 - t_noise_value
@@ -260,7 +262,11 @@ def keep_gate(runs: Sequence[PairedSummary], t_noise_value: float, *,
                        + {True: "passed", False: "FAILED", None: "not applicable"}[ok])
 
     if candidate_correct is False:
-        return Verdict(REVERT, t_noise_value, tuple(reasons + ["candidate fails the correctness gate"]), tuple(runs))
+        why = "candidate fails the correctness gate" + ("" if runs else ": not timed")
+        return Verdict(REVERT, t_noise_value, tuple(reasons + [why]), tuple(runs))
+    if not runs:
+        return Verdict(NULL, t_noise_value, tuple(reasons + ["baseline fails the correctness gate: nothing can be "
+                                                             "compared against it; not timed"]), ())
     replicated = len(runs) >= 2
     if not replicated:
         reasons.append("no second paired run in a fresh process: a single run cannot keep")
@@ -286,7 +292,7 @@ class Link:
 
     baseline: str
     candidate: str
-    margin: float
+    margin: float | None      # None: not timed (an arm failed its correctness gate)
     verdict: str
     paired: bool = True
 
@@ -294,7 +300,8 @@ class Link:
     def from_json(cls, d: dict) -> "Link":
         if "link" in d:   # a whole `flashrung compare --json` document
             d = d["link"]
-        return cls(baseline=d["baseline"], candidate=d["candidate"], margin=float(d["margin"]),
+        margin = None if d["margin"] is None else float(d["margin"])
+        return cls(baseline=d["baseline"], candidate=d["candidate"], margin=margin,
                    verdict=d["verdict"], paired=bool(d.get("paired", False)))
 
     def to_json(self) -> dict:
@@ -308,8 +315,8 @@ def kept_chain(links: Sequence[Link]) -> list[Link]:
         if not link.paired:
             raise ValueError(f"link {link.baseline} → {link.candidate} is not a paired margin; a chain "
                              "multiplies paired links only, never ratios of medians")
-        if not link.margin > 0:
-            raise ValueError(f"link {link.baseline} → {link.candidate} has a non-positive margin")
+        if link.margin is None or not link.margin > 0:
+            raise ValueError(f"link {link.baseline} → {link.candidate} has no positive margin")
     for prev, nxt in zip(kept, kept[1:]):
         if prev.candidate != nxt.baseline:
             raise ValueError(f"chain is broken: {prev.baseline} → {prev.candidate} is followed by "

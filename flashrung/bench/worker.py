@@ -1,9 +1,11 @@
 """One paired run in a fresh process: the single path that compare, null and reanchor share.
 
 ``python -m flashrung.bench.worker SPEC.json OUT.json`` reads a spec (baseline, candidate, row,
-protocol, whether to run the correctness gate, seed), prepares both arms on the same inputs,
-warms them, runs :func:`flashrung.bench.timing.paired_run` and writes the series, its summary,
-the GPU, the dispatch records, clocks at start and end, and gate results.
+protocol, whether to run the correctness gate, seed), gates both arms first when asked — an arm
+that fails its gate is not timed: the document then carries the gate results, ``"summary": None``
+and ``"untimed"`` saying why — prepares both arms on the same inputs, warms them, runs
+:func:`flashrung.bench.timing.paired_run` and writes the series, its summary, the GPU, the
+dispatch records, clocks at start and end, and gate results.
 
 A fresh process per run is the point: the second run of a keep test and every A/A pair start
 from a new CUDA context, allocator and JIT state, so a result that depends on what happened to be
@@ -64,6 +66,20 @@ def run_in_process(spec: Spec) -> dict:
     from flashrung.bench import runner
     started = time.perf_counter()
     clocks_start = manifest_mod.clocks()
+    # correct first: an arm that fails its gate is not timed (its time would price a wrong kernel)
+    gates = {}
+    if spec.gate:
+        for role, impl in (("baseline", spec.baseline), ("candidate", spec.candidate)):
+            gates[role] = (runner.run_gate(impl, spec.row, seed=spec.seed, device=spec.device)
+                           if peers.is_ours(impl) else None)
+    failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
+    if failed:
+        return {
+            "spec": spec.to_json(), "gpu": device_name(spec.device), "run": None, "summary": None,
+            "untimed": f"{' and '.join(failed)} failed the correctness gate: not timed",
+            "dispatch": {}, "notes": {}, "gate": gates, "pid": os.getpid(), "clocks_start": clocks_start,
+            "clocks_end": manifest_mod.clocks(), "host_path": None, "wall_s": time.perf_counter() - started,
+        }
     inputs = peers.make_inputs(spec.row, device=spec.device, seed=spec.seed)
     arms = {}
     for role, impl in (("baseline", spec.baseline), ("candidate", spec.candidate)):
@@ -80,11 +96,6 @@ def run_in_process(spec: Spec) -> dict:
             if spec.device == "cuda" else None)
     run = timing.paired_run(arms["baseline"].fn, arms["candidate"].fn, spec.protocol, timer)
     summary = stats.summarize(run)
-    gates = {}
-    if spec.gate:
-        for role, impl in (("baseline", spec.baseline), ("candidate", spec.candidate)):
-            gates[role] = (runner.run_gate(impl, spec.row, seed=spec.seed, device=spec.device)
-                           if peers.is_ours(impl) else None)
     return {
         "spec": spec.to_json(), "gpu": device_name(spec.device), "run": run.to_json(),
         "summary": summary.to_json(), "dispatch": {r: p.dispatch for r, p in arms.items()},

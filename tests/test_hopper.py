@@ -976,8 +976,7 @@ SPLIT_TAIL_SHAPES = [
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_split_tail(head_dim, shape, persistent):
     cfg = dataclasses.replace(fwd.default_config(head_dim, False), split_tail=True, persistent=persistent)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=False,
-          **shape)
+    _gate_config(cfg, head_dim, False, shape)
 
 
 def _shape_default(head_dim, causal, shape):
@@ -985,11 +984,14 @@ def _shape_default(head_dim, causal, shape):
     return fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
 
 
+def _gate_config(cfg, head_dim, causal, shape):
+    """The gate, bf16, on ``cfg`` at one shape."""
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
 def _gate_forced(head_dim, shape, causal, **changes):
     """The gate, bf16, on the problem's default configuration with ``changes`` forced."""
-    cfg = dataclasses.replace(_shape_default(head_dim, causal, shape), **changes)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-          **shape)
+    _gate_config(dataclasses.replace(_shape_default(head_dim, causal, shape), **changes), head_dim, causal, shape)
 
 
 # the persistent grid's split tail, forced on (the stride: the balanced lists take whole tiles)
@@ -1100,7 +1102,7 @@ def test_gate_extra_keys_with_the_split_tail():
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_balanced(head_dim, shape):
     cfg = dataclasses.replace(fwd.default_config(head_dim, True, 4096), balanced=True, persistent=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=True, **shape)
+    _gate_config(cfg, head_dim, True, shape)
 
 
 @pytest.mark.gpu
@@ -1186,7 +1188,7 @@ def test_gate_fast_divide_with_the_split_tail(shape):
     # split items: the tail's item -> (tile, split) and each split's K/V range divide too
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, fast_divide_producer=True,
                               fast_divide_consumers=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+    _gate_config(cfg, 128, False, shape)
 
 
 _SERIAL = dict(overlap=False, wait_pv_early=False, named_turns=False)     # serial steps, pingpong turns
@@ -1211,7 +1213,7 @@ def test_gate_skip_empty_rows_on_each_schedule(changes, causal, shape):
     # tile, the overlapped one, FA3's order none; two-part tiles keep one barrier pair per tile;
     # the split tail hands an idle warpgroup split items, whose workspace rows the merge never reads
     cfg = dataclasses.replace(fwd.default_config(128, causal), skip_empty_rows=True, **changes)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=causal, **shape)
+    _gate_config(cfg, 128, causal, shape)
 
 
 @pytest.mark.gpu
@@ -1261,7 +1263,7 @@ def test_gate_first_mask_on_need_switched(head_dim, causal, shape):
 def test_gate_first_mask_on_need_with_the_split_tail(shape):
     # a split item starts at its own K/V tile: the key tail may be the first tile it visits
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, first_mask_on_need=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+    _gate_config(cfg, 128, False, shape)
 
 
 # Q stages wrap: many tiles per persistent CTA (B4 H16 S2048: 8+ tiles each at d128), GQA with
@@ -1296,7 +1298,7 @@ def test_gate_overlap_epilogue_with_the_split_tail(shape):
     # a split item's partial O and LSE go to the workspace one item late; the merge reads them
     # after the kernel
     cfg = dataclasses.replace(fwd.default_config(128, False), split_tail=True, overlap_epilogue=True)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+    _gate_config(cfg, 128, False, shape)
 
 
 @pytest.mark.gpu

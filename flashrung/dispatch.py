@@ -98,6 +98,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v11", "flashrung.kernels.ladder.v11", "fwd", auto=False),
     Backend("ladder.v12", "flashrung.kernels.ladder.v12", "fwd", auto=False),
     Backend("ladder.v13", "flashrung.kernels.ladder.v13", "fwd", auto=False),
+    Backend("ladder.v14", "flashrung.kernels.ladder.v14", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

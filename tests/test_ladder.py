@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -317,10 +317,27 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
+        if r.name == "ladder.v14":   # the three-slot ring: over the card at d128, refused there
+            assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
+            continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
     assert rows["v3_kv2_sm120"]["smem_bytes"] == (64 + 2 * 2 * 64) * 128 * 2 <= SM120_SMEM_LIMIT
     assert rows["ladder.v1_sm120"]["sass"]["HMMA"] > 0
     assert rows["ladder.v0_sm120"]["sass"]["HMMA"] == 0
+
+
+def test_v14_is_refused_where_its_ring_does_not_fit():
+    from flashrung.dispatch import Problem
+
+    def problem(d, cap):
+        return Problem(batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=d, head_dim_v=d,
+                       dtype=torch.bfloat16, causal=True, device_type="cuda", capability=cap)
+
+    assert common.shared_memory_reason(problem(128, (9, 0)), v14.CONFIG.smem_bytes(128)) is None
+    assert v14.unsupported_reason(problem(128, (9, 0))) is None
+    assert v14.unsupported_reason(problem(64, (12, 0))) is None          # 56 KiB fits 99 KiB
+    reason = v14.unsupported_reason(problem(128, (12, 0)))
+    assert "112 KiB of shared memory" in reason and "allows 99 KiB" in reason
 
 
 def test_bf16_compiles_to_the_same_tensor_core_path(rows):
@@ -403,6 +420,42 @@ def test_v9_passes_the_gate_across_l2_sections(shape):
     res = check_forward(v9.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
                         dtype=dtype, causal=causal, device="cuda", kernel="ladder.v9")
     assert res.passed, str(res)
+
+
+# v14 peels the last key block out of its loop and computes the first block's scores before it:
+# the trip counts where that peel and the three-slot ring meet their edges
+V14_EDGE_SHAPES = [
+    (1, 1, 1, 2, 2, 128, torch.bfloat16, False),      # one key: the loop never runs
+    (1, 64, 64, 2, 2, 64, torch.float16, False),      # exactly one block, no tail
+    (1, 65, 129, 2, 1, 128, torch.bfloat16, False),   # three blocks, the last one key long
+    (1, 192, 192, 2, 2, 64, torch.bfloat16, True),    # three causal blocks: every slot used once
+    (2, 1, 4097, 4, 2, 128, torch.float16, False),    # one query row over 65 blocks: the ring wraps
+    (1, 4097, 4097, 2, 2, 128, torch.bfloat16, True), # long causal, tails on both sides
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V14_EDGE_SHAPES, ids=_shape_id)
+def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
+    from flashrung.gate import check_forward
+
+    b, sq, sk, hq, hkv, d, dtype, causal = shape
+    res = check_forward(v14.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
+                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v14")
+    assert res.passed, str(res)
+
+
+@pytest.mark.gpu
+def test_v14_is_deterministic():
+    """The ring's slots are reused every three blocks: a slot read before its copy landed, or
+    overwritten while read, shows as a result that moves between identical calls."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v14.forward(q, k, v, causal, 0.088)
+        for _ in range(3):
+            b = v14.forward(q, k, v, causal, 0.088)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.gpu

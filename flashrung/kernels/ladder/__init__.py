@@ -7,7 +7,8 @@ branches from ``v4`` with FA2's d128 tile (two 16-row slabs per warp, Q re-read 
 memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, ``v10`` from ``v9`` with each
 CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
 CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from ``v12`` with v8's
-two-slab tile. Each rung
+two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
+softmax. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -63,6 +64,9 @@ RUNGS: tuple[Rung, ...] = (
     # v12's warps, copies hidden, still one dependent MMA chain each: v8's two slabs per warp
     Rung("ladder.v13", "flashrung.kernels.ladder.v13", "ladder.v12",
          "FA2's d128 tile on the ring: two m16 slabs per warp (128x32), Q read from shared memory in chunks"),
+    # v12's one chain per warp, given a second along the keys: QK(j+1) under softmax(j)
+    Rung("ladder.v14", "flashrung.kernels.ladder.v14", "ladder.v12",
+         "QK one block ahead: S(j+1) issued before block j's softmax, a three-slot K/V ring"),
 )
 
 

@@ -43,6 +43,10 @@ MIN_CAPABILITY = (8, 0)        # mma.sync m16n8k16 with bf16 and cp.async: Amper
 COPY_BYTES = 16                # one cp.async / one ldmatrix row: 16 bytes
 ELEMENT_BYTES = 2              # fp16 / bf16
 MAX_GRID_Y = 65535             # CUDA limit of the second grid dimension (batch * heads_q here)
+# Opt-in dynamic shared memory per block, bytes, by compute capability (CUDA programming guide,
+# compute capabilities table): a rung whose tiles need more cannot launch there.
+SMEM_OPTIN_BYTES = {(8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024, (8, 9): 99 * 1024,
+                    (9, 0): 227 * 1024, (12, 0): 99 * 1024}
 SWIZZLE_PHASES = 8             # 128-byte bank period / 16-byte chunk: eight phases, 3 XOR bits
 # K/V bytes of the heads whose tiles run together under v9's order: the Hopper forward's L2 budget
 L2_SECTION_BYTES = gl.constexpr(L2_BUDGET_BYTES)
@@ -103,6 +107,16 @@ def unsupported_reason(problem, head_dims: tuple[int, ...]) -> str | None:
     if problem.batch * problem.heads_q > MAX_GRID_Y:
         return (f"needs batch * heads_q <= {MAX_GRID_Y} (the second launch axis), "
                 f"got {problem.batch * problem.heads_q}")
+    return None
+
+
+def shared_memory_reason(problem, smem_bytes: int) -> str | None:
+    """Why tiles of ``smem_bytes`` cannot launch on ``problem``'s device (``None`` when they can,
+    or when the device's limit is not in :data:`SMEM_OPTIN_BYTES`: the launch then reports it)."""
+    limit = SMEM_OPTIN_BYTES.get(tuple(problem.capability or ()))
+    if limit is not None and smem_bytes > limit:
+        return (f"needs {smem_bytes // 1024} KiB of shared memory per block at head_dim {problem.head_dim}, "
+                f"capability {tuple(problem.capability)} allows {limit // 1024} KiB")
     return None
 
 

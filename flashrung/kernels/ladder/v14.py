@@ -1,0 +1,157 @@
+"""ladder.v14 — the next block's scores issued under this block's softmax (QK one block ahead).
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v12): software pipelining of the key loop. Trip j computes S(j+1) = Q K(j+1)ᵀ
+*before* the online softmax of S(j) and O += P(j) V(j), so each warp carries two independent
+chains through the trip: the mma.sync of the next block's scores and the exponentials of this
+block. It is the mma.sync form of FA3's intra-warpgroup overlap (seed 001, 0x05), where the
+``wgmma`` of QK(j+1) runs under softmax(j); here ptxas interleaves the two chains' instructions
+inside one basic block instead of an asynchronous tensor unit running one under the other. K(j+1)
+must be in shared memory while V(j) is read, and block j+2 in flight meanwhile: the ring is three
+slots (v12: two), 112 KiB per CTA at d128, two CTAs per SM still fit the H200's 228 KiB.
+
+Why this lever: v12's profile at config B (docs/ladder.md) has the copies hidden (long scoreboard
+2.2%) and the tensor pipe at 48.8% with the stalls on the short scoreboard (ldmatrix and MUFU
+results, 18.9%) and the barrier: one dependent chain per warp, ldmatrix → HMMA → row max →
+exponentials → HMMA, and two warps per scheduler to cover it. v13 gave each warp a second chain by
+a second row slab (two slabs over one K/V fragment) and came out level (the 128-row causal tail
+and a 32-key block's O rescale paid for it); this rung gives the second chain along the keys
+instead, with v12's 64×64 tile and nothing else changed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from flashrung.kernels.ladder import common
+from flashrung.kernels.ladder.common import (
+    issue_kv_async, kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile, softmax_update,
+    stage_tile_async, tile_bases, xor_swizzled_layout, finalize, store_tile,
+)
+
+NAME = "ladder.v14"
+PARENT = "ladder.v12"
+LEVER = "QK of block j+1 issued before block j's softmax (software-pipelined key loop, 3-slot ring)"
+HEAD_DIMS = (64, 128)
+EXP2 = gl.constexpr(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class AheadConfig(common.TileConfig):
+    """v12's tile with a ring deep enough for QK one block ahead: slot j is read by PV(j), slot
+    j+1 by QK(j+1), slot j+2 is being filled — three slots, no fewer."""
+
+    kv_stages: int = 3
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.kv_stages < 3:
+            raise ValueError(f"kv_stages must be >= 3 (blocks j, j+1 resident and j+2 in flight), "
+                             f"got {self.kv_stages}")
+
+    def constexprs(self) -> dict:
+        return {**super().constexprs(), "KV_STAGES": self.kv_stages}
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """Q's tile and the K/V ring (the census reads the same from the compiled kernel)."""
+        return (self.block_m + 2 * self.kv_stages * self.block_n) * head_dim * common.ELEMENT_BYTES
+
+
+CONFIG = AheadConfig(block_m=64, block_n=64, num_warps=4, kv_stages=3)
+
+
+@gluon.jit
+def attention_fwd_v14(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr,
+):
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    SMEM: gl.constexpr = xor_swizzled_layout()
+    # Groups outstanding when block j+1 has landed: only the newest prefetch, j + KV_STAGES - 1.
+    IN_FLIGHT: gl.constexpr = KV_STAGES - 2
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    b, h, start_m = program_tile(heads_q, BLOCK_M)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
+    async_copy.commit_group()
+    # Prologue: blocks 0 .. KV_STAGES-2, one commit each (zero rows, no global reads, past hi).
+    for i in gl.static_range(KV_STAGES - 1):
+        first = gl.to_tensor(i * BLOCK_N)
+        issue_kv_async(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
+    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    causal_shift = seqlen_k - seqlen_q
+    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    # Every trip but the last: S(j+1) first, then softmax(j) and PV(j). The last block's softmax
+    # and PV follow the loop, so no trip computes scores of a block past hi.
+    for start_n in range(0, hi - BLOCK_N, BLOCK_N):
+        j = start_n // BLOCK_N
+        # Block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the barrier that
+        # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
+        ahead = start_n + (KV_STAGES - 1) * BLOCK_N
+        issue_kv_async(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+        async_copy.commit_group()
+        async_copy.wait_group(IN_FLIGHT)  # block j+1 has landed
+        gl.thread_barrier()
+        nxt = start_n + BLOCK_N
+        s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), nxt, offs_m, seqlen_k, causal_shift,
+                            BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
+        acc = mma_pv(acc * alpha[:, None], p, v_smem.index(j % KV_STAGES))
+        s = s_next
+        gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
+    # The last block (block 0 when the loop is empty; a tile that sees no key has every score
+    # masked here, so p = 0 and the zero-filled V slot adds nothing).
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
+    acc = mma_pv(acc * alpha[:, None], p, v_smem.index(last % KV_STAGES))
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
+
+    out, lse = finalize(acc, m_i, l_i, EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+def unsupported_reason(problem) -> str | None:
+    # The third slot is what the seed's card cannot hold: 112 KiB at d128 over sm_120's 99 KiB.
+    return (common.unsupported_reason(problem, HEAD_DIMS)
+            or common.shared_memory_reason(problem, CONFIG.smem_bytes(problem.head_dim)))
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
+    return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=True,
+                         head_dims=HEAD_DIMS, out=out, lse=lse)
+
+
+def census_specs():
+    return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=CONFIG,
+                               config_extra={"kv_stages": CONFIG.kv_stages})
+            for d in HEAD_DIMS for c in (False, True)]

@@ -40,14 +40,18 @@ SELECTORS = {
     "v12_causal": ("v12", SM90, D128_CAUSAL),
     "v13_causal": ("v13", SM90, D128_CAUSAL),
     "v13": ("v13", SM90, D128_FULL),
+    "v14_causal": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True}),
+    "v14": ("v14", SM90, {**D128_FULL, "qk_ahead": True}),
+    "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False}),
+    "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
        for name in ("all_keeps", *v7.SWITCH_OFF, "max_registers_168")},
     # sm_120: the largest configuration of every rung (head_dim 128), and v3's double buffer.
-    **{f"{r.name}_sm120": (r.name, "sm_120", D128_FULL if r.name not in ("ladder.v3", "ladder.v7")
-                           else ({**D128_FULL, "kv_stages": 1} if r.name == "ladder.v3"
-                                 else {**D128_FULL, "variant": "all_keeps"}))
+    **{f"{r.name}_sm120": (r.name, "sm_120", {"ladder.v3": {**D128_FULL, "kv_stages": 1},
+                                              "ladder.v7": {**D128_FULL, "variant": "all_keeps"},
+                                              "ladder.v14": {**D128_FULL, "qk_ahead": True}}.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
 }
@@ -278,6 +282,23 @@ def test_v13_is_v8s_tile_on_v12s_ring(rows):
     assert v13_full["spill_bytes"] == v8_full["spill_bytes"]
 
 
+def test_v14_adds_a_second_score_tile_and_nothing_else(rows):
+    # the lever is where S(j+1) is computed: with it switched off (v12's order on the same
+    # three-slot ring and copies) the kernel issues the same MMA, fragment loads and
+    # exponentials; QK one block ahead keeps a second 16 x 64 fp32 score tile live (more
+    # registers), and at d128 both fit 255 registers with no spill — the row-wise copy addresses
+    # (``common.stage_rows_async``) are what make room for it (the whole-tile form spilled 120 B)
+    for on, off in (("v14_causal", "v14_causal_off"), ("v14", "v14_off")):
+        a, b = rows[on], rows[off]
+        for fam in ("HMMA", "LDSM", "MUFU.EX2", "LDGSTS"):
+            assert a["sass"][fam] == b["sass"][fam], (on, fam)
+        assert a["regs"] > b["regs"], on
+        assert a["spill_bytes"] == 0 == b["spill_bytes"] and a["regs"] <= 255, on
+        assert a["smem_bytes"] == v14.CONFIG.smem_bytes(128) == (64 + 2 * 3 * 64) * 128 * 2
+    # the third slot's prologue copy over v12's ring: one more K/V block (8 + 8 LDGSTS per thread)
+    assert rows["v14_causal"]["sass"]["LDGSTS"] - rows["v12_causal"]["sass"]["LDGSTS"] == 16
+
+
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
     """Two m16 slabs per warp (128x32, 4 warps): per loop body each thread makes
     128*32/128 + 2*2 = 36 exponential calls (its scores and the alpha of its 4 rows); the tile
@@ -335,6 +356,11 @@ def test_v14_is_refused_where_its_ring_does_not_fit():
 
     assert common.shared_memory_reason(problem(128, (9, 0)), v14.CONFIG.smem_bytes(128)) is None
     assert v14.unsupported_reason(problem(128, (9, 0))) is None
+    assert v14.config_with(problem(128, (9, 0)), {"qk_ahead": "false"}) == v14.OFF
+    with pytest.raises(ValueError, match="unknown ladder.v14 config key 'block_n'"):
+        v14.config_with(problem(128, (9, 0)), {"block_n": "32"})
+    with pytest.raises(ValueError, match="kv_stages=6: needs 208 KiB"):
+        v14.config_with(problem(128, (12, 0)), {"kv_stages": "6"})
     assert v14.unsupported_reason(problem(64, (12, 0))) is None          # 56 KiB fits 99 KiB
     reason = v14.unsupported_reason(problem(128, (12, 0)))
     assert "112 KiB of shared memory" in reason and "allows 99 KiB" in reason
@@ -372,6 +398,7 @@ def _gate_cases():
     arms = [("ladder.v3[kv_stages=2]", v3.forward_double_buffer)]
     arms += [(f"ladder.v7[{name}]", functools.partial(v7.forward, config=cfg))
              for name, cfg in (*v7.SWITCH_OFF.items(), ("max_registers_168", v7.THREE_CTAS_PER_SM))]
+    arms += [("ladder.v14[qk_ahead=false]", functools.partial(v14.forward, config=v14.OFF))]
     cases += [(name, fwd, shape) for name, fwd in arms for shape in GATE_SHAPES[2:5:2]]
     return cases
 

@@ -325,6 +325,20 @@ def stage_tile_async(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: g
 
 
 @gluon.jit
+def stage_rows_async(smem, base, first_row, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """:func:`stage_tile_async` of the rows ``first_row + r`` of a tensor at ``base``, each row's
+    64-bit offset formed from ``first_row + r`` where it is used: the whole-tile form adds the
+    block's offset to the base and keeps the tile's per-row offsets, one 64-bit pair per row a
+    thread copies (8 at 64 × 128), live across a key loop."""
+    L: gl.constexpr = vector_copy_layout(COLS, gl.num_warps())
+    r = gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    c = gl.arange(0, COLS, gl.SliceLayout(0, L))
+    rows = (first_row + r).to(gl.int64)
+    ptrs = gl.multiple_of(base + rows[:, None] * stride_row + c[None, :], [1, COPY_BYTES_K])
+    async_copy.async_copy_global_to_shared(smem, ptrs, mask=(r < n_rows)[:, None])
+
+
+@gluon.jit
 def stage_kv_scalar(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Stage the key block starting at ``start_n`` through registers, 2 bytes per load."""

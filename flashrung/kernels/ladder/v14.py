@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    issue_kv_async, kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile, softmax_update,
+    kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile, softmax_update,
     stage_tile_async, tile_bases, xor_swizzled_layout, finalize, store_tile,
 )
 
@@ -44,9 +44,14 @@ EXP2 = gl.constexpr(True)
 @dataclasses.dataclass(frozen=True)
 class AheadConfig(common.TileConfig):
     """v12's tile with a ring deep enough for QK one block ahead: slot j is read by PV(j), slot
-    j+1 by QK(j+1), slot j+2 is being filled — three slots, no fewer."""
+    j+1 by QK(j+1), slot j+2 is being filled — three slots, no fewer.
+
+    ``qk_ahead=False`` is the lever switched off on the same ring and copies: each trip waits
+    for its own block and computes S(j) itself, v12's order (the A/B that prices the lever
+    alone; ``impl="ladder.v14@qk_ahead=false"``)."""
 
     kv_stages: int = 3
+    qk_ahead: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -55,7 +60,7 @@ class AheadConfig(common.TileConfig):
                              f"got {self.kv_stages}")
 
     def constexprs(self) -> dict:
-        return {**super().constexprs(), "KV_STAGES": self.kv_stages}
+        return {**super().constexprs(), "KV_STAGES": self.kv_stages, "QK_AHEAD": self.qk_ahead}
 
     def smem_bytes(self, head_dim: int) -> int:
         """Q's tile and the K/V ring (the census reads the same from the compiled kernel)."""
@@ -63,6 +68,14 @@ class AheadConfig(common.TileConfig):
 
 
 CONFIG = AheadConfig(block_m=64, block_n=64, num_warps=4, kv_stages=3)
+OFF = dataclasses.replace(CONFIG, qk_ahead=False)   # the lever switched off: v12's order, this ring
+
+
+@gluon.jit
+def issue_kv_rows(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+    common.stage_rows_async(v_dst, v_base, start_n, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
 
 
 @gluon.jit
@@ -72,14 +85,15 @@ def attention_fwd_v14(
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
     seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_STAGES: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr,
 ):
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     SMEM: gl.constexpr = xor_swizzled_layout()
-    # Groups outstanding when block j+1 has landed: only the newest prefetch, j + KV_STAGES - 1.
-    IN_FLIGHT: gl.constexpr = KV_STAGES - 2
+    # Copy groups still in flight when a trip's operands have landed: after block j+1 (QK ahead)
+    # only the newest prefetch, j + KV_STAGES - 1; after block j also block j+1's.
+    IN_FLIGHT: gl.constexpr = KV_STAGES - 2 if QK_AHEAD else KV_STAGES - 1
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     b, h, start_m = program_tile(heads_q, BLOCK_M)
@@ -97,7 +111,7 @@ def attention_fwd_v14(
     # Prologue: blocks 0 .. KV_STAGES-2, one commit each (zero rows, no global reads, past hi).
     for i in gl.static_range(KV_STAGES - 1):
         first = gl.to_tensor(i * BLOCK_N)
-        issue_kv_async(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+        issue_kv_rows(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
                        stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
         async_copy.commit_group()
     async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
@@ -109,29 +123,41 @@ def attention_fwd_v14(
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
     offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
     causal_shift = seqlen_k - seqlen_q
-    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
-    # Every trip but the last: S(j+1) first, then softmax(j) and PV(j). The last block's softmax
-    # and PV follow the loop, so no trip computes scores of a block past hi.
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
+    if QK_AHEAD:
+        s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    # Every trip but the last: S(j+1) first, then softmax(j) and PV(j) — the two chains a warp
+    # interleaves. The last block's softmax and PV follow the loop, so no trip computes scores of
+    # a block past hi.
     for start_n in range(0, hi - BLOCK_N, BLOCK_N):
         j = start_n // BLOCK_N
         # Block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the barrier that
         # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
         ahead = start_n + (KV_STAGES - 1) * BLOCK_N
-        issue_kv_async(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+        issue_kv_rows(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
                        k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
         async_copy.commit_group()
-        async_copy.wait_group(IN_FLIGHT)  # block j+1 has landed
+        async_copy.wait_group(IN_FLIGHT)  # block j+1 (QK ahead) or block j has landed
         gl.thread_barrier()
-        nxt = start_n + BLOCK_N
-        s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), nxt, offs_m, seqlen_k, causal_shift,
-                            BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        if QK_AHEAD:
+            s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
+                                causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        else:
+            s = mma_scores(q, k_smem.index(j % KV_STAGES), start_n, offs_m, seqlen_k, causal_shift,
+                           BLOCK_M, BLOCK_N, IS_CAUSAL, True)
         p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
         acc = mma_pv(acc * alpha[:, None], p, v_smem.index(j % KV_STAGES))
-        s = s_next
+        if QK_AHEAD:
+            s = s_next
         gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
     # The last block (block 0 when the loop is empty; a tile that sees no key has every score
     # masked here, so p = 0 and the zero-filled V slot adds nothing).
     last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    if not QK_AHEAD:
+        async_copy.wait_group(KV_STAGES - 2)  # the last block (the newest group is the one after it)
+        gl.thread_barrier()
+        s = mma_scores(q, k_smem.index(last % KV_STAGES), last * BLOCK_N, offs_m, seqlen_k, causal_shift,
+                       BLOCK_M, BLOCK_N, IS_CAUSAL, True)
     p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, EXP2)
     acc = mma_pv(acc * alpha[:, None], p, v_smem.index(last % KV_STAGES))
     async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
@@ -146,12 +172,31 @@ def unsupported_reason(problem) -> str | None:
             or common.shared_memory_reason(problem, CONFIG.smem_bytes(problem.head_dim)))
 
 
-def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
-    return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=True,
+def config_with(problem, overrides: dict) -> AheadConfig:
+    """:data:`CONFIG` with ``overrides`` applied (``{"qk_ahead": "false"}``, from
+    ``impl="ladder.v14@qk_ahead=false"``); raises ``ValueError`` naming an unknown key."""
+    from flashrung.kernels.hopper.fwd import _parse_override
+
+    valid = ("qk_ahead", "kv_stages")
+    changes = {}
+    for key, value in dict(overrides).items():
+        if key not in valid:
+            raise ValueError(f"unknown {NAME} config key {key!r}; valid keys: {', '.join(valid)}")
+        changes[key] = _parse_override(key, value, getattr(CONFIG, key))
+    cfg = dataclasses.replace(CONFIG, **changes)
+    reason = common.shared_memory_reason(problem, cfg.smem_bytes(problem.head_dim))
+    if reason is not None:
+        raise ValueError(f"{NAME}@kv_stages={cfg.kv_stages}: {reason}")
+    return cfg
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
+    return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
                          head_dims=HEAD_DIMS, out=out, lse=lse)
 
 
 def census_specs():
-    return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=CONFIG,
-                               config_extra={"kv_stages": CONFIG.kv_stages})
+    return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=cfg,
+                               config_extra={"kv_stages": cfg.kv_stages, "qk_ahead": cfg.qk_ahead})
+            for cfg in (CONFIG, OFF)
             for d in HEAD_DIMS for c in (False, True)]

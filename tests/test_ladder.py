@@ -40,10 +40,11 @@ SELECTORS = {
     "v12_causal": ("v12", SM90, D128_CAUSAL),
     "v13_causal": ("v13", SM90, D128_CAUSAL),
     "v13": ("v13", SM90, D128_FULL),
-    "v14_causal": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True}),
-    "v14": ("v14", SM90, {**D128_FULL, "qk_ahead": True}),
-    "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False}),
-    "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False}),
+    "v14_causal": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_one_stride": True}),
+    "v14": ("v14", SM90, {**D128_FULL, "qk_ahead": True, "kv_one_stride": True}),
+    "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False, "kv_one_stride": True}),
+    "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False, "kv_one_stride": True}),
+    "v14_causal_apart": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_one_stride": False}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -51,7 +52,8 @@ SELECTORS = {
     # sm_120: the largest configuration of every rung (head_dim 128), and v3's double buffer.
     **{f"{r.name}_sm120": (r.name, "sm_120", {"ladder.v3": {**D128_FULL, "kv_stages": 1},
                                               "ladder.v7": {**D128_FULL, "variant": "all_keeps"},
-                                              "ladder.v14": {**D128_FULL, "qk_ahead": True}}.get(r.name, D128_FULL))
+                                              "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_one_stride": True},
+                                              }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
 }
@@ -286,9 +288,10 @@ def test_v14_adds_a_second_score_tile_and_nothing_else(rows):
     # the lever is where S(j+1) is computed: with it switched off (v12's order on the same
     # three-slot ring and copies) the kernel issues the same MMA, fragment loads and
     # exponentials; QK one block ahead keeps a second 16 x 64 fp32 score tile live (more
-    # registers), and at d128 both fit 255 registers with no spill — the row-wise copy addresses
-    # (``common.stage_rows_async``) are what make room for it (the whole-tile form spilled 120 B)
-    for on, off in (("v14_causal", "v14_causal_off"), ("v14", "v14_off")):
+    # registers), and at d128 both fit 255 registers with no spill — K and V sharing each row's
+    # copy offset (``common.issue_kv_async_one_stride``) is what makes room for it (a 64-bit
+    # offset per row for each of K and V, v12's copies, spilled 120 B)
+    for on, off in (("v14_causal", "v14_causal_off"), ("v14", "v14_off")):   # K and V with one stride
         a, b = rows[on], rows[off]
         for fam in ("HMMA", "LDSM", "MUFU.EX2", "LDGSTS"):
             assert a["sass"][fam] == b["sass"][fam], (on, fam)
@@ -297,6 +300,9 @@ def test_v14_adds_a_second_score_tile_and_nothing_else(rows):
         assert a["smem_bytes"] == v14.CONFIG.smem_bytes(128) == (64 + 2 * 3 * 64) * 128 * 2
     # the third slot's prologue copy over v12's ring: one more K/V block (8 + 8 LDGSTS per thread)
     assert rows["v14_causal"]["sass"]["LDGSTS"] - rows["v12_causal"]["sass"]["LDGSTS"] == 16
+    # K and V laid out apart keep two offsets per row: formed per row at each copy, still no spill
+    apart = rows["v14_causal_apart"]
+    assert apart["spill_bytes"] == 0 and apart["sass"]["HMMA"] == rows["v14_causal"]["sass"]["HMMA"]
 
 
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
@@ -469,6 +475,23 @@ def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
     b, sq, sk, hq, hkv, d, dtype, causal = shape
     res = check_forward(v14.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
                         dtype=dtype, causal=causal, device="cuda", kernel="ladder.v14")
+    assert res.passed, str(res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
+    # K and V with different row strides take the per-row copy form (KV_ONE_STRIDE off): V here
+    # is the first half of a tensor twice as wide, a view with twice K's row stride
+    from flashrung.gate import check_forward
+
+    def apart(q, k, v, causal, softmax_scale):
+        v_view = torch.cat([v, torch.zeros_like(v)], dim=-1)[..., : v.shape[-1]]
+        assert v_view.stride(1) != k.stride(1)
+        return v14.forward(q, k, v_view, causal, softmax_scale)
+
+    res = check_forward(apart, batch=2, seqlen_q=300, seqlen_k=1000, heads_q=4, heads_kv=2, head_dim=128,
+                        dtype=torch.bfloat16, causal=causal, device="cuda", kernel="ladder.v14")
     assert res.passed, str(res)
 
 

@@ -339,6 +339,22 @@ def stage_rows_async(smem, base, first_row, n_rows, stride_row, ROWS: gl.constex
 
 
 @gluon.jit
+def issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_kv,
+                              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """:func:`issue_kv_async` for K and V with one row stride (the usual case: both
+    ``(B, S, H, D)`` of one shape): the two tiles share each thread's row offsets, so the key
+    loop keeps one 64-bit offset per row a thread copies instead of two."""
+    L: gl.constexpr = vector_copy_layout(HEAD_DIM, gl.num_warps())
+    r = gl.arange(0, BLOCK_N, gl.SliceLayout(1, L))
+    c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, L))
+    offs = r[:, None] * stride_kv + c[None, :]
+    row0 = start_n.to(gl.int64) * stride_kv
+    keep = (r < n_rows)[:, None]
+    async_copy.async_copy_global_to_shared(k_dst, gl.multiple_of(k_base + row0 + offs, [1, COPY_BYTES_K]), mask=keep)
+    async_copy.async_copy_global_to_shared(v_dst, gl.multiple_of(v_base + row0 + offs, [1, COPY_BYTES_K]), mask=keep)
+
+
+@gluon.jit
 def stage_kv_scalar(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Stage the key block starting at ``start_n`` through registers, 2 bytes per load."""

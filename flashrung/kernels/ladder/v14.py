@@ -73,9 +73,12 @@ OFF = dataclasses.replace(CONFIG, qk_ahead=False)   # the lever switched off: v1
 
 @gluon.jit
 def issue_kv_rows(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
-                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
-    common.stage_rows_async(v_dst, v_base, start_n, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_ONE_STRIDE: gl.constexpr):
+    if KV_ONE_STRIDE:
+        common.issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+    else:
+        common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+        common.stage_rows_async(v_dst, v_base, start_n, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
 
 
 @gluon.jit
@@ -85,7 +88,7 @@ def attention_fwd_v14(
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
     seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_ONE_STRIDE: gl.constexpr,
 ):
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
@@ -112,7 +115,7 @@ def attention_fwd_v14(
     for i in gl.static_range(KV_STAGES - 1):
         first = gl.to_tensor(i * BLOCK_N)
         issue_kv_rows(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
-                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_ONE_STRIDE)
         async_copy.commit_group()
     async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
     gl.thread_barrier()
@@ -135,7 +138,7 @@ def attention_fwd_v14(
         # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
         ahead = start_n + (KV_STAGES - 1) * BLOCK_N
         issue_kv_rows(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_ONE_STRIDE)
         async_copy.commit_group()
         async_copy.wait_group(IN_FLIGHT)  # block j+1 (QK ahead) or block j has landed
         gl.thread_barrier()
@@ -191,12 +194,17 @@ def config_with(problem, overrides: dict) -> AheadConfig:
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
+    one_stride = k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1)
     return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
-                         head_dims=HEAD_DIMS, out=out, lse=lse)
+                         head_dims=HEAD_DIMS, out=out, lse=lse, constexprs={"KV_ONE_STRIDE": one_stride})
 
 
 def census_specs():
+    # K and V with one row stride (contiguous tensors of one shape, what the bench and the
+    # gate pass); ``kv_one_stride=False`` is the copy form of K and V laid out apart
     return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=cfg,
-                               config_extra={"kv_stages": cfg.kv_stages, "qk_ahead": cfg.qk_ahead})
-            for cfg in (CONFIG, OFF)
+                               extra={"KV_ONE_STRIDE": one},
+                               config_extra={"kv_stages": cfg.kv_stages, "qk_ahead": cfg.qk_ahead,
+                                             "kv_one_stride": one})
+            for cfg, one in ((CONFIG, True), (OFF, True), (CONFIG, False))
             for d in HEAD_DIMS for c in (False, True)]

@@ -40,11 +40,11 @@ SELECTORS = {
     "v12_causal": ("v12", SM90, D128_CAUSAL),
     "v13_causal": ("v13", SM90, D128_CAUSAL),
     "v13": ("v13", SM90, D128_FULL),
-    "v14_causal": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_one_stride": True}),
-    "v14": ("v14", SM90, {**D128_FULL, "qk_ahead": True, "kv_one_stride": True}),
-    "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False, "kv_one_stride": True}),
-    "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False, "kv_one_stride": True}),
-    "v14_causal_apart": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_one_stride": False}),
+    "v14_causal": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_copy": "one_stride"}),
+    "v14": ("v14", SM90, {**D128_FULL, "qk_ahead": True, "kv_copy": "one_stride"}),
+    "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False, "kv_copy": "one_stride"}),
+    "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False, "kv_copy": "one_stride"}),
+    "v14_causal_apart": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_copy": "rows"}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -52,7 +52,7 @@ SELECTORS = {
     # sm_120: the largest configuration of every rung (head_dim 128), and v3's double buffer.
     **{f"{r.name}_sm120": (r.name, "sm_120", {"ladder.v3": {**D128_FULL, "kv_stages": 1},
                                               "ladder.v7": {**D128_FULL, "variant": "all_keeps"},
-                                              "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_one_stride": True},
+                                              "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_copy": "one_stride"},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -481,7 +481,7 @@ def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
-    # K and V with different row strides take the per-row copy form (KV_ONE_STRIDE off): V here
+    # K and V with different row strides take the per-row copy form (`v14.COPY_ROWS`): V here
     # is the first half of a tensor twice as wide, a view with twice K's row stride
     from flashrung.gate import check_forward
 

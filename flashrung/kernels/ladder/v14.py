@@ -70,11 +70,31 @@ class AheadConfig(common.TileConfig):
 CONFIG = AheadConfig(block_m=64, block_n=64, num_warps=4, kv_stages=3)
 OFF = dataclasses.replace(CONFIG, qk_ahead=False)   # the lever switched off: v12's order, this ring
 
+# How the K/V copies form their addresses (what the second score tile's registers leave room for):
+# v12's whole-tile copies keep one 64-bit offset per row a thread copies, for K and for V, live
+# across the loop (16 at 64 × 128: 32 registers); K and V of one row stride can share them; K and
+# V laid out apart at d128 form each row's offset at the copy instead.
+COPY_TILE = 0        # v12's copies (common.issue_kv_async)
+COPY_ONE_STRIDE = 1  # common.issue_kv_async_one_stride
+COPY_ROWS = 2        # common.stage_rows_async for K and for V
+COPY_NAMES = {COPY_TILE: "tile", COPY_ONE_STRIDE: "one_stride", COPY_ROWS: "rows"}
+
+
+def copy_form(head_dim: int, one_stride: bool) -> int:
+    """The copy form per head dim. d64 keeps v12's copies: with them v14 fits (232 registers, no
+    spill) and measured 1.18× v12 at config B's shape where the shared-offset form measured
+    0.99× (paired; docs/ladder.md). At d128 v12's copies spill (120 B: 15 local loads per trip)."""
+    if head_dim <= 64:
+        return COPY_TILE
+    return COPY_ONE_STRIDE if one_stride else COPY_ROWS
+
 
 @gluon.jit
-def issue_kv_rows(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_ONE_STRIDE: gl.constexpr):
-    if KV_ONE_STRIDE:
+def issue_kv(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr):
+    if KV_COPY == 0:
+        common.issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+    elif KV_COPY == 1:
         common.issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
     else:
         common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
@@ -88,7 +108,7 @@ def attention_fwd_v14(
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
     seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_ONE_STRIDE: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr,
 ):
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
@@ -114,8 +134,8 @@ def attention_fwd_v14(
     # Prologue: blocks 0 .. KV_STAGES-2, one commit each (zero rows, no global reads, past hi).
     for i in gl.static_range(KV_STAGES - 1):
         first = gl.to_tensor(i * BLOCK_N)
-        issue_kv_rows(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
-                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_ONE_STRIDE)
+        issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
         async_copy.commit_group()
     async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
     gl.thread_barrier()
@@ -137,8 +157,8 @@ def attention_fwd_v14(
         # Block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the barrier that
         # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
         ahead = start_n + (KV_STAGES - 1) * BLOCK_N
-        issue_kv_rows(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_ONE_STRIDE)
+        issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
         async_copy.commit_group()
         async_copy.wait_group(IN_FLIGHT)  # block j+1 (QK ahead) or block j has landed
         gl.thread_barrier()
@@ -194,17 +214,17 @@ def config_with(problem, overrides: dict) -> AheadConfig:
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
-    one_stride = k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1)
+    form = copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
     return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
-                         head_dims=HEAD_DIMS, out=out, lse=lse, constexprs={"KV_ONE_STRIDE": one_stride})
+                         head_dims=HEAD_DIMS, out=out, lse=lse, constexprs={"KV_COPY": form})
 
 
 def census_specs():
-    # K and V with one row stride (contiguous tensors of one shape, what the bench and the
-    # gate pass); ``kv_one_stride=False`` is the copy form of K and V laid out apart
-    return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=cfg,
-                               extra={"KV_ONE_STRIDE": one},
+    # K and V with one row stride (contiguous tensors of one shape, what the bench and the gate
+    # pass), the lever on and off; then d128's copy form for K and V laid out apart
+    cases = [(cfg, d, c, copy_form(d, True)) for cfg in (CONFIG, OFF) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(CONFIG, 128, c, copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v14, head_dim=d, causal=c, cfg=cfg, extra={"KV_COPY": form},
                                config_extra={"kv_stages": cfg.kv_stages, "qk_ahead": cfg.qk_ahead,
-                                             "kv_one_stride": one})
-            for cfg, one in ((CONFIG, True), (OFF, True), (CONFIG, False))
-            for d in HEAD_DIMS for c in (False, True)]
+                                             "kv_copy": COPY_NAMES[form]})
+            for cfg, d, c, form in cases]

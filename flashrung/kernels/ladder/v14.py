@@ -19,6 +19,17 @@ exponentials → HMMA, and two warps per scheduler to cover it. v13 gave each wa
 a second row slab (two slabs over one K/V fragment) and came out level (the 128-row causal tail
 and a 32-key block's O rescale paid for it); this rung gives the second chain along the keys
 instead, with v12's 64×64 tile and nothing else changed.
+The second 16×64 score tile costs 32 registers a thread: at d128 v12's copies (a 64-bit offset
+per copied row, for K and for V, held across the loop) then spill 120 B, so K and V of one row
+stride share each row's offset (``copy_form``); d64 keeps v12's copies.
+Prediction: at config B the short-scoreboard share falls and the tensor pipe rises; +3–8% where
+the copies fit without spilling, a loss where they spill.
+Measured (H200, docs/ladder.md, paired `flashrung compare`, two fresh processes): over v12 at
+config B **1.0446 / 1.0471, KEEP** (the lever alone, over ``qk_ahead=false`` on the same ring:
+1.0623 / 1.0598; the ring and copies alone 0.9849 / 0.9859); config A 0.9956 / 0.9958, REVERT;
+d64 at config B's shape 1.1811 / 1.1793. 320.8 TFLOP/s at config B, 77.0% of the mma.sync ceiling
+of the same run (v12 71.8%); profile: tensor pipe 48.8 → 51.1%, MIO throttle 3.5 → 0.8%. With
+v12's copies at d128 (spilling) it measured 0.967, with per-row offsets 0.978 — both REVERT.
 """
 from __future__ import annotations
 

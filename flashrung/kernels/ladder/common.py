@@ -691,6 +691,31 @@ def attention_mma_cp_async(
 
 
 @gluon.jit
+def ring_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+              stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+              HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              KV_STAGES: gl.constexpr):
+    """The start every ring kernel shares (v3's arm, v12, v13, v14): this program's tile in the
+    seed's order, its base pointers and key-loop end, the Q tile and a ``KV_STAGES``-slot K/V
+    ring (XOR-swizzled) in shared memory, and Q's copy issued as the first commit group.
+    Returns (q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
+    SMEM: gl.constexpr = xor_swizzled_layout()
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    b, h, start_m = program_tile(heads_q, BLOCK_M)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
+    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
+    async_copy.commit_group()
+    return q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi
+
+
+@gluon.jit
 def attention_mma_cp_async_ring(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
@@ -705,21 +730,11 @@ def attention_mma_cp_async_ring(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
     # Prologue: block 0 into slot 0 (zero rows, no global reads, when the loop is empty).
     issue_kv_async(k_smem.index(0), v_smem.index(0), k_base, v_base, gl.to_tensor(0), hi,
                    stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
@@ -731,10 +746,7 @@ def attention_mma_cp_async_ring(
     else:
         q = q_smem.load(DOT_A)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     causal_shift = seqlen_k - seqlen_q
     for start_n in range(0, hi, BLOCK_N):
         j = start_n // BLOCK_N

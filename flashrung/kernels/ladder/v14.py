@@ -40,10 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.ladder import common
-from flashrung.kernels.ladder.common import (
-    kv_loop_end, mma_layout, mma_pv, mma_scores, program_tile, softmax_update,
-    stage_tile_async, tile_bases, xor_swizzled_layout, finalize, store_tile,
-)
+from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_pv, mma_scores, softmax_update, store_tile
 
 NAME = "ladder.v14"
 PARENT = "ladder.v12"
@@ -124,38 +121,25 @@ def attention_fwd_v14(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    SMEM: gl.constexpr = xor_swizzled_layout()
     # Copy groups still in flight when a trip's operands have landed: after block j+1 (QK ahead)
     # only the newest prefetch, j + KV_STAGES - 1; after block j also block j+1's.
     IN_FLIGHT: gl.constexpr = KV_STAGES - 2 if QK_AHEAD else KV_STAGES - 1
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
-    hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)
-    stage_tile_async(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM)
-    async_copy.commit_group()
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
     # Prologue: blocks 0 .. KV_STAGES-2, one commit each (zero rows, no global reads, past hi).
     for i in gl.static_range(KV_STAGES - 1):
         first = gl.to_tensor(i * BLOCK_N)
         issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
-                       stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+                 stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
         async_copy.commit_group()
     async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
     gl.thread_barrier()
     q = q_smem.load(DOT_A)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROW)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
-    offs_m = start_m + gl.arange(0, BLOCK_M, ROW)
+    m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     causal_shift = seqlen_k - seqlen_q
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
     if QK_AHEAD:
@@ -169,7 +153,7 @@ def attention_fwd_v14(
         # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
         ahead = start_n + (KV_STAGES - 1) * BLOCK_N
         issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-                       k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+                 k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
         async_copy.commit_group()
         async_copy.wait_group(IN_FLIGHT)  # block j+1 (QK ahead) or block j has landed
         gl.thread_barrier()

@@ -86,6 +86,9 @@ COPY_TILE = 0        # v12's copies (common.issue_kv_async)
 COPY_ONE_STRIDE = 1  # common.issue_kv_async_one_stride
 COPY_ROWS = 2        # common.stage_rows_async for K and for V
 COPY_NAMES = {COPY_TILE: "tile", COPY_ONE_STRIDE: "one_stride", COPY_ROWS: "rows"}
+# the same as seen from inside a kernel (jit code reads only constexpr globals)
+COPY_TILE_K = gl.constexpr(COPY_TILE)
+COPY_ONE_STRIDE_K = gl.constexpr(COPY_ONE_STRIDE)
 
 
 def copy_form(head_dim: int, one_stride: bool) -> int:
@@ -100,9 +103,9 @@ def copy_form(head_dim: int, one_stride: bool) -> int:
 @gluon.jit
 def issue_kv(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr):
-    if KV_COPY == 0:
+    if KV_COPY == COPY_TILE_K:
         common.issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
-    elif KV_COPY == 1:
+    elif KV_COPY == COPY_ONE_STRIDE_K:
         common.issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
     else:
         common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)

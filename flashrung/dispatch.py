@@ -158,6 +158,46 @@ def parse_impl(impl: str) -> tuple[str, dict[str, str]]:
     return name.strip(), overrides
 
 
+def apply_overrides(kernel: str, base, overrides: dict, keys: tuple[str, ...] | None = None):
+    """``base`` (a frozen config dataclass) with ``overrides`` applied, each value parsed as the
+    type of the field it replaces (``{"pingpong": "true"}`` from ``impl="kernel@pingpong=true"``).
+    ``keys`` limits which fields may be overridden (default: every field). Raises ``ValueError``
+    naming an unknown key (listing the valid ones) or a value of the wrong type."""
+    valid = list(keys) if keys is not None else [f.name for f in dataclasses.fields(base)]
+    changes = {}
+    for key, value in dict(overrides).items():
+        if key not in valid:
+            raise ValueError(f"unknown {kernel} config key {key!r}; valid keys: {', '.join(valid)}")
+        changes[key] = _parse_override(key, value, getattr(base, key))
+    return dataclasses.replace(base, **changes)
+
+
+def _parse_override(key: str, value, current):
+    """``value`` (a string from ``impl="hopper.fwd@key=value"``, or already typed) as ``current``'s type."""
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"override {key}={value!r}: expected true or false")
+    if isinstance(current, int):
+        if isinstance(value, bool):
+            raise ValueError(f"override {key}={value!r}: expected an integer")
+        try:
+            return int(str(value).strip(), 0) if not isinstance(value, int) else value
+        except ValueError:
+            raise ValueError(f"override {key}={value!r}: expected an integer") from None
+    if isinstance(current, float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"override {key}={value!r}: expected a number") from None
+    raise ValueError(f"override {key}: field of type {type(current).__name__} cannot be overridden")
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A backend module run with configuration overrides (``impl="name@key=value"``)."""

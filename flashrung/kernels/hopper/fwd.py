@@ -1383,32 +1383,6 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
                       arches=("sm_90a",))
 
 
-def _parse_override(key: str, value, current):
-    """``value`` (a string from ``impl="hopper.fwd@key=value"``, or already typed) as ``current``'s type."""
-    if isinstance(current, bool):
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("true", "1", "yes", "on"):
-            return True
-        if text in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"override {key}={value!r}: expected true or false")
-    if isinstance(current, int):
-        if isinstance(value, bool):
-            raise ValueError(f"override {key}={value!r}: expected an integer")
-        try:
-            return int(str(value).strip(), 0) if not isinstance(value, int) else value
-        except ValueError:
-            raise ValueError(f"override {key}={value!r}: expected an integer") from None
-    if isinstance(current, float):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"override {key}={value!r}: expected a number") from None
-    raise ValueError(f"override {key}: field of type {type(current).__name__} cannot be overridden")
-
-
 def config_with(problem, overrides: dict) -> HopperFwdConfig:
     """:func:`select_config` for ``problem`` with ``overrides`` applied (``{"pingpong": "true"}``).
 
@@ -1416,14 +1390,9 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     Raises ``ValueError`` for an unknown key (listing the valid ones), a value of the wrong type,
     or a combination that does not fit the hardware budgets at ``problem.head_dim``.
     """
-    base = select_config(problem)
-    valid = [f.name for f in dataclasses.fields(HopperFwdConfig)]
-    changes = {}
-    for key, value in dict(overrides).items():
-        if key not in valid:
-            raise ValueError(f"unknown {KERNEL_NAME} config key {key!r}; valid keys: {', '.join(valid)}")
-        changes[key] = _parse_override(key, value, getattr(base, key))
-    cfg = dataclasses.replace(base, **changes)
+    from flashrung.dispatch import apply_overrides
+
+    cfg = apply_overrides(KERNEL_NAME, select_config(problem), overrides)
     cfg.check(problem.head_dim, problem.dtype.itemsize)
     return cfg
 

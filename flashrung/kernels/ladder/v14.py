@@ -196,15 +196,9 @@ def unsupported_reason(problem) -> str | None:
 def config_with(problem, overrides: dict) -> AheadConfig:
     """:data:`CONFIG` with ``overrides`` applied (``{"qk_ahead": "false"}``, from
     ``impl="ladder.v14@qk_ahead=false"``); raises ``ValueError`` naming an unknown key."""
-    from flashrung.kernels.hopper.fwd import _parse_override
+    from flashrung.dispatch import apply_overrides
 
-    valid = ("qk_ahead", "kv_stages")
-    changes = {}
-    for key, value in dict(overrides).items():
-        if key not in valid:
-            raise ValueError(f"unknown {NAME} config key {key!r}; valid keys: {', '.join(valid)}")
-        changes[key] = _parse_override(key, value, getattr(CONFIG, key))
-    cfg = dataclasses.replace(CONFIG, **changes)
+    cfg = apply_overrides(NAME, CONFIG, overrides, keys=("qk_ahead", "kv_stages"))
     reason = common.shared_memory_reason(problem, cfg.smem_bytes(problem.head_dim))
     if reason is not None:
         raise ValueError(f"{NAME}@kv_stages={cfg.kv_stages}: {reason}")

@@ -397,6 +397,16 @@ def _shape_id(s):
     return f"B{s[0]}-Sq{s[1]}-Sk{s[2]}-H{s[3]}/{s[4]}-d{s[5]}-{str(s[6])[6:]}{'-causal' if s[7] else ''}"
 
 
+def _assert_gate(fwd, shape, kernel):
+    """``fwd`` passes the gate at ``shape`` (a GATE_SHAPES tuple) on the GPU."""
+    from flashrung.gate import check_forward
+
+    b, sq, sk, hq, hkv, d, dtype, causal = shape
+    res = check_forward(fwd, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
+                        dtype=dtype, causal=causal, device="cuda", kernel=kernel)
+    assert res.passed, str(res)
+
+
 def _gate_cases():
     """Every rung at every gate shape; the measured arms at the two shapes that stress them
     (many causal blocks, fully masked rows)."""
@@ -412,12 +422,7 @@ def _gate_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,fwd,shape", _gate_cases(), ids=[f"{n}-{_shape_id(s)}" for n, _, s in _gate_cases()])
 def test_rung_passes_the_gate(name, fwd, shape):
-    from flashrung.gate import check_forward
-
-    b, sq, sk, hq, hkv, d, dtype, causal = shape
-    res = check_forward(fwd, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
-                        dtype=dtype, causal=causal, device="cuda", kernel=name)
-    assert res.passed, str(res)
+    _assert_gate(fwd, shape, name)
 
 
 # v9's order at key lengths where the batch*heads split into several L2 sections (48 MiB of K/V):
@@ -434,25 +439,17 @@ V9_SECTION_SHAPES = [
 def test_v10_passes_the_gate_across_l2_sections(shape):
     # the staggered sweep starts long causal tiles mid-row: blocks right of a row's diagonal may
     # come first, so rows see only masked keys before their first live one
-    from flashrung.gate import check_forward
-
-    b, sq, sk, hq, hkv, d, dtype, causal = shape
-    res = check_forward(v10.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
-                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v10")
-    assert res.passed, str(res)
+    _assert_gate(v10.forward, shape, "ladder.v10")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", V9_SECTION_SHAPES, ids=_shape_id)
 def test_v9_passes_the_gate_across_l2_sections(shape):
-    from flashrung.gate import check_forward
     from flashrung.kernels.hopper.schedule import head_section
 
-    b, sq, sk, hq, hkv, d, dtype, causal = shape
+    b, sq, sk, hq, hkv, d = shape[:6]
     assert head_section(sk, hq, hkv, d, 2) < b * hq            # more than one section
-    res = check_forward(v9.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
-                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v9")
-    assert res.passed, str(res)
+    _assert_gate(v9.forward, shape, "ladder.v9")
 
 
 # v14 peels the last key block out of its loop and computes the first block's scores before it:
@@ -470,12 +467,7 @@ V14_EDGE_SHAPES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", V14_EDGE_SHAPES, ids=_shape_id)
 def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
-    from flashrung.gate import check_forward
-
-    b, sq, sk, hq, hkv, d, dtype, causal = shape
-    res = check_forward(v14.forward, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d,
-                        dtype=dtype, causal=causal, device="cuda", kernel="ladder.v14")
-    assert res.passed, str(res)
+    _assert_gate(v14.forward, shape, "ladder.v14")
 
 
 @pytest.mark.gpu
@@ -483,16 +475,12 @@ def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
 def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
     # K and V with different row strides take the per-row copy form (`v14.COPY_ROWS`): V here
     # is the first half of a tensor twice as wide, a view with twice K's row stride
-    from flashrung.gate import check_forward
-
     def apart(q, k, v, causal, softmax_scale):
         v_view = torch.cat([v, torch.zeros_like(v)], dim=-1)[..., : v.shape[-1]]
         assert v_view.stride(1) != k.stride(1)
         return v14.forward(q, k, v_view, causal, softmax_scale)
 
-    res = check_forward(apart, batch=2, seqlen_q=300, seqlen_k=1000, heads_q=4, heads_kv=2, head_dim=128,
-                        dtype=torch.bfloat16, causal=causal, device="cuda", kernel="ladder.v14")
-    assert res.passed, str(res)
+    _assert_gate(apart, (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v14")
 
 
 @pytest.mark.gpu

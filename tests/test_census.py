@@ -77,3 +77,21 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
         assert row["mufu_ex2"] == row["elements_per_thread"], (form, row)
     assert result["f16x2"]["sass"] == {"MUFU.EX2.F16": result["f16x2"]["elements_per_thread"]}
     assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}
+
+
+def test_main_loop_is_the_longest_innermost_loop():
+    # an outer loop (0x10-0x70) around two inner ones; the longer inner one (0x40-0x60) is the main
+    # loop, and a predicated backward branch still closes a loop
+    listing = """
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/                   FADD R1, R1, R1 ;
+        /*0030*/              @P0  BRA 0x20 ;
+        /*0040*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0060*/              @!P1 BRA 0x40 ;
+        /*0070*/                   BRA 0x10 ;
+        /*0080*/                   EXIT ;
+    """
+    loop = census.main_loop_sass(listing)
+    assert loop["length"] == 3 and loop["HMMA"] == 1 and loop["BAR"] == 1 and loop["BRA"] == 1
+    assert census.main_loop_sass("/*0010*/ EXIT ;") is None

@@ -305,6 +305,16 @@ def test_v14_adds_a_second_score_tile_and_nothing_else(rows):
     assert apart["spill_bytes"] == 0 and apart["sass"]["HMMA"] == rows["v14_causal"]["sass"]["HMMA"]
 
 
+def test_v14_loop_meets_two_barriers_per_trip_as_its_ring_needs(rows):
+    # one after the wait (every warp's copies of block j+1 visible), one at the end (every warp done
+    # with slot j before the next trip's copy overwrites it) — as with the lever off. The peeled
+    # first QK reads the K ring before the loop; unfenced, Triton's shared-memory barrier analysis
+    # put a bar.sync before every trip's copy (a third per trip), so v14 fences it once before the loop
+    for on, off in (("v14_causal", "v14_causal_off"), ("v14", "v14_off"), ("v14_causal_apart", "v14_causal_off")):
+        assert rows[on]["main_loop"]["BAR"] == rows[off]["main_loop"]["BAR"] == 2, on
+        assert rows[on]["main_loop"]["HMMA"] == rows[off]["main_loop"]["HMMA"] == 128, on
+
+
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
     """Two m16 slabs per warp (128x32, 4 warps): per loop body each thread makes
     128*32/128 + 2*2 = 36 exponential calls (its scores and the alpha of its 4 rows); the tile

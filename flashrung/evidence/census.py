@@ -67,6 +67,7 @@ class CensusRow:
     spill_bytes: int | None          # spill stores + loads, from ptxas -v (and cuobjdump LOCAL)
     sass: dict
     stack_bytes: int | None = None
+    main_loop: dict | None = None    # count_sass of the longest innermost loop (main_loop_sass)
     error: str | None = None
 
     def to_json(self) -> dict:
@@ -180,6 +181,33 @@ def count_sass(sass: str) -> dict:
     return counts
 
 
+_SASS_ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BACKWARD_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+
+
+def main_loop_sass(sass: str) -> dict | None:
+    """:func:`count_sass` of a kernel's main loop: the longest innermost loop of the listing (a
+    backward branch whose body holds no other backward branch), plus its ``length`` in
+    instructions. A key loop is where a kernel spends its time, so a lever that should change
+    the loop (a barrier, a copy, a reordering) is read here rather than in whole-kernel counts,
+    which the prologue and epilogue also move. None for straight-line code."""
+    ins = [(int(a, 16), text.strip()) for a, text in _SASS_ADDRESSED.findall(sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for j, (a, text) in enumerate(ins):
+        m = _BACKWARD_BRANCH.search(text)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in where:
+            loops.append((where[int(m.group(1), 16)], j))
+    inner = [(lo, hi) for lo, hi in loops
+             if not any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops)]
+    if not inner:
+        return None
+    lo, hi = max(inner, key=lambda edge: edge[1] - edge[0])
+    counts = count_sass("\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1]))
+    counts["length"] = hi - lo + 1
+    return counts
+
+
 def census_one(spec: CensusSpec, arch: str) -> CensusRow:
     try:
         compiled = compile_spec(spec, arch)
@@ -188,11 +216,12 @@ def census_one(spec: CensusSpec, arch: str) -> CensusRow:
             with open(path, "wb") as f:
                 f.write(compiled.asm["cubin"])
             reg, stack, shared_static, local = _res_usage(path)
-            sass = count_sass(sass_text(path))
+            listing = sass_text(path)
+            sass = count_sass(listing)
         _, spills = ptxas_spills(compiled.asm["ptx"])
         smem = int(compiled.metadata.shared)
         return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, max(local, spills), sass,
-                         stack_bytes=stack)
+                         stack_bytes=stack, main_loop=main_loop_sass(listing))
     except Exception as exc:  # a configuration that does not compile is a row, not a crash
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return CensusRow(spec.kernel, arch, dict(spec.config), None, None, None, {},

@@ -147,6 +147,11 @@ def attention_fwd_v14(
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
     if QK_AHEAD:
         s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+        # Not needed by the ring (trip 0 copies into slot 2, which nothing has read), but without
+        # it Triton's shared-memory barrier analysis sees this read of the K ring reach the loop
+        # head unfenced and puts a bar.sync before every trip's copy — a third barrier per trip
+        # (census). One barrier here instead of one per trip.
+        gl.thread_barrier()
     # Every trip but the last: S(j+1) first, then softmax(j) and PV(j) — the two chains a warp
     # interleaves. The last block's softmax and PV follow the loop, so no trip computes scores of
     # a block past hi.

@@ -89,7 +89,8 @@ def kv_loops(sass):
         ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in ins[lo: hi + 1]]
         if "HGMMA" in ops:
             out.append(dict(length=len(ops), fsel=ops.count("FSEL"), isetp=ops.count("ISETP"),
-                            ldl=ops.count("LDL") + ops.count("STL"), mufu=ops.count("MUFU")))
+                            ldl=ops.count("LDL") + ops.count("STL"), mufu=ops.count("MUFU"),
+                            bar=ops.count("BAR"), arrives=ops.count("ARRIVES")))
     return out
 
 def named_barriers(sass):
@@ -178,6 +179,8 @@ CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False, "fir
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
+# every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival)
+CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
 # memory), built as it was measured: with skip_empty_rows on top ptxas keeps 112 B in local memory
 # outside the loop (census)
@@ -561,6 +564,26 @@ def test_late_k_release_moves_one_arrive(census):
     assert late["row"]["spill_bytes"] == 0 and late["loop"]["ldl"] == 0
     assert abs(late["loop"]["length"] - base["loop"]["length"]) <= 4, (late["loop"], base["loop"])
     assert late["row"]["sass"]["SYNCS"] == base["row"]["sass"]["SYNCS"]
+
+
+def test_thread_release_takes_one_barrier_out_with_each_release(census):
+    # K and V slots released by every thread (cp.async.mbarrier.arrive.noinc, one ARRIVES per
+    # warp) instead of one elected thread behind a partition-wide BAR.SYNC: each release in a K/V
+    # loop takes one barrier with it (the steady step: K(j) and V(j-1), two of its three), the loop
+    # keeps its exponentials, and nothing goes to local memory
+    tr, base = census["d128-full-thread-release"], census["d128-full"]
+    assert tr["row"]["config"]["thread_release"] and not base["row"]["config"]["thread_release"]
+    assert "error" not in tr["row"], tr["row"]["error"]
+    assert tr["row"]["spill_bytes"] == 0 and tr["loop"]["ldl"] == 0
+    assert len(tr["kv_loops"]) == len(base["kv_loops"]) > 0
+    for a, b in zip(tr["kv_loops"], base["kv_loops"]):
+        assert b["arrives"] == 0 and a["arrives"] >= 1, (a, b)
+        assert a["bar"] == b["bar"] - a["arrives"], (a, b)
+        assert a["mufu"] == b["mufu"] and a["ldl"] == 0, (a, b)
+    # the first consumer's steady loops (unmasked, masked): one barrier left (before its waits),
+    # two releases, the same code within a few instructions
+    for a, b in zip(tr["kv_loops"][:2], base["kv_loops"][:2]):
+        assert a["bar"] == 1 and a["arrives"] == 2 and abs(a["length"] - b["length"]) <= 8, (a, b)
 
 
 def test_extra_keys_spread_the_loop_over_192_keys(census):
@@ -1042,6 +1065,29 @@ def test_gate_lag_v_loads(head_dim, shape, causal):
 def test_gate_late_k_release(head_dim, shape, causal):
     _gate_forced(head_dim, shape, causal, late_k_release=True)
     _gate_forced(head_dim, shape, causal, late_k_release=True, num_kv_stages=1, lag_v_loads=True)
+
+
+# every consumer thread releases its K/V slots: every head dim and mask, at shapes with partial
+# last tiles and empty consumer warpgroups (S=17), with K released late and a one-slot ring (each
+# release then gates the very next load), and on the split tail
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_thread_release(head_dim, shape, causal):
+    _gate_forced(head_dim, shape, causal, thread_release=True)
+    _gate_forced(head_dim, shape, causal, thread_release=True, late_k_release=True, num_kv_stages=1)
+    if not causal and head_dim != 256:
+        _gate_forced(head_dim, shape, False, thread_release=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_thread_release_is_deterministic(causal):
+    cfg = dataclasses.replace(fwd.default_config(128, causal), thread_release=True)
+    _assert_reruns_identical(*_d128_inputs(2, 8, 2), causal, cfg)
 
 
 # a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes

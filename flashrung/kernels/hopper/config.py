@@ -205,6 +205,11 @@ class HopperFwdConfig:
     # within 4 instructions of the one-buffer build, no local memory. Default where it was priced
     # a KEEP (TWO_Q_STAGES_MAX_SEQLEN, with the margins)
     num_q_stages: int = 1
+    # every consumer thread releases a K/V slot for itself (pipeline.release: 128 per-thread
+    # ``cp.async.mbarrier.arrive.noinc`` arrivals per consumer) instead of one elected arrival,
+    # which Gluon 3.6 precedes with a partition-wide ``bar.sync``: the steady K/V step meets the
+    # warpgroup's barrier once (before its waits) instead of three times (census, PTX)
+    thread_release: bool = False
 
     @property
     def kv_tile(self) -> int:

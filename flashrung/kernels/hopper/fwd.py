@@ -95,7 +95,8 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     select_config,
 )
-from flashrung.kernels.hopper.pipeline import pass_turn, ring_slot, start_turns, wait_mma_after_softmax, wait_turn
+from flashrung.kernels.hopper.pipeline import (pass_turn, release, release_arrivals, ring_slot, start_turns,
+                                              wait_mma_after_softmax, wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
@@ -273,6 +274,7 @@ class _Schedule:
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
     FAST_DIVIDE_PRODUCER: gl.constexpr  # the producer decodes work items by multiply-high (schedule.fast_divisor)
     FAST_DIVIDE_CONSUMERS: gl.constexpr  # so do the consumers
+    THREAD_RELEASE: gl.constexpr  # every consumer thread arrives on a K/V slot's empty barrier (no bar.sync)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -543,7 +545,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
     # wait(1) (wait(2) with two parts): the older groups (QK) are done, PV may still run
     s = _wait_scores(s, c.NUM_PARTS)
     if not c.LATE_K_RELEASE:
-        mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+        release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
@@ -552,9 +554,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
         # warpgroup's GEMMs instead
         t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
         acc, p_op = _wait_pv(acc, p_op)
-        mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+        release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
-            mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+            release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
         p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
         rescale = alpha
@@ -565,9 +567,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, p_op = _wait_pv(acc, p_op)
-        mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+        release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
-            mbarrier.arrive(sh.k_empty_bars.index(k_idx))
+            release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     if not c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
@@ -592,7 +594,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
         s = _wait_scores(s, 0)
-        mbarrier.arrive(sh.k_empty_bars.index(idx))
+        release(sh.k_empty_bars.index(idx), c.THREAD_RELEASE)
         if c.FIRST_MASK_ON_NEED:
             # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
             # non-causal launch sets it only when its keys fill their tiles (_first_mask_on_need),
@@ -624,7 +626,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
             acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
         acc = _pv(p_op, acc, sh, idx, c)
         acc, p_op = _wait_pv(acc, p_op)
-        mbarrier.arrive(sh.v_empty_bars.index(idx))
+        release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     if c.OVERLAP_EPILOGUE:
         if kv_hi <= kv_lo:
             # no K/V tile to hide it under (rows that see no key)
@@ -644,7 +646,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     s = _wait_scores(s, 0)
-    mbarrier.arrive(sh.k_empty_bars.index(idx))
+    release(sh.k_empty_bars.index(idx), c.THREAD_RELEASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE)
@@ -655,7 +657,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     acc = _pv(p_op, acc, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     acc, p_op = _wait_pv(acc, p_op)
-    mbarrier.arrive(sh.v_empty_bars.index(idx))
+    release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     return acc, m_i, l_i, turn
 
 
@@ -687,7 +689,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
         if n_tiles > 0:
             idx, phase = ring_slot(count, c.NUM_KV_STAGES)
             mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-            mbarrier.arrive(sh.k_empty_bars.index(idx))
+            release(sh.k_empty_bars.index(idx), c.THREAD_RELEASE)
             for j in range(1, n_tiles):
                 k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
                 v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
@@ -695,22 +697,22 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
                 mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
                 turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-                mbarrier.arrive(sh.k_empty_bars.index(k_idx))
-                mbarrier.arrive(sh.v_empty_bars.index(v_idx))
+                release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
+                release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
             mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-            mbarrier.arrive(sh.v_empty_bars.index(idx))
+            release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     else:
         for j in range(0, n_tiles):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
             mbarrier.wait(sh.k_ready_bars.index(idx), phase)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-            mbarrier.arrive(sh.k_empty_bars.index(idx))
+            release(sh.k_empty_bars.index(idx), c.THREAD_RELEASE)
             mbarrier.wait(sh.v_ready_bars.index(idx), phase)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-            mbarrier.arrive(sh.v_empty_bars.index(idx))
+            release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     return turn
 
 
@@ -902,6 +904,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
+                     THREAD_RELEASE: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -937,10 +940,10 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     for i in gl.static_range(NUM_KV_STAGES):
         mbarrier.init(k_ready_bars.index(i), count=1)
         mbarrier.init(v_ready_bars.index(i), count=1)
-        # every consumer warpgroup reads every K/V tile: each releases it once (one elected
-        # arrival per 4-warp partition)
-        mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS)
-        mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS)
+        # every consumer warpgroup reads every K/V tile: each releases it once (pipeline.release:
+        # one elected arrival per 4-warp partition, or one per thread)
+        mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
+        mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
@@ -963,7 +966,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
-                  FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS)
+                  FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1036,6 +1039,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
+        THREAD_RELEASE=cfg.thread_release,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

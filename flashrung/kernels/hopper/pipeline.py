@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
 
 # Hardware named barriers are 0–15; Triton 3.6's warp specialization takes 0 to the partition
@@ -102,6 +103,32 @@ def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG
             named_barrier("arrive", _TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
         else:
             mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
+
+
+@gluon.constexpr_function
+def release_arrivals(per_thread):
+    """Arrivals one consumer warpgroup makes when it releases a slot (see :func:`release`)."""
+    return THREADS_PER_WARPGROUP if per_thread else 1
+
+
+@gluon.jit
+def release(empty_bar, PER_THREAD: gl.constexpr):
+    """A consumer warpgroup frees a K/V ring slot: its arrival on the slot's ``empty`` barrier.
+
+    Elected (``PER_THREAD`` off): one thread arrives. Gluon 3.6 lowers that arrival with a
+    partition-wide ``bar.sync`` in front of it (the elected thread speaks for the other 127), two
+    per steady K/V step — the warpgroup's four warps meet there twice a step, where FA3 and FA4
+    meet none. Per-thread: each of the 128 threads arrives for itself through
+    ``cp.async.mbarrier.arrive.noinc`` (an arrival that fires once the thread's earlier ``cp.async``
+    copies have landed: a consumer issues none, so at once), and the barrier expects 128 arrivals
+    per consumer (:func:`release_arrivals`). No ``bar.sync``: the slot is free when the last thread
+    has arrived, and every thread arrives after its own ``warpgroup_mma_wait`` for the GEMM that
+    read the slot, so no warp can still be reading it.
+    """
+    if PER_THREAD:
+        async_copy.mbarrier_arrive(empty_bar, increment_count=False)
+    else:
+        mbarrier.arrive(empty_bar)
 
 
 @gluon.jit

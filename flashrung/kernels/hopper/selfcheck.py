@@ -98,6 +98,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("stagger_kv", dict(stagger_kv=not base.stagger_kv)),
         ("lag_v_loads", dict(lag_v_loads=not base.lag_v_loads)),
         ("late_k_release", dict(late_k_release=not base.late_k_release)),
+        ("thread_release", dict(thread_release=not base.thread_release)),
         ("row_bound_mask", dict(row_bound_mask=not base.row_bound_mask)),
         ("skip_empty_rows", dict(skip_empty_rows=not base.skip_empty_rows)),
         ("overlap_epilogue", dict(overlap_epilogue=not base.overlap_epilogue)),

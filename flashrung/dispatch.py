@@ -99,6 +99,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v12", "flashrung.kernels.ladder.v12", "fwd", auto=False),
     Backend("ladder.v13", "flashrung.kernels.ladder.v13", "fwd", auto=False),
     Backend("ladder.v14", "flashrung.kernels.ladder.v14", "fwd", auto=False),
+    Backend("ladder.v15", "flashrung.kernels.ladder.v15", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

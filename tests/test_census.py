@@ -79,9 +79,10 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
     assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}
 
 
-def test_main_loop_is_the_longest_innermost_loop():
-    # an outer loop (0x10-0x70) around two inner ones; the longer inner one (0x40-0x60) is the main
-    # loop, and a predicated backward branch still closes a loop
+def test_innermost_loops_skip_outer_loops_and_short_ones():
+    # an outer loop (0x10-0x70) around two inner ones (0x20-0x30, 0x40-0x60): the inner ones are
+    # counted, the outer one is not, and min_length drops the shorter; a predicated backward
+    # branch still closes a loop
     listing = """
         /*0010*/                   S2R R0, SR_TID.X ;
         /*0020*/                   FADD R1, R1, R1 ;
@@ -92,6 +93,8 @@ def test_main_loop_is_the_longest_innermost_loop():
         /*0070*/                   BRA 0x10 ;
         /*0080*/                   EXIT ;
     """
-    loop = census.main_loop_sass(listing)
-    assert loop["length"] == 3 and loop["HMMA"] == 1 and loop["BAR"] == 1 and loop["BRA"] == 1
-    assert census.main_loop_sass("/*0010*/ EXIT ;") is None
+    loops = census.innermost_loops(listing, min_length=1)
+    assert [loop["length"] for loop in loops] == [2, 3]
+    assert loops[1]["HMMA"] == 1 and loops[1]["BAR"] == 1 and loops[1]["BRA"] == 1 and loops[0]["FADD"] == 1
+    assert [loop["length"] for loop in census.innermost_loops(listing, min_length=3)] == [3]
+    assert census.innermost_loops("/*0010*/ EXIT ;") == []

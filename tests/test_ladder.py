@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -45,6 +45,10 @@ SELECTORS = {
     "v14_causal_off": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": False, "kv_copy": "one_stride"}),
     "v14_off": ("v14", SM90, {**D128_FULL, "qk_ahead": False, "kv_copy": "one_stride"}),
     "v14_causal_apart": ("v14", SM90, {**D128_CAUSAL, "qk_ahead": True, "kv_copy": "rows"}),
+    "v15_causal": ("v15", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v15": ("v15", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v15_d64_causal": ("v15", SM90, {"head_dim": 64, "causal": True}),
+    "v14_d64_causal": ("v14", SM90, {"head_dim": 64, "causal": True, "qk_ahead": True}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -53,6 +57,7 @@ SELECTORS = {
     **{f"{r.name}_sm120": (r.name, "sm_120", {"ladder.v3": {**D128_FULL, "kv_stages": 1},
                                               "ladder.v7": {**D128_FULL, "variant": "all_keeps"},
                                               "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_copy": "one_stride"},
+                                              "ladder.v15": {**D128_FULL, "kv_copy": "one_stride"},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -311,8 +316,32 @@ def test_v14_loop_meets_two_barriers_per_trip_as_its_ring_needs(rows):
     # first QK reads the K ring before the loop; unfenced, Triton's shared-memory barrier analysis
     # put a bar.sync before every trip's copy (a third per trip), so v14 fences it once before the loop
     for on, off in (("v14_causal", "v14_causal_off"), ("v14", "v14_off"), ("v14_causal_apart", "v14_causal_off")):
-        assert rows[on]["main_loop"]["BAR"] == rows[off]["main_loop"]["BAR"] == 2, on
-        assert rows[on]["main_loop"]["HMMA"] == rows[off]["main_loop"]["HMMA"] == 128, on
+        (loop_on,), (loop_off,) = rows[on]["loops"], rows[off]["loops"]
+        assert loop_on["BAR"] == loop_off["BAR"] == 2, on
+        assert loop_on["HMMA"] == loop_off["HMMA"] == 128, on
+
+
+def test_v15_runs_interior_blocks_without_the_mask(rows):
+    # two copies of v14's trip: first the unmasked one (interior blocks: the key-length and
+    # diagonal compares and selects gone, FSEL 66 causal / 34 non-causal -> 2), then the masked
+    # one; each the same MMA, fragment loads, exponentials and two barriers as v14's one loop, no
+    # spill. The unmasked trip is where a long tile spends its time: shorter than v14's trip
+    for on, parent in (("v15_causal", "v14_causal"), ("v15", "v14"), ("v15_d64_causal", "v14_d64_causal")):
+        (trip,) = rows[parent]["loops"]
+        unmasked, masked = rows[on]["loops"]
+        for loop in (unmasked, masked):
+            for fam in ("HMMA", "LDSM", "MUFU.EX2", "LDGSTS", "BAR"):
+                assert loop[fam] == trip[fam], (on, fam)
+        assert unmasked["FSEL"] < masked["FSEL"] == trip["FSEL"], on
+        assert unmasked["length"] < trip["length"], (on, unmasked["length"], trip["length"])
+        assert rows[on]["spill_bytes"] == 0 and rows[on]["regs"] <= 255, on
+    # census, sm_90a, d128 causal: the interior trip is a fifth shorter than v14's
+    assert rows["v15_causal"]["loops"][0]["length"] <= 0.85 * rows["v14_causal"]["loops"][0]["length"]
+
+
+def test_v15_refuses_the_lever_off_config():
+    with pytest.raises(ValueError, match="qk_ahead must be True"):
+        v15.forward(None, None, None, False, 1.0, config=v14.OFF)
 
 
 def test_v8_two_slabs_load_fewer_fragments_per_mma(rows):
@@ -354,7 +383,7 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name == "ladder.v14":   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -480,6 +509,23 @@ def test_v14_passes_the_gate_at_the_edges_of_its_peeled_loop(shape):
     _assert_gate(v14.forward, shape, "ladder.v14")
 
 
+# v15 splits v14's trips where the mask begins: tiles with no interior block (the split at 0),
+# tiles whose last trip is the first masked one, Sq > Sk and Sq < Sk (the diagonal moves), and the
+# key tail inside an otherwise interior non-causal sweep
+V15_SPLIT_SHAPES = V14_EDGE_SHAPES + [
+    (1, 64, 1000, 2, 2, 128, torch.bfloat16, True),     # Sq < Sk: every tile mostly interior
+    (1, 1000, 64, 2, 2, 128, torch.bfloat16, True),     # Sq > Sk: rows that see no key
+    (2, 300, 4097, 4, 1, 64, torch.float16, False),     # one key past the last full block
+    (1, 129, 129, 2, 2, 128, torch.bfloat16, True),     # diagonal inside the second block
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES, ids=_shape_id)
+def test_v15_passes_the_gate_at_its_loop_split(shape):
+    _assert_gate(v15.forward, shape, "ladder.v15")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
@@ -491,6 +537,17 @@ def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
         return v14.forward(q, k, v_view, causal, softmax_scale)
 
     _assert_gate(apart, (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v14")
+
+
+@pytest.mark.gpu
+def test_v15_is_deterministic():
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v15.forward(q, k, v, causal, 0.088)
+        for _ in range(3):
+            b = v15.forward(q, k, v, causal, 0.088)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.gpu

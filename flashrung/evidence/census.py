@@ -67,7 +67,7 @@ class CensusRow:
     spill_bytes: int | None          # spill stores + loads, from ptxas -v (and cuobjdump LOCAL)
     sass: dict
     stack_bytes: int | None = None
-    main_loop: dict | None = None    # count_sass of the longest innermost loop (main_loop_sass)
+    loops: list = dataclasses.field(default_factory=list)   # innermost_loops of the SASS
     error: str | None = None
 
     def to_json(self) -> dict:
@@ -185,12 +185,13 @@ _SASS_ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 _BACKWARD_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 
 
-def main_loop_sass(sass: str) -> dict | None:
-    """:func:`count_sass` of a kernel's main loop: the longest innermost loop of the listing (a
-    backward branch whose body holds no other backward branch), plus its ``length`` in
-    instructions. A key loop is where a kernel spends its time, so a lever that should change
-    the loop (a barrier, a copy, a reordering) is read here rather than in whole-kernel counts,
-    which the prologue and epilogue also move. None for straight-line code."""
+def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
+    """:func:`count_sass` (families and ``length``, no per-opcode table) of every innermost loop
+    of the listing — a backward branch whose body holds no other backward branch — of at least
+    ``min_length`` instructions, in listing order. A kernel spends its time in these (a key loop,
+    or its masked and unmasked copies), so a lever that should change a loop (a barrier, a copy,
+    a mask) is read here rather than in whole-kernel counts, which the prologue and epilogue also
+    move."""
     ins = [(int(a, 16), text.strip()) for a, text in _SASS_ADDRESSED.findall(sass)]
     where = {a: i for i, (a, _) in enumerate(ins)}
     loops = []
@@ -198,14 +199,15 @@ def main_loop_sass(sass: str) -> dict | None:
         m = _BACKWARD_BRANCH.search(text)
         if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in where:
             loops.append((where[int(m.group(1), 16)], j))
-    inner = [(lo, hi) for lo, hi in loops
-             if not any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops)]
-    if not inner:
-        return None
-    lo, hi = max(inner, key=lambda edge: edge[1] - edge[0])
-    counts = count_sass("\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1]))
-    counts["length"] = hi - lo + 1
-    return counts
+    out = []
+    for lo, hi in loops:
+        if hi - lo + 1 < min_length or any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops):
+            continue
+        counts = count_sass("\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1]))
+        del counts["opcodes"]
+        counts["length"] = hi - lo + 1
+        out.append(counts)
+    return out
 
 
 def census_one(spec: CensusSpec, arch: str) -> CensusRow:
@@ -221,7 +223,7 @@ def census_one(spec: CensusSpec, arch: str) -> CensusRow:
         _, spills = ptxas_spills(compiled.asm["ptx"])
         smem = int(compiled.metadata.shared)
         return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, max(local, spills), sass,
-                         stack_bytes=stack, main_loop=main_loop_sass(listing))
+                         stack_bytes=stack, loops=innermost_loops(listing))
     except Exception as exc:  # a configuration that does not compile is a row, not a crash
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return CensusRow(spec.kernel, arch, dict(spec.config), None, None, None, {},

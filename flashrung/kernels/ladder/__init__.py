@@ -8,7 +8,7 @@ memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, `
 CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
 CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from ``v12`` with v8's
 two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
-softmax. Each rung
+softmax, ``v15`` from ``v14`` with its key loop split where the mask begins. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -67,6 +67,9 @@ RUNGS: tuple[Rung, ...] = (
     # v12's one chain per warp, given a second along the keys: QK(j+1) under softmax(j)
     Rung("ladder.v14", "flashrung.kernels.ladder.v14", "ladder.v12",
          "QK one block ahead: S(j+1) issued before block j's softmax, a three-slot K/V ring"),
+    # v14's every trip masked its next block's scores: interior blocks need no mask
+    Rung("ladder.v15", "flashrung.kernels.ladder.v15", "ladder.v14",
+         "v14's key loop split where the mask begins: interior blocks run QK with no mask"),
 )
 
 

@@ -100,6 +100,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v13", "flashrung.kernels.ladder.v13", "fwd", auto=False),
     Backend("ladder.v14", "flashrung.kernels.ladder.v14", "fwd", auto=False),
     Backend("ladder.v15", "flashrung.kernels.ladder.v15", "fwd", auto=False),
+    Backend("ladder.v16", "flashrung.kernels.ladder.v16", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),
@@ -196,6 +197,8 @@ def _parse_override(key: str, value, current):
             return float(value)
         except (TypeError, ValueError):
             raise ValueError(f"override {key}={value!r}: expected a number") from None
+    if isinstance(current, str):
+        return str(value).strip()   # the config's own check names the values it takes
     raise ValueError(f"override {key}: field of type {type(current).__name__} cannot be overridden")
 
 

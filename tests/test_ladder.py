@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -49,6 +49,13 @@ SELECTORS = {
     "v15": ("v15", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v15_d64_causal": ("v15", SM90, {"head_dim": 64, "causal": True}),
     "v14_d64_causal": ("v14", SM90, {"head_dim": 64, "causal": True, "qk_ahead": True}),
+    "v16_causal_mma": ("v16", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "row_sum": "mma"}),
+    "v16_causal_deferred": ("v16", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "row_sum": "deferred"}),
+    "v16_full_mma": ("v16", SM90, {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"}),
+    "v16_full_deferred": ("v16", SM90, {**D128_FULL, "kv_copy": "one_stride", "row_sum": "deferred"}),
+    "v16_d64_causal_mma": ("v16", SM90, {**{"head_dim": 64, "causal": True}, "kv_copy": "tile", "row_sum": "mma"}),
+    "v16_d64_causal_deferred": ("v16", SM90, {**{"head_dim": 64, "causal": True}, "kv_copy": "tile", "row_sum": "deferred"}),
+    "v15_d64": ("v15", SM90, {"head_dim": 64, "causal": False}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -58,6 +65,7 @@ SELECTORS = {
                                               "ladder.v7": {**D128_FULL, "variant": "all_keeps"},
                                               "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_copy": "one_stride"},
                                               "ladder.v15": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -339,6 +347,41 @@ def test_v15_runs_interior_blocks_without_the_mask(rows):
     assert rows["v15_causal"]["loops"][0]["length"] <= 0.85 * rows["v14_causal"]["loops"][0]["length"]
 
 
+def test_v16_takes_the_row_sum_out_of_the_trip(rows):
+    # v15's trip adds each row's 16 exponentials per thread (FADD) and exchanges the quad's
+    # partials (SHFL); on the tensor core (mma) the adds become one n8 HMMA per k-step of PV
+    # (4 at BLOCK_N = 64) and the exchange leaves the loop; deferred, the exchange leaves the loop.
+    # Same exponentials and fragment loads; the unmasked trip (loops[0]) shorter than v15's
+    pairs = (("causal", "v15_causal"), ("full", "v15"), ("d64_causal", "v15_d64_causal"))
+    for tag, parent in pairs:
+        trip = rows[parent]["loops"][0]
+        mma, deferred = rows[f"v16_{tag}_mma"]["loops"][0], rows[f"v16_{tag}_deferred"]["loops"][0]
+        for loop in (mma, deferred):
+            for fam in ("LDSM", "MUFU.EX2", "LDGSTS", "BAR"):
+                assert loop[fam] == trip[fam], (tag, fam)
+        assert mma["HMMA"] == trip["HMMA"] + 64 // 16 and deferred["HMMA"] == trip["HMMA"], tag
+        assert mma["SHFL"] == deferred["SHFL"] == trip["SHFL"] - 4, tag
+        assert mma["FADD"] < 4 < trip["FADD"], tag
+        assert deferred["length"] < trip["length"], tag
+    # where auto picks mma it fits with no spill and is the shorter trip; at d128 causal it
+    # spills (the copies' row offsets, reloaded every trip), so auto keeps it deferred there
+    for tag in ("full", "d64_causal"):
+        assert rows[f"v16_{tag}_mma"]["spill_bytes"] == 0, tag
+        assert rows[f"v16_{tag}_mma"]["loops"][0]["length"] < rows[f"v16_{tag}_deferred"]["loops"][0]["length"]
+    assert v16.row_sum_form(128, False) == v16.row_sum_form(64, True) == v16.row_sum_form(64, False) == v16.SUM_MMA
+    assert rows["v16_causal_mma"]["spill_bytes"] > 0 and rows["v16_causal_deferred"]["spill_bytes"] == 0
+    assert v16.row_sum_form(128, True) == v16.SUM_DEFERRED
+    assert v16.row_sum_form(128, True, "mma") == v16.SUM_MMA
+
+
+def test_v16_config_overrides():
+    assert v16.config_with(None, {"row_sum": "mma"}).row_sum == "mma"
+    with pytest.raises(ValueError, match="row_sum must be one of auto, mma, deferred, got 'rows'"):
+        v16.config_with(None, {"row_sum": "rows"})
+    with pytest.raises(ValueError, match="unknown ladder.v16 config key 'qk_ahead'"):
+        v16.config_with(None, {"qk_ahead": "false"})
+
+
 def test_v15_refuses_the_lever_off_config():
     with pytest.raises(ValueError, match="qk_ahead must be True"):
         v15.forward(None, None, None, False, 1.0, config=v14.OFF)
@@ -383,7 +426,7 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name in ("ladder.v14", "ladder.v15"):   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -526,6 +569,16 @@ def test_v15_passes_the_gate_at_its_loop_split(shape):
     _assert_gate(v15.forward, shape, "ladder.v15")
 
 
+# both row-sum forms at v15's split shapes (the default picks one per head dim and mask); a row
+# that sees no key must keep l = 0 in either form (out 0, LSE -inf)
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_sum", ["mma", "deferred"])
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES, ids=_shape_id)
+def test_v16_passes_the_gate_in_both_row_sum_forms(shape, row_sum):
+    fwd = functools.partial(v16.forward, config=v16.config_with(None, {"row_sum": row_sum}))
+    _assert_gate(fwd, shape, f"ladder.v16@row_sum={row_sum}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
@@ -540,13 +593,14 @@ def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
 
 
 @pytest.mark.gpu
-def test_v15_is_deterministic():
+@pytest.mark.parametrize("rung", [v15, v16], ids=lambda m: m.NAME)
+def test_split_loop_rungs_are_deterministic(rung):
     g = torch.Generator(device="cuda").manual_seed(2)
     q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     for causal in (False, True):
-        a = v15.forward(q, k, v, causal, 0.088)
+        a = rung.forward(q, k, v, causal, 0.088)
         for _ in range(3):
-            b = v15.forward(q, k, v, causal, 0.088)
+            b = rung.forward(q, k, v, causal, 0.088)
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 

@@ -8,7 +8,8 @@ memory), ``v9`` from ``v5`` with its order kept inside L2-sized head sections, `
 CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-register cap (three
 CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from ``v12`` with v8's
 two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
-softmax, ``v15`` from ``v14`` with its key loop split where the mask begins. Each rung
+softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v16`` from ``v15``
+with the running row sum off the softmax's path. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -70,6 +71,9 @@ RUNGS: tuple[Rung, ...] = (
     # v14's every trip masked its next block's scores: interior blocks need no mask
     Rung("ladder.v15", "flashrung.kernels.ladder.v15", "ladder.v14",
          "v14's key loop split where the mask begins: interior blocks run QK with no mask"),
+    # v15's trips still add up each row's exponentials and shuffle the partials every block
+    Rung("ladder.v16", "flashrung.kernels.ladder.v16", "ladder.v15",
+         "the running row sum off the softmax's path: l += P·1 on the tensor core, or deferred partials"),
 )
 
 

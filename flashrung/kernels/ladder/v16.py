@@ -1,0 +1,228 @@
+"""ladder.v16 — the running row sum off the softmax's critical path (on the tensor core, or deferred).
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v15): v15's trip forms the running sum l of each row as every flash kernel
+on mma.sync does — each thread adds its 16 exponentials of the row (15 dependent FADDs per row),
+then the four lanes of the quad that share the row exchange partials (2 SHFL + 2 FADD per row).
+The sum is needed only at the end of the tile, yet it sits in every trip's instruction stream
+beside the exponentials. Two forms move it (``row_sum``):
+
+* ``mma``: l is an n8 MMA accumulator and l += P·1 is one more mma.sync per k-step of PV — P's
+  fragments are already in registers for PV, the ones are a constant B fragment — so the adds
+  become 4 HMMA on a tensor pipe that is half idle (51% at config B, profile). Every column
+  holds the row's sum; the tile's end reads one. The sum is of the 16-bit P that PV multiplies,
+  so the normalization divides by the sum of the weights actually applied.
+* ``deferred``: each thread keeps its own partial of the row (the quad's four partials live on,
+  FA4's form; ``hopper.softmax.thread_partial_sum``) and the quad exchange happens once per tile.
+
+``auto`` picks ``mma`` wherever it fits beside v15's registers and ``deferred`` at d128 causal,
+where the n8 accumulator pushes the copies' row offsets into local memory (census).
+Census (sm_90a, the unmasked trip): d128 causal 563 -> 560 (deferred; mma 548 with 10 local
+loads), d128 non-causal 594 -> 534 (mma), d64 404 -> 374 (mma), no spill in the picked forms.
+Prediction: +1-4% where mma runs (configs A and d64), about +0.5% at config B (deferred).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from flashrung.kernels.ladder import common, v14
+from flashrung.kernels.hopper.softmax import thread_partial_sum
+from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
+
+NAME = "ladder.v16"
+PARENT = "ladder.v15"
+LEVER = "the key loop split where the mask begins: interior blocks run QK with no mask"
+HEAD_DIMS = v14.HEAD_DIMS
+EXP2 = gl.constexpr(True)
+
+
+# How the running row sum l is formed (what each trip keeps off its softmax's critical path):
+SUM_MMA = 0        # on the tensor core: l += P·1, an n8 accumulator fed P's fragments
+SUM_DEFERRED = 1   # per-thread partials, quad-reduced once per tile (FA4's; hopper.softmax)
+SUM_NAMES = {SUM_MMA: "mma", SUM_DEFERRED: "deferred"}
+SUM_MMA_K = gl.constexpr(SUM_MMA)
+ROW_SUM_COLS = gl.constexpr(8)   # one n8 MMA tile: the narrowest B operand mma.sync takes
+
+
+@gluon.jit
+def init_row_sum(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MMA: gl.constexpr, ROW_SUM: gl.constexpr):
+    if ROW_SUM == SUM_MMA_K:
+        l0 = gl.zeros([BLOCK_M, ROW_SUM_COLS], gl.float32, MMA)
+    else:
+        l0 = thread_partial_sum(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA))
+    return l0
+
+
+@gluon.jit
+def softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem, ROW_SUM: gl.constexpr):
+    """Online softmax of ``s`` and O += P V, the row sum kept off the exponentials' chain.
+
+    v15 (``common.softmax_update``) adds each thread's 16 scores of a row and then shuffles the
+    partials across the quad that shares the row, every trip. ``SUM_MMA``: ``l_i`` is an n8
+    accumulator and l += P·1 is one more mma.sync per k-step of PV on P's fragments, already in
+    registers (a constant ones B fragment); every column holds the row's sum. ``SUM_DEFERRED``:
+    ``l_i`` is the quad's per-thread partials ([rows, 4]), added to in-thread and reduced once
+    per tile (:func:`row_sum`)."""
+    MMA: gl.constexpr = acc.type.layout
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    m_eff = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_eff[:, None])
+    alpha = gl.exp2(m_i - m_eff)
+    p16 = gl.convert_layout(p.to(v_smem.dtype), DOT_A)
+    if ROW_SUM == SUM_MMA_K:
+        ones = gl.full([s.shape[1], ROW_SUM_COLS], 1.0, v_smem.dtype, DOT_B)
+        l_i = mma_v2(p16, ones, l_i * alpha[:, None])
+    else:
+        l_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout))
+        l_i = l_i * l_alpha[:, None] + gl.convert_layout(thread_partial_sum(p), l_i.type.layout)
+    acc = mma_v2(p16, v_smem.load(DOT_B), acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@gluon.jit
+def row_sum(l_i, ROW: gl.constexpr, ROW_SUM: gl.constexpr):
+    """l per row in the layout ``ROW``: any column of the n8 accumulator, or the quad's partials summed."""
+    if ROW_SUM == SUM_MMA_K:
+        out = gl.max(l_i, 1)
+    else:
+        out = gl.sum(l_i, 1)
+    return gl.convert_layout(out, ROW)
+
+
+@gluon.jit
+def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs, offs_m,
+               seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
+               MASKED: gl.constexpr, ROW_SUM: gl.constexpr):
+    """v14's trip j: block j+KV_STAGES-1's copy, the wait for block j+1, S(j+1) (masked only if
+    ``MASKED``), then softmax(j) and PV(j). Returns (s_next, m_i, l_i, acc)."""
+    j = start_n // BLOCK_N
+    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
+    v14.issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+                 k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+    async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)  # block j+1 has landed
+    gl.thread_barrier()
+    s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
+                        causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
+    acc, m_i, l_i = softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
+    return s_next, m_i, l_i, acc
+
+
+@gluon.jit
+def attention_fwd_v16(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+):
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
+    for i in gl.static_range(KV_STAGES - 1):
+        first = gl.to_tensor(i * BLOCK_N)
+        v14.issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+                     stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+        async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
+    l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
+    causal_shift = seqlen_k - seqlen_q
+    # block 0 masked whatever it is: one block per tile
+    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    gl.thread_barrier()  # as v14: fence the ring read before the loop (no barrier added per trip)
+    # Trip j computes S(j+1): unmasked while block j+1 ends at or before the interior end.
+    last_trip = hi - BLOCK_N
+    split = gl.minimum(gl.maximum(common.kv_interior_end(start_m, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL) - BLOCK_N,
+                                  0), gl.maximum(last_trip, 0))
+    for start_n in range(0, split, BLOCK_N):
+        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, False, ROW_SUM)
+    for start_n in range(split, last_trip, BLOCK_N):
+        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    acc, m_i, l_i = softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
+
+    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+def unsupported_reason(problem) -> str | None:
+    return v14.unsupported_reason(problem)
+
+
+def row_sum_form(head_dim: int, causal: bool, choice: str = "auto") -> int:
+    """The row sum's form for a launch. ``auto``: on the tensor core wherever it fits beside v15's
+    registers; d128 causal keeps it deferred, where the n8 accumulator and its ones push the
+    copies' row offsets into local memory (120 B, 10 local loads per trip; census)."""
+    if choice != "auto":
+        return {name: form for form, name in SUM_NAMES.items()}[choice]
+    return SUM_DEFERRED if head_dim > 64 and causal else SUM_MMA
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSumConfig(v14.AheadConfig):
+    """v15's tile and ring, and the row sum's form: ``auto`` (:func:`row_sum_form`), ``mma`` or
+    ``deferred`` (``impl="ladder.v16@row_sum=deferred"``: each form priced alone)."""
+
+    row_sum: str = "auto"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.row_sum not in ("auto", *SUM_NAMES.values()):
+            raise ValueError(f"row_sum must be one of auto, {', '.join(SUM_NAMES.values())}, got {self.row_sum!r}")
+
+
+CONFIG = RowSumConfig(**{f.name: getattr(v14.CONFIG, f.name) for f in dataclasses.fields(v14.CONFIG)})
+
+
+def config_with(problem, overrides: dict) -> RowSumConfig:
+    """:data:`CONFIG` with ``overrides`` applied (``{"row_sum": "deferred"}``)."""
+    from flashrung.dispatch import apply_overrides
+
+    return apply_overrides(NAME, CONFIG, overrides, keys=("row_sum",))
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    if not config.qk_ahead:
+        raise ValueError(f"{NAME} is built on QK one block ahead: config.qk_ahead must be True "
+                         f"(v12's order on the ring is ladder.v14@qk_ahead=false)")
+    form = v14.copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
+    return common.launch(attention_fwd_v16, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
+                         head_dims=HEAD_DIMS, out=out, lse=lse,
+                         constexprs={"KV_COPY": form, "ROW_SUM": row_sum_form(q.shape[-1], causal, config.row_sum)})
+
+
+def census_specs():
+    # K and V with one row stride (what the bench and the gate pass); then d128's copy form for K
+    # and V laid out apart
+    cases = [(d, c, v14.copy_form(d, True), rs) for d in HEAD_DIMS for c in (False, True) for rs in SUM_NAMES]
+    cases += [(128, c, v14.copy_form(128, False), row_sum_form(128, c)) for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v16, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": rs},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form],
+                                             "row_sum": SUM_NAMES[rs]})
+            for d, c, form, rs in cases]

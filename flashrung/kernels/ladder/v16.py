@@ -17,11 +17,15 @@ beside the exponentials. Two forms move it (``row_sum``):
 * ``deferred``: each thread keeps its own partial of the row (the quad's four partials live on,
   FA4's form; ``hopper.softmax.thread_partial_sum``) and the quad exchange happens once per tile.
 
-``auto`` picks ``mma`` wherever it fits beside v15's registers and ``deferred`` at d128 causal,
-where the n8 accumulator pushes the copies' row offsets into local memory (census).
-Census (sm_90a, the unmasked trip): d128 causal 563 -> 560 (deferred; mma 548 with 10 local
-loads), d128 non-causal 594 -> 534 (mma), d64 404 -> 374 (mma), no spill in the picked forms.
-Prediction: +1-4% where mma runs (configs A and d64), about +0.5% at config B (deferred).
+``auto`` is ``deferred``. The tensor-core form has the shorter trip (census, sm_90a: d128
+non-causal 594 -> 534 instructions, d64 404 -> 374, where deferred gives 566 and 395) and lost
+wherever it was priced (H200, paired over v15): config A 0.9423 / 0.9420, d64 at config B's shape
+0.9847 / 0.9819, config B 0.9669 / 0.9643 (there it also spills the copies' row offsets: 120 B,
+10 local loads per trip). Deferred: config B 1.0377 / 1.0385, KEEP (docs/ladder.md for A and d64).
+Prediction (before the H200): +1-4% where mma runs, about +0.5% at config B (deferred: the trip
+only 3 instructions shorter, 563 -> 560). Measured: the reverse. A reading of the SASS order (not
+profiled): the quad's shuffles feed the next trip's rescale, a chain the deferred form cuts; the
+four HMMA of the mma form join PV's chain after the exponentials and add to it.
 """
 from __future__ import annotations
 
@@ -175,12 +179,11 @@ def unsupported_reason(problem) -> str | None:
 
 
 def row_sum_form(head_dim: int, causal: bool, choice: str = "auto") -> int:
-    """The row sum's form for a launch. ``auto``: on the tensor core wherever it fits beside v15's
-    registers; d128 causal keeps it deferred, where the n8 accumulator and its ones push the
-    copies' row offsets into local memory (120 B, 10 local loads per trip; census)."""
+    """The row sum's form for a launch: ``auto`` is deferred at every head dim and mask (the
+    tensor-core form lost at each of configs A, B and d64; module docstring)."""
     if choice != "auto":
         return {name: form for form, name in SUM_NAMES.items()}[choice]
-    return SUM_DEFERRED if head_dim > 64 and causal else SUM_MMA
+    return SUM_DEFERRED
 
 
 @dataclasses.dataclass(frozen=True)

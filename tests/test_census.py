@@ -97,4 +97,5 @@ def test_innermost_loops_skip_outer_loops_and_short_ones():
     assert [loop["length"] for loop in loops] == [2, 3]
     assert loops[1]["HMMA"] == 1 and loops[1]["BAR"] == 1 and loops[1]["BRA"] == 1 and loops[0]["FADD"] == 1
     assert [loop["length"] for loop in census.innermost_loops(listing, min_length=3)] == [3]
+    assert loops[1]["sequence"] == "HMMA BAR BRA"
     assert census.innermost_loops("/*0010*/ EXIT ;") == []

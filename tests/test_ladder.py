@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16, v17
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -56,6 +56,8 @@ SELECTORS = {
     "v16_d64_causal_mma": ("v16", SM90, {**{"head_dim": 64, "causal": True}, "kv_copy": "tile", "row_sum": "mma"}),
     "v16_d64_causal_deferred": ("v16", SM90, {**{"head_dim": 64, "causal": True}, "kv_copy": "tile", "row_sum": "deferred"}),
     "v15_d64": ("v15", SM90, {"head_dim": 64, "causal": False}),
+    "v17_causal": ("v17", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v17": ("v17", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -66,6 +68,7 @@ SELECTORS = {
                                               "ladder.v14": {**D128_FULL, "qk_ahead": True, "kv_copy": "one_stride"},
                                               "ladder.v15": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
+                                              "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -376,6 +379,25 @@ def test_v16_takes_the_row_sum_out_of_the_trip(rows):
     assert v16.row_sum_form(128, True, "mma") == v16.SUM_MMA
 
 
+def _before_first(sequence: str, family: str, stop: str) -> int:
+    ops = sequence.split()
+    return ops[:ops.index(stop)].count(family)
+
+
+def test_v17_starts_each_trip_on_a_known_max(rows):
+    # v16's unmasked trip opens with the row max of its block (32 FMNMX and the quad's shuffles
+    # before the first exponential); v17 formed that max in the previous trip, after the last QK
+    # HMMA, so the trip's exponentials start at once (only the running-max update, one FMNMX per
+    # row, before them). The same instructions otherwise, no spill
+    for on, parent in (("v17_causal", "v16_causal_deferred"), ("v17", "v16_full_deferred")):
+        new, old = rows[on]["loops"][0], rows[parent]["loops"][0]
+        for fam in ("HMMA", "LDSM", "MUFU.EX2", "FMNMX", "SHFL", "LDGSTS", "BAR"):
+            assert new[fam] == old[fam], (on, fam)
+        assert _before_first(old["sequence"], "FMNMX", "MUFU") >= 32, parent
+        assert _before_first(new["sequence"], "FMNMX", "MUFU") <= 4, on
+        assert rows[on]["spill_bytes"] == 0, on
+
+
 def test_v16_config_overrides():
     assert v16.config_with(None, {"row_sum": "mma"}).row_sum == "mma"
     with pytest.raises(ValueError, match="row_sum must be one of auto, mma, deferred, got 'rows'"):
@@ -428,7 +450,7 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16"):   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -595,7 +617,13 @@ def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rung", [v15, v16], ids=lambda m: m.NAME)
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES, ids=_shape_id)
+def test_v17_passes_the_gate_at_its_loop_split(shape):
+    _assert_gate(v17.forward, shape, "ladder.v17")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", [v15, v16, v17], ids=lambda m: m.NAME)
 def test_split_loop_rungs_are_deterministic(rung):
     g = torch.Generator(device="cuda").manual_seed(2)
     q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))

@@ -186,7 +186,7 @@ _BACKWARD_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 
 
 def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
-    """:func:`count_sass` (families and ``length``, no per-opcode table) of every innermost loop
+    """:func:`count_sass` (families, ``length`` and ``sequence``, no per-opcode table) of every innermost loop
     of the listing — a backward branch whose body holds no other backward branch — of at least
     ``min_length`` instructions, in listing order. A kernel spends its time in these (a key loop,
     or its masked and unmasked copies), so a lever that should change a loop (a barrier, a copy,
@@ -204,6 +204,10 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
         if hi - lo + 1 < min_length or any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops):
             continue
         counts = count_sass("\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1]))
+        # the loop's instructions in issue order, by family (the first token of each opcode):
+        # where a lever moves work rather than removing it, the order is the evidence
+        counts["sequence"] = " ".join(op.split(".")[0] for op in _SASS_LINE.findall(
+            "\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1])))
         del counts["opcodes"]
         counts["length"] = hi - lo + 1
         out.append(counts)

@@ -9,7 +9,8 @@ CTA's key sweep started at its own block, ``v11`` from ``v4`` under a 168-regist
 CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from ``v12`` with v8's
 two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
 softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v16`` from ``v15``
-with the running row sum off the softmax's path. Each rung
+with the running row sum off the softmax's path, ``v17`` from ``v16`` with the next block's row
+max formed a trip early. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -74,6 +75,9 @@ RUNGS: tuple[Rung, ...] = (
     # v15's trips still add up each row's exponentials and shuffle the partials every block
     Rung("ladder.v16", "flashrung.kernels.ladder.v16", "ladder.v15",
          "the running row sum off the softmax's path: l += P·1 on the tensor core, or deferred partials"),
+    # v16's trips open on the row max of the block v14 computed a trip earlier
+    Rung("ladder.v17", "flashrung.kernels.ladder.v17", "ladder.v16",
+         "the next block's row max formed under this block's softmax (max one block ahead)"),
 )
 
 

@@ -64,7 +64,7 @@ def init_row_sum(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MMA: gl.constexpr
 
 
 @gluon.jit
-def softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem, ROW_SUM: gl.constexpr):
+def softmax_pv(s, tile_max, m_i, l_i, acc, qk_scale, v_smem, ROW_SUM: gl.constexpr):
     """Online softmax of ``s`` and O += P V, the row sum kept off the exponentials' chain.
 
     v15 (``common.softmax_update``) adds each thread's 16 scores of a row and then shuffles the
@@ -72,11 +72,12 @@ def softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem, ROW_SUM: gl.constexpr):
     accumulator and l += P·1 is one more mma.sync per k-step of PV on P's fragments, already in
     registers (a constant ones B fragment); every column holds the row's sum. ``SUM_DEFERRED``:
     ``l_i`` is the quad's per-thread partials ([rows, 4]), added to in-thread and reduced once
-    per tile (:func:`row_sum`)."""
+    per tile (:func:`row_sum`). ``tile_max`` is ``s``'s row max, formed by the caller (v16 here,
+    ladder.v17 a trip early)."""
     MMA: gl.constexpr = acc.type.layout
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    m_new = gl.maximum(m_i, tile_max * qk_scale)
     m_eff = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - m_eff[:, None])
     alpha = gl.exp2(m_i - m_eff)
@@ -117,7 +118,7 @@ def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
     gl.thread_barrier()
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
-    acc, m_i, l_i = softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
     gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
     return s_next, m_i, l_i, acc
 
@@ -167,7 +168,7 @@ def attention_fwd_v16(
                                       stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
                                       BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
     last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
-    acc, m_i, l_i = softmax_pv(s, m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
+    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
     async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
 
     out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)

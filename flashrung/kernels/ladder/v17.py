@@ -1,0 +1,127 @@
+"""ladder.v17 — the next block's row max formed under this block's softmax (max one block ahead).
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v16): v14 computes S(j+1) in trip j, but its row max — 32 FMNMX per thread and
+the quad's two shuffle rounds, the head of every exponential of the block — is still taken at the
+start of trip j+1, where nothing else of that trip can start before it. Here trip j takes the max
+of S(j+1) as soon as its scores are in, beside softmax(j) and PV(j), and hands it to trip j+1 with
+the scores: the trip's exponentials start on a known max. Two registers more per thread.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from flashrung.kernels.ladder import common, v14, v16
+from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
+from flashrung.kernels.ladder.v16 import init_row_sum, row_sum, softmax_pv
+
+NAME = "ladder.v17"
+PARENT = "ladder.v16"
+LEVER = "the next block's row max formed under this block's softmax (max one block ahead)"
+HEAD_DIMS = v14.HEAD_DIMS
+EXP2 = gl.constexpr(True)
+CONFIG = v14.CONFIG   # v16's tile and ring; the row sum deferred (v16's pick, every head dim and mask)
+ROW_SUM = v16.SUM_DEFERRED
+
+
+@gluon.jit
+def ahead_trip(q, k_smem, v_smem, s, s_max, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs, offs_m,
+               seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
+               MASKED: gl.constexpr, ROW_SUM: gl.constexpr):
+    """v16's trip j, with S(j+1)'s row max formed here, beside softmax(j), instead of at the head
+    of trip j+1. Returns (s_next, its row max, m_i, l_i, acc)."""
+    j = start_n // BLOCK_N
+    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
+    v14.issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+                 k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+    async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)  # block j+1 has landed
+    gl.thread_barrier()
+    s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
+                        causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
+    s_next_max = gl.max(s_next, 1)
+    acc, m_i, l_i = softmax_pv(s, s_max, m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
+    return s_next, s_next_max, m_i, l_i, acc
+
+
+@gluon.jit
+def attention_fwd_v17(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+):
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
+    for i in gl.static_range(KV_STAGES - 1):
+        first = gl.to_tensor(i * BLOCK_N)
+        v14.issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+                     stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+        async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
+    gl.thread_barrier()
+    q = q_smem.load(DOT_A)
+
+    m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
+    l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
+    causal_shift = seqlen_k - seqlen_q
+    # block 0 masked whatever it is: one block per tile
+    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    s_max = gl.max(s, 1)
+    gl.thread_barrier()  # as v14: fence the ring read before the loop (no barrier added per trip)
+    # Trip j computes S(j+1): unmasked while block j+1 ends at or before the interior end.
+    last_trip = hi - BLOCK_N
+    split = gl.minimum(gl.maximum(common.kv_interior_end(start_m, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL) - BLOCK_N,
+                                  0), gl.maximum(last_trip, 0))
+    for start_n in range(0, split, BLOCK_N):
+        s, s_max, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, s_max, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, False, ROW_SUM)
+    for start_n in range(split, last_trip, BLOCK_N):
+        s, s_max, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, s_max, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    acc, m_i, l_i = softmax_pv(s, s_max, m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
+
+    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+def unsupported_reason(problem) -> str | None:
+    return v14.unsupported_reason(problem)
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    if not config.qk_ahead:
+        raise ValueError(f"{NAME} is built on QK one block ahead: config.qk_ahead must be True "
+                         f"(v12's order on the ring is ladder.v14@qk_ahead=false)")
+    form = v14.copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
+    return common.launch(attention_fwd_v17, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
+                         head_dims=HEAD_DIMS, out=out, lse=lse, constexprs={"KV_COPY": form, "ROW_SUM": ROW_SUM})
+
+
+def census_specs():
+    # K and V with one row stride (what the bench and the gate pass); then d128's copy form for K
+    # and V laid out apart
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v17, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
+            for d, c, form in cases]

@@ -1,7 +1,6 @@
 """The census compiles real kernels for three architectures with no GPU, and the instructions
 that define each architecture's path show up in the SASS."""
 import json
-import os
 import subprocess
 import sys
 

@@ -10,7 +10,6 @@ how long they take.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import shutil
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 ARCHES = {
     # name → (capability, the shared-memory ceiling per block in bytes, opt-in)
@@ -168,7 +167,6 @@ def count_sass(sass: str) -> dict:
     """Instruction-family counts of a SASS listing (static counts, not executed counts)."""
     opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
     counts: dict[str, int] = {}
-    claimed: Counter = Counter()
     for fam in SASS_FAMILIES:
         n = 0
         for op, c in opcodes.items():

@@ -74,7 +74,7 @@ RUNGS: tuple[Rung, ...] = (
          "v14's key loop split where the mask begins: interior blocks run QK with no mask"),
     # v15's trips still add up each row's exponentials and shuffle the partials every block
     Rung("ladder.v16", "flashrung.kernels.ladder.v16", "ladder.v15",
-         "the running row sum off the softmax's path: l += P·1 on the tensor core, or deferred partials"),
+         "the running row sum off the softmax's path: per-thread partials, one quad exchange per tile"),
     # v16's trips open on the row max of the block v14 computed a trip earlier
     Rung("ladder.v17", "flashrung.kernels.ladder.v17", "ladder.v16",
          "the next block's row max formed under this block's softmax (max one block ahead)"),

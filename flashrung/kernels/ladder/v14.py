@@ -113,6 +113,59 @@ def issue_kv(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs
 
 
 @gluon.jit
+def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+               stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k,
+               heads_q, group, DOT_A: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr):
+    """The start of v14 and of the rungs on its loop: ``common.ring_tile``, then blocks 0 ..
+    KV_STAGES-2 into their slots, one commit each (zero rows, no global reads, past hi), then Q
+    and block 0 landed (groups complete in order) and Q's fragments loaded.
+    Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
+    for i in gl.static_range(KV_STAGES - 1):
+        first = gl.to_tensor(i * BLOCK_N)
+        issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
+                 stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+        async_copy.commit_group()
+    async_copy.wait_group(KV_STAGES - 2)
+    gl.thread_barrier()
+    return q_smem.load(DOT_A), k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi
+
+
+@gluon.jit
+def refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
+                    IN_FLIGHT: gl.constexpr):
+    """The head of trip j: block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the
+    barrier that closed trip j-1, so nothing reads it), one commit per trip so the wait's count
+    is fixed, then wait until ``IN_FLIGHT`` groups remain and meet the barrier that makes every
+    warp's copies visible."""
+    j = start_n // BLOCK_N
+    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
+    issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
+             k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+    async_copy.commit_group()
+    async_copy.wait_group(IN_FLIGHT)
+    gl.thread_barrier()
+
+
+@gluon.jit
+def first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr):
+    """S(0), peeled before the key loop (masked: one block per tile), and the fence after it."""
+    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
+    # Not needed by the ring (trip 0 copies into slot 2, which nothing has read), but without
+    # it Triton's shared-memory barrier analysis sees this read of the K ring reach the loop
+    # head unfenced and puts a bar.sync before every trip's copy — a third barrier per trip
+    # (census). One barrier here instead of one per trip.
+    gl.thread_barrier()
+    return s
+
+
+@gluon.jit
 def attention_fwd_v14(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -128,43 +181,24 @@ def attention_fwd_v14(
     # only the newest prefetch, j + KV_STAGES - 1; after block j also block j+1's.
     IN_FLIGHT: gl.constexpr = KV_STAGES - 2 if QK_AHEAD else KV_STAGES - 1
 
-    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
-    # Prologue: blocks 0 .. KV_STAGES-2, one commit each (zero rows, no global reads, past hi).
-    for i in gl.static_range(KV_STAGES - 1):
-        first = gl.to_tensor(i * BLOCK_N)
-        issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
-                 stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
-        async_copy.commit_group()
-    async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
+    q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = ring_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY)
 
     m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     causal_shift = seqlen_k - seqlen_q
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
     if QK_AHEAD:
-        s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
-        # Not needed by the ring (trip 0 copies into slot 2, which nothing has read), but without
-        # it Triton's shared-memory barrier analysis sees this read of the K ring reach the loop
-        # head unfenced and puts a bar.sync before every trip's copy — a third barrier per trip
-        # (census). One barrier here instead of one per trip.
-        gl.thread_barrier()
+        s = first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
     # Every trip but the last: S(j+1) first, then softmax(j) and PV(j) — the two chains a warp
     # interleaves. The last block's softmax and PV follow the loop, so no trip computes scores of
     # a block past hi.
     for start_n in range(0, hi - BLOCK_N, BLOCK_N):
         j = start_n // BLOCK_N
-        # Block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the barrier that
-        # closed trip j-1, so nothing reads it); one commit per trip keeps the wait's count fixed.
-        ahead = start_n + (KV_STAGES - 1) * BLOCK_N
-        issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-                 k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
-        async_copy.commit_group()
-        async_copy.wait_group(IN_FLIGHT)  # block j+1 (QK ahead) or block j has landed
-        gl.thread_barrier()
+        # block j+1 (QK ahead) or block j has landed
+        refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
+                        KV_STAGES, KV_COPY, IN_FLIGHT)
         if QK_AHEAD:
             s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                                 causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
@@ -210,10 +244,20 @@ def config_with(problem, overrides: dict) -> AheadConfig:
     return cfg
 
 
-def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
+def launch_on_ring(kernel, q, k, v, causal: bool, softmax_scale: float, *, config: AheadConfig, out=None, lse=None,
+                   constexprs: dict | None = None, needs_ahead: str | None = None):
+    """Launch ``kernel`` (v14's, or a rung built on its loop) with the copy form of these K and V.
+    ``needs_ahead`` names a rung built on QK one block ahead: it refuses ``qk_ahead=False``."""
+    if needs_ahead and not config.qk_ahead:
+        raise ValueError(f"{needs_ahead} is built on QK one block ahead: config.qk_ahead must be True "
+                         f"(v12's order on the ring is {NAME}@qk_ahead=false)")
     form = copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
-    return common.launch(attention_fwd_v14, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
-                         head_dims=HEAD_DIMS, out=out, lse=lse, constexprs={"KV_COPY": form})
+    return common.launch(kernel, q, k, v, causal, softmax_scale, cfg=config, exp2=True, head_dims=HEAD_DIMS,
+                         out=out, lse=lse, constexprs={"KV_COPY": form, **(constexprs or {})})
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
+    return launch_on_ring(attention_fwd_v14, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse)
 
 
 def census_specs():

@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from flashrung.kernels.ladder import common, v14
+from flashrung.kernels.ladder import common, v14, v15
 from flashrung.kernels.hopper.softmax import thread_partial_sum
 from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
 
@@ -110,12 +110,8 @@ def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
     """v14's trip j: block j+KV_STAGES-1's copy, the wait for block j+1, S(j+1) (masked only if
     ``MASKED``), then softmax(j) and PV(j). Returns (s_next, m_i, l_i, acc)."""
     j = start_n // BLOCK_N
-    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
-    v14.issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-                 k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
-    async_copy.commit_group()
-    async_copy.wait_group(KV_STAGES - 2)  # block j+1 has landed
-    gl.thread_barrier()
+    v14.refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
+                        KV_STAGES, KV_COPY, KV_STAGES - 2)  # block j+1 has landed
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
     acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
@@ -136,29 +132,16 @@ def attention_fwd_v16(
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
 
-    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
-    for i in gl.static_range(KV_STAGES - 1):
-        first = gl.to_tensor(i * BLOCK_N)
-        v14.issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,
-                     stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
-        async_copy.commit_group()
-    async_copy.wait_group(KV_STAGES - 2)  # groups complete in order: Q and block 0 are in
-    gl.thread_barrier()
-    q = q_smem.load(DOT_A)
+    q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = v14.ring_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY)
 
     m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
     causal_shift = seqlen_k - seqlen_q
-    # block 0 masked whatever it is: one block per tile
-    s = mma_scores(q, k_smem.index(0), 0, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, True)
-    gl.thread_barrier()  # as v14: fence the ring read before the loop (no barrier added per trip)
-    # Trip j computes S(j+1): unmasked while block j+1 ends at or before the interior end.
-    last_trip = hi - BLOCK_N
-    split = gl.minimum(gl.maximum(common.kv_interior_end(start_m, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL) - BLOCK_N,
-                                  0), gl.maximum(last_trip, 0))
+    s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, split, BLOCK_N):
         s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
                                       stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
@@ -211,13 +194,9 @@ def config_with(problem, overrides: dict) -> RowSumConfig:
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
-    if not config.qk_ahead:
-        raise ValueError(f"{NAME} is built on QK one block ahead: config.qk_ahead must be True "
-                         f"(v12's order on the ring is ladder.v14@qk_ahead=false)")
-    form = v14.copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
-    return common.launch(attention_fwd_v16, q, k, v, causal, softmax_scale, cfg=config, exp2=True,
-                         head_dims=HEAD_DIMS, out=out, lse=lse,
-                         constexprs={"KV_COPY": form, "ROW_SUM": row_sum_form(q.shape[-1], causal, config.row_sum)})
+    return v14.launch_on_ring(attention_fwd_v16, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
+                              constexprs={"ROW_SUM": row_sum_form(q.shape[-1], causal, config.row_sum)},
+                              needs_ahead=NAME)
 
 
 def census_specs():

@@ -248,8 +248,10 @@ def select(problem: Problem, direction: str, impl: str | None = None):
         name, overrides = parse_impl(impl)
         wanted = [b for b in backends if b.name == name or b.name.split(".")[0] == name]
         if not wanted:
-            raise ValueError(f"impl must be one of {[b.name for b in backends]} for {direction} "
-                             f"(optionally name@key=value,...), got {impl!r}")
+            # the offending value first: callers that shorten the message (the bench's reasons)
+            # keep it as the list of backends grows
+            raise ValueError(f"impl {impl!r} names no {direction} kernel: impl must be one of "
+                             f"{[b.name for b in backends]} (optionally name@key=value,...)")
         backend = wanted[0]
         module = backend.load()
         if overrides:

@@ -13,38 +13,20 @@ import math
 import torch
 
 from flashrung import dispatch
+from flashrung.inputs import check_qkv, check_softmax_scale
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _validate(q, k, v, causal, softmax_scale, impl) -> float:
+    check_qkv(q, k, v, SUPPORTED_DTYPES, "float16, bfloat16 or float32")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            layout = "(batch, seqlen_q, heads_q, head_dim)" if name == "q" else "(batch, seqlen_k, heads_kv, head_dim)"
-            raise ValueError(f"{name} must have 4 dimensions {layout}, got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be >= 1")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride(-1) == 1), "
                              f"got strides {t.stride()}; call {name}.contiguous() first")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if not (q.shape[0] == k.shape[0] == v.shape[0]):
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree in (batch, seqlen_k, heads_kv): k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]})")
-    if v.shape[3] != q.shape[3]:
-        raise ValueError(f"v's head_dim ({v.shape[3]}) must equal q's ({q.shape[3]}); "
-                         "a separate value head dim is not supported yet")
     head_dim = q.shape[3]
     if head_dim > MAX_HEAD_DIM or head_dim % 8:
         raise ValueError(f"head_dim {head_dim} is not supported: expected a multiple of 8 up to {MAX_HEAD_DIM}")
@@ -56,9 +38,7 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
         raise TypeError(f"impl must be a kernel name (str) or None, got {type(impl).__name__}")
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
-    return float(softmax_scale)
+    return check_softmax_scale(softmax_scale)
 
 
 def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None):

@@ -861,9 +861,10 @@ def test_forward_rejects_bad_input():
         fwd.forward(q, q, q, False, 0.125)                 # CPU tensors
     with pytest.raises(TypeError, match="dtype"):
         fwd.forward(q, q.bfloat16(), q, False, 0.125)
-    with pytest.raises(ValueError, match="shapes"):
+    # a direct call gets the public API's structural checks and messages (flashrung.inputs)
+    with pytest.raises(ValueError, match=r"k's head_dim \(32\) must equal q's \(64\)"):
         fwd.forward(q, q[..., :32], q, False, 0.125)
-    with pytest.raises(ValueError, match="4-D"):
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
         fwd.forward(q[0], q, q, False, 0.125)
 
 

@@ -132,9 +132,9 @@ def test_forward_rejects_bad_input_naming_the_argument():
     q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="q must be on a CUDA device"):
         v7.forward(q, q, q, False, 0.125)
-    with pytest.raises(TypeError, match="k must be float16 or bfloat16"):
+    with pytest.raises(TypeError, match="k has dtype torch.float32; expected float16 or bfloat16"):
         v7.forward(q, q.float(), q, False, 0.125)
-    with pytest.raises(ValueError, match="v must be 4-D"):
+    with pytest.raises(ValueError, match="v must have 4 dimensions"):
         v7.forward(q, q, q[0], False, 0.125)
 
 

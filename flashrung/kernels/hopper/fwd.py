@@ -1298,22 +1298,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     argument checks.
     """
     if problem is None:
-        # a caller that hands its Problem over (dispatch) has validated the tensors already
-        # (flashrung.api._validate checks all of this and more)
+        # a caller that hands its Problem over (dispatch) has validated the tensors already; a
+        # direct call gets the same structural checks as flashrung.attention (flashrung.inputs),
+        # and unsupported_reason below names what this kernel cannot run
         from flashrung.dispatch import Problem
+        from flashrung.inputs import check_qkv
 
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 4:
-                raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-        if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-            raise ValueError(f"shapes must be q (B, Sq, Hq, D), k = v (B, Sk, Hkv, D); got q {tuple(q.shape)}, "
-                             f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-        if not (q.dtype == k.dtype == v.dtype):
-            raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if not (q.device == k.device == v.device):
-            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+        check_qkv(q, k, v)
         problem = Problem.of(q, k, v, causal)
     reason = unsupported_reason(problem)
     if reason is not None:

@@ -26,13 +26,13 @@ Numerics, in one place:
 from __future__ import annotations
 
 import dataclasses
-import math
 import torch
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from flashrung.inputs import check_qkv, check_softmax_scale
 from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, kv_stagger, kv_visit, tile_coords
 
 LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
@@ -122,14 +122,9 @@ def shared_memory_reason(problem, smem_bytes: int) -> str | None:
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
              head_dims: tuple[int, ...]) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the argument and the fix."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    """Raise ``TypeError``/``ValueError`` naming the argument and the fix: the structure every entry
+    point checks (``flashrung.inputs``), then what the ladder's kernels need."""
+    check_qkv(q, k, v, DTYPES, "float16 or bfloat16")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
@@ -142,15 +137,7 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
         if any(st % (COPY_BYTES // ELEMENT_BYTES) for st in strides) or t.data_ptr() % COPY_BYTES:
             raise ValueError(f"{name} must be 16-byte aligned with strides that are multiples of 8 "
                              f"elements (16-byte copies), got strides {t.stride()}: pass {name}.contiguous()")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.device != k.device or q.device != v.device:
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     B, _, Hq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k must be (batch={B}, seqlen_k, heads_kv, head_dim={D}), got {tuple(k.shape)}")
     if D not in head_dims:
         raise ValueError(f"head_dim must be one of {head_dims}, got {D}")
     Hkv = k.shape[2]
@@ -158,10 +145,7 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
         raise ValueError(f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")
     if q.shape[0] * Hq > MAX_GRID_Y:
         raise ValueError(f"batch * heads_q must be <= {MAX_GRID_Y}, got {q.shape[0] * Hq}: split the batch")
-    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
-        # The running max is taken over raw scores and scaled afterwards; that commutes with the
-        # scale only when it is positive.
-        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+    check_softmax_scale(softmax_scale)
 
 
 def host_scale(softmax_scale: float, exp2: bool) -> float:

@@ -1,0 +1,51 @@
+"""The argument checks every forward entry point shares: ``flashrung.attention`` and the kernels'
+own ``forward`` called directly (``hopper.fwd``, the ladder).
+
+One place for the structure of (q, k, v) and for the softmax scale, so a caller sees the same
+message whichever door it used; each entry point adds what only it requires (the public API:
+no empty tensors, a contiguous last dimension; a kernel: its dtypes, device, strides, head dims).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_LAYOUTS = {"q": "(batch, seqlen_q, heads_q, head_dim)", "k": "(batch, seqlen_k, heads_kv, head_dim)",
+            "v": "(batch, seqlen_k, heads_kv, head_dim)"}
+
+
+def check_qkv(q, k, v, dtypes: tuple[torch.dtype, ...] | None = None, dtype_words: str = "") -> None:
+    """Three 4-D torch tensors of one dtype on one device: q ``(batch, seqlen_q, heads_q, head_dim)``,
+    k and v ``(batch, seqlen_k, heads_kv, head_dim)``. With ``dtypes``, each tensor's dtype must be
+    one of them (``dtype_words`` says which, for the message). Raises ``TypeError``/``ValueError``
+    naming the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions {_LAYOUTS[name]}, got shape {tuple(t.shape)}")
+        if dtypes is not None and t.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype_words}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree in (batch, seqlen_k, heads_kv): k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]})")
+    if v.shape[3] != q.shape[3]:
+        raise ValueError(f"v's head_dim ({v.shape[3]}) must equal q's ({q.shape[3]}); "
+                         "a separate value head dim is not supported yet")
+
+
+def check_softmax_scale(softmax_scale) -> float:
+    """A finite positive number, as a float. Positive because the kernels take the running max over
+    raw scores and scale afterwards, which commutes with the scale only when it is positive."""
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale!r}")
+    return float(softmax_scale)

@@ -30,6 +30,9 @@ config B **1.0446 / 1.0471, KEEP** (the lever alone, over ``qk_ahead=false`` on 
 d64 at config B's shape 1.1811 / 1.1793. 320.8 TFLOP/s at config B, 77.0% of the mma.sync ceiling
 of the same run (v12 71.8%); profile: tensor pipe 48.8 → 51.1%, MIO throttle 3.5 → 0.8%. With
 v12's copies at d128 (spilling) it measured 0.967, with per-row offsets 0.978 — both REVERT.
+Since: the peeled first QK is fenced before the loop (``first_scores``), which took out a
+bar.sync the compiler had put in every trip: 1.0071 / 1.0072 at config B, 1.0102 / 1.0103 at A
+(paired, over the build without it).
 """
 from __future__ import annotations
 

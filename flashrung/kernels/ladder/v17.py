@@ -8,6 +8,11 @@ the quad's two shuffle rounds, the head of every exponential of the block — is
 start of trip j+1, where nothing else of that trip can start before it. Here trip j takes the max
 of S(j+1) as soon as its scores are in, beside softmax(j) and PV(j), and hands it to trip j+1 with
 the scores: the trip's exponentials start on a known max. Two registers more per thread.
+Prediction: +1-3% at config B.
+Measured (H200, docs/ladder.md, paired over v16): config B 0.9759 / 0.9766, config A 0.9355 /
+0.9353 — REVERT; d64 at config B's shape 1.0222 / 1.0215. Census: no FMNMX chain ahead of the
+trip's first MUFU.EX2 (>= 32 -> <= 4), but the max now waits at the end of the trip for QK(j+1)'s
+HMMA results (a reading of the SASS order, not profiled). Kept as measured; v16 is the top rung.
 """
 from __future__ import annotations
 

@@ -96,6 +96,15 @@ def test_census_table_flags_configs_over_budget_and_compile_errors():
     assert "kv_stages=1" in next(ln for ln in text.splitlines() if ln.startswith("ladder.v3"))
 
 
+def test_census_table_shows_each_loops_instructions_per_trip():
+    # a rung with an unmasked and a masked key loop reads "563/738"; a row without loops "-"
+    split = dict(_census_row("ladder.v15", 112 * 1024), loops=[{"length": 563}, {"length": 738}])
+    text = cli.format_census([split, _census_row("ladder.v3", 49152)], "sm_90a")
+    assert "loop instr" in text
+    assert "563/738" in next(ln for ln in text.splitlines() if ln.startswith("ladder.v15"))
+    assert next(ln for ln in text.splitlines() if ln.startswith("ladder.v3")).split()[-2] == "-"
+
+
 # ------------------------------------------------------------------------------------------
 # Arguments
 # ------------------------------------------------------------------------------------------

@@ -256,18 +256,26 @@ def format_census(rows: list[dict], arch: str, no_gpu: str | None = None) -> str
         head.append(f"flashrung ladder: no GPU here ({no_gpu}), so no timing: this is the census — each "
                     "rung compiled ahead of time and read back from its SASS.")
     head.append(f"census {arch} — evidence level: SASS (static instruction counts: which instructions exist, "
-                "not how fast they run); spills = spill stores + loads in bytes (ptxas -v)")
-    header = ["rung", "config", "regs", "smem B", "spill B", *CENSUS_FAMILIES, "fits"]
+                "not how fast they run); spills = spill stores + loads in bytes (ptxas -v); loop instr = "
+                "instructions per trip of each innermost loop")
+    header = ["rung", "config", "regs", "smem B", "spill B", *CENSUS_FAMILIES, "loop instr", "fits"]
     lines = []
     for r in rows:
         if r.get("error"):
             lines.append([r["kernel"], config_label(r["config"]), "ERROR", r["error"][:70]] + [""] * (len(header) - 4))
             continue
         lines.append([r["kernel"], config_label(r["config"]), r["regs"], r["smem_bytes"], r["spill_bytes"],
-                      *(r["sass"].get(f, 0) for f in CENSUS_FAMILIES),
+                      *(r["sass"].get(f, 0) for f in CENSUS_FAMILIES), loop_lengths(r),
                       "yes" if r["smem_bytes"] <= budget else "NO"])
     out = "\n".join(head) + "\n" + report._table(header, lines, left=2)
     return out + "\n\n" + budget_line(rows, arch)
+
+
+def loop_lengths(row: dict) -> str:
+    """Instructions per trip of each innermost loop (``census.innermost_loops``), in listing order:
+    "563/738" is a kernel with an unmasked and a masked key loop; "-" for rows without loops
+    (or recorded before the census read them)."""
+    return "/".join(str(loop["length"]) for loop in row.get("loops") or []) or "-"
 
 
 def budget_line(rows: list[dict], arch: str) -> str:

@@ -98,3 +98,19 @@ def test_innermost_loops_skip_outer_loops_and_short_ones():
     assert [loop["length"] for loop in census.innermost_loops(listing, min_length=3)] == [3]
     assert loops[1]["sequence"] == "HMMA BAR BRA"
     assert census.innermost_loops("/*0010*/ EXIT ;") == []
+
+
+def test_a_key_loop_with_an_mbarrier_spin_inside_is_still_innermost():
+    # a warp-specialized consumer's K/V loop waits on an mbarrier: a two-instruction spin loop
+    # inside it. Loops shorter than min_length do not make the key loop outer
+    listing = """
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R3 ;
+        /*0030*/              @!P0 BRA 0x20 ;
+        /*0040*/                   MUFU.EX2 R5, R5 ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0060*/              @P1  BRA 0x10 ;
+    """
+    (loop,) = census.innermost_loops(listing, min_length=4)
+    assert loop["length"] == 6 and loop["HGMMA"] == 1 and loop["MUFU.EX2"] == 1
+    assert [x["length"] for x in census.innermost_loops(listing, min_length=1)] == [2]

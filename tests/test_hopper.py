@@ -35,7 +35,7 @@ def _problem(**changes) -> Problem:
 _CENSUS_SCRIPT = r"""
 import dataclasses, json, os, re, sys, tempfile
 import torch
-from flashrung.evidence.census import census_one, compile_spec, sass_text
+from flashrung.evidence.census import census_one, compile_spec, innermost_loops, sass_text
 from flashrung.kernels.hopper import fwd
 
 def windows(sass):
@@ -73,25 +73,11 @@ def steady_loop(sass):
                 hgmma_n64=sum(t.startswith("HGMMA.64x64x16") for _, t in body), mufu=ops.count("MUFU.EX2"))
 
 def kv_loops(sass):
-    # every innermost loop of 150+ instructions that issues a wgmma (the K/V loops of each consumer
+    # every innermost loop of 151+ instructions that issues a wgmma (the K/V loops of each consumer
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
-    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    where = {a: i for i, (a, _) in enumerate(ins)}
-    edges = []
-    for j, (a, t) in enumerate(ins):
-        m = re.search(r"\bBRA (0x[0-9a-f]+)", t)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where and j - where[int(m.group(1), 16)] >= 150:
-            edges.append((where[int(m.group(1), 16)], j))
-    out = []
-    for lo, hi in edges:
-        if any(lo <= lo2 and hi2 < hi for lo2, hi2 in edges if (lo2, hi2) != (lo, hi)):
-            continue      # an outer loop (the persistent tile loop)
-        ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in ins[lo: hi + 1]]
-        if "HGMMA" in ops:
-            out.append(dict(length=len(ops), fsel=ops.count("FSEL"), isetp=ops.count("ISETP"),
-                            ldl=ops.count("LDL") + ops.count("STL"), mufu=ops.count("MUFU"),
-                            bar=ops.count("BAR"), arrives=ops.count("ARRIVES")))
-    return out
+    return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
+                 mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"))
+            for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]

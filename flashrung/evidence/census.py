@@ -184,28 +184,30 @@ _BACKWARD_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 
 
 def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
-    """:func:`count_sass` (families, ``length`` and ``sequence``, no per-opcode table) of every innermost loop
-    of the listing — a backward branch whose body holds no other backward branch — of at least
-    ``min_length`` instructions, in listing order. A kernel spends its time in these (a key loop,
-    or its masked and unmasked copies), so a lever that should change a loop (a barrier, a copy,
-    a mask) is read here rather than in whole-kernel counts, which the prologue and epilogue also
+    """:func:`count_sass` (families, ``length`` and ``sequence``, no per-opcode table) of every
+    innermost loop of the listing of at least ``min_length`` instructions — a backward branch
+    whose body holds no other such loop (shorter loops inside, an mbarrier's spin on its phase,
+    do not make it outer) — in listing order. A kernel spends its time in these (a key loop, or
+    its masked and unmasked copies), so a lever that should change a loop (a barrier, a copy, a
+    mask) is read here rather than in whole-kernel counts, which the prologue and epilogue also
     move."""
     ins = [(int(a, 16), text.strip()) for a, text in _SASS_ADDRESSED.findall(sass)]
     where = {a: i for i, (a, _) in enumerate(ins)}
     loops = []
     for j, (a, text) in enumerate(ins):
         m = _BACKWARD_BRANCH.search(text)
-        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in where:
-            loops.append((where[int(m.group(1), 16)], j))
+        target = int(m.group(1), 16) if m else None
+        if target is not None and target <= a and target in where and j - where[target] + 1 >= min_length:
+            loops.append((where[target], j))
     out = []
     for lo, hi in loops:
-        if hi - lo + 1 < min_length or any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops):
+        if any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2 in loops):
             continue
-        counts = count_sass("\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1]))
+        body = "\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1])
+        counts = count_sass(body)
         # the loop's instructions in issue order, by family (the first token of each opcode):
         # where a lever moves work rather than removing it, the order is the evidence
-        counts["sequence"] = " ".join(op.split(".")[0] for op in _SASS_LINE.findall(
-            "\n".join(f"/*{a:04x}*/ {text} ;" for a, text in ins[lo:hi + 1])))
+        counts["sequence"] = " ".join(op.split(".")[0] for op in _SASS_LINE.findall(body))
         del counts["opcodes"]
         counts["length"] = hi - lo + 1
         out.append(counts)

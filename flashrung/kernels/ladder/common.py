@@ -440,6 +440,21 @@ def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM
     return b, h, start_m
 
 
+@gluon.jit
+def tile_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+               stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HEAVIEST_FIRST: gl.constexpr = False,
+               L2_SECTIONS: gl.constexpr = False):
+    """This program's first query row in the rung's order (:func:`cta_tile`) and the base
+    pointers of its tile (:func:`tile_bases`): (start_m, q_base, k_base, v_base, o_base, lse_base)."""
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
+    return start_m, q_base, k_base, v_base, o_base, lse_base
+
+
 # --------------------------------------------------------------------------------------------
 # Masking and loop bounds
 # --------------------------------------------------------------------------------------------
@@ -650,11 +665,10 @@ def attention_mma_cp_async(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
+    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
                                              HEAD_DIM, xor_swizzled_layout(), True, Q_CHUNK)
@@ -685,11 +699,10 @@ def ring_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_
     Returns (q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
     SMEM: gl.constexpr = xor_swizzled_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
+    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        BLOCK_M, HEAD_DIM)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)

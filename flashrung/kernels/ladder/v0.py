@@ -37,8 +37,8 @@ from triton.experimental.gluon import language as gl
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    finalize, fma_layout, kv_loop_end, mask_scores, program_tile, row_major_layout, softmax_update,
-    stage_kv_scalar, stage_tile_scalar, store_tile, tile_bases,
+    finalize, fma_layout, kv_loop_end, mask_scores, row_major_layout, softmax_update, stage_kv_scalar,
+    stage_tile_scalar, store_tile, tile_start,
 )
 
 NAME = "ladder.v0"
@@ -70,11 +70,10 @@ def attention_fwd_v0(
     SMEM: gl.constexpr = row_major_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
+    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        BLOCK_M, HEAD_DIM)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)

@@ -30,8 +30,8 @@ from triton.experimental.gluon import language as gl
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    allocate_and_stage_q, finalize, flash_state, kv_loop_end, mma_block, mma_layout, program_tile,
-    row_major_layout, store_tile, tile_bases,
+    allocate_and_stage_q, finalize, flash_state, kv_loop_end, mma_block, mma_layout, row_major_layout,
+    store_tile, tile_start,
 )
 
 NAME = "ladder.v1"
@@ -52,11 +52,10 @@ def attention_mma_scalar_staged(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = program_tile(heads_q, BLOCK_M)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
+    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        BLOCK_M, HEAD_DIM)
     # Scalar staging (v0's) into SMEM; mma_block runs both matmuls on mma_v2, and P stays in
     # registers: S's accumulator fragment is PV's A fragment.
     q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,

@@ -52,8 +52,8 @@ from triton.experimental.gluon import language as gl
 
 from flashrung.kernels.ladder import common
 from flashrung.kernels.ladder.common import (
-    allocate_and_stage_q, cta_tile, finalize, flash_state, kv_interior_end, kv_loop_end, mma_layout, mma_pv,
-    mma_scores, softmax_update, stage_kv_block, store_tile, tile_bases, xor_swizzled_layout,
+    allocate_and_stage_q, finalize, flash_state, kv_interior_end, kv_loop_end, mma_layout, mma_pv, mma_scores,
+    softmax_update, stage_kv_block, store_tile, tile_start, xor_swizzled_layout,
 )
 
 NAME = "ladder.v7"
@@ -198,11 +198,10 @@ def attention_fwd_v7(
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, False)
-    q_base, k_base, v_base, o_base, lse_base = tile_bases(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
-        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
-        seqlen_q, heads_q, group)
+    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, False)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
                                              HEAD_DIM, xor_swizzled_layout(), True)

@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16, v17
+from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16, v17, v18
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -58,6 +58,10 @@ SELECTORS = {
     "v15_d64": ("v15", SM90, {"head_dim": 64, "causal": False}),
     "v17_causal": ("v17", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
     "v17": ("v17", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v18_causal": ("v18", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v18": ("v18", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v18_causal_apart": ("v18", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
+    "v18_d64_causal": ("v18", SM90, {"head_dim": 64, "causal": True}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -69,6 +73,7 @@ SELECTORS = {
                                               "ladder.v15": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
                                               "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -398,6 +403,29 @@ def test_v17_starts_each_trip_on_a_known_max(rows):
         assert rows[on]["spill_bytes"] == 0, on
 
 
+def test_v18_copies_whole_blocks_without_a_predicate(rows):
+    # v16's unmasked trip predicates each of its 16 (d64: 8) copied rows on the rows left before
+    # hi (ISETP per row, the select of the copy's source size); v18's first loop copies whole
+    # blocks with none: no ISETP at all in it, the same MMA, fragment loads, exponentials, copies
+    # and barriers, and a shorter trip; its second loop is v16's masked trip. No spill
+    pairs = (("v18_causal", "v16_causal_deferred"), ("v18", "v16_full_deferred"),
+             ("v18_d64_causal", "v16_d64_causal_deferred"), ("v18_causal_apart", None))
+    for on, parent in pairs:
+        whole, masked = rows[on]["loops"]
+        assert whole["ISETP"] == 0 and masked["ISETP"] > 0, on
+        assert rows[on]["spill_bytes"] == 0, on
+        if parent is None:
+            continue
+        unmasked, parent_masked = rows[parent]["loops"]
+        for fam in ("HMMA", "LDSM", "MUFU.EX2", "FMNMX", "SHFL", "LDGSTS", "BAR"):
+            assert whole[fam] == unmasked[fam] and masked[fam] == parent_masked[fam], (on, fam)
+        assert unmasked["ISETP"] > 0, parent
+        assert whole["length"] < unmasked["length"], (on, whole["length"], unmasked["length"])
+    # census, sm_90a, d128 causal: 560 -> 538 instructions a trip (the select in
+    # v18.whole_copy_trips keeps LLVM from hoisting the copies' offsets: 636 with a min)
+    assert rows["v18_causal"]["loops"][0]["length"] <= rows["v16_causal_deferred"]["loops"][0]["length"] - 16
+
+
 def test_v16_config_overrides():
     assert v16.config_with(None, {"row_sum": "mma"}).row_sum == "mma"
     with pytest.raises(ValueError, match="row_sum must be one of auto, mma, deferred, got 'rows'"):
@@ -450,7 +478,7 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17"):   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -622,8 +650,25 @@ def test_v17_passes_the_gate_at_its_loop_split(shape):
     _assert_gate(v17.forward, shape, "ladder.v17")
 
 
+# v18's loop bound where the copies stop being whole: tiles whose prefetches never are (fewer than
+# three blocks), whose last interior trip already copies past hi (non-causal with a key tail, Sq
+# < Sk), and tiles where the bound and v15's split coincide
+V18_COPY_SHAPES = V15_SPLIT_SHAPES + [
+    (1, 64, 191, 2, 2, 128, torch.bfloat16, False),     # 2 blocks + 63 keys: the third copy partial
+    (1, 64, 192, 2, 2, 64, torch.float16, False),       # exactly three blocks: one whole copy
+    (1, 200, 1000, 2, 1, 128, torch.bfloat16, True),    # Sq < Sk causal: long interior, partial tail
+    (2, 3000, 3000, 4, 4, 128, torch.bfloat16, False),  # 47 blocks, the last 56 keys long
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rung", [v14, v15, v16, v17], ids=lambda m: m.NAME)
+@pytest.mark.parametrize("shape", V18_COPY_SHAPES, ids=_shape_id)
+def test_v18_passes_the_gate_where_its_copies_stop_being_whole(shape):
+    _assert_gate(v18.forward, shape, "ladder.v18")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", [v14, v15, v16, v17, v18], ids=lambda m: m.NAME)
 def test_three_slot_ring_rungs_are_deterministic(rung):
     """The ring's slots are reused every three blocks: a slot read before its copy landed, or
     overwritten while read, shows as a result that moves between identical calls."""

@@ -10,7 +10,7 @@ CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from 
 two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
 softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v16`` from ``v15``
 with the running row sum off the softmax's path, ``v17`` from ``v16`` with the next block's row
-max formed a trip early. Each rung
+max formed a trip early, ``v18`` from ``v16`` with its prefetches of whole blocks unpredicated. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -78,6 +78,9 @@ RUNGS: tuple[Rung, ...] = (
     # v16's trips open on the row max of the block v14 computed a trip earlier
     Rung("ladder.v17", "flashrung.kernels.ladder.v17", "ladder.v16",
          "the next block's row max formed under this block's softmax (max one block ahead)"),
+    # v16's trips predicate every prefetched row though only a tile's last two copy past its keys
+    Rung("ladder.v18", "flashrung.kernels.ladder.v18", "ladder.v16",
+         "the prefetches of whole blocks issued without their row predicate"),
 )
 
 

@@ -296,20 +296,35 @@ def stage_tile_scalar(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: 
 
 
 @gluon.jit
-def stage_tile_async(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr):
+def row_keep(r, n_rows, WHOLE: gl.constexpr):
+    """The copy predicate of rows ``r``: those below ``n_rows``; none with ``WHOLE`` (the caller
+    knows every row of the block lies inside the tensor, ladder.v18), so the copies carry no
+    predicate and no zero-fill."""
+    if WHOLE:
+        keep = (r < r.shape[0])[:, None]
+    else:
+        keep = (r < n_rows)[:, None]
+    return keep
+
+
+@gluon.jit
+def stage_tile_async(smem, base, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr,
+                     WHOLE: gl.constexpr = False):
     """Issue cp.async copies of a (ROWS, COLS) tile, 16 bytes per thread per copy, no register
-    destination; rows at or past ``n_rows`` are zero-filled (src-size 0). The caller commits
-    and waits. The host guarantees 16-byte alignment (``validate``); the hint lets the compiler
-    see it without launch-time specialization, so ahead-of-time and JIT code agree."""
+    destination; rows at or past ``n_rows`` are zero-filled (src-size 0) unless ``WHOLE``
+    (:func:`row_keep`). The caller commits and waits. The host guarantees 16-byte alignment
+    (``validate``); the hint lets the compiler see it without launch-time specialization, so
+    ahead-of-time and JIT code agree."""
     L: gl.constexpr = vector_copy_layout(COLS, gl.num_warps())
     r = gl.arange(0, ROWS, gl.SliceLayout(1, L))
     c = gl.arange(0, COLS, gl.SliceLayout(0, L))
     ptrs = gl.multiple_of(base + r[:, None] * stride_row + c[None, :], [1, COPY_BYTES_K])
-    async_copy.async_copy_global_to_shared(smem, ptrs, mask=(r < n_rows)[:, None])
+    async_copy.async_copy_global_to_shared(smem, ptrs, mask=row_keep(r, n_rows, WHOLE))
 
 
 @gluon.jit
-def stage_rows_async(smem, base, first_row, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr):
+def stage_rows_async(smem, base, first_row, n_rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr,
+                     WHOLE: gl.constexpr = False):
     """:func:`stage_tile_async` of the rows ``first_row + r`` of a tensor at ``base``, each row's
     64-bit offset formed from ``first_row + r`` where it is used: the whole-tile form adds the
     block's offset to the base and keeps the tile's per-row offsets, one 64-bit pair per row a
@@ -319,12 +334,12 @@ def stage_rows_async(smem, base, first_row, n_rows, stride_row, ROWS: gl.constex
     c = gl.arange(0, COLS, gl.SliceLayout(0, L))
     rows = (first_row + r).to(gl.int64)
     ptrs = gl.multiple_of(base + rows[:, None] * stride_row + c[None, :], [1, COPY_BYTES_K])
-    async_copy.async_copy_global_to_shared(smem, ptrs, mask=(r < n_rows)[:, None])
+    async_copy.async_copy_global_to_shared(smem, ptrs, mask=row_keep(r, n_rows, WHOLE))
 
 
 @gluon.jit
 def issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_kv,
-                              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+                              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WHOLE: gl.constexpr = False):
     """:func:`issue_kv_async` for K and V with one row stride (the usual case: both
     ``(B, S, H, D)`` of one shape): the two tiles share each thread's row offsets, so the key
     loop keeps one 64-bit offset per row a thread copies instead of two."""
@@ -333,7 +348,7 @@ def issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, str
     c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, L))
     offs = r[:, None] * stride_kv + c[None, :]
     row0 = start_n.to(gl.int64) * stride_kv
-    keep = (r < n_rows)[:, None]
+    keep = row_keep(r, n_rows, WHOLE)
     async_copy.async_copy_global_to_shared(k_dst, gl.multiple_of(k_base + row0 + offs, [1, COPY_BYTES_K]), mask=keep)
     async_copy.async_copy_global_to_shared(v_dst, gl.multiple_of(v_base + row0 + offs, [1, COPY_BYTES_K]), mask=keep)
 
@@ -348,11 +363,11 @@ def stage_kv_scalar(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, st
 
 @gluon.jit
 def issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
-                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WHOLE: gl.constexpr = False):
     """cp.async the key block starting at ``start_n`` into ``k_dst``/``v_dst`` (one commit
     group for both tiles; the caller commits)."""
-    stage_tile_async(k_dst, k_base + start_n.to(gl.int64) * stride_ks, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
-    stage_tile_async(v_dst, v_base + start_n.to(gl.int64) * stride_vs, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
+    stage_tile_async(k_dst, k_base + start_n.to(gl.int64) * stride_ks, n_rows, stride_ks, BLOCK_N, HEAD_DIM, WHOLE)
+    stage_tile_async(v_dst, v_base + start_n.to(gl.int64) * stride_vs, n_rows, stride_vs, BLOCK_N, HEAD_DIM, WHOLE)
 
 
 @gluon.jit

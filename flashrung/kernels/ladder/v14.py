@@ -105,14 +105,18 @@ def copy_form(head_dim: int, one_stride: bool) -> int:
 
 @gluon.jit
 def issue_kv(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
-             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr):
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr, WHOLE: gl.constexpr = False):
+    """Block ``start_n``'s K and V in ``KV_COPY``'s form; ``WHOLE``: no row predicate (the
+    caller knows all BLOCK_N rows lie inside the tensor; ``common.row_keep``)."""
     if KV_COPY == COPY_TILE_K:
-        common.issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs, BLOCK_N, HEAD_DIM)
+        common.issue_kv_async(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
+                              WHOLE)
     elif KV_COPY == COPY_ONE_STRIDE_K:
-        common.issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
+        common.issue_kv_async_one_stride(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM,
+                                         WHOLE)
     else:
-        common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM)
-        common.stage_rows_async(v_dst, v_base, start_n, n_rows, stride_vs, BLOCK_N, HEAD_DIM)
+        common.stage_rows_async(k_dst, k_base, start_n, n_rows, stride_ks, BLOCK_N, HEAD_DIM, WHOLE)
+        common.stage_rows_async(v_dst, v_base, start_n, n_rows, stride_vs, BLOCK_N, HEAD_DIM, WHOLE)
 
 
 @gluon.jit
@@ -141,15 +145,15 @@ def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride
 @gluon.jit
 def refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
-                    IN_FLIGHT: gl.constexpr):
+                    IN_FLIGHT: gl.constexpr, WHOLE: gl.constexpr = False):
     """The head of trip j: block j+KV_STAGES-1 into the slot block j-1 left (every warp passed the
     barrier that closed trip j-1, so nothing reads it), one commit per trip so the wait's count
     is fixed, then wait until ``IN_FLIGHT`` groups remain and meet the barrier that makes every
-    warp's copies visible."""
+    warp's copies visible. ``WHOLE``: the caller knows that block ends at or before ``hi``."""
     j = start_n // BLOCK_N
     ahead = start_n + (KV_STAGES - 1) * BLOCK_N
     issue_kv(k_smem.index((j + KV_STAGES - 1) % KV_STAGES), v_smem.index((j + KV_STAGES - 1) % KV_STAGES),
-             k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY)
+             k_base, v_base, ahead, hi - ahead, stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY, WHOLE)
     async_copy.commit_group()
     async_copy.wait_group(IN_FLIGHT)
     gl.thread_barrier()

@@ -41,7 +41,7 @@ from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, m
 
 NAME = "ladder.v16"
 PARENT = "ladder.v15"
-LEVER = "the key loop split where the mask begins: interior blocks run QK with no mask"
+LEVER = "the running row sum off the softmax's path: per-thread partials, one quad exchange per tile"
 HEAD_DIMS = v14.HEAD_DIMS
 EXP2 = gl.constexpr(True)
 

@@ -1,0 +1,134 @@
+"""ladder.v18 — v16's prefetches of whole blocks issued without their row predicate.
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v16): every trip of v16 prefetches block j+2 into the ring with each row's
+cp.async predicated on ``row < hi - start`` (the zero-fill that keeps a block running past the
+tile's keys finite), though only the last two trips of a tile can copy such a block. Here the
+trips whose prefetched block ends at or before ``hi`` (:func:`whole_copy_trips`) run a copy of
+v16's unmasked trip whose copies carry no predicate (``common.row_keep``); the trips after them
+run v16's two trips unchanged. The loop that was split once where the mask begins (v15) is split
+a second time where the copies stop being whole; the cut is a bound, so no trip tests it.
+
+Why this lever: v16's unmasked trip is where a tile spends its time, and the predicate is
+per-trip integer work on the same issue slots as the softmax (the comparison of each copied row
+with the remaining count, the select of each copy's source size). The census of v16 with the
+copies unpredicated (sm_90a): d128 causal trip 560 -> 539 instructions, non-causal 566 -> 543,
+d64 395 -> 392, no spill.
+Prediction: v16's deferred sum bought 3.8% for 3 instructions where they sat on the trip's
+chain; these are not on it (the copies have no consumer in the trip) — +0.5-2% at config B and
+A, nothing at d64.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from flashrung.kernels.ladder import common, v14, v15, v16
+from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
+from flashrung.kernels.ladder.v16 import init_row_sum, row_sum, softmax_pv
+
+NAME = "ladder.v18"
+PARENT = "ladder.v16"
+LEVER = "the prefetches of whole blocks issued without their row predicate"
+HEAD_DIMS = v14.HEAD_DIMS
+EXP2 = gl.constexpr(True)
+CONFIG = v14.CONFIG   # v16's tile and ring; the row sum deferred (v16's pick, every head dim and mask)
+ROW_SUM = v16.SUM_DEFERRED
+
+
+@gluon.jit
+def whole_copy_trips(hi, split, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr):
+    """The end of the unmasked trips whose copies are whole. Trip j (``start_n = j·BLOCK_N``)
+    copies block j+KV_STAGES-1, rows ``start_n + (KV_STAGES-1)·BLOCK_N`` onwards; that block lies
+    below ``hi`` when ``start_n + KV_STAGES·BLOCK_N <= hi``, i.e. for the multiples of BLOCK_N
+    below ``whole`` (``hi - (KV_STAGES-1)·BLOCK_N`` rounded down to one). Returns
+    ``min(max(whole, 0), split)`` — a multiple of BLOCK_N or ``split`` — written as a select: as
+    ``gl.minimum`` LLVM rewrote the ring's slot index into three counters and hoisted the 16
+    swizzled copy offsets out of the loop, and the unmasked trip compiled to 636 instructions
+    instead of 538 (census, sm_90a, d128 causal)."""
+    whole = ((hi - (KV_STAGES - 1) * BLOCK_N) // BLOCK_N) * BLOCK_N
+    return gl.where(whole < split, gl.maximum(whole, 0), split)
+
+
+@gluon.jit
+def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs, offs_m,
+               seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
+               MASKED: gl.constexpr, WHOLE: gl.constexpr, ROW_SUM: gl.constexpr):
+    """v16's trip j (block j+KV_STAGES-1's copy, the wait for block j+1, S(j+1) masked only if
+    ``MASKED``, softmax(j) and PV(j)), the copy unpredicated if ``WHOLE``.
+    Returns (s_next, m_i, l_i, acc)."""
+    j = start_n // BLOCK_N
+    v14.refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
+                        KV_STAGES, KV_COPY, KV_STAGES - 2, WHOLE)  # block j+1 has landed
+    s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
+                        causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
+    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
+    return s_next, m_i, l_i, acc
+
+
+@gluon.jit
+def attention_fwd_v18(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+):
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+
+    q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = v14.ring_start(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY)
+
+    m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
+    l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
+    causal_shift = seqlen_k - seqlen_q
+    s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
+    # the copies stop being whole two blocks before hi: the unmasked loop ends there too, and an
+    # interior trip past it runs masked (a no-op mask, at most one trip a tile: two copies of the
+    # trip, as v16 has, rather than three)
+    whole = whole_copy_trips(hi, split, BLOCK_N, KV_STAGES)
+    for start_n in range(0, whole, BLOCK_N):
+        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, False, True, ROW_SUM)
+    for start_n in range(whole, last_trip, BLOCK_N):
+        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
+                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, False, ROW_SUM)
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
+
+    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+def unsupported_reason(problem) -> str | None:
+    return v14.unsupported_reason(problem)
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    return v14.launch_on_ring(attention_fwd_v18, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
+                              constexprs={"ROW_SUM": ROW_SUM}, needs_ahead=NAME)
+
+
+def census_specs():
+    # K and V with one row stride (what the bench and the gate pass); then d128's copy form for K
+    # and V laid out apart
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v18, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
+            for d, c, form in cases]

@@ -142,6 +142,11 @@ CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
+# d64's short non-causal kernel (S <= 1024) as select_config builds it: the short-causal tile's
+# stack with two Q buffers, for a launch with a key tail and for one without
+_D64_SHORT_FULL = {**config._SHORT_NONCAUSAL[64], "stagger_kv": False, "num_q_stages": 2}
+CENSUS_CONFIGS.append(("d64-full-short", 64, False, _D64_SHORT_FULL))
+CENSUS_CONFIGS.append(("d64-full-short-first-mask-no-tail", 64, False, {**_D64_SHORT_FULL, "_key_tail": False}))
 # the same two non-causal kernels built for keys that fill their K/V tiles (the launches of every
 # benchmark row): no key tail, so no mask on the first tile and no branch around it
 CENSUS_CONFIGS.append(("d64-full-unstaggered-first-mask-no-tail", 64, False,
@@ -380,8 +385,10 @@ def test_first_mask_on_need_census(census):
 def test_short_non_causal_defaults_keep_no_local_memory(census):
     # the non-causal kernels of the shorter problems (no stagger at d64, no split tail at d128) as
     # a launch with a key tail builds them: with a branch around the first tile's mask they kept
-    # 184 B and 12 B in local memory (census), so that launch masks its first tile always
-    for name in ("d64-full-unstaggered", "d128-full-whole"):
+    # 184 B and 12 B in local memory (census), so that launch masks its first tile always; and
+    # d64's short non-causal kernel (S <= 1024: the 128-row tile, the multiply-high decode, two Q
+    # buffers), with and without a key tail
+    for name in ("d64-full-unstaggered", "d128-full-whole", "d64-full-short", "d64-full-short-first-mask-no-tail"):
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
         assert row["config"]["first_mask_on_need"]
@@ -662,31 +669,37 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
             cfg.check(head_dim)
 
 
-@pytest.mark.parametrize("head_dim, seqlen, short", [
-    (64, 1, True), (64, 1024, True), (64, 2048, True), (64, 2049, False), (64, 3072, False), (64, 4096, False),
-    (128, 1024, True), (128, 1025, False), (128, 2048, False), (256, 1024, False)])
-def test_short_causal_schedule_follows_the_measured_rule(head_dim, seqlen, short):
+@pytest.mark.parametrize("head_dim, seqlen, short, short_full", [
+    (64, 1, True, True), (64, 1024, True, True), (64, 1025, True, False), (64, 2048, True, False),
+    (64, 2049, False, False), (64, 3072, False, False), (64, 4096, False, False),
+    (128, 1024, True, False), (128, 1025, False, False), (128, 2048, False, False), (256, 1024, False, False)])
+def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short_full):
     # the short-causal schedule only where it measured faster (config.SHORT_CAUSAL_MAX_SEQLEN): d64's
     # 128-row tile up to 2048 (the 192-row tile won from 3072 on the balanced lists), d128 without
-    # pingpong up to 1024; the longer of Sq and Sk decides, and non-causal problems never take it
+    # pingpong up to 1024; non-causal d64 takes the same tile with the multiply-high decode up to
+    # 1024 (SHORT_NONCAUSAL_MAX_SEQLEN: a KEEP at S1024, a loss at S2048); the longer of Sq and Sk
+    # decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
         full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
         if head_dim == 64:
             assert (causal.block_m, causal.consumer_regs) == ((128, 240) if short else (192, 160)), (sq, sk)
-            assert full.block_m == 192
+            assert (full.block_m, full.consumer_regs, full.fast_divide_producer, full.fast_divide_consumers) == (
+                (128, 240, True, True) if short_full else (192, 160, False, False)), (sq, sk)
+            full.check(head_dim)
         elif head_dim == 128:
             assert causal.pingpong is not short and full.block_m == 128, (sq, sk)
         causal.check(head_dim)
 
 
 @pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
-    (64, 1, 2, 1), (64, 1024, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
+    (64, 1, 2, 2), (64, 1024, 2, 2), (64, 1025, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
     (128, 1, 1, 2), (128, 1024, 1, 2), (128, 2048, 1, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
     (256, 1024, 1, 1)])
 def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
     # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
-    # short-causal tile and d128 non-causal up to 2048; the longer of Sq and Sk decides
+    # short-causal tile, d64's short non-causal tile (up to 1024) and d128 non-causal up to 2048;
+    # the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, stages in ((True, causal_stages), (False, full_stages)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,

@@ -433,6 +433,20 @@ _SHORT_CAUSAL = {
              fast_divide_consumers=True),
     128: dict(pingpong=False, wait_pv_early=False, named_turns=False),
 }
+# Short non-causal problems (max(Sq, Sk) up to this) take the short-causal tile's stack at d64:
+# the 128-row tile, the multiply-high decode in every partition and (TWO_Q_STAGES_MAX_SEQLEN) two
+# Q buffers. At S1024 the 192-row tile covers 1024 rows with six tiles, the last a third full;
+# 128 rows cover them with eight. Alone the 128-row tile lost here (screening 0.974 at S1024, and
+# paired 0.985 / 0.985 with neither the decode nor the second Q buffer), and each of those two
+# alone stayed under the shape's null on the 192-row tile (1.0055 / 0.9979; 1.0044 / 1.0050);
+# together, paired and preheated over
+# the 192-row default (t_keep 1.002164, the S1024 shape's own null 1.006339): B32 H32 S1024
+# 1.0225 / 1.0230 (KEEP), B16 H32 S2048 0.9452 / 0.9418 (REVERT) — h200-compare-d64-full-s*k-
+# short-tile-stack.json. Between 1024 and 2048 it is not priced; the rule keeps the length timed.
+SHORT_NONCAUSAL_MAX_SEQLEN = {64: 1024}
+_SHORT_NONCAUSAL = {
+    64: dict(block_m=128, consumer_regs=240, fast_divide_producer=True, fast_divide_consumers=True),
+}
 
 
 # The split tail (non-causal) from this max(Sq, Sk) up: the tail tile it spreads over every SM
@@ -491,16 +505,17 @@ CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # 1.0041 / 1.0033 (KEEP). Not taken: d64 non-causal B32 H32 S1024 1.0044 / 1.0050 (clears t_keep,
 # not the S1024 null), B16 H32 S2048 1.0010 / 1.0006 (NULL); d128 causal B32 H16 S1024 0.9969 /
 # 1.0017 (NULL; run 1's halves disagree), B16 H16 S2048 0.9952 / 1.0025 (NULL).
-# d256 has no room (its O is staged in Q's buffer)
-TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (128, False): 2048}
+# d256 has no room (its O is staged in Q's buffer). d64 non-causal up to S1024 runs the 128-row
+# tile with two Q buffers as part of one stack (SHORT_NONCAUSAL_MAX_SEQLEN)
+TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, False): 2048}
 
 
 @functools.lru_cache(maxsize=None)
-def _select(head_dim: int, causal: bool, persistent: bool, short_causal: bool, split_tail: bool,
+def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
-    if short_causal:
-        base = dataclasses.replace(base, **_SHORT_CAUSAL[head_dim])
+    if short:
+        base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
@@ -515,11 +530,12 @@ def select_config(problem) -> HopperFwdConfig:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}")
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
-    short_causal = bool(problem.causal) and seqlen <= SHORT_CAUSAL_MAX_SEQLEN.get(problem.head_dim, 0)
+    short_max = SHORT_CAUSAL_MAX_SEQLEN if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN
+    short = seqlen <= short_max.get(problem.head_dim, 0)
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
     two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
-    return _select(problem.head_dim, bool(problem.causal), persistent, short_causal, split_tail, balanced, stagger_kv,
+    return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1)

@@ -980,6 +980,21 @@ def test_deterministic():
     _assert_reruns_identical(*_d128_inputs(2, 8, 2), True)
 
 
+@pytest.mark.gpu
+@on_hopper
+def test_short_non_causal_d64_is_deterministic():
+    # d64 non-causal up to S1024 runs the 128-row tile with two Q buffers per consumer: the
+    # producer refills one Q buffer while the other is read, a reuse a race would show in
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 1000, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = select_config(_problem(head_dim=64, head_dim_v=64, causal=False, seqlen_q=1000, seqlen_k=1000))
+    assert (cfg.block_m, cfg.num_q_stages, cfg.fast_divide_consumers) == (128, 2, True)
+    for _ in range(3):
+        out1, lse1 = fwd.forward(q, k, v, False, 64 ** -0.5)
+        out2, lse2 = fwd.forward(q, k, v, False, 64 ** -0.5)
+        assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
+
+
 # Split-tail shapes (132 SMs, one CTA each): every tile a tail tile, 2 splits (B2 H3 S1000 at
 # d128: 48 tiles); full rounds and a tail (B3 H12 S1000 at d128: 264 + 24 × 5); Sq ≠ Sk with
 # key tails (333 × 4097: 11 splits of 33 K/V tiles); one K/V tile, so no split (4097 × 17); GQA.

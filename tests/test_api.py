@@ -230,7 +230,11 @@ def test_automatic_dispatch_runs_short_causal_d64_on_hopper_with_its_short_tile(
     assert select_config(short).block_m == 128
     long = dataclasses.replace(short, seqlen_q=8192, seqlen_k=8192, strides=((8192 * 4 * 64, 4 * 64, 64, 1),) * 3)
     assert select_config(long).block_m == 192
-    assert select_config(dataclasses.replace(short, causal=False)).block_m == 192
+    # non-causal d64 takes the 128-row tile only up to S1024 (config.SHORT_NONCAUSAL_MAX_SEQLEN)
+    assert select_config(dataclasses.replace(short, causal=False)).block_m == 128
+    mid = dataclasses.replace(short, seqlen_q=2048, seqlen_k=2048, causal=False,
+                              strides=((2048 * 4 * 64, 4 * 64, 64, 1),) * 3)
+    assert select_config(mid).block_m == 192
 
 
 def _op_refuses(monkeypatch):

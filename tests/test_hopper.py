@@ -125,7 +125,8 @@ CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, 
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 # the short-causal d64 tile exactly as select_config builds it on top of the causal default
-_D64_SHORT = dict(config._SHORT_CAUSAL[64])
+_FAST_DIVIDE = {"fast_divide_producer": True, "fast_divide_consumers": True}
+_D64_SHORT = {**config._SHORT_CAUSAL[64], **_FAST_DIVIDE}
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, _D64_SHORT))
 # the masked tiles' two-condition mask (key length and diagonal tested apart), which the causal
 # defaults' one bound per row replaced: on d128's and d64's causal tiles and d64's short-causal one
@@ -144,7 +145,7 @@ CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
 # d64's short non-causal kernel (S <= 1024) as select_config builds it: the short-causal tile's
 # stack with two Q buffers, for a launch with a key tail and for one without
-_D64_SHORT_FULL = {**config._SHORT_NONCAUSAL[64], "stagger_kv": False, "num_q_stages": 2}
+_D64_SHORT_FULL = {**config._SHORT_NONCAUSAL[64], **_FAST_DIVIDE, "stagger_kv": False, "num_q_stages": 2}
 CENSUS_CONFIGS.append(("d64-full-short", 64, False, _D64_SHORT_FULL))
 CENSUS_CONFIGS.append(("d64-full-short-first-mask-no-tail", 64, False, {**_D64_SHORT_FULL, "_key_tail": False}))
 # the same two non-causal kernels built for keys that fill their K/V tiles (the launches of every
@@ -692,14 +693,30 @@ def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short
         causal.check(head_dim)
 
 
+@pytest.mark.parametrize("head_dim, seqlen, causal_on, full_on", [
+    (64, 1, True, True), (64, 1024, True, True), (64, 1025, True, False), (64, 2048, True, False),
+    (64, 2049, False, False), (128, 1, True, True), (128, 1024, True, True), (128, 1025, False, False),
+    (128, 16384, False, False), (256, 1024, False, False)])
+def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full_on):
+    # the multiply-high decode in every partition only where it measured faster
+    # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles, and d128 up to 1024 (with two Q
+    # buffers); both partitions' switches together; the longer of Sq and Sk decides
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        for causal, on in ((True, causal_on), (False, full_on)):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert cfg.fast_divide_producer is on and cfg.fast_divide_consumers is on, (head_dim, causal, sq, sk)
+            cfg.check(head_dim)
+
+
 @pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
     (64, 1, 2, 2), (64, 1024, 2, 2), (64, 1025, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
-    (128, 1, 1, 2), (128, 1024, 1, 2), (128, 2048, 1, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
+    (128, 1, 2, 2), (128, 1024, 2, 2), (128, 1025, 1, 2), (128, 2048, 1, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
     (256, 1024, 1, 1)])
 def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
     # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
-    # short-causal tile, d64's short non-causal tile (up to 1024) and d128 non-causal up to 2048;
-    # the longer of Sq and Sk decides
+    # short-causal tile, d64's short non-causal tile (up to 1024), d128 non-causal up to 2048 and
+    # d128 causal up to 1024 (with the multiply-high decode); the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, stages in ((True, causal_stages), (False, full_stages)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,

@@ -192,8 +192,9 @@ class HopperFwdConfig:
     # keeps 16 B in local memory. Paired on the H200, preheated, B32 S1024 (t_keep 1.002164), both
     # over neither: d64 causal (the short-causal 128-row tile, H32) 1.0412 / 1.0305 (KEEP; the
     # producer alone 1.0293 / 1.0239), d64 non-causal (H32) 1.0055 / 0.9979, d128 causal (H16)
-    # 1.0017 / 1.0059 (NULL). On for d64's short-causal tile (_SHORT_CAUSAL), where a tile has the
-    # fewest K/V steps to hide its head behind; off elsewhere, where it is NULL or not priced
+    # 1.0017 / 1.0059 (NULL). On where tiles have the fewest K/V steps to hide their heads behind:
+    # d64's 128-row tiles and, with two Q buffers, d128 up to S1024, where together they paid
+    # though each alone was NULL (FAST_DIVIDE_MAX_SEQLEN, with the margins); off elsewhere
     fast_divide_producer: bool = False
     fast_divide_consumers: bool = False
     # Q buffers per consumer warpgroup (1 or 2). With one, the producer loads a tile's Q only once
@@ -422,20 +423,20 @@ BALANCED_CAUSAL_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 #   rows take) came back above 2048, paired and preheated over the 128-row tile: B10 H32 S3072
 #   1.0274 / 1.0263, B8 H32 S4096 1.0062 / 1.0109 (1.0048 / 1.0056 without the stagger); at B16
 #   H32 S2048 it still lost (0.9747 / 0.9732, without the stagger).
-#   On it every partition decodes its work items by multiply-high (fast_divide_*; change 24):
+#   On it every partition decodes its work items by multiply-high (fast_divide_*; change 24;
+#   FAST_DIVIDE_MAX_SEQLEN):
 #   paired, preheated, B32 H32 S1024, both 1.0412 / 1.0305, the producer alone 1.0293 / 1.0239
 #   (KEEP, t_keep 1.002164; both clear the shape's own null, 1.006339).
 # - d128 keeps FA3's order without pingpong: at B32 H16 S1024 FA4's schedule with named turns
 #   measured 0.827 / 0.794 paired.
 SHORT_CAUSAL_MAX_SEQLEN = {64: 2048, 128: 1024}
 _SHORT_CAUSAL = {
-    64: dict(block_m=128, consumer_regs=240, defer_row_sum=False, fast_divide_producer=True,
-             fast_divide_consumers=True),
+    64: dict(block_m=128, consumer_regs=240, defer_row_sum=False),
     128: dict(pingpong=False, wait_pv_early=False, named_turns=False),
 }
 # Short non-causal problems (max(Sq, Sk) up to this) take the short-causal tile's stack at d64:
-# the 128-row tile, the multiply-high decode in every partition and (TWO_Q_STAGES_MAX_SEQLEN) two
-# Q buffers. At S1024 the 192-row tile covers 1024 rows with six tiles, the last a third full;
+# the 128-row tile, the multiply-high decode in every partition (FAST_DIVIDE_MAX_SEQLEN) and two
+# Q buffers (TWO_Q_STAGES_MAX_SEQLEN). At S1024 the 192-row tile covers 1024 rows with six tiles, the last a third full;
 # 128 rows cover them with eight. Alone the 128-row tile lost here (screening 0.974 at S1024, and
 # paired 0.985 / 0.985 with neither the decode nor the second Q buffer), and each of those two
 # alone stayed under the shape's null on the 192-row tile (1.0055 / 0.9979; 1.0044 / 1.0050);
@@ -445,7 +446,7 @@ _SHORT_CAUSAL = {
 # short-tile-stack.json. Between 1024 and 2048 it is not priced; the rule keeps the length timed.
 SHORT_NONCAUSAL_MAX_SEQLEN = {64: 1024}
 _SHORT_NONCAUSAL = {
-    64: dict(block_m=128, consumer_regs=240, fast_divide_producer=True, fast_divide_consumers=True),
+    64: dict(block_m=128, consumer_regs=240),
 }
 
 
@@ -506,13 +507,28 @@ CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # not the S1024 null), B16 H32 S2048 1.0010 / 1.0006 (NULL); d128 causal B32 H16 S1024 0.9969 /
 # 1.0017 (NULL; run 1's halves disagree), B16 H16 S2048 0.9952 / 1.0025 (NULL).
 # d256 has no room (its O is staged in Q's buffer). d64 non-causal up to S1024 runs the 128-row
-# tile with two Q buffers as part of one stack (SHORT_NONCAUSAL_MAX_SEQLEN)
-TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, False): 2048}
+# tile with two Q buffers as part of one stack (SHORT_NONCAUSAL_MAX_SEQLEN); d128 causal up to
+# S1024 takes them with the multiply-high decode (FAST_DIVIDE_MAX_SEQLEN)
+TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, False): 2048, (128, True): 1024}
+
+
+# The work-item decode by multiply-high in every partition (fast_divide_producer and
+# fast_divide_consumers) up to this max(Sq, Sk), per (head dim, causal): where tiles are short, a
+# tile's head is a larger share of its work. Paired on the H200, each block preheated 150 ms
+# (t_keep 1.002164; the S1024 shape's own null 1.006339), bf16: d64's 128-row tiles — causal
+# (change 24) B32 H32 S1024 1.0412 / 1.0305, B16 H32 S2048 +2.0-2.2%; non-causal with two Q
+# buffers (change 26, above) — and, change 27, d128 at B32 H16 S1024: causal, together with two Q
+# buffers, 1.0173 / 1.0185 over neither (each alone had been NULL there: the decode 1.0017 /
+# 1.0059, two Q buffers 0.9969 / 1.0017), non-causal on top of its two Q buffers 1.0155 / 1.0123
+# (h200-compare-d128-{causal,full}-s1k-fast-divide-*.json). Not taken: d64 non-causal B16 S2048 on
+# the 192-row tile with two Q buffers, 1.0066 / 1.0058 — over t_keep, under the S1024 null.
+FAST_DIVIDE_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, True): 1024, (128, False): 1024}
 
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
-            balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int) -> HopperFwdConfig:
+            balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
+            fast_divide: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short:
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
@@ -521,7 +537,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
                                balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
                                first_mask_on_need=base.first_mask_on_need and not split_tail,
-                               num_q_stages=num_q_stages)
+                               num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
+                               fast_divide_consumers=fast_divide)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -537,5 +554,7 @@ def select_config(problem) -> HopperFwdConfig:
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
     two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
+    fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
-                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1)
+                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
+                   fast_divide)

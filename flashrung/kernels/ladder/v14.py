@@ -263,6 +263,18 @@ def launch_on_ring(kernel, q, k, v, causal: bool, softmax_scale: float, *, confi
                          out=out, lse=lse, constexprs={"KV_COPY": form, **(constexprs or {})})
 
 
+def ring_census_specs(name: str, kernel, constexprs: dict | None = None, config: AheadConfig = CONFIG) -> list:
+    """The census of a rung on v14's ring (v15, v17, v18): each head dim and mask with K and V of
+    one row stride (what the bench and the gate pass), then d128's copy form for K and V laid out
+    apart; ``constexprs`` are the rung's own (v17's and v18's row sum)."""
+    cases = [(d, c, copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(name, kernel, head_dim=d, causal=c, cfg=config,
+                               extra={"KV_COPY": form, **(constexprs or {})},
+                               config_extra={"kv_stages": config.kv_stages, "kv_copy": COPY_NAMES[form]})
+            for d, c, form in cases]
+
+
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config: AheadConfig = CONFIG):
     return launch_on_ring(attention_fwd_v14, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse)
 

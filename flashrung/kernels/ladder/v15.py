@@ -117,10 +117,4 @@ def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, 
 
 
 def census_specs():
-    # K and V with one row stride (what the bench and the gate pass); then d128's copy form for K
-    # and V laid out apart
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(NAME, attention_fwd_v15, head_dim=d, causal=c, cfg=CONFIG, extra={"KV_COPY": form},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
-            for d, c, form in cases]
+    return v14.ring_census_specs(NAME, attention_fwd_v15)

@@ -20,7 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from flashrung.kernels.ladder import common, v14, v15, v16
+from flashrung.kernels.ladder import v14, v15, v16
 from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
 from flashrung.kernels.ladder.v16 import init_row_sum, row_sum, softmax_pv
 
@@ -103,11 +103,4 @@ def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, 
 
 
 def census_specs():
-    # K and V with one row stride (what the bench and the gate pass); then d128's copy form for K
-    # and V laid out apart
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(NAME, attention_fwd_v17, head_dim=d, causal=c, cfg=CONFIG,
-                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
-            for d, c, form in cases]
+    return v14.ring_census_specs(NAME, attention_fwd_v17, {"ROW_SUM": ROW_SUM})

@@ -6,19 +6,23 @@ any Sq/Sk, bottom-right causal, GQA.
 Lever (parent ladder.v16): every trip of v16 prefetches block j+2 into the ring with each row's
 cp.async predicated on ``row < hi - start`` (the zero-fill that keeps a block running past the
 tile's keys finite), though only the last two trips of a tile can copy such a block. Here the
-trips whose prefetched block ends at or before ``hi`` (:func:`whole_copy_trips`) run a copy of
-v16's unmasked trip whose copies carry no predicate (``common.row_keep``); the trips after them
-run v16's two trips unchanged. The loop that was split once where the mask begins (v15) is split
-a second time where the copies stop being whole; the cut is a bound, so no trip tests it.
+unmasked loop ends where the prefetched block stops lying whole below ``hi``
+(:func:`whole_copy_trips`) and issues its copies with no predicate (``common.row_keep``); the
+trips after it run v16's masked trip (an interior trip among them — at most one a tile — masks
+nothing). The cut is a loop bound, so no trip tests it, and the loop keeps v16's two trip copies.
 
 Why this lever: v16's unmasked trip is where a tile spends its time, and the predicate is
 per-trip integer work on the same issue slots as the softmax (the comparison of each copied row
-with the remaining count, the select of each copy's source size). The census of v16 with the
-copies unpredicated (sm_90a): d128 causal trip 560 -> 539 instructions, non-causal 566 -> 543,
-d64 395 -> 392, no spill.
+with the remaining count, the select of each copy's source size). Census (sm_90a): the unmasked
+trip d128 causal 560 -> 538 instructions, non-causal 566 -> 537, d64 395 -> 389, no ISETP in it,
+no spill.
 Prediction: v16's deferred sum bought 3.8% for 3 instructions where they sat on the trip's
 chain; these are not on it (the copies have no consumer in the trip) — +0.5-2% at config B and
 A, nothing at d64.
+Measured (H200, docs/ladder.md, paired `flashrung compare` over v16, two fresh processes): config A
+1.0154 / 1.0151 KEEP; config B 0.9811 / 0.9825 and d64 at config B's shape 0.9644 / 0.9657
+REVERT. Per-instruction stall samples at B put the loss on the copies' address adds, which wait
+on the long scoreboard for the previous copies once no predicate work sits between them.
 """
 from __future__ import annotations
 

@@ -106,12 +106,13 @@ def row_sum(l_i, ROW: gl.constexpr, ROW_SUM: gl.constexpr):
 def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs, offs_m,
                seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
-               MASKED: gl.constexpr, ROW_SUM: gl.constexpr):
+               MASKED: gl.constexpr, ROW_SUM: gl.constexpr, WHOLE: gl.constexpr = False):
     """v14's trip j: block j+KV_STAGES-1's copy, the wait for block j+1, S(j+1) (masked only if
-    ``MASKED``), then softmax(j) and PV(j). Returns (s_next, m_i, l_i, acc)."""
+    ``MASKED``), then softmax(j) and PV(j). ``WHOLE``: the copy without its row predicate
+    (ladder.v18). Returns (s_next, m_i, l_i, acc)."""
     j = start_n // BLOCK_N
     v14.refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
-                        KV_STAGES, KV_COPY, KV_STAGES - 2)  # block j+1 has landed
+                        KV_STAGES, KV_COPY, KV_STAGES - 2, WHOLE)  # block j+1 has landed
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
     acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)

@@ -31,7 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.ladder import v14, v15, v16
-from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, mma_scores, store_tile
+from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, store_tile
 from flashrung.kernels.ladder.v16 import init_row_sum, row_sum, softmax_pv
 
 NAME = "ladder.v18"
@@ -55,24 +55,6 @@ def whole_copy_trips(hi, split, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr):
     instead of 538 (census, sm_90a, d128 causal)."""
     whole = ((hi - (KV_STAGES - 1) * BLOCK_N) // BLOCK_N) * BLOCK_N
     return gl.where(whole < split, gl.maximum(whole, 0), split)
-
-
-@gluon.jit
-def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs, offs_m,
-               seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
-               MASKED: gl.constexpr, WHOLE: gl.constexpr, ROW_SUM: gl.constexpr):
-    """v16's trip j (block j+KV_STAGES-1's copy, the wait for block j+1, S(j+1) masked only if
-    ``MASKED``, softmax(j) and PV(j)), the copy unpredicated if ``WHOLE``.
-    Returns (s_next, m_i, l_i, acc)."""
-    j = start_n // BLOCK_N
-    v14.refill_and_wait(k_smem, v_smem, start_n, hi, k_base, v_base, stride_ks, stride_vs, BLOCK_N, HEAD_DIM,
-                        KV_STAGES, KV_COPY, KV_STAGES - 2, WHOLE)  # block j+1 has landed
-    s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
-                        causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
-    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
-    gl.thread_barrier()  # every warp is done reading slot j before trip j+1's copy overwrites it
-    return s_next, m_i, l_i, acc
 
 
 @gluon.jit
@@ -103,13 +85,13 @@ def attention_fwd_v18(
     # trip, as v16 has, rather than three)
     whole = whole_copy_trips(hi, split, BLOCK_N, KV_STAGES)
     for start_n in range(0, whole, BLOCK_N):
-        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
-                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
-                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, False, True, ROW_SUM)
+        s, m_i, l_i, acc = v16.ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
+                                          stride_ks, stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                          BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, False, ROW_SUM, True)
     for start_n in range(whole, last_trip, BLOCK_N):
-        s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
-                                      stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
-                                      BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, False, ROW_SUM)
+        s, m_i, l_i, acc = v16.ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
+                                          stride_ks, stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
+                                          BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
     last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
     acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
     async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits

@@ -695,11 +695,11 @@ def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short
 
 @pytest.mark.parametrize("head_dim, seqlen, causal_on, full_on", [
     (64, 1, True, True), (64, 1024, True, True), (64, 1025, True, False), (64, 2048, True, False),
-    (64, 2049, False, False), (128, 1, True, True), (128, 1024, True, True), (128, 1025, False, False),
-    (128, 16384, False, False), (256, 1024, False, False)])
+    (64, 2049, False, False), (128, 1, True, True), (128, 1024, True, True), (128, 2048, True, True),
+    (128, 2049, False, False), (128, 16384, False, False), (256, 1024, False, False)])
 def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full_on):
     # the multiply-high decode in every partition only where it measured faster
-    # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles, and d128 up to 1024 (with two Q
+    # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles, and d128 up to 2048 (with two Q
     # buffers); both partitions' switches together; the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, on in ((True, causal_on), (False, full_on)):
@@ -711,12 +711,12 @@ def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full
 
 @pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
     (64, 1, 2, 2), (64, 1024, 2, 2), (64, 1025, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
-    (128, 1, 2, 2), (128, 1024, 2, 2), (128, 1025, 1, 2), (128, 2048, 1, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
+    (128, 1, 2, 2), (128, 1024, 2, 2), (128, 1025, 2, 2), (128, 2048, 2, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
     (256, 1024, 1, 1)])
 def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
     # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
-    # short-causal tile, d64's short non-causal tile (up to 1024), d128 non-causal up to 2048 and
-    # d128 causal up to 1024 (with the multiply-high decode); the longer of Sq and Sk decides
+    # short-causal tile, d64's short non-causal tile (up to 1024) and d128 up to 2048 (causal with
+    # the multiply-high decode); the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, stages in ((True, causal_stages), (False, full_stages)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,

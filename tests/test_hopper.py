@@ -162,6 +162,14 @@ CENSUS_CONFIGS.append(("d64-causal-short-hardware-divide", 64, True,
 CENSUS_CONFIGS.append(("d64-causal-short-two-q-stages", 64, True, {**_D64_SHORT, "num_q_stages": 2}))
 CENSUS_CONFIGS.append(("d128-full-whole-no-tail-two-q-stages", 128, False,
                        {"split_tail": False, "num_q_stages": 2, "_key_tail": False}))
+# the multiply-high decode with two Q buffers between S1k and S4k (change 28): d64's 192-row tile
+# non-causal up to S2048 (no stagger; with and without a key tail) and causal up to S4096, d128
+# causal (FA4's schedule with named turns) up to S4096
+_MID_DECODE = {"fast_divide_producer": True, "fast_divide_consumers": True, "num_q_stages": 2}
+CENSUS_CONFIGS.append(("d64-full-mid", 64, False, {"stagger_kv": False, **_MID_DECODE}))
+CENSUS_CONFIGS.append(("d64-full-mid-no-tail", 64, False, {"stagger_kv": False, **_MID_DECODE, "_key_tail": False}))
+CENSUS_CONFIGS.append(("d64-causal-mid", 64, True, _MID_DECODE))
+CENSUS_CONFIGS.append(("d128-causal-mid", 128, True, _MID_DECODE))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -394,6 +402,24 @@ def test_short_non_causal_defaults_keep_no_local_memory(census):
         assert "error" not in row, row.get("error")
         assert row["config"]["first_mask_on_need"]
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+
+
+def test_mid_length_decode_defaults_keep_no_local_memory(census):
+    # change 28's kernels (the decode and two Q buffers on d64's 192-row tile and d128 causal's
+    # FA4 schedule) are the defaults from S1025 to S2048-S4096: no local memory, and their K/V
+    # loops within a few instructions of the same kernels without the decode (which only moves
+    # work-item bookkeeping out of the tile heads)
+    for name, base in (("d64-full-mid", "d64-full-unstaggered"), ("d64-causal-mid", "d64-causal"),
+                       ("d128-causal-mid", "d128-causal")):
+        row = census[name]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["config"]["num_q_stages"] == 2 and row["config"]["fast_divide_consumers"]
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        assert len(census[name]["kv_loops"]) == len(census[base]["kv_loops"])
+        for a, b in zip(census[name]["kv_loops"], census[base]["kv_loops"]):
+            assert abs(a["length"] - b["length"]) <= 8, (name, a["length"], b["length"])
+    row = census["d64-full-mid-no-tail"]["row"]
+    assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["config"]["first_mask_on_need"]
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -685,8 +711,9 @@ def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short
         full = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
         if head_dim == 64:
             assert (causal.block_m, causal.consumer_regs) == ((128, 240) if short else (192, 160)), (sq, sk)
-            assert (full.block_m, full.consumer_regs, full.fast_divide_producer, full.fast_divide_consumers) == (
-                (128, 240, True, True) if short_full else (192, 160, False, False)), (sq, sk)
+            # the decode itself runs further (test_fast_divide_follows_the_measured_rule)
+            assert (full.block_m, full.consumer_regs) == ((128, 240) if short_full else (192, 160)), (sq, sk)
+            assert not short_full or (full.fast_divide_producer and full.fast_divide_consumers), (sq, sk)
             full.check(head_dim)
         elif head_dim == 128:
             assert causal.pingpong is not short and full.block_m == 128, (sq, sk)
@@ -694,13 +721,15 @@ def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short
 
 
 @pytest.mark.parametrize("head_dim, seqlen, causal_on, full_on", [
-    (64, 1, True, True), (64, 1024, True, True), (64, 1025, True, False), (64, 2048, True, False),
-    (64, 2049, False, False), (128, 1, True, True), (128, 1024, True, True), (128, 2048, True, True),
-    (128, 2049, False, False), (128, 16384, False, False), (256, 1024, False, False)])
+    (64, 1, True, True), (64, 1024, True, True), (64, 2048, True, True), (64, 2049, True, False),
+    (64, 4096, True, False), (64, 4097, False, False), (128, 1, True, True), (128, 1024, True, True),
+    (128, 2048, True, True), (128, 2049, True, False), (128, 4096, True, False), (128, 4097, False, False),
+    (128, 16384, False, False), (256, 1024, False, False)])
 def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full_on):
     # the multiply-high decode in every partition only where it measured faster
-    # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles, and d128 up to 2048 (with two Q
-    # buffers); both partitions' switches together; the longer of Sq and Sk decides
+    # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles and, with two Q buffers, d64's 192-row
+    # tile and d128 up to 2048 non-causal and 4096 causal; both partitions' switches together; the
+    # longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, on in ((True, causal_on), (False, full_on)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
@@ -710,13 +739,14 @@ def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full
 
 
 @pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
-    (64, 1, 2, 2), (64, 1024, 2, 2), (64, 1025, 2, 1), (64, 2048, 2, 1), (64, 2049, 1, 1), (64, 8192, 1, 1),
-    (128, 1, 2, 2), (128, 1024, 2, 2), (128, 1025, 2, 2), (128, 2048, 2, 2), (128, 2049, 1, 1), (128, 16384, 1, 1),
+    (64, 1, 2, 2), (64, 1024, 2, 2), (64, 2048, 2, 2), (64, 2049, 2, 1), (64, 4096, 2, 1), (64, 4097, 1, 1),
+    (64, 8192, 1, 1), (128, 1, 2, 2), (128, 1024, 2, 2), (128, 2048, 2, 2), (128, 2049, 2, 1), (128, 4096, 2, 1),
+    (128, 4097, 1, 1), (128, 16384, 1, 1),
     (256, 1024, 1, 1)])
 def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
     # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
-    # short-causal tile, d64's short non-causal tile (up to 1024) and d128 up to 2048 (causal with
-    # the multiply-high decode); the longer of Sq and Sk decides
+    # short-causal tile and, with the multiply-high decode, d64's 192-row tile and d128 causal up to
+    # 4096; d64 and d128 non-causal up to 2048; the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, stages in ((True, causal_stages), (False, full_stages)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
@@ -966,6 +996,26 @@ def test_gate_square(head_dim, causal, dtype, seqlen):
 def test_gate_unequal_lengths(head_dim, causal, seqlen_q, seqlen_k):
     _gate(batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=2, heads_kv=2, head_dim=head_dim,
           dtype=torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype", [
+    (2, 2048, 2048, 2, 2, torch.bfloat16),   # the fa4-protocol S2k rows' kernels, whole tiles
+    (2, 2048, 2048, 2, 2, torch.float16),
+    (1, 1500, 1500, 4, 2, torch.bfloat16),   # d64's 192-row tile from 1025, key and row tails, GQA
+    (1, 4096, 3000, 2, 2, torch.bfloat16),   # the longest length the decode runs at, Sq > Sk
+    (1, 2500, 4096, 2, 1, torch.bfloat16),   # Sq < Sk: long unmasked runs before the diagonal, MQA
+])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_defaults_between_1k_and_4k(head_dim, causal, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype):
+    # the defaults that max(Sq, Sk) in (1024, 4096] selects — the multiply-high decode with two Q
+    # buffers (config.FAST_DIVIDE_MAX_SEQLEN, TWO_Q_STAGES_MAX_SEQLEN), d64's 192-row tile with and
+    # without its staggered sweeps — computed against the oracle at those lengths; the envelope of
+    # `flashrung check` jumps from 1000 to 4097
+    _gate(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+          head_dim=head_dim, dtype=dtype, causal=causal)
 
 
 @pytest.mark.gpu

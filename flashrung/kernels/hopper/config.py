@@ -193,8 +193,9 @@ class HopperFwdConfig:
     # over neither: d64 causal (the short-causal 128-row tile, H32) 1.0412 / 1.0305 (KEEP; the
     # producer alone 1.0293 / 1.0239), d64 non-causal (H32) 1.0055 / 0.9979, d128 causal (H16)
     # 1.0017 / 1.0059 (NULL). On where tiles have the fewest K/V steps to hide their heads behind:
-    # d64's 128-row tiles and, with two Q buffers, d128 up to S2048, where together they paid
-    # though each alone was NULL (FAST_DIVIDE_MAX_SEQLEN, with the margins); off elsewhere
+    # d64's 128-row tiles and, with two Q buffers, d128 and d64's 192-row tile up to S2048-S4096,
+    # where together they paid though each alone was NULL (FAST_DIVIDE_MAX_SEQLEN, with the
+    # margins); off elsewhere
     fast_divide_producer: bool = False
     fast_divide_consumers: bool = False
     # Q buffers per consumer warpgroup (1 or 2). With one, the producer loads a tile's Q only once
@@ -508,8 +509,9 @@ CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # 1.0017 (NULL; run 1's halves disagree), B16 H16 S2048 0.9952 / 1.0025 (NULL).
 # d256 has no room (its O is staged in Q's buffer). d64 non-causal up to S1024 runs the 128-row
 # tile with two Q buffers as part of one stack (SHORT_NONCAUSAL_MAX_SEQLEN); d128 causal up to
-# S2048 takes them with the multiply-high decode (FAST_DIVIDE_MAX_SEQLEN)
-TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, False): 2048, (128, True): 2048}
+# S4096, d64 causal up to S4096 (its 192-row tile from 2049) and d64 non-causal up to S2048 (the
+# 192-row tile from 1025) take them together with the multiply-high decode (FAST_DIVIDE_MAX_SEQLEN)
+TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 2048, (128, True): 4096}
 
 
 # The work-item decode by multiply-high in every partition (fast_divide_producer and
@@ -520,13 +522,16 @@ TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, False): 20
 # buffers (change 26, above) — and, change 27, d128 at B32 H16 S1024: causal, together with two Q
 # buffers, 1.0173 / 1.0185 over neither (each alone had been NULL there: the decode 1.0017 /
 # 1.0059, two Q buffers 0.9969 / 1.0017), non-causal on top of its two Q buffers 1.0155 / 1.0123
-# (h200-compare-d128-{causal,full}-s1k-fast-divide-*.json). Change 28, d128 at B16 H16 S2048: causal
-# with two Q buffers 1.0134 / 1.0116, non-causal (two Q buffers already) 1.0064 / 1.0067 — both
-# runs over t_keep and over the S1024 null, the second by a hair
-# (h200-compare-d128-causal-s2k-fd-2q.json, h200-compare-d128-full-s2k-fd.json).
-# Not taken: d128 causal B8 H16 S4096 with two Q buffers 1.0071 / 1.0052 (run 2 under the S1024
-# null); d64 non-causal B16 S2048 on the 192-row tile with two Q buffers, 1.0066 / 1.0058 (the same).
-FAST_DIVIDE_MAX_SEQLEN = {(64, True): 2048, (64, False): 1024, (128, True): 2048, (128, False): 2048}
+# (h200-compare-d128-{causal,full}-s1k-fast-divide-*.json). Change 28, with two Q buffers (over
+# neither where a row had one): d128 B16 H16 S2048 causal 1.0134 / 1.0116, non-causal 1.0064 /
+# 1.0067 (that shape's own null: t_noise 0.2112%, h200-null-preheat150-d128-full-s2k.json), d128
+# B8 H16 S4096 causal 1.0071 / 1.0052 (the calibration's shape, non-causal there: 0.2164%); d64's
+# 192-row tile, B8 H32 S4096 causal 1.0101 / 1.0092, B16 H32 S2048 non-causal 1.0066 / 1.0058 and,
+# in fresh processes on another day, 1.0067 / 1.0073 (h200-compare-d128-causal-s2k-fd-2q.json,
+# -d128-full-s2k-fd, -d128-causal-s4k-fd-2q, -d64-causal-s4k-fd-2q, -d64-full-s2k-fd-2q-rerun and
+# h200-compare-d64-full-s2k-fast-divide-two-q.json). Not taken: d128 B8 H16 S4096 non-causal
+# 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json).
+FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 4096, (128, False): 2048}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1405,9 +1405,10 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFw
 
 
 # lengths that between them reach every compiled default: 32k (d128's split tail, the balanced
-# causal grids), 8k (d128 non-causal without the split tail), 1k (the short-causal configurations
+# causal grids), 8k (d128 non-causal without the split tail), 4k and 2k (the multiply-high decode
+# with two Q buffers on d64's 192-row tile and d128 causal), 1k (the short-causal configurations
 # of d64 and d128, on the balanced lists like every causal d64 and d128 problem)
-_CENSUS_SEQLENS = (32768, 8192, 1024)
+_CENSUS_SEQLENS = (32768, 8192, 4096, 2048, 1024)
 
 
 def census_specs():

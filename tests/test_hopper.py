@@ -170,6 +170,10 @@ CENSUS_CONFIGS.append(("d64-full-mid", 64, False, {"stagger_kv": False, **_MID_D
 CENSUS_CONFIGS.append(("d64-full-mid-no-tail", 64, False, {"stagger_kv": False, **_MID_DECODE, "_key_tail": False}))
 CENSUS_CONFIGS.append(("d64-causal-mid", 64, True, _MID_DECODE))
 CENSUS_CONFIGS.append(("d128-causal-mid", 128, True, _MID_DECODE))
+# a masked tile's unseen second half skipped (skip_unseen_half) on the short-causal d64 tile and
+# on d128 causal's FA4 schedule
+CENSUS_CONFIGS.append(("d64-causal-short-skip-half", 64, True, {**_D64_SHORT, "skip_unseen_half": True}))
+CENSUS_CONFIGS.append(("d128-causal-skip-half", 128, True, {"skip_unseen_half": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -402,6 +406,25 @@ def test_short_non_causal_defaults_keep_no_local_memory(census):
         assert "error" not in row, row.get("error")
         assert row["config"]["first_mask_on_need"]
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+
+
+def test_skip_unseen_half_moves_no_data_and_leaves_the_unmasked_loop(census):
+    # the halves are register bits of the accumulator: no shared-memory round trip, no shuffle
+    # beyond the row reductions' butterflies, no local memory; the unmasked loop is untouched and
+    # the masked one holds both paths (a whole tile's and a half's exponentials)
+    for name, base in (("d64-causal-short-skip-half", "d64-causal-short"), ("d128-causal-skip-half", "d128-causal")):
+        row = census[name]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        loops, base_loops = census[name]["kv_loops"], census[base]["kv_loops"]
+        assert len(loops) == len(base_loops)
+        for a, b in zip(loops, base_loops):
+            if b["fsel"] <= 4:      # unmasked
+                assert abs(a["length"] - b["length"]) <= 4, (name, a["length"], b["length"])
+            else:                   # masked: the whole-tile path plus the half path's exponentials
+                assert a["mufu"] >= b["mufu"] + 32, (name, a["mufu"], b["mufu"])
+        assert row["sass"]["STS"] == census[base]["row"]["sass"]["STS"]
+        assert row["sass"]["LDS"] == census[base]["row"]["sass"]["LDS"]
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1309,6 +1332,29 @@ def test_gate_fast_divide(who, head_dim, causal, shape):
                  l2_section_mib=1)
 
 
+# where a warpgroup's rows see only the first half of a masked tile: the causal diagonal of
+# aligned tiles (the first consumer), a key tail of at most half a tile (1050 = 8·128 + 26), a
+# diagonal moved by Sq ≠ Sk, rows past Sq (seeing every key or none), a single short tile
+_UNSEEN_HALF_SHAPES = [
+    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1050, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=300, seqlen_k=2000, heads_q=8, heads_kv=1),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_skip_unseen_half(head_dim, causal, shape):
+    # the skipped half's P must be exactly what the whole tile gives there (0), the row max and
+    # sum those of the first half; a wrong warpgroup-uniform condition drops keys a row sees
+    _gate_forced(head_dim, shape, causal, skip_unseen_half=True)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
@@ -1531,6 +1577,9 @@ def _switches():
         dict(first_mask_on_need=not base.first_mask_on_need),
         dict(num_q_stages=2),
         dict(num_q_stages=2, overlap_epilogue=True),
+        # a masked tile's unseen second half skipped: FA4's order (d128 causal's) and FA3's
+        dict(skip_unseen_half=True),
+        dict(skip_unseen_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

@@ -215,6 +215,13 @@ class HopperFwdConfig:
     # MIO throttle 0.16 -> 0.32 and dispatch stalls 0.75 -> 0.91 warps per issue — the arrivals
     # cost more in the memory pipe's queue than the barriers they replace: off
     thread_release: bool = False
+    # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
+    # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
+    # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
+    # tail of at most half a tile. Both products keep their full width (one wgmma each, whose
+    # group counts and registers no branch may touch); a warpgroup-uniform branch chooses between
+    # the halves' two code paths after the scores are waited for
+    skip_unseen_half: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -292,6 +299,12 @@ class HopperFwdConfig:
             raise ValueError(f"num_q_stages must be 1 or 2 (Q buffers per consumer warpgroup), got {self.num_q_stages}")
         if self.num_q_stages > 1 and not self.separate_o:
             raise ValueError("num_q_stages=2 keeps O's staging out of the Q buffers: it needs separate_o=True")
+        if self.skip_unseen_half and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
+                                      or self.block_n < 32):
+            raise ValueError("skip_unseen_half splits one box of keys of the overlapped schedule's plain online "
+                             "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
+                             f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
+                             f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:

@@ -275,6 +275,7 @@ class _Schedule:
     FAST_DIVIDE_PRODUCER: gl.constexpr  # the producer decodes work items by multiply-high (schedule.fast_divisor)
     FAST_DIVIDE_CONSUMERS: gl.constexpr  # so do the consumers
     THREAD_RELEASE: gl.constexpr  # every consumer thread arrives on a K/V slot's empty barrier (no bar.sync)
+    SKIP_UNSEEN_HALF: gl.constexpr  # a masked tile's second half of keys, unseen by all 64 rows, is skipped
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -480,6 +481,90 @@ def _mask_tile(s, rows, kv_tile, sz, c):
 
 
 @gluon.jit
+def _second_half_unseen(last_row, key0, sz, c):
+    """Whether none of a consumer's rows may see a key at or past ``key0 + BLOCK_N / 2``: the last
+    visible key of a row (:func:`softmax.last_visible_key`) grows with the row, so its last row
+    ``last_row`` decides for all 64 (warpgroup-uniform). Rows past ``seqlen_q`` only make it false."""
+    last = sz.seqlen_k - 1 - key0
+    if c.IS_CAUSAL:
+        last = gl.minimum(last, last_row + (sz.seqlen_k - sz.seqlen_q) - key0)
+    return last < c.BLOCK_N // 2
+
+
+@gluon.jit
+def _halves(x):
+    """``x`` [64, N] as its columns ``[0, N/2)`` and ``[N/2, N)``, each in the accumulator layout of
+    N/2 columns: the column bit split off is a register bit of the wgmma accumulator (every bit
+    above the n8 group is), so no value changes thread or register (census)."""
+    HALF: gl.constexpr = x.shape[1] // 2
+    a, b = gl.split(x.reshape([x.shape[0], 2, HALF]).permute((0, 2, 1)))
+    return gl.convert_layout(a, _acc_layout(HALF)), gl.convert_layout(b, _acc_layout(HALF))
+
+
+@gluon.jit
+def _joined(a, b):
+    """:func:`_halves` undone: ``[a | b]`` in the accumulator layout of twice the columns."""
+    N: gl.constexpr = 2 * a.shape[1]
+    return gl.convert_layout(gl.join(a, b).permute((0, 2, 1)).reshape([a.shape[0], N]), _acc_layout(N))
+
+
+@gluon.jit
+def _rows_like(x, like):
+    """A per-row vector (``m``, ``alpha``, an undeferred ``l``) in the row layout of ``like``'s
+    accumulator; deferred per-thread partial sums (2-D) as they are. The rows each thread holds do
+    not depend on N, so the conversion moves nothing."""
+    if len(x.shape) == 1:
+        out = gl.convert_layout(x, gl.SliceLayout(1, like.type.layout))
+    else:
+        out = x
+    return out
+
+
+@gluon.jit
+def _masked_row_max_by_halves(s, rows, kv_tile, unseen, m_i, qk_scale_log2, sz, c):
+    """:func:`_mask_tile` and :func:`softmax.softmax_row_max` of masked K/V tile ``kv_tile``, its
+    scores returned as two halves of keys ``t = (t_a, t_b)``. With ``unseen``
+    (:func:`_second_half_unseen`) every row's second half is masked, so only the first half is
+    masked and reduced and the second comes back untouched, never to be exponentiated; otherwise
+    the tile is masked and reduced whole, exactly as without the switch."""
+    if unseen:
+        s_a, s_b = _halves(s[0])
+        t1, scale1, m_h = softmax_row_max((_mask_part(s_a, rows, kv_tile * c.KV_TILE, sz, c),), _rows_like(m_i, s_a),
+                                          qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+        t_a = t1[0]
+        t_b = s_b
+        m_new = gl.convert_layout(m_h, m_i.type.layout)
+    else:
+        t2, scale2, m_new = softmax_row_max(_mask_tile(s, rows, kv_tile, sz, c), m_i, qk_scale_log2,
+                                            c.SCALE_POSITIVE, c.TREE_REDUCE)
+        t_a, t_b = _halves(t2[0])
+    if c.SCALE_POSITIVE:
+        scale = qk_scale_log2
+    else:
+        scale = 1.0
+    return (t_a, t_b), scale, m_new
+
+
+@gluon.jit
+def _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c):
+    """:func:`softmax.softmax_exp` of :func:`_masked_row_max_by_halves`' halves: ``(p, alpha, l)``,
+    ``p`` one tile again. With ``unseen`` only the first half's exponentials and sums are taken
+    and the second half of ``p`` is 0 (``exp2(-inf)``, what the whole tile gives there); otherwise
+    the whole tile's, as without the switch."""
+    if unseen:
+        p1, alpha_h, l_h = softmax_exp((t[0],), scale, _rows_like(m_i, t[0]), _rows_like(m_new, t[0]),
+                                       _rows_like(l_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+        p = _joined(p1[0], gl.zeros_like(t[1]))
+        alpha = gl.convert_layout(alpha_h, m_i.type.layout)
+        l_new = gl.convert_layout(l_h, l_i.type.layout)
+    else:
+        p2, alpha, l_new = softmax_exp((_joined(t[0], t[1]),), scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY,
+                                       c.TREE_REDUCE)
+        p = p2[0]
+    return (p,), alpha, l_new
+
+
+@gluon.jit
 def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM: gl.constexpr):
     """P's parts as 16-bit register operands of the PV wgmma (the layout change is free in SASS)."""
     p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM)
@@ -520,8 +605,8 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 
 @gluon.jit
-def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2,
-                     WG: gl.constexpr, MASK: gl.constexpr, c):
+def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                     qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
@@ -546,23 +631,37 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
     s = _wait_scores(s, c.NUM_PARTS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
-    if MASK:
+    # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF)
+    HALVES: gl.constexpr = MASK and c.SKIP_UNSEEN_HALF
+    if HALVES:
+        unseen = _second_half_unseen(last_row, (kv_lo + j) * c.KV_TILE, sz, c)
+        t, scale, m_new = _masked_row_max_by_halves(s, rows, kv_lo + j, unseen, m_i, qk_scale_log2, sz, c)
+    elif MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
         # warpgroup's GEMMs instead
-        t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+        if not HALVES:
+            t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
         acc, p_op = _wait_pv(acc, p_op)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
-        p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+        if HALVES:
+            p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
+        else:
+            p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
         rescale = alpha
     else:
-        p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
-                                                    c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+        if HALVES:
+            p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
+            m_i = m_new
+            rescale = alpha
+        else:
+            p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
+                                                        c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
@@ -577,7 +676,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv
 
 
 @gluon.jit
-def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
+def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
                        qk_scale_log2, prev, epi, WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
     steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of the first tile visited,
@@ -614,12 +713,12 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked,
         n_tiles = kv_hi - kv_lo
         for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2, WG,
-                False, c)
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                qk_scale_log2, WG, False, c)
         for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
             acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, j, kv_lo, count, turn, qk_scale_log2, WG,
-                True, c)
+                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                qk_scale_log2, WG, True, c)
         idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
@@ -844,8 +943,8 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
         elif c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
-                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, kv_visit(kv_lo, kv_lo, n_rot, kv_start,
-                                                                                      c.STAGGER_KV),
+                q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
+                kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV),
                 count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
@@ -904,7 +1003,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
-                     THREAD_RELEASE: gl.constexpr,
+                     THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -966,7 +1065,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
-                  FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE)
+                  FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
+                  SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1039,7 +1139,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
-        THREAD_RELEASE=cfg.thread_release,
+        THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

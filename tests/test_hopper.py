@@ -778,6 +778,21 @@ def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full
             cfg.check(head_dim)
 
 
+@pytest.mark.parametrize("head_dim, seqlen, causal_on", [
+    (64, 1, False), (64, 1024, False), (64, 1025, True), (64, 2048, True), (64, 2049, False), (128, 2048, False),
+    (256, 2048, False)])
+def test_skip_unseen_half_follows_the_measured_rule(head_dim, seqlen, causal_on):
+    # a masked tile's unseen half skipped only where it measured faster
+    # (config.SKIP_UNSEEN_HALF_SEQLEN): d64 causal from 1025 to 2048 (the short-causal tile; NULL at
+    # 1024); never non-causal; the longer of Sq and Sk decides
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        for causal, on in ((True, causal_on), (False, False)):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert cfg.skip_unseen_half is on, (head_dim, causal, sq, sk)
+            cfg.check(head_dim)
+
+
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
     (64, 1, True), (64, 1024, True), (64, 4096, True), (64, 8192, True), (64, 1 << 20, True),
     (128, 1, True), (128, 1024, True), (128, 2048, True), (128, 16384, True), (128, 1 << 20, True),

@@ -220,7 +220,10 @@ class HopperFwdConfig:
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
     # tail of at most half a tile. Both products keep their full width (one wgmma each, whose
     # group counts and registers no branch may touch); a warpgroup-uniform branch chooses between
-    # the halves' two code paths after the scores are waited for
+    # the halves' two code paths after the scores are waited for. Census (sm_90a, bf16): no data
+    # moved, no local memory, unmasked loops unchanged; the masked loop holds both paths (d64
+    # short-causal 568 -> 777 instructions; the half path about 370). Default where it measured
+    # faster (SKIP_UNSEEN_HALF_SEQLEN)
     skip_unseen_half: bool = False
 
     @property
@@ -547,10 +550,21 @@ TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 20
 FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 4096, (128, False): 2048}
 
 
+# A masked tile's unseen second half skipped (skip_unseen_half) for max(Sq, Sk) in [first, last],
+# per (head dim, causal). On the short-causal d64 tile (128 rows, 128 keys) the first consumer's
+# rows see half of each diagonal tile: at S2k 16 of a head's 136 K/V steps are diagonal, so the
+# skipped exponentials and sums are about 3% of the row's softmax work (5.6% at S1k, 8 of 36).
+# Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H32, over the default: B16 S2048
+# 1.0050 / 1.0049 (KEEP); B32 S1024 0.9984 / 1.0026, run 2's halves disagreeing (NULL) — with
+# pingpong the other consumer's full diagonal step still sets the pace at the tile's end
+# (h200-compare-skip-unseen-half-d64-causal-s{1024,2048}.json). Not priced elsewhere
+SKIP_UNSEEN_HALF_SEQLEN = {(64, True): (1025, 2048)}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
-            fast_divide: bool) -> HopperFwdConfig:
+            fast_divide: bool, skip_unseen_half: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short:
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
@@ -560,7 +574,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
                                first_mask_on_need=base.first_mask_on_need and not split_tail,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
-                               fast_divide_consumers=fast_divide)
+                               fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -577,6 +591,7 @@ def select_config(problem) -> HopperFwdConfig:
     small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
     two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
+    first, last = SKIP_UNSEEN_HALF_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
-                   fast_divide)
+                   fast_divide, first <= seqlen <= last)

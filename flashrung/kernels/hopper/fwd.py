@@ -29,12 +29,16 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked,
   each score against one bound per row (``row_bound_mask``, the causal default); a work item's
   first tile is masked only where the loop's rule masks it (``first_mask_on_need``, the default;
-  a non-causal launch with a key tail masks it always);
+  a non-causal launch with a key tail masks it always); a masked tile whose second half of keys
+  none of a warpgroup's rows sees skips that half's softmax work (``skip_unseen_half``:
+  ``_halves``, ``_masked_row_max_by_halves``, ``_exp_by_halves``; the default of d64's
+  short-causal tile from 1025 to 2048);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * each partition decodes its work items (``_work_coords``) by run-time division, or by
   multiply-high with magic numbers from the host (``fast_divide_producer``,
-  ``fast_divide_consumers``; ``schedule.fast_divisor``), the default of d64's short-causal tile;
+  ``fast_divide_consumers``; ``schedule.fast_divisor``), the default up to S2k–S4k
+  (``config.FAST_DIVIDE_MAX_SEQLEN``);
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
   (``_finish_previous``), the one product no softmax overlaps;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
@@ -52,9 +56,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``separate_o``: Q is released when the tile's K/V loop is done, before the epilogue, and the
   store is waited only before the buffer is reused), or into the consumer's Q buffer once the
   last QK is done;
-* two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default of d64's
-  short-causal tile and d128 non-causal up to 2048): the producer loads the next tile's Q while
-  this tile still reads its own, instead of after this tile's loop.
+* two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default up to S2k–S4k,
+  ``config.TWO_Q_STAGES_MAX_SEQLEN``): the producer loads the next tile's Q while this tile still
+  reads its own, instead of after this tile's loop.
 
 Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA
 bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its

@@ -103,6 +103,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("skip_empty_rows", dict(skip_empty_rows=not base.skip_empty_rows)),
         ("overlap_epilogue", dict(overlap_epilogue=not base.overlap_epilogue)),
         ("first_mask_on_need", dict(first_mask_on_need=not base.first_mask_on_need)),
+        ("skip_unseen_half", dict(skip_unseen_half=not base.skip_unseen_half)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -174,6 +174,12 @@ CENSUS_CONFIGS.append(("d128-causal-mid", 128, True, _MID_DECODE))
 # on d128 causal's FA4 schedule
 CENSUS_CONFIGS.append(("d64-causal-short-skip-half", 64, True, {**_D64_SHORT, "skip_unseen_half": True}))
 CENSUS_CONFIGS.append(("d128-causal-skip-half", 128, True, {"skip_unseen_half": True}))
+# a masked tile whose first half every row sees masks its second half only (mask_second_half),
+# alone and with skip_unseen_half, on the same two kernels
+CENSUS_CONFIGS.append(("d64-causal-short-mask-half", 64, True, {**_D64_SHORT, "mask_second_half": True}))
+CENSUS_CONFIGS.append(("d64-causal-short-both-halves", 64, True,
+                       {**_D64_SHORT, "mask_second_half": True, "skip_unseen_half": True}))
+CENSUS_CONFIGS.append(("d128-causal-mask-half", 128, True, {"mask_second_half": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -423,6 +429,27 @@ def test_skip_unseen_half_moves_no_data_and_leaves_the_unmasked_loop(census):
                 assert abs(a["length"] - b["length"]) <= 4, (name, a["length"], b["length"])
             elif b["mufu"] >= 32:                    # masked: the whole tile's path and the half's
                 assert a["mufu"] >= b["mufu"] + 32, (name, a["mufu"], b["mufu"])
+        assert row["sass"]["STS"] == census[base]["row"]["sass"]["STS"]
+        assert row["sass"]["LDS"] == census[base]["row"]["sass"]["LDS"]
+
+
+def test_mask_second_half_masks_half_a_tile_and_moves_no_data(census):
+    # the seen-first-half path masks 64 keys instead of 128: the masked loop gains about half a
+    # tile's selects (its own copy of the second half's mask) and no exponential; the unmasked
+    # loop, shared and local memory stay as they were
+    for name, base in (("d64-causal-short-mask-half", "d64-causal-short"), ("d128-causal-mask-half", "d128-causal"),
+                       ("d64-causal-short-both-halves", "d64-causal-short-skip-half")):
+        row = census[name]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        loops, base_loops = census[name]["kv_loops"], census[base]["kv_loops"]
+        assert len(loops) == len(base_loops)
+        for a, b in zip(loops, base_loops):
+            if b["fsel"] <= 4:                       # unmasked
+                assert abs(a["length"] - b["length"]) <= 4, (name, a["length"], b["length"])
+            elif b["mufu"] >= 32:                    # masked: one more half-tile mask
+                assert b["fsel"] + 24 <= a["fsel"] <= b["fsel"] + 40, (name, a["fsel"], b["fsel"])
+                assert a["mufu"] == b["mufu"], (name, a["mufu"], b["mufu"])
         assert row["sass"]["STS"] == census[base]["row"]["sass"]["STS"]
         assert row["sass"]["LDS"] == census[base]["row"]["sass"]["LDS"]
 
@@ -1370,6 +1397,30 @@ def test_gate_skip_unseen_half(head_dim, causal, shape):
     _gate_forced(head_dim, shape, causal, skip_unseen_half=True)
 
 
+# where a warpgroup's rows all see the first half of a masked tile: the causal diagonal of aligned
+# tiles (the second consumer), a key tail of more than half a tile (1000 = 7·128 + 104), a diagonal
+# moved by Sq ≠ Sk, rows past Sq, a tail of exactly half a tile plus one (1089 = 8·128 + 65)
+_SEEN_HALF_SHAPES = [
+    dict(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=300, seqlen_k=2000, heads_q=8, heads_kv=1),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1089, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=1, heads_kv=1),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _SEEN_HALF_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("with_unseen", [False, True], ids=["alone", "with-skip-unseen-half"])
+def test_gate_mask_second_half(head_dim, causal, shape, with_unseen):
+    # the first half left unmasked must hold no key a row may not see: a condition taken at the
+    # wrong row lets a row see keys past its diagonal or past seqlen_k
+    _gate_forced(head_dim, shape, causal, mask_second_half=True, skip_unseen_half=with_unseen)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES[:3], ids=_shape_id)
@@ -1595,12 +1646,28 @@ def _switches():
         # a masked tile's unseen second half skipped: FA4's order (d128 causal's) and FA3's
         dict(skip_unseen_half=True),
         dict(skip_unseen_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        # a masked tile's first half left unmasked where every row sees it: alone, with the unseen
+        # half skipped, and in FA3's order
+        dict(mask_second_half=True),
+        dict(mask_second_half=True, skip_unseen_half=True),
+        dict(mask_second_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
         dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(extra_keys=64, separate_o=False, row_bound_mask=not base.row_bound_mask),
     ]
+
+
+@pytest.mark.parametrize("switch", ["skip_unseen_half", "mask_second_half"])
+@pytest.mark.parametrize("other", [dict(overlap=False, pingpong=False, wait_pv_early=False, named_turns=False), dict(extra_keys=64, separate_o=False),
+                                   dict(rescale_threshold=8.0)], ids=["serial", "two-boxes", "threshold"])
+def test_half_switches_need_one_box_of_the_overlapped_softmax(switch, other):
+    # both split one wgmma accumulator of the overlapped step's plain online softmax in halves of
+    # keys; anywhere else the config must refuse, naming the switch, not build a wrong kernel
+    cfg = dataclasses.replace(fwd.default_config(128, True), **{switch: True}, **other)
+    with pytest.raises(ValueError, match=switch):
+        cfg.check(128)
 
 
 def test_every_gated_switch_fits_the_budgets():

@@ -225,6 +225,13 @@ class HopperFwdConfig:
     # short-causal 568 -> 777 instructions; the half path about 370). Default where it measured
     # faster (SKIP_UNSEEN_HALF_SEQLEN)
     skip_unseen_half: bool = False
+    # a masked K/V tile whose first half of keys every one of a consumer's 64 rows sees masks its
+    # second half only: the second consumer of a 128-row tile on the causal diagonal (its first
+    # row sees the tile's first 64 keys), and a key tail of more than half a tile. The row max,
+    # exponentials and row sum still cover the whole tile; only the mask's compares and selects of
+    # the first half go. Shares skip_unseen_half's split into halves and its warpgroup-uniform
+    # branch after the scores are waited for
+    mask_second_half: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -305,6 +312,12 @@ class HopperFwdConfig:
         if self.skip_unseen_half and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
                                       or self.block_n < 32):
             raise ValueError("skip_unseen_half splits one box of keys of the overlapped schedule's plain online "
+                             "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
+                             f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
+                             f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")
+        if self.mask_second_half and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
+                                      or self.block_n < 32):
+            raise ValueError("mask_second_half splits one box of keys of the overlapped schedule's plain online "
                              "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
                              f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
                              f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")

@@ -280,6 +280,7 @@ class _Schedule:
     FAST_DIVIDE_CONSUMERS: gl.constexpr  # so do the consumers
     THREAD_RELEASE: gl.constexpr  # every consumer thread arrives on a K/V slot's empty barrier (no bar.sync)
     SKIP_UNSEEN_HALF: gl.constexpr  # a masked tile's second half of keys, unseen by all 64 rows, is skipped
+    MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -496,6 +497,17 @@ def _second_half_unseen(last_row, key0, sz, c):
 
 
 @gluon.jit
+def _first_half_seen(first_row, key0, sz, c):
+    """Whether every one of a consumer's rows may see all keys ``[key0, key0 + BLOCK_N / 2)``: the
+    bound of :func:`_second_half_unseen` taken at the consumer's first row ``first_row``, the row
+    that sees the fewest keys (warpgroup-uniform). Then that half's mask is the identity."""
+    last = sz.seqlen_k - 1 - key0
+    if c.IS_CAUSAL:
+        last = gl.minimum(last, first_row + (sz.seqlen_k - sz.seqlen_q) - key0)
+    return last >= c.BLOCK_N // 2 - 1
+
+
+@gluon.jit
 def _halves(x):
     """``x`` [64, N] as its columns ``[0, N/2)`` and ``[N/2, N)``, each in the accumulator layout of
     N/2 columns: the column bit split off is a register bit of the wgmma accumulator (every bit
@@ -525,18 +537,28 @@ def _rows_like(x, like):
 
 
 @gluon.jit
-def _masked_row_max_by_halves(s, rows, kv_tile, unseen, m_i, qk_scale_log2, sz, c):
+def _masked_row_max_by_halves(s, rows, kv_tile, unseen, seen, m_i, qk_scale_log2, sz, c):
     """:func:`_mask_tile` and :func:`softmax.softmax_row_max` of masked K/V tile ``kv_tile``, its
     scores returned as two halves of keys ``t = (t_a, t_b)``. With ``unseen``
     (:func:`_second_half_unseen`) every row's second half is masked, so only the first half is
-    masked and reduced and the second comes back untouched, never to be exponentiated; otherwise
-    the tile is masked and reduced whole, exactly as without the switch."""
+    masked and reduced and the second comes back untouched, never to be exponentiated; with
+    ``seen`` (:func:`_first_half_seen`) no score of the first half is masked, so only the second
+    half is masked and both are reduced; otherwise the tile is masked and reduced whole, exactly
+    as without the switches."""
     if unseen:
         s_a, s_b = _halves(s[0])
         t1, scale1, m_h = softmax_row_max((_mask_part(s_a, rows, kv_tile * c.KV_TILE, sz, c),), _rows_like(m_i, s_a),
                                           qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
         t_a = t1[0]
         t_b = s_b
+        m_new = gl.convert_layout(m_h, m_i.type.layout)
+    elif seen:
+        s_a, s_b = _halves(s[0])
+        HALF: gl.constexpr = s_a.shape[1]
+        t1, scale1, m_h = softmax_row_max((s_a, _mask_part(s_b, rows, kv_tile * c.KV_TILE + HALF, sz, c)),
+                                          _rows_like(m_i, s_a), qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+        t_a = t1[0]
+        t_b = t1[1]
         m_new = gl.convert_layout(m_h, m_i.type.layout)
     else:
         t2, scale2, m_new = softmax_row_max(_mask_tile(s, rows, kv_tile, sz, c), m_i, qk_scale_log2,
@@ -635,11 +657,20 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     s = _wait_scores(s, c.NUM_PARTS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
-    # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF)
-    HALVES: gl.constexpr = MASK and c.SKIP_UNSEEN_HALF
+    # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
+    # those whose first half every row sees mask the second half only (MASK_SECOND_HALF)
+    HALVES: gl.constexpr = MASK and (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF)
     if HALVES:
-        unseen = _second_half_unseen(last_row, (kv_lo + j) * c.KV_TILE, sz, c)
-        t, scale, m_new = _masked_row_max_by_halves(s, rows, kv_lo + j, unseen, m_i, qk_scale_log2, sz, c)
+        key0 = (kv_lo + j) * c.KV_TILE
+        if c.SKIP_UNSEEN_HALF:
+            unseen = _second_half_unseen(last_row, key0, sz, c)
+        else:
+            unseen = False
+        if c.MASK_SECOND_HALF:
+            seen = _first_half_seen(last_row - (_ROWS - 1), key0, sz, c)
+        else:
+            seen = False
+        t, scale, m_new = _masked_row_max_by_halves(s, rows, kv_lo + j, unseen, seen, m_i, qk_scale_log2, sz, c)
     elif MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
@@ -1008,7 +1039,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     MASK_SECOND_HALF: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1070,7 +1101,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
-                  SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF)
+                  SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1144,6 +1175,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
+        MASK_SECOND_HALF=cfg.mask_second_half,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

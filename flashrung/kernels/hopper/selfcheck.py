@@ -104,6 +104,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("overlap_epilogue", dict(overlap_epilogue=not base.overlap_epilogue)),
         ("first_mask_on_need", dict(first_mask_on_need=not base.first_mask_on_need)),
         ("skip_unseen_half", dict(skip_unseen_half=not base.skip_unseen_half)),
+        ("mask_second_half", dict(mask_second_half=not base.mask_second_half)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

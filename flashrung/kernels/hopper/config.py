@@ -574,13 +574,25 @@ FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 4096
 SKIP_UNSEEN_HALF_SEQLEN = {(64, True): (1025, 2048)}
 
 
+# The pingpong token between d128's non-causal consumers, in FA3's order (the schedule of FA3's
+# paper: the whole softmax under the warpgroup's own PV, the token on mbarriers), for max(Sq, Sk)
+# in [first, last]. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the
+# default without it: B16 S2048 1.0430 / 1.0400, B8 S4096 1.0244 / 1.0187, B4 S8192 1.0096 /
+# 1.0154, B2 S16384 (split tail) 1.0101 / 1.0087 (KEEP); B1 S32768 1.0017 / 0.9985 (NULL, off).
+# The token on named barriers lost at S16k (0.9911 / 0.9908). S <= 1024 not priced (off)
+# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}.json)
+PINGPONG_NONCAUSAL_SEQLEN = {128: (1025, 16384)}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
-            fast_divide: bool, skip_unseen_half: bool) -> HopperFwdConfig:
+            fast_divide: bool, skip_unseen_half: bool, pingpong: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short:
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
+    if pingpong:
+        base = dataclasses.replace(base, pingpong=True)
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
@@ -605,6 +617,7 @@ def select_config(problem) -> HopperFwdConfig:
     two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     first, last = SKIP_UNSEEN_HALF_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
+    pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
-                   fast_divide, first <= seqlen <= last)
+                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last)

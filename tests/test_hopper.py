@@ -189,8 +189,11 @@ CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False, "fir
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
-# every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival)
-CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True}))
+# every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
+# on the consumers without the pingpong token, as it was measured (change 30 put the token on
+# d128 S16k's default; its own arrival keeps a bar.sync in the loop)
+CENSUS_CONFIGS.append(("d128-full-free", 128, False, {"pingpong": False}))
+CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True, "pingpong": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
 # memory), built as it was measured: with skip_empty_rows on top ptxas keeps 112 B in local memory
 # outside the loop (census)
@@ -641,7 +644,7 @@ def test_thread_release_takes_one_barrier_out_with_each_release(census):
     # warp) instead of one elected thread behind a partition-wide BAR.SYNC: each release in a K/V
     # loop takes one barrier with it (the steady step: K(j) and V(j-1), two of its three), the loop
     # keeps its exponentials, and nothing goes to local memory
-    tr, base = census["d128-full-thread-release"], census["d128-full"]
+    tr, base = census["d128-full-thread-release"], census["d128-full-free"]
     assert tr["row"]["config"]["thread_release"] and not base["row"]["config"]["thread_release"]
     assert "error" not in tr["row"], tr["row"]["error"]
     assert tr["row"]["spill_bytes"] == 0 and tr["loop"]["ldl"] == 0
@@ -818,6 +821,23 @@ def test_skip_unseen_half_follows_the_measured_rule(head_dim, seqlen, causal_on)
                                          seqlen_k=sk))
             assert cfg.skip_unseen_half is on, (head_dim, causal, sq, sk)
             cfg.check(head_dim)
+
+
+@pytest.mark.parametrize("seqlen, on", [(1, False), (1024, False), (1025, True), (4096, True), (16384, True),
+                                         (16385, False), (32768, False)])
+def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, on):
+    # the pingpong token (FA3's order, mbarriers) between d128's non-causal consumers only where it
+    # measured faster (config.PINGPONG_NONCAUSAL_SEQLEN: 1025 to 16384; NULL at 32768, S <= 1024
+    # not priced); the longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk))
+        assert cfg.pingpong is on and not cfg.wait_pv_early and not cfg.named_turns, (sq, sk)
+        cfg.check(128)
+    for head_dim in (64, 256):
+        assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=seqlen,
+                                      seqlen_k=seqlen)).pingpong      # FA4's schedule at every length
+    causal = select_config(_problem(head_dim=128, head_dim_v=128, causal=True, seqlen_q=seqlen, seqlen_k=seqlen))
+    assert causal.pingpong is (seqlen > 1024)                          # change 8's rule, unchanged
 
 
 @pytest.mark.parametrize("head_dim, seqlen, balanced", [
@@ -1716,7 +1736,9 @@ def test_selfcheck_timing_only_checks_every_timed_configuration():
     assert {r["kind"] for r in rows} == {"check", "time", "time_cudnn"}
     # the combinations of the issue are timed, and every timed configuration fits the budgets
     labels = {(r["d"], r["causal"], r["variant"]) for r in timed}
-    assert (128, False, "pingpong=True,consumer_regs=232") in labels
+    # d128 S16k non-causal has the pingpong token by default (change 30): the issue's pingpong with
+    # 232 registers is the single register switch there
+    assert fwd.default_config(128, False).pingpong and (128, False, "consumer_regs=232") in labels
     assert (256, False, "persistent=True,consumer_regs=232") in labels
     assert (64, False, "persistent=False") in labels       # d64 and d128 are persistent by default
     assert (128, False, "persistent=False") in labels

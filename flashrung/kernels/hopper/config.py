@@ -309,18 +309,13 @@ class HopperFwdConfig:
             raise ValueError(f"num_q_stages must be 1 or 2 (Q buffers per consumer warpgroup), got {self.num_q_stages}")
         if self.num_q_stages > 1 and not self.separate_o:
             raise ValueError("num_q_stages=2 keeps O's staging out of the Q buffers: it needs separate_o=True")
-        if self.skip_unseen_half and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
-                                      or self.block_n < 32):
-            raise ValueError("skip_unseen_half splits one box of keys of the overlapped schedule's plain online "
-                             "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
-                             f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
-                             f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")
-        if self.mask_second_half and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
-                                      or self.block_n < 32):
-            raise ValueError("mask_second_half splits one box of keys of the overlapped schedule's plain online "
-                             "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
-                             f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
-                             f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")
+        for name in ("skip_unseen_half", "mask_second_half"):
+            if getattr(self, name) and (not self.overlap or self.extra_keys or self.rescale_threshold > 0
+                                        or self.block_n < 32):
+                raise ValueError(f"{name} splits one box of keys of the overlapped schedule's plain online "
+                                 "softmax in halves: it needs overlap=True, extra_keys=0, rescale_threshold=0 and "
+                                 f"block_n >= 32, got overlap={self.overlap}, extra_keys={self.extra_keys}, "
+                                 f"rescale_threshold={self.rescale_threshold}, block_n={self.block_n}")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:
@@ -372,7 +367,8 @@ _BY_HEAD_DIM = {
 # with packed P: at d64 (then on 192×64 tiles with Q in registers, B4 H32 S8192) 1.0872
 # non-causal, 1.0942 causal; at d256 (B2 H16 S8192) 1.0802 non-causal, 1.0100 causal. At d128
 # non-causal it did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events:
-# 0.989; with named turns, paired and preheated at the same shape, 1.0024 / 0.9990, NULL).
+# 0.989; with named turns, paired and preheated at the same shape, 1.0024 / 0.9990, NULL; again
+# on change 30's kernel 1.0060 / 1.0069, under the mbarrier token in FA3's order: PINGPONG_NONCAUSAL_SEQLEN).
 _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 # Causal masked tiles compare each score with one bound per row (`row_bound_mask`): paired with
 # each block preheated for 150 ms (t_keep 1.002164) over the two-condition mask, on each head
@@ -580,7 +576,7 @@ SKIP_UNSEEN_HALF_SEQLEN = {(64, True): (1025, 2048)}
 # default without it: B16 S2048 1.0430 / 1.0400, B8 S4096 1.0244 / 1.0187, B4 S8192 1.0096 /
 # 1.0154, B2 S16384 (split tail) 1.0101 / 1.0087 (KEEP); B1 S32768 1.0017 / 0.9985 (NULL, off).
 # The token on named barriers lost at S16k (0.9911 / 0.9908). S <= 1024 not priced (off)
-# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}.json)
+# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json)
 PINGPONG_NONCAUSAL_SEQLEN = {128: (1025, 16384)}
 
 

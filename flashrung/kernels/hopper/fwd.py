@@ -32,7 +32,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   a non-causal launch with a key tail masks it always); a masked tile whose second half of keys
   none of a warpgroup's rows sees skips that half's softmax work (``skip_unseen_half``:
   ``_halves``, ``_masked_row_max_by_halves``, ``_exp_by_halves``; the default of d64's
-  short-causal tile from 1025 to 2048);
+  short-causal tile from 1025 to 2048), and one whose first half every row sees may mask its
+  second half only (``mask_second_half``, ``_first_half_seen``: measured, off);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * each partition decodes its work items (``_work_coords``) by run-time division, or by

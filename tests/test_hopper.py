@@ -76,7 +76,8 @@ def kv_loops(sass):
     # every innermost loop of 151+ instructions that issues a wgmma (the K/V loops of each consumer
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
-                 mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"))
+                 mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
+                 forward_skip=loop["forward_skip"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def named_barriers(sass):
@@ -180,6 +181,11 @@ CENSUS_CONFIGS.append(("d64-causal-short-mask-half", 64, True, {**_D64_SHORT, "m
 CENSUS_CONFIGS.append(("d64-causal-short-both-halves", 64, True,
                        {**_D64_SHORT, "mask_second_half": True, "skip_unseen_half": True}))
 CENSUS_CONFIGS.append(("d128-causal-mask-half", 128, True, {"mask_second_half": True}))
+# one K/V loop for the unmasked and the masked steps, the mask behind a branch (single_kv_loop):
+# d64's short-causal tile, d128 causal's FA4 schedule, d128 non-causal's key tail
+CENSUS_CONFIGS.append(("d64-causal-short-single-loop", 64, True, {**_D64_SHORT, "single_kv_loop": True}))
+CENSUS_CONFIGS.append(("d128-causal-single-loop", 128, True, {"single_kv_loop": True}))
+CENSUS_CONFIGS.append(("d128-full-single-loop", 128, False, {"single_kv_loop": True}))
 # short causal d128 (config._SHORT_CAUSAL: FA3's order, no pingpong) on the balanced lists
 CENSUS_CONFIGS.append(("d128-causal-short", 128, True, {"pingpong": False, "wait_pv_early": False, "named_turns": False}))
 CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
@@ -455,6 +461,30 @@ def test_mask_second_half_masks_half_a_tile_and_moves_no_data(census):
                 assert a["mufu"] == b["mufu"], (name, a["mufu"], b["mufu"])
         assert row["sass"]["STS"] == census[base]["row"]["sass"]["STS"]
         assert row["sass"]["LDS"] == census[base]["row"]["sass"]["LDS"]
+
+
+def test_single_kv_loop_keeps_both_steps_in_one_copy(census):
+    # the two K/V loops of each consumer become one whose mask sits behind a forward branch: the
+    # trip that skips it is no longer than the unmasked loop, the trip that takes it no longer than
+    # the masked loop, and the kernel loses about one copy of the step per consumer partition; no
+    # local memory
+    for name, base in (("d64-causal-short-single-loop", "d64-causal-short"), ("d128-causal-single-loop", "d128-causal"),
+                       ("d128-full-single-loop", "d128-full")):
+        row, base_row = census[name]["row"], census[base]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        steps = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        unmasked = [loop["length"] for loop in steps if loop["fsel"] <= 4]
+        masked = [loop["length"] for loop in steps if loop["fsel"] > 4]
+        single = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        assert unmasked and masked and len(single) == len(unmasked), (name, steps, single)
+        for loop, u, m in zip(single, unmasked, masked):
+            # census, sm_90a: 567 / 431 against 568 / 430 (d64 short causal), 596 / 460 against
+            # 607 / 468 (d128 causal), 598 / 470 against 682 / 481 (d128 non-causal, key tail)
+            assert loop["forward_skip"] >= 100, (name, loop)
+            assert loop["length"] <= m + 8, (name, loop["length"], m)
+            assert loop["length"] - loop["forward_skip"] <= u + 4, (name, loop["length"], loop["forward_skip"], u)
+        assert row["sass"]["total"] <= base_row["sass"]["total"] - 300 * len(single), (name, row["sass"]["total"])
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1417,6 +1447,18 @@ def test_gate_skip_unseen_half(head_dim, causal, shape):
     _gate_forced(head_dim, shape, causal, skip_unseen_half=True)
 
 
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_single_kv_loop(head_dim, causal, shape):
+    # one loop for the unmasked and the masked steps: a wrong branch condition masks a tile a row
+    # sees whole (a key lost) or leaves the diagonal or a key tail unmasked (a key too many); the
+    # shapes have aligned diagonals, a 26-key tail, Sq < Sk, rows past Sq and a single short tile
+    _gate_forced(head_dim, shape, causal, single_kv_loop=True, skip_unseen_half=False, mask_second_half=False)
+
+
 # where a warpgroup's rows all see the first half of a masked tile: the causal diagonal of aligned
 # tiles (the second consumer), a key tail of more than half a tile (1000 = 7·128 + 104), a diagonal
 # moved by Sq ≠ Sk, rows past Sq, a tail of exactly half a tile plus one (1089 = 8·128 + 65)
@@ -1671,6 +1713,9 @@ def _switches():
         dict(mask_second_half=True),
         dict(mask_second_half=True, skip_unseen_half=True),
         dict(mask_second_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
+        dict(single_kv_loop=True),
+        dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # 192-key tiles (128 + 64): in FA3's order, FA4's schedule, and serial
         dict(extra_keys=64, separate_o=False),
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),

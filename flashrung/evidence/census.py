@@ -180,7 +180,7 @@ def count_sass(sass: str) -> dict:
 
 
 _SASS_ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-_BACKWARD_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")    # a branch and its target: backward when the target is not after it
 
 
 def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
@@ -195,7 +195,7 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
     where = {a: i for i, (a, _) in enumerate(ins)}
     loops = []
     for j, (a, text) in enumerate(ins):
-        m = _BACKWARD_BRANCH.search(text)
+        m = _BRANCH.search(text)
         target = int(m.group(1), 16) if m else None
         if target is not None and target <= a and target in where and j - where[target] + 1 >= min_length:
             loops.append((where[target], j))
@@ -210,6 +210,16 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
         counts["sequence"] = " ".join(op.split(".")[0] for op in _SASS_LINE.findall(body))
         del counts["opcodes"]
         counts["length"] = hi - lo + 1
+        # the longest path a conditional forward branch inside the loop jumps over: a step whose
+        # work sits behind a branch (a mask taken only on some trips) runs that many fewer
+        # instructions on the trips that skip it
+        skips = [0]
+        for k in range(lo, hi):
+            m = _BRANCH.search(ins[k][1])
+            target = int(m.group(1), 16) if m else None
+            if target is not None and ins[k][0] < target <= ins[hi][0] and target in where:
+                skips.append(where[target] - k - 1)
+        counts["forward_skip"] = max(skips)
         out.append(counts)
     return out
 

@@ -33,7 +33,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   none of a warpgroup's rows sees skips that half's softmax work (``skip_unseen_half``:
   ``_halves``, ``_masked_row_max_by_halves``, ``_exp_by_halves``; the default of d64's
   short-causal tile from 1025 to 2048), and one whose first half every row sees may mask its
-  second half only (``mask_second_half``, ``_first_half_seen``: measured, off);
+  second half only (``mask_second_half``, ``_first_half_seen``: measured, off); the unmasked and
+  masked K/V steps may share one loop with the mask behind a branch (``single_kv_loop``: off);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * each partition decodes its work items (``_work_coords``) by run-time division, or by
@@ -282,6 +283,7 @@ class _Schedule:
     THREAD_RELEASE: gl.constexpr  # every consumer thread arrives on a K/V slot's empty barrier (no bar.sync)
     SKIP_UNSEEN_HALF: gl.constexpr  # a masked tile's second half of keys, unseen by all 64 rows, is skipped
     MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
+    SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -633,11 +635,12 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 @gluon.jit
 def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
-                     qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c):
+                     qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
-    only the mask needs the absolute tile ``kv_lo + j``.
+    only the mask needs the absolute tile ``kv_lo + j``. ``MASK`` builds the masked step;
+    ``masked`` (with ``SINGLE_KV_LOOP``, warpgroup-uniform) masks the tile behind a branch instead.
 
     ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
@@ -674,6 +677,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         t, scale, m_new = _masked_row_max_by_halves(s, rows, kv_lo + j, unseen, seen, m_i, qk_scale_log2, sz, c)
     elif MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
+    elif c.SINGLE_KV_LOOP:
+        if masked:
+            s = _mask_tile(s, rows, kv_lo + j, sz, c)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
@@ -747,14 +753,22 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
-        for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
-            acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
-                qk_scale_log2, WG, False, c)
-        for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
-            acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
-                qk_scale_log2, WG, True, c)
+        if c.SINGLE_KV_LOOP:
+            # one copy of the step's code: the masked tiles (the diagonal, the key tail) are the
+            # last ones, masked behind a uniform branch
+            for j in range(1, n_tiles):
+                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                    qk_scale_log2, WG, False, c, kv_lo + j >= n_unmasked)
+        else:
+            for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
+                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                    qk_scale_log2, WG, False, c)
+            for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
+                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                    qk_scale_log2, WG, True, c)
         idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
@@ -1040,7 +1054,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
-                     MASK_SECOND_HALF: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1102,7 +1116,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
-                  SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF)
+                  SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
+                  SINGLE_KV_LOOP=SINGLE_KV_LOOP)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1176,7 +1191,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
-        MASK_SECOND_HALF=cfg.mask_second_half,
+        MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

@@ -838,27 +838,41 @@ def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full
             cfg.check(head_dim)
 
 
+@pytest.mark.parametrize("head_dim, seqlen", [(64, 1), (64, 1025), (64, 2048), (64, 2049), (128, 2048), (256, 2048)])
+def test_skip_unseen_half_is_off_by_default(head_dim, seqlen):
+    # a masked tile's unseen half skipped measured faster on d64's short-causal tile (change 29),
+    # then one K/V loop took its place there (config.SKIP_UNSEEN_HALF_SEQLEN is empty); the two
+    # build the masked step apart, so no default may carry both
+    for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
+        for causal in (True, False):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert not cfg.skip_unseen_half and not cfg.mask_second_half, (head_dim, causal, sq, sk)
+            cfg.check(head_dim)
+
+
 @pytest.mark.parametrize("head_dim, seqlen, causal_on", [
-    (64, 1, False), (64, 1024, False), (64, 1025, True), (64, 2048, True), (64, 2049, False), (128, 2048, False),
-    (256, 2048, False)])
-def test_skip_unseen_half_follows_the_measured_rule(head_dim, seqlen, causal_on):
-    # a masked tile's unseen half skipped only where it measured faster
-    # (config.SKIP_UNSEEN_HALF_SEQLEN): d64 causal from 1025 to 2048 (the short-causal tile; NULL at
-    # 1024); never non-causal; the longer of Sq and Sk decides
+    (64, 1, True), (64, 17, True), (64, 1024, True), (64, 2048, True), (64, 2049, False), (64, 16384, False),
+    (128, 1024, False), (128, 2048, False), (256, 1024, False)])
+def test_single_kv_loop_follows_the_measured_rule(head_dim, seqlen, causal_on):
+    # one K/V loop for the unmasked and masked steps only where it measured faster
+    # (config.SINGLE_KV_LOOP_MAX_SEQLEN): d64 causal up to 2048 (the short-causal 128-row tile;
+    # NULL at d128 S1k, below the S1k null at d64 non-causal); the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, on in ((True, causal_on), (False, False)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            assert cfg.skip_unseen_half is on, (head_dim, causal, sq, sk)
+            assert cfg.single_kv_loop is on, (head_dim, causal, sq, sk)
+            assert not on or cfg.block_m == 128, (head_dim, causal, sq, sk)
             cfg.check(head_dim)
 
 
-@pytest.mark.parametrize("seqlen, on", [(1, False), (1024, False), (1025, True), (4096, True), (16384, True),
-                                         (16385, False), (32768, False)])
+@pytest.mark.parametrize("seqlen, on", [(1, True), (17, True), (1024, True), (1025, True), (4096, True),
+                                         (16384, True), (16385, False), (32768, False)])
 def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, on):
     # the pingpong token (FA3's order, mbarriers) between d128's non-causal consumers only where it
-    # measured faster (config.PINGPONG_NONCAUSAL_SEQLEN: 1025 to 16384; NULL at 32768, S <= 1024
-    # not priced); the longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
+    # measured faster (config.PINGPONG_NONCAUSAL_SEQLEN: up to 16384, priced from S1024; NULL at
+    # 32768); the longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk))
         assert cfg.pingpong is on and not cfg.wait_pv_early and not cfg.named_turns, (sq, sk)
@@ -1444,7 +1458,7 @@ _UNSEEN_HALF_SHAPES = [
 def test_gate_skip_unseen_half(head_dim, causal, shape):
     # the skipped half's P must be exactly what the whole tile gives there (0), the row max and
     # sum those of the first half; a wrong warpgroup-uniform condition drops keys a row sees
-    _gate_forced(head_dim, shape, causal, skip_unseen_half=True)
+    _gate_forced(head_dim, shape, causal, skip_unseen_half=True, single_kv_loop=False)
 
 
 @pytest.mark.gpu
@@ -1477,7 +1491,7 @@ _SEEN_HALF_SHAPES = [_UNSEEN_HALF_SHAPES[i] for i in (0, 2, 4)] + [
 def test_gate_mask_second_half(head_dim, causal, shape, with_unseen):
     # the first half left unmasked must hold no key a row may not see: a condition taken at the
     # wrong row lets a row see keys past its diagonal or past seqlen_k
-    _gate_forced(head_dim, shape, causal, mask_second_half=True, skip_unseen_half=with_unseen)
+    _gate_forced(head_dim, shape, causal, mask_second_half=True, skip_unseen_half=with_unseen, single_kv_loop=False)
 
 
 @pytest.mark.gpu

@@ -222,8 +222,9 @@ class HopperFwdConfig:
     # group counts and registers no branch may touch); a warpgroup-uniform branch chooses between
     # the halves' two code paths after the scores are waited for. Census (sm_90a, bf16): no data
     # moved, no local memory, unmasked loops unchanged; the masked loop holds both paths (d64
-    # short-causal 568 -> 777 instructions; the half path about 370). Default where it measured
-    # faster (SKIP_UNSEEN_HALF_SEQLEN)
+    # short-causal 568 -> 777 instructions; the half path about 370). Measured faster on d64's
+    # short-causal tile from S1025 (change 29), then replaced there by single_kv_loop
+    # (SKIP_UNSEEN_HALF_SEQLEN)
     skip_unseen_half: bool = False
     # a masked K/V tile whose first half of keys every one of a consumer's 64 rows sees masks its
     # second half only: the second consumer of a 128-row tile on the causal diagonal (its first
@@ -237,7 +238,8 @@ class HopperFwdConfig:
     # less kernel code (census: d64 causal S1k 4632 -> 3696 instructions), no trip longer than
     # the loop it replaces by more than 4 instructions. The lead is
     # the d64 causal S1k profile (instruction-fetch stalls 6.6% of samples against cuDNN's 1.2%,
-    # on code fetched once per tile after the K/V loops)
+    # on code fetched once per tile after the K/V loops). Default where it measured faster
+    # (SINGLE_KV_LOOP_MAX_SEQLEN: d64 causal up to S2048, +1.8-3.0% paired at S1k)
     single_kv_loop: bool = False
 
     @property
@@ -578,8 +580,10 @@ FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 4096
 # Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H32, over the default: B16 S2048
 # 1.0050 / 1.0049 (KEEP); B32 S1024 0.9984 / 1.0026, run 2's halves disagreeing (NULL) — with
 # pingpong the other consumer's full diagonal step still sets the pace at the tile's end
-# (h200-compare-skip-unseen-half-d64-causal-s{1024,2048}.json). Not priced elsewhere
-SKIP_UNSEEN_HALF_SEQLEN = {(64, True): (1025, 2048)}
+# (h200-compare-skip-unseen-half-d64-causal-s{1024,2048}.json). Not priced elsewhere. One K/V loop
+# (SINGLE_KV_LOOP_SEQLEN, below) took its place there: 1.0104 / 1.0097 over it at B16 S2048; the two
+# build the masked step differently and do not combine
+SKIP_UNSEEN_HALF_SEQLEN: dict = {}
 
 
 # The pingpong token between d128's non-causal consumers, in FA3's order (the schedule of FA3's
@@ -587,15 +591,30 @@ SKIP_UNSEEN_HALF_SEQLEN = {(64, True): (1025, 2048)}
 # in [first, last]. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the
 # default without it: B16 S2048 1.0430 / 1.0400, B8 S4096 1.0244 / 1.0187, B4 S8192 1.0096 /
 # 1.0154, B2 S16384 (split tail) 1.0101 / 1.0087 (KEEP); B1 S32768 1.0017 / 0.9985 (NULL, off).
-# The token on named barriers lost at S16k (0.9911 / 0.9908). S <= 1024 not priced (off)
-# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json)
-PINGPONG_NONCAUSAL_SEQLEN = {128: (1025, 16384)}
+# The token on named barriers lost at S16k (0.9911 / 0.9908)
+# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json). Change 31: B32 S1024
+# 1.0124 / 1.0090 (KEEP; that shape's own null 1.006339), so the rule reaches down to the shortest
+# problems as the other short-tile rules do (h200-compare-pingpong-d128-no-causal-s1024-df0281e.json).
+# Not taken at d128 causal S1024 (0.9998 / 0.9979, NULL: change 8's named turns stay off there)
+PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
+
+
+# The unmasked and masked K/V steps in one loop (single_kv_loop) up to this max(Sq, Sk), per (head
+# dim, causal): the short tiles' instruction-fetch stalls (the d64 causal S1k profile: 6.6% of
+# samples against cuDNN's 1.2%, on once-per-tile code fetched cold after the K/V loops) fall with
+# 18-22% less kernel code. Paired on the H200, preheated 150 ms (t_keep 1.002164; the S1024 shape's
+# own null 1.006339), bf16, over the default: d64 causal B32 H32 S1024 1.0298 / 1.0180, B16 H32
+# S2048 (with skip_unseen_half off, over the default that had it) 1.0104 / 1.0097 (KEEP). Not taken:
+# d64 non-causal B32 H32 S1024 1.0047 / 1.0026 (clears t_keep, not the S1024 null), d128 B32 H16
+# S1024 causal 1.0012 / 1.0031 and non-causal 1.0045 / 1.0019 (NULL)
+# (h200-compare-single-kv-loop-d{64,128}-{causal,no-causal}-s{1024,2048}-df0281e.json)
+SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
-            fast_divide: bool, skip_unseen_half: bool, pingpong: bool) -> HopperFwdConfig:
+            fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if short:
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
@@ -607,7 +626,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
                                first_mask_on_need=base.first_mask_on_need and not split_tail,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
-                               fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half)
+                               fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
+                               single_kv_loop=single_kv_loop)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -626,6 +646,7 @@ def select_config(problem) -> HopperFwdConfig:
     fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     first, last = SKIP_UNSEEN_HALF_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
-                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last)
+                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop)

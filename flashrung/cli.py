@@ -3,7 +3,7 @@
     flashrung check      gate every kernel on the device found (CPU: interpreter, small sizes)
     flashrung gate       the gate's calibration and mutation battery
     flashrung census     compile every kernel ahead of time, report registers/smem/spills/SASS
-    flashrung bench      timing against the peers (also: null, compare, reanchor)
+    flashrung bench      timing against the peers (also: null, compare, reanchor, sustain)
     flashrung model      the feeds-and-speeds resource model
     flashrung ladder     the optimization ladder
 """

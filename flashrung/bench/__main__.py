@@ -1,4 +1,4 @@
-"""``python -m flashrung.bench bench|null|compare|reanchor …``: the instrument's commands on their own."""
+"""``python -m flashrung.bench bench|null|compare|reanchor|sustain …``: the instrument's commands on their own."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""The instrument's commands: ``bench``, ``null``, ``compare``, ``reanchor``.
+"""The instrument's commands: ``bench``, ``null``, ``compare``, ``reanchor``, ``sustain``.
 
 ``register(subparsers)`` adds them to the ``flashrung`` command line; each handler takes the
 parsed arguments and returns an exit code. Nothing here imports torch until a command needs a GPU,
@@ -12,6 +12,9 @@ so ``flashrung bench --dry-run`` plans without one.
 - ``flashrung compare BASELINE CANDIDATE`` — two paired runs in fresh processes, the correctness
   gate, and the keep gate: KEEP / REVERT / NULL with its figures.
 - ``flashrung reanchor --links …`` — the product of kept links against a direct paired run.
+- ``flashrung sustain BASELINE CANDIDATE`` — both arms in alternating blocks of sustained load
+  with nvidia-smi sampling SM clock and board power: ms/call, MHz, W, J/call and Mcycles/call per
+  block and per arm, and whether the time moved with the clock or with the cycles.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import math
 import pathlib
 import sys
 
-from flashrung.bench import calibration, numerators, peers, report, stats, suites, timing
+from flashrung.bench import calibration, numerators, peers, report, stats, suites, sustain, timing
 
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
@@ -44,6 +47,30 @@ def _non_negative_float(text: str) -> float:
     if not value >= 0:      # also rejects nan
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _block_count(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2 or value % 2:
+        raise argparse.ArgumentTypeError(f"expected an even number ≥ 2 (as many blocks of each arm), got {value}")
+    return value
+
+
+def _cuda_device(text: str) -> str:
+    index = text.partition(":")[2] if text.startswith("cuda:") else None
+    if text != "cuda" and not (index and index.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected cuda or cuda:N (clock and power are a GPU's), got {text!r}")
+    return text
 
 
 def _even_int(text: str) -> int:
@@ -176,6 +203,31 @@ def register(subparsers) -> None:
     _paired_flags(r)
     r.set_defaults(func=cmd_reanchor)
 
+    s = subparsers.add_parser("sustain", help="time per call beside SM clock and board power under sustained load",
+                              description="Both arms in alternating blocks of back-to-back calls (ABBA order) "
+                                          "while nvidia-smi samples the SM clock and board power. Per block and "
+                                          "per arm: ms/call, MHz, W, J/call and Mcycles/call over the block's "
+                                          "settled part; candidate ÷ baseline for each; and a reading of whether "
+                                          "the time moved with the clock (energy per call, at the power cap) or "
+                                          "with the cycles. A reading, not a verdict: `compare` keeps or reverts.")
+    s.add_argument("baseline", type=_impl, help="flashrung:<kernel>, flashrung or a peer")
+    s.add_argument("candidate", type=_impl, help="the same forms")
+    _shape_flags(s, many=False)
+    g = s.add_argument_group("sustained protocol")
+    g.add_argument("--blocks", type=_block_count, default=sustain.BLOCKS,
+                   help=f"blocks in all, ABBA order, half per arm (default {sustain.BLOCKS})")
+    g.add_argument("--block-s", type=_positive_float, default=sustain.BLOCK_S, metavar="S",
+                   help=f"seconds of back-to-back calls per block (default {sustain.BLOCK_S:g})")
+    g.add_argument("--settle-s", type=_non_negative_float, default=sustain.SETTLE_S, metavar="S",
+                   help=f"seconds at a block's start whose samples do not count, the clock settling (default "
+                        f"{sustain.SETTLE_S:g}; the last {sustain.TAIL_S:g} s never count)")
+    g.add_argument("--sample-ms", type=_positive_int, default=sustain.SAMPLE_MS, metavar="MS",
+                   help=f"nvidia-smi sampling period (default {sustain.SAMPLE_MS})")
+    g.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the full result here")
+    g.add_argument("--seed", type=int, default=0, help="input seed")
+    g.add_argument("--device", type=_cuda_device, default="cuda", help="cuda (default) or cuda:N")
+    s.set_defaults(func=cmd_sustain)
+
 
 # ----------------------------------------------------------------------------------------------
 # bench
@@ -297,14 +349,15 @@ def pair_protocol(args) -> timing.PairedProtocol:
     return timing.PairedProtocol(**{**base.to_json(), **changes})
 
 
-def _require_device(command: str, args) -> str | None:
-    """The calibration key of the device the command will run on, or None (after saying why)."""
+def _require_device(command: str, args, *, cpu_path: bool = True) -> str | None:
+    """The calibration key of the device the command will run on, or None (after saying why);
+    ``cpu_path``: the command has a ``--device cpu`` check of its machinery to point to."""
     if args.device == "cpu":
         return "cpu"
     ok, what = gpu_available()
     if not ok:
-        print(f"flashrung {command}: needs a GPU: {what} (--device cpu exercises the path without one)",
-              file=sys.stderr)
+        hint = " (--device cpu exercises the path without one)" if cpu_path else ""
+        print(f"flashrung {command}: needs a GPU: {what}{hint}", file=sys.stderr)
         return None
     return what
 
@@ -547,3 +600,40 @@ def cmd_reanchor(args) -> int:
         report.write_json({"reanchor": result.to_json(), "links": [k.to_json() for k in kept], "anchor": anchor,
                            "current": current, "direct": direct}, args.json)
     return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# sustain
+
+
+def cmd_sustain(args) -> int:
+    try:
+        sustain.check_parameters(args.blocks, args.block_s, args.settle_s, args.sample_ms)
+    except ValueError as exc:
+        print(f"flashrung sustain: {exc}", file=sys.stderr)
+        return 2
+    # clock and power are a GPU's: there is no CPU path to point to
+    gpu = _require_device("sustain", args, cpu_path=False)
+    if gpu is None:
+        return 2
+    row = pair_row(args)
+    print(f"sustain on {gpu}: baseline {args.baseline}, candidate {args.candidate}, {row.label()}; {args.blocks} "
+          f"blocks × {args.block_s:g} s in ABBA order, nvidia-smi every {args.sample_ms} ms, settled window "
+          f"[start + {args.settle_s:g} s, end − {sustain.TAIL_S:g} s]")
+    try:
+        doc = sustain.run(args.baseline, args.candidate, row, blocks=args.blocks, block_s=args.block_s,
+                          settle_s=args.settle_s, sample_ms=args.sample_ms, device=args.device, seed=args.seed,
+                          command=list(sys.argv))
+    except sustain.SustainError as exc:
+        print(f"flashrung sustain: {exc}", file=sys.stderr)
+        return 2
+    for role in sustain.ARMS:
+        g = doc["arms"][role].get("gate")
+        if g is not None:
+            verdict = "" if g["text"].startswith(("PASS", "FAIL")) else "FAIL "
+            print(f"gate {role}: {verdict}{g['text']}")
+    print(sustain.text(doc))
+    if args.json:
+        path = report.write_json(doc, args.json)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if doc["summary"] is not None else 1

@@ -121,14 +121,15 @@ def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
 
 
 @gluon.jit
-def attention_fwd_v16(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
-    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
-    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
-    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
-):
+def ring_prologue(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                  stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k,
+                  heads_q, group, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr):
+    """A tile's start on v14's ring with this rung's row sum — shared by the rungs built on v16
+    (v17, v18), which differ from it in their trips only: the ring's first blocks, the flash state,
+    S(0) and v15's loop split. Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base,
+    start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, s_max, split, last_trip), in the order the rungs'
+    bodies defined them: the loops' carried values keep their order, and the SASS its schedule."""
     MMA: gl.constexpr = mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -142,7 +143,47 @@ def attention_fwd_v16(
     l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
     causal_shift = seqlen_k - seqlen_q
     s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    s_max = gl.max(s, 1)     # v17's first row max; a rung that forms it in its trips leaves it dead
     split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
+    return (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift,
+            s, s_max, split, last_trip)
+
+
+@gluon.jit
+def ring_epilogue(s, s_max, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q, stride_os,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr,
+                  ROW_SUM: gl.constexpr):
+    """A tile's end, shared as :func:`ring_prologue` is: the last block's softmax and PV, the drain
+    of the trailing prefetches, the store. ``s_max`` is the last block's row max where the rung
+    formed it a trip early (v17), or None: formed here, after the slot's index, in the order v16
+    compiled to (the SASS of v16 and v18 is that of their bodies before this helper)."""
+    ROW: gl.constexpr = gl.SliceLayout(1, mma_layout(gl.num_warps()))
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    if s_max is None:
+        tile_max = gl.max(s, 1)
+    else:
+        tile_max = s_max
+    acc, m_i, l_i = softmax_pv(s, tile_max, m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
+    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
+
+    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
+    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+
+
+@gluon.jit
+def attention_fwd_v16(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+):
+    (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, _,
+     split, last_trip) = ring_prologue(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM)
     for start_n in range(0, split, BLOCK_N):
         s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
                                       stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
@@ -151,12 +192,8 @@ def attention_fwd_v16(
         s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
                                       stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
                                       BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
-    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
-    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
-    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
-
-    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    ring_epilogue(s, None, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q, stride_os,
+                  HEAD_DIM, BLOCK_M, BLOCK_N, KV_STAGES, ROW_SUM)
 
 
 def unsupported_reason(problem) -> str | None:

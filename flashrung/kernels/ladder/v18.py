@@ -28,17 +28,13 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from flashrung.kernels.ladder import v14, v15, v16
-from flashrung.kernels.ladder.common import finalize, flash_state, mma_layout, store_tile
-from flashrung.kernels.ladder.v16 import init_row_sum, row_sum, softmax_pv
+from flashrung.kernels.ladder import v14, v16
 
 NAME = "ladder.v18"
 PARENT = "ladder.v16"
 LEVER = "the prefetches of whole blocks issued without their row predicate"
 HEAD_DIMS = v14.HEAD_DIMS
-EXP2 = gl.constexpr(True)
 CONFIG = v14.CONFIG   # v16's tile and ring; the row sum deferred (v16's pick, every head dim and mask)
 ROW_SUM = v16.SUM_DEFERRED
 
@@ -66,20 +62,11 @@ def attention_fwd_v18(
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
 ):
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-
-    q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = v14.ring_start(
+    (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, _,
+     split, last_trip) = v16.ring_prologue(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY)
-
-    m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
-    l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
-    causal_shift = seqlen_k - seqlen_q
-    s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM)
     # the copies stop being whole two blocks before hi: the unmasked loop ends there too, and an
     # interior trip past it runs masked (a no-op mask, at most one trip a tile: two copies of the
     # trip, as v16 has, rather than three)
@@ -92,12 +79,8 @@ def attention_fwd_v18(
         s, m_i, l_i, acc = v16.ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
                                           stride_ks, stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,
                                           BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, True, ROW_SUM)
-    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
-    acc, m_i, l_i = softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(last % KV_STAGES), ROW_SUM)
-    async_copy.wait_group(0)  # drain the trailing zero-row prefetches before the CTA exits
-
-    out, lse = finalize(acc, m_i, row_sum(l_i, ROW, ROW_SUM), EXP2)
-    store_tile(o_base, lse_base, out, lse, seqlen_q - start_m, stride_os, BLOCK_M, HEAD_DIM)
+    v16.ring_epilogue(s, None, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q,
+                      stride_os, HEAD_DIM, BLOCK_M, BLOCK_N, KV_STAGES, ROW_SUM)
 
 
 def unsupported_reason(problem) -> str | None:

@@ -594,7 +594,7 @@ SKIP_UNSEEN_HALF_SEQLEN: dict = {}
 # The token on named barriers lost at S16k (0.9911 / 0.9908)
 # (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json). Change 31: B32 S1024
 # 1.0124 / 1.0090 (KEEP; that shape's own null 1.006339), so the rule reaches down to the shortest
-# problems as the other short-tile rules do (h200-compare-pingpong-d128-no-causal-s1024-df0281e.json).
+# problems as the other short-tile rules do (h200-compare-pingpong-d128-full-s1024-df0281e.json).
 # Not taken at d128 causal S1024 (0.9998 / 0.9979, NULL: change 8's named turns stay off there)
 PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
 
@@ -607,7 +607,7 @@ PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
 # S2048 (with skip_unseen_half off, over the default that had it) 1.0104 / 1.0097 (KEEP). Not taken:
 # d64 non-causal B32 H32 S1024 1.0047 / 1.0026 (clears t_keep, not the S1024 null), d128 B32 H16
 # S1024 causal 1.0012 / 1.0031 and non-causal 1.0045 / 1.0019 (NULL)
-# (h200-compare-single-kv-loop-d{64,128}-{causal,no-causal}-s{1024,2048}-df0281e.json)
+# (h200-compare-single-kv-loop-d{64,128}-{causal,full}-s{1024,2048}-df0281e.json)
 SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 
 

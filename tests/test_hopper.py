@@ -120,6 +120,11 @@ CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.
 # the FA3 order at d64 (whose default is FA4's order), to keep the gated wait(0) under test
 CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False, **_D64_QREG}))
 CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
+# the retained reference with each warp skipping O's rescale on its own vote: in FA3's order
+# (d128 non-causal), FA4's (d128 causal, d64)
+_BY_WARP = {"rescale_threshold": 8.0, "rescale_by_warp": True}
+CENSUS_CONFIGS += [(f"d{d}-{'causal' if c else 'full'}-rescale-by-warp", d, c, _BY_WARP)
+                   for d, c in ((128, False), (128, True), (64, False))]
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
@@ -485,6 +490,28 @@ def test_single_kv_loop_keeps_both_steps_in_one_copy(census):
             assert loop["length"] <= m + 8, (name, loop["length"], m)
             assert loop["length"] - loop["forward_skip"] <= u + 4, (name, loop["length"], loop["forward_skip"], u)
         assert row["sass"]["total"] <= base_row["sass"]["total"] - 300 * len(single), (name, row["sass"]["total"])
+
+
+def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
+    # each warp votes on its own 16 rows and branches over its whole accumulator (d/2 multiplies a
+    # thread): the trip that skips is shorter than the default's by at least those multiplies,
+    # less the vote's few instructions; no barrier joins the loop (the warpgroup-wide decision adds
+    # a shared-memory round trip and 3 bar.sync) and nothing goes to local memory (it kept 80 B)
+    for d, mask in ((128, "full"), (128, "causal"), (64, "full")):
+        name, base = f"d{d}-{mask}-rescale-by-warp", f"d{d}-{mask}"
+        row = census[name]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
+        loops = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        base_loops = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
+        for loop, b in zip(loops, base_loops):
+            # census, sm_90a: d128 non-causal 493 skipping 64 against 481; d128 causal (FA4's order)
+            # 479 / 618 skipping 64 against 468 / 607; d64 non-causal 439 / 636 skipping 32 against
+            # 428 / 625
+            assert loop["forward_skip"] >= d // 2, (name, loop)
+            assert loop["bar"] == b["bar"], (name, loop, b)
+            assert loop["length"] - loop["forward_skip"] <= b["length"] - d // 2 + 16, (name, loop, b)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -928,7 +955,7 @@ def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
     (dict(overlap=False, late_rescale=True), "overlap"),
     (dict(overlap=False, rescale_threshold=8.0), "overlap"),
     (dict(overlap=False, wait_pv_early=True), "overlap"),
-    (dict(wait_pv_early=True, rescale_threshold=8.0), "wait_pv_early"),
+    (dict(rescale_by_warp=True), "rescale_by_warp"),             # the per-warp skip of a threshold of 0
     (dict(exp2_fma_every=3), "exp2_fma_every"),
     (dict(overlap=False, exp2_fma_every=4), "overlap"),
     (dict(overlap_epilogue=True), "separate_o"),                  # d256: O staged in Q's buffer
@@ -1674,6 +1701,11 @@ def _three_consumer_config():
 def test_gpu_gate_configurations_fit_the_budgets():
     # a configuration the GPU gate builds must pass the host checks first, or that test cannot run
     _retained_reference_config().check(64)
+    for head_dim in HEAD_DIMS:
+        for causal in (False, True):
+            for shape in _UNSEEN_HALF_SHAPES[:4]:         # test_gate_rescale_by_warp's
+                dataclasses.replace(_shape_default(head_dim, causal, shape), rescale_threshold=8.0,
+                                    rescale_by_warp=True).check(head_dim)
     _three_consumer_config().check(64)
 
 
@@ -1724,6 +1756,9 @@ def _switches():
         dict(mask_second_half=True),
         dict(mask_second_half=True, skip_unseen_half=True),
         dict(mask_second_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        # each warp skips O's rescale on its own vote: FA4's order (d128 causal's) and FA3's
+        dict(rescale_threshold=8.0, rescale_by_warp=True),
+        dict(rescale_threshold=8.0, rescale_by_warp=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),
@@ -1761,6 +1796,22 @@ def test_gate_each_switch(changes, causal):
     cfg = dataclasses.replace(fwd.default_config(128, causal), **changes)
     _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=1000, seqlen_k=777, heads_q=6,
           heads_kv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("softmax_scale", [0.5, None])
+@pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES[:4], ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_rescale_by_warp(head_dim, causal, shape, softmax_scale):
+    # each warp decides its own O rescale: a warp whose rows all kept their reference must leave O
+    # untouched while another warp of the same warpgroup rescales (scale 0.5 makes early maxima
+    # jump by more than τ in some rows and not others); in each head dim's default order (FA3's at
+    # d128 non-causal, FA4's elsewhere)
+    cfg = dataclasses.replace(_shape_default(head_dim, causal, shape), rescale_threshold=8.0, rescale_by_warp=True)
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+          softmax_scale=softmax_scale, **shape)
 
 
 @pytest.mark.gpu

@@ -22,7 +22,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``q_in_registers``),
   heaviest-first (LPT) tile order, a persistent grid, and four softmax-side levers: the O rescale
   in the shadow of the next QK (``late_rescale``), P packed to 16 bits two at a time
-  (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``),
+  (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``;
+  with ``rescale_by_warp`` each warp skips O's rescale on its own vote, in either order),
   FA4's exp2 split onto the FMA pipe (``exp2_fma_every``), tree-shaped row reductions
   (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
@@ -32,9 +33,10 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   a non-causal launch with a key tail masks it always); a masked tile whose second half of keys
   none of a warpgroup's rows sees skips that half's softmax work (``skip_unseen_half``:
   ``_halves``, ``_masked_row_max_by_halves``, ``_exp_by_halves``; the default of d64's
-  short-causal tile from 1025 to 2048), and one whose first half every row sees may mask its
-  second half only (``mask_second_half``, ``_first_half_seen``: measured, off); the unmasked and
-  masked K/V steps may share one loop with the mask behind a branch (``single_kv_loop``: off);
+  short-causal tile from 1025 to 2048 until change 31), and one whose first half every row sees
+  may mask its second half only (``mask_second_half``, ``_first_half_seen``: measured, off); the
+  unmasked and masked K/V steps may share one loop with the mask behind a branch
+  (``single_kv_loop``: the default of d64's short-causal tile up to 2048);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * each partition decodes its work items (``_work_coords``) by run-time division, or by
@@ -132,6 +134,8 @@ from flashrung.kernels.hopper.softmax import (
     mask_scores_by_bound,
     online_softmax,
     online_softmax_retained,
+    rescale_by_warp,
+    retained_max,
     row_sum_total,
     softmax_exp,
     softmax_row_max,
@@ -284,6 +288,7 @@ class _Schedule:
     SKIP_UNSEEN_HALF: gl.constexpr  # a masked tile's second half of keys, unseen by all 64 rows, is skipped
     MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
+    RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -606,26 +611,31 @@ def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM: gl.constex
 
 
 @gluon.jit
-def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.constexpr):
+def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.constexpr,
+                 BY_WARP: gl.constexpr = False):
     """O ← O · alpha (per row). Thresholded: only when ``rescale`` (warpgroup-uniform) is set;
-    otherwise every alpha of a row that has seen a key is exactly 1 and the multiply is skipped."""
-    a = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    otherwise every alpha of a row that has seen a key is exactly 1 and the multiply is skipped.
+    ``BY_WARP``: ``rescale`` is each row's warp's vote, and each warp skips on its own."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     if THRESHOLDED:
-        if rescale:
-            acc = acc * a
+        if BY_WARP:
+            acc = rescale_by_warp(acc, gl.convert_layout(alpha, row_layout), gl.convert_layout(rescale, row_layout))
+        else:
+            if rescale:
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
     else:
-        acc = acc * a
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
     return acc
 
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
-                  EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr):
+                  EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr, BY_WARP: gl.constexpr = False):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
         # one box of keys per K/V tile (HopperFwdConfig.check)
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s[0], m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE)
+                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP)
         p = (p,)
     else:
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE)
@@ -654,7 +664,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
     acc = _pv(p_op, acc, sh, v_idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     # wait(1) (wait(2) with two parts): the older groups (QK) are done, PV may still run
@@ -686,6 +696,8 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         # warpgroup's GEMMs instead
         if not HALVES:
             t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+            if c.RESCALE_THRESHOLD > 0:
+                m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
         acc, p_op = _wait_pv(acc, p_op)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
@@ -695,7 +707,10 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
         m_i = m_new
-        rescale = alpha
+        if c.RESCALE_THRESHOLD > 0:
+            rescale = retained
+        else:
+            rescale = alpha
     else:
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
@@ -703,7 +718,8 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             rescale = alpha
         else:
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
-                                                        c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+                                                        c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
+                                                        c.RESCALE_BY_WARP)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
@@ -712,7 +728,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     if not c.LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
     return acc, p_op, m_i, l_i, alpha, rescale, turn
 
@@ -748,7 +764,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             s = _mask_tile(s, rows, first_kv, sz, c)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
-                                                    c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+                                                    c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP)
         p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
@@ -772,7 +788,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
-            acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0)
+            acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
         acc = _pv(p_op, acc, sh, idx, c)
         acc, p_op = _wait_pv(acc, p_op)
         release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
@@ -1054,7 +1070,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
-                     MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1117,7 +1134,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
-                  SINGLE_KV_LOOP=SINGLE_KV_LOOP)
+                  SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1191,7 +1208,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
-        MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop,
+        MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

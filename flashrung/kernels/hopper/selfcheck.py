@@ -83,9 +83,11 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     candidates += [
         ("late_rescale", dict(late_rescale=not base.late_rescale)),
         ("pack_p", dict(pack_p=not base.pack_p)),
-        # the retained reference splits nothing: it runs in FA3's order
+        # the retained reference, warpgroup-wide as first timed (in FA3's order), and each warp on
+        # its own vote in the default's order
         ("rescale_threshold", dict(rescale_threshold=RESCALE_THRESHOLD if base.rescale_threshold == 0 else 0.0,
                                    wait_pv_early=False)),
+        ("rescale_by_warp", dict(rescale_threshold=RESCALE_THRESHOLD, rescale_by_warp=True)),
         ("wait_pv_early", dict(wait_pv_early=not base.wait_pv_early)),
         ("q_in_registers", dict(q_in_registers=not base.q_in_registers)),
         ("exp2_fma_every", dict(exp2_fma_every=4 if base.exp2_fma_every == 0 else 0)),

@@ -103,6 +103,66 @@ def exp2_split(x, EVERY: gl.constexpr):
     return y
 
 
+def _warp_any_asm() -> str:
+    """A row flag's warp-wide vote: each thread holds two rows of the accumulator (its lane's row
+    and the row 8 below), so one ``or`` of the two and one ``vote.any`` give every lane the same
+    answer — the warp's, with no shared memory and no barrier."""
+    return ("{ .reg .pred p, q; setp.ne.b32 p, $2, 0; setp.ne.b32 q, $3, 0; or.pred p, p, q; "
+            "vote.sync.any.pred p, p, 0xffffffff; selp.b32 $0, 1, 0, p; mov.b32 $1, $0; }")
+
+
+def _rescale_by_warp_asm(pack: int) -> str:
+    """O ← O · alpha over all ``pack`` accumulator elements a thread holds, behind one warp-uniform
+    branch on the warp's vote (operand ``3·pack``; every lane holds the same value): a warp none of
+    whose 16 rows moved its reference skips the multiplies. The moves of the skipping path are
+    register copies that ptxas folds away (the census shows what it made of them)."""
+    acc0, alpha0, vote0 = pack, 2 * pack, 3 * pack
+    keep = " ".join(f"mov.f32 ${i}, ${acc0 + i};" for i in range(pack))
+    scale = " ".join(f"mul.f32 ${i}, ${acc0 + i}, ${alpha0 + i};" for i in range(pack))
+    return ("{ .reg .pred p; setp.ne.b32 p, $" + str(vote0) + ", 0; @p bra.uni RESCALE_O; " + keep
+            + " bra.uni RESCALED_O; RESCALE_O: " + scale + " RESCALED_O: }")
+
+
+def _rescale_by_warp_constraints(pack: int) -> str:
+    return ",".join(["=f"] * pack + ["f"] * pack + ["f"] * pack + ["r"] * pack)
+
+
+# one variant per accumulator size: head_dim / 2 fp32 elements per thread (64 rows × d over 128 threads)
+_WARP_ANY_ASM, _WARP_ANY_CON = gl.constexpr(_warp_any_asm()), gl.constexpr("=r,=r,r,r")
+_RESCALE32_ASM, _RESCALE32_CON = gl.constexpr(_rescale_by_warp_asm(32)), gl.constexpr(_rescale_by_warp_constraints(32))
+_RESCALE64_ASM, _RESCALE64_CON = gl.constexpr(_rescale_by_warp_asm(64)), gl.constexpr(_rescale_by_warp_constraints(64))
+_RESCALE128_ASM, _RESCALE128_CON = (gl.constexpr(_rescale_by_warp_asm(128)),
+                                    gl.constexpr(_rescale_by_warp_constraints(128)))
+
+
+@gluon.jit
+def warp_any(flags):
+    """``flags`` (int32, one per row, in the accumulator's row layout) as the vote of each warp.
+    Not pure: a warp-collective must not be moved or merged by the compiler."""
+    return gl.inline_asm_elementwise(_WARP_ANY_ASM, _WARP_ANY_CON, [flags], dtype=gl.int32, is_pure=False, pack=2)
+
+
+@gluon.jit
+def rescale_by_warp(acc, alpha, vote):
+    """``acc · alpha`` (alpha per row, broadcast over the row) where the warp's ``vote`` (per row,
+    from :func:`warp_any`) is set; ``acc`` as it is elsewhere, without a multiply (FA4's per-warp
+    skip of the O rescale, seed 001 0x09). One inline-PTX block over a thread's whole accumulator,
+    so the branch is taken once per warp and step."""
+    a = gl.broadcast(gl.expand_dims(alpha, 1), acc)[0]
+    v = gl.broadcast(gl.expand_dims(vote, 1), acc)[0]
+    PACK: gl.constexpr = acc.shape[1] // 2
+    if PACK == 32:
+        out = gl.inline_asm_elementwise(_RESCALE32_ASM, _RESCALE32_CON, [acc, a, v], dtype=gl.float32,
+                                        is_pure=True, pack=32)
+    elif PACK == 64:
+        out = gl.inline_asm_elementwise(_RESCALE64_ASM, _RESCALE64_CON, [acc, a, v], dtype=gl.float32,
+                                        is_pure=True, pack=64)
+    else:
+        out = gl.inline_asm_elementwise(_RESCALE128_ASM, _RESCALE128_CON, [acc, a, v], dtype=gl.float32,
+                                        is_pure=True, pack=128)
+    return out
+
+
 def fold_scale(softmax_scale: float) -> float:
     """The factor applied to raw ``q·k`` scores: ``softmax_scale · log2(e)``."""
     return float(softmax_scale) * LOG2_E
@@ -342,7 +402,8 @@ def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP
 
 @gluon.jit
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
-                            EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
+                            EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
+                            BY_WARP: gl.constexpr = False):
     """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on one
     tensor of scores ``s`` (one box of keys per K/V tile).
 
@@ -350,16 +411,28 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     ``THRESHOLD`` (log2 units); otherwise its ``alpha`` is exactly 1. Also returns ``rescale``, a
     scalar for the whole warpgroup: false when no row moved, so the caller may skip the O rescale.
     The decision per row needs nothing beyond the row max, so the exponentials never wait for the
-    warpgroup-wide reduction; only the O rescale does.
+    warpgroup-wide reduction; only the O rescale does. ``BY_WARP``: ``rescale`` is instead each
+    row's warp's vote (:func:`warp_any`), for :func:`rescale_by_warp` — no reduction across warps.
     """
     t, c, m_cand = softmax_row_max((s,), m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    m_new, rescale = retained_max(m_cand, m_i, THRESHOLD, BY_WARP)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
+    return p[0], alpha, m_new, l_new, rescale
+
+
+@gluon.jit
+def retained_max(m_cand, m_i, THRESHOLD: gl.constexpr, BY_WARP: gl.constexpr = False):
+    """The reference each row keeps (:func:`online_softmax_retained`), from its candidate max
+    ``m_cand`` (:func:`softmax_row_max`'s): ``(m_new, rescale)``. Split out so FA4's order may
+    decide between the row max and the previous PV's wait, as it forms the max there."""
     # growth of the max; 0 where it did not grow (also where both are -inf: no NaN from inf - inf)
     grow = gl.where(m_cand > m_i, m_cand - m_i, 0.0)
     m_new = gl.where(grow > THRESHOLD, m_cand, m_i)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
-    p = p[0]
-    rescale = gl.max(grow, 0) > THRESHOLD
-    return p, alpha, m_new, l_new, rescale
+    if BY_WARP:
+        rescale = warp_any((grow > THRESHOLD).to(gl.int32))
+    else:
+        rescale = gl.max(grow, 0) > THRESHOLD
+    return m_new, rescale
 
 
 @gluon.jit

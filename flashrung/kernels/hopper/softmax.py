@@ -114,8 +114,9 @@ def _warp_any_asm() -> str:
 def _rescale_by_warp_asm(pack: int) -> str:
     """O ← O · alpha over all ``pack`` accumulator elements a thread holds, behind one warp-uniform
     branch on the warp's vote (operand ``3·pack``; every lane holds the same value): a warp none of
-    whose 16 rows moved its reference skips the multiplies. The moves of the skipping path are
-    register copies that ptxas folds away (the census shows what it made of them)."""
+    whose 16 rows moved its reference skips the multiplies. The accumulator's inputs are tied to
+    the outputs (:func:`_rescale_by_warp_constraints`), so the skipping path's moves copy each
+    register onto itself and compile to nothing (census)."""
     acc0, alpha0, vote0 = pack, 2 * pack, 3 * pack
     keep = " ".join(f"mov.f32 ${i}, ${acc0 + i};" for i in range(pack))
     scale = " ".join(f"mul.f32 ${i}, ${acc0 + i}, ${alpha0 + i};" for i in range(pack))
@@ -151,6 +152,8 @@ def rescale_by_warp(acc, alpha, vote):
     from :func:`warp_any`) is set; ``acc`` as it is elsewhere, without a multiply (FA4's per-warp
     skip of the O rescale, seed 001 0x09). One inline-PTX block over a thread's whole accumulator,
     so the branch is taken once per warp and step."""
+    # one block per thread needs its element count: 64 rows over a warpgroup's 128 threads
+    gl.static_assert(acc.shape[0] == 64 and gl.num_warps() == 4, "rescale_by_warp: a 64-row, 4-warp accumulator")
     a = gl.broadcast(gl.expand_dims(alpha, 1), acc)[0]
     v = gl.broadcast(gl.expand_dims(vote, 1), acc)[0]
     PACK: gl.constexpr = acc.shape[1] // 2

@@ -1689,7 +1689,7 @@ def test_split_tail_is_deterministic_and_refuses_causal():
 
 
 def _retained_reference_config():
-    # the retained reference runs in FA3's order (d64's default is FA4's, which it cannot split)
+    # the retained reference in FA3's order, where it was first priced (d64's default is FA4's)
     return dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0,
                                wait_pv_early=False, pingpong=False)
 

@@ -24,7 +24,7 @@ import math
 import pathlib
 import sys
 
-from flashrung.bench import calibration, numerators, peers, report, stats, suites, sustain, timing
+from flashrung.bench import calibration, manifest, numerators, peers, report, stats, suites, sustain, timing
 
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
@@ -443,10 +443,6 @@ def _t_noise(args, gpu: str, row: suites.Row, protocol: timing.PairedProtocol) -
     return float(entry["t_noise"]), source
 
 
-# Below this share of the board's power limit at a run's end, the run was not power-limited.
-POWER_LIMITED_SHARE = 0.9
-
-
 _number = timing.finite_or_none
 
 
@@ -470,7 +466,7 @@ def regime_line(runs, protocol: timing.PairedProtocol) -> str | None:
     parts = ", ".join(f"{p:.0f} W of {lim:.0f} W" + (f" at {sm:.0f} MHz" if sm is not None else "")
                       for p, lim, sm in ends)
     line = f"regime: runs ended at {parts}; blocks preheated {protocol.block_preheat_ms:g} ms"
-    if protocol.block_preheat_ms == 0 and any(p < POWER_LIMITED_SHARE * lim for p, lim, _ in ends):
+    if protocol.block_preheat_ms == 0 and any(p < manifest.POWER_LIMITED_SHARE * lim for p, lim, _ in ends):
         line += ("; NOTE: below the power limit and not preheated — a lever that moves memory traffic can "
                  "rank differently at sustained load (--block-preheat-ms 150 with a null calibrated the same way)")
     return line

@@ -159,8 +159,14 @@ def _nvidia_smi(fields, index: int) -> dict | None:
     return dict(zip(fields, values)) if len(values) == len(fields) else None
 
 
-def clocks(index: int = 0) -> dict:
-    """Clocks, power, temperature and throttle reasons now (nvidia-smi, else pynvml, else torch)."""
+# A run that drew less than this share of the board's power limit was not power-limited (compare's
+# regime line; sustain's reading of a clock that moved)
+POWER_LIMITED_SHARE = 0.9
+
+
+def clocks(index: int | str = 0) -> dict:
+    """Clocks, power, temperature and throttle reasons now (nvidia-smi, else pynvml, else torch).
+    ``index``: nvidia-smi's id of the GPU, its index or its UUID (the fallbacks take an index)."""
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     smi = _nvidia_smi(NVIDIA_SMI_FIELDS, index)
     if smi is not None:

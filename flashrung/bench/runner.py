@@ -65,6 +65,13 @@ def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
                 "text": f"gate could not run: {type(exc).__name__}: {peers._one_line(exc)}"}
 
 
+def gate_arms(arms, row: Row, seed: int = 0, device: str = "cuda") -> dict:
+    """:func:`run_gate` of each arm (``{role: impl}``) that is flashrung's; None for a peer. Correct
+    first: a paired or sustained run times no arm that fails it."""
+    return {role: run_gate(impl, row, seed=seed, device=device) if peers.is_ours(impl) else None
+            for role, impl in arms.items()}
+
+
 def _max_abs_diff(a, b) -> float:
     return float((a.float() - b.float()).abs().max().item())
 

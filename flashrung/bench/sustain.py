@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
+from flashrung.bench.manifest import POWER_LIMITED_SHARE
+
 BLOCKS = 10               # blocks in all, half per arm
 BLOCK_S = 2.5             # seconds of back-to-back calls per block
 SETTLE_S = 1.0            # seconds at a block's start before its samples count (the clock settling)
@@ -46,9 +48,6 @@ WARMUP_CALLS = 3          # untimed calls per arm after its first (compiling) ca
 SAMPLER_LEAD_S = 0.5      # the sampler runs this long before the first block, so it is sampling when it starts
 SAMPLER_STOP_S = 10.0     # how long to wait for nvidia-smi to exit once asked
 
-# Both arms drew at least this share of the board's power limit: the clock was set by power
-# (compare's regime line uses the same share, flashrung.bench.cli.POWER_LIMITED_SHARE).
-POWER_CAP_SHARE = 0.9
 
 SMI_QUERY = ("timestamp", "clocks.sm", "power.draw")
 SMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"       # nvidia-smi's timestamp, local time like time.time()
@@ -190,11 +189,11 @@ def moved_with(ratios: Mapping[str, float | None]) -> str | None:
 
 
 def at_power_cap(arm_watts: Iterable[float | None], power_limit_w: float | None) -> bool | None:
-    """Whether every arm drew at least POWER_CAP_SHARE of the board's limit; None when unknown."""
+    """Whether every arm drew at least POWER_LIMITED_SHARE of the board's limit; None when unknown."""
     watts = list(arm_watts)
     if not power_limit_w or any(w is None for w in watts):
         return None
-    return all(w >= POWER_CAP_SHARE * power_limit_w for w in watts)
+    return all(w >= POWER_LIMITED_SHARE * power_limit_w for w in watts)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -372,13 +371,6 @@ def time_blocks(fns: Mapping[str, Callable[[], object]], order: Sequence[str], b
     return out
 
 
-def _gate(arms: Mapping[str, str], row, seed: int, device: str) -> dict:
-    """flashrung's correctness gate of each arm that is ours (None for a peer), as the worker runs it."""
-    from flashrung.bench import peers, runner
-    return {role: runner.run_gate(impl, row, seed=seed, device=device) if peers.is_ours(impl) else None
-            for role, impl in arms.items()}
-
-
 def _power_limit(*clock_readings: Mapping) -> float | None:
     from flashrung.bench.timing import finite_or_none
     for c in clock_readings:
@@ -409,7 +401,7 @@ def run(baseline: str, candidate: str, row, *, blocks: int = BLOCKS, block_s: fl
     if exe is None:
         raise SustainError("nvidia-smi is not on PATH: the SM clock and board power are sampled with it")
     from flashrung.bench import manifest as manifest_mod
-    from flashrung.bench import peers
+    from flashrung.bench import peers, runner
 
     if chosen.index is not None:
         torch.cuda.set_device(chosen.index)      # kernels, events and synchronisations all use the current device
@@ -430,7 +422,7 @@ def run(baseline: str, candidate: str, row, *, blocks: int = BLOCKS, block_s: fl
                      "per arm the mean over its blocks with samples",
            "clocks_start": manifest_mod.clocks(gpu_id)}
     # correct first: an arm that fails its gate is not timed (its figures would describe a wrong kernel)
-    gates = _gate(arms, row, seed, device) if gate else {role: None for role in ARMS}
+    gates = runner.gate_arms(arms, row, seed=seed, device=device) if gate else {role: None for role in ARMS}
     failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
     if failed:
         doc.update(arms={role: {"impl": impl, "gate": gates[role]} for role, impl in arms.items()}, blocks=[],

@@ -67,11 +67,8 @@ def run_in_process(spec: Spec) -> dict:
     started = time.perf_counter()
     clocks_start = manifest_mod.clocks()
     # correct first: an arm that fails its gate is not timed (its time would price a wrong kernel)
-    gates = {}
-    if spec.gate:
-        for role, impl in (("baseline", spec.baseline), ("candidate", spec.candidate)):
-            gates[role] = (runner.run_gate(impl, spec.row, seed=spec.seed, device=spec.device)
-                           if peers.is_ours(impl) else None)
+    gates = (runner.gate_arms({"baseline": spec.baseline, "candidate": spec.candidate}, spec.row, seed=spec.seed,
+                              device=spec.device) if spec.gate else {})
     failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
     if failed:
         return {

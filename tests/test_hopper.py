@@ -108,7 +108,12 @@ print(json.dumps(result))
 """
 
 CENSUS_CONFIGS = [(f"d{d}-{'causal' if c else 'full'}", d, c, {}) for d in HEAD_DIMS for c in (False, True)]
-CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False}))
+# O rescaled at every K/V step (the plain online softmax): the long defaults without FA4's retained
+# reference (config.RESCALE_BY_WARP_MIN_SEQLEN), the kernel the switches below were built and priced on
+_ALWAYS_RESCALE = {"rescale_threshold": 0.0, "rescale_by_warp": False}
+CENSUS_CONFIGS += [(f"d{d}-{'causal' if c else 'full'}-always-rescale", d, c, _ALWAYS_RESCALE)
+                   for d in (128, 256) for c in (False, True)]
+CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False, **_ALWAYS_RESCALE}))
 # (as measured, without skip_empty_rows: with it, on the split tail, ptxas keeps 16 B in local memory)
 CENSUS_CONFIGS.append(("d128-full-late-packed", 128, False, {"late_rescale": True, "pack_p": True,
                                                              "skip_empty_rows": False}))
@@ -120,11 +125,10 @@ CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.
 # the FA3 order at d64 (whose default is FA4's order), to keep the gated wait(0) under test
 CENSUS_CONFIGS.append(("d64-full-fa3-order", 64, False, {"wait_pv_early": False, "pingpong": False, **_D64_QREG}))
 CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
-# the retained reference with each warp skipping O's rescale on its own vote: in FA3's order
-# (d128 non-causal), FA4's (d128 causal, d64)
+# the retained reference with each warp skipping O's rescale on its own vote, where d64 does not
+# take it (FA4's order); d128 and d256 run it by default at S16k (above)
 _BY_WARP = {"rescale_threshold": 8.0, "rescale_by_warp": True}
-CENSUS_CONFIGS += [(f"d{d}-{'causal' if c else 'full'}-rescale-by-warp", d, c, _BY_WARP)
-                   for d, c in ((128, False), (128, True), (64, False))]
+CENSUS_CONFIGS.append(("d64-full-rescale-by-warp", 64, False, _BY_WARP))
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
@@ -136,7 +140,7 @@ _D64_SHORT = {**config._SHORT_CAUSAL[64], **_FAST_DIVIDE}
 CENSUS_CONFIGS.append(("d64-causal-short", 64, True, _D64_SHORT))
 # the masked tiles' two-condition mask (key length and diagonal tested apart), which the causal
 # defaults' one bound per row replaced: on d128's and d64's causal tiles and d64's short-causal one
-CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": False}))
+CENSUS_CONFIGS.append(("d128-causal-two-compare", 128, True, {"row_bound_mask": False, **_ALWAYS_RESCALE}))
 CENSUS_CONFIGS.append(("d64-causal-short-two-compare", 64, True, {**_D64_SHORT, "row_bound_mask": False}))
 CENSUS_CONFIGS.append(("d64-causal-two-compare", 64, True, {"row_bound_mask": False}))
 # the epilogue deferred under the next tile's first QK, on the short-causal d64 tile it targets
@@ -179,13 +183,13 @@ CENSUS_CONFIGS.append(("d128-causal-mid", 128, True, _MID_DECODE))
 # a masked tile's unseen second half skipped (skip_unseen_half) on the short-causal d64 tile and
 # on d128 causal's FA4 schedule
 CENSUS_CONFIGS.append(("d64-causal-short-skip-half", 64, True, {**_D64_SHORT, "skip_unseen_half": True}))
-CENSUS_CONFIGS.append(("d128-causal-skip-half", 128, True, {"skip_unseen_half": True}))
+CENSUS_CONFIGS.append(("d128-causal-skip-half", 128, True, {"skip_unseen_half": True, **_ALWAYS_RESCALE}))
 # a masked tile whose first half every row sees masks its second half only (mask_second_half),
 # alone and with skip_unseen_half, on the same two kernels
 CENSUS_CONFIGS.append(("d64-causal-short-mask-half", 64, True, {**_D64_SHORT, "mask_second_half": True}))
 CENSUS_CONFIGS.append(("d64-causal-short-both-halves", 64, True,
                        {**_D64_SHORT, "mask_second_half": True, "skip_unseen_half": True}))
-CENSUS_CONFIGS.append(("d128-causal-mask-half", 128, True, {"mask_second_half": True}))
+CENSUS_CONFIGS.append(("d128-causal-mask-half", 128, True, {"mask_second_half": True, **_ALWAYS_RESCALE}))
 # one K/V loop for the unmasked and the masked steps, the mask behind a branch (single_kv_loop):
 # d64's short-causal tile, d128 causal's FA4 schedule, d128 non-causal's key tail
 CENSUS_CONFIGS.append(("d64-causal-short-single-loop", 64, True, {**_D64_SHORT, "single_kv_loop": True}))
@@ -209,7 +213,7 @@ CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release"
 # memory), built as it was measured: with skip_empty_rows on top ptxas keeps 112 B in local memory
 # outside the loop (census)
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True,
-               "skip_empty_rows": False}
+               "skip_empty_rows": False, **_ALWAYS_RESCALE}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 
 
@@ -316,7 +320,7 @@ def _masked_steps(entry):
     return [loop for loop in entry["kv_loops"] if loop["fsel"] > 8 and loop["mufu"] in step_mufu]
 
 
-@pytest.mark.parametrize("label, base", [("d128-causal", "d128-causal-two-compare"),
+@pytest.mark.parametrize("label, base", [("d128-causal-always-rescale", "d128-causal-two-compare"),
                                          ("d64-causal-short", "d64-causal-short-two-compare"),
                                          ("d64-causal", "d64-causal-two-compare")])
 def test_row_bound_mask_pays_one_compare_and_one_select_per_score(census, label, base):
@@ -432,7 +436,8 @@ def test_skip_unseen_half_moves_no_data_and_leaves_the_unmasked_loop(census):
     # the halves are register bits of the accumulator: no shared-memory round trip, no shuffle
     # beyond the row reductions' butterflies, no local memory; the unmasked loop is untouched and
     # the masked one holds both paths (a whole tile's and a half's exponentials)
-    for name, base in (("d64-causal-short-skip-half", "d64-causal-short"), ("d128-causal-skip-half", "d128-causal")):
+    for name, base in (("d64-causal-short-skip-half", "d64-causal-short"),
+                       ("d128-causal-skip-half", "d128-causal-always-rescale")):
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
@@ -451,7 +456,8 @@ def test_mask_second_half_masks_half_a_tile_and_moves_no_data(census):
     # the seen-first-half path masks 64 keys instead of 128: the masked loop gains about half a
     # tile's selects (its own copy of the second half's mask) and no exponential; the unmasked
     # loop, shared and local memory stay as they were
-    for name, base in (("d64-causal-short-mask-half", "d64-causal-short"), ("d128-causal-mask-half", "d128-causal"),
+    for name, base in (("d64-causal-short-mask-half", "d64-causal-short"),
+                       ("d128-causal-mask-half", "d128-causal-always-rescale"),
                        ("d64-causal-short-both-halves", "d64-causal-short-skip-half")):
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
@@ -496,9 +502,11 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
     # each warp votes on its own 16 rows and branches over its whole accumulator (d/2 multiplies a
     # thread): the trip that skips is shorter than the default's by at least those multiplies,
     # less the vote's few instructions; no barrier joins the loop (the warpgroup-wide decision adds
-    # a shared-memory round trip and 3 bar.sync) and nothing goes to local memory (it kept 80 B)
-    for d, mask in ((128, "full"), (128, "causal"), (64, "full")):
-        name, base = f"d{d}-{mask}-rescale-by-warp", f"d{d}-{mask}"
+    # a shared-memory round trip and 3 bar.sync) and nothing goes to local memory (it kept 80 B).
+    # d128 and d256 take it by default at S16k; d64 does not
+    pairs = [(f"d{d}-{mask}", f"d{d}-{mask}-always-rescale", d) for d in (128, 256) for mask in ("full", "causal")]
+    for name, base, d in pairs + [("d64-full-rescale-by-warp", "d64-full", 64)]:
+        assert census[name]["row"]["config"]["rescale_by_warp"], name
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
@@ -507,7 +515,8 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
         assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
         for loop, b in zip(loops, base_loops):
             # census, sm_90a: d128 non-causal 493 skipping 64 against 481; d128 causal (FA4's order)
-            # 479 / 618 skipping 64 against 468 / 607; d64 non-causal 439 / 636 skipping 32 against
+            # 479 / 618 skipping 64 against 468 / 607; d256 non-causal 448 skipping 128 against 443,
+            # causal 462 skipping 128 against 451; d64 non-causal 439 / 636 skipping 32 against
             # 428 / 625
             assert loop["forward_skip"] >= d // 2, (name, loop)
             assert loop["bar"] == b["bar"], (name, loop, b)
@@ -721,7 +730,7 @@ def test_extra_keys_spread_the_loop_over_192_keys(census):
     # softmax covers both parts (96 = 1.5 × 64 exponentials of the loop's 66, plus alpha), and the
     # loop costs fewer instructions per key than the 128-key tile's, with no local memory in it
     # (census: 648 per 192 keys against 474 per 128, −9% per key)
-    extra, base = census["d128-full-extra-keys"], census["d128-full"]
+    extra, base = census["d128-full-extra-keys"], census["d128-full-always-rescale"]
     row = extra["row"]
     assert "error" not in row, row["error"]
     assert extra["loop"]["ldl"] == 0 and row["spill_bytes"] <= EXTRA_KEYS_SPILL_BYTES
@@ -1709,8 +1718,15 @@ def test_gpu_gate_configurations_fit_the_budgets():
     _three_consumer_config().check(64)
 
 
+def _switch_base(causal):
+    """The d128 S16k default with O rescaled at every step, the kernel each switch below is gated on
+    (the half switches, the serial step and the 192-key tile need the plain online softmax); the
+    default itself, with FA4's retained reference and the per-warp skip, is the first switch."""
+    return dataclasses.replace(fwd.default_config(128, causal), **_ALWAYS_RESCALE)
+
+
 def _switches():
-    base = fwd.default_config(128, True)
+    base = _switch_base(True)
     return [
         # FA4's order and named turns are levers of the overlapped pingpong (d128 causal has both)
         dict(overlap=not base.overlap, wait_pv_early=False, named_turns=False),
@@ -1756,7 +1772,8 @@ def _switches():
         dict(mask_second_half=True),
         dict(mask_second_half=True, skip_unseen_half=True),
         dict(mask_second_half=True, pingpong=False, wait_pv_early=False, named_turns=False),
-        # each warp skips O's rescale on its own vote: FA4's order (d128 causal's) and FA3's
+        # each warp skips O's rescale on its own vote (the S16k default of either mask): FA4's order
+        # (d128 causal's) and FA3's
         dict(rescale_threshold=8.0, rescale_by_warp=True),
         dict(rescale_threshold=8.0, rescale_by_warp=True, pingpong=False, wait_pv_early=False, named_turns=False),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
@@ -1776,7 +1793,7 @@ def _switches():
 def test_half_switches_need_one_box_of_the_overlapped_softmax(switch, other):
     # both split one wgmma accumulator of the overlapped step's plain online softmax in halves of
     # keys; anywhere else the config must refuse, naming the switch, not build a wrong kernel
-    cfg = dataclasses.replace(fwd.default_config(128, True), **{switch: True}, **other)
+    cfg = dataclasses.replace(_switch_base(True), **{switch: True}, **other)
     with pytest.raises(ValueError, match=switch):
         cfg.check(128)
 
@@ -1785,7 +1802,7 @@ def test_every_gated_switch_fits_the_budgets():
     # the GPU gate below builds each of these at d128: every one must pass the host checks
     for causal in (False, True):
         for changes in _switches():
-            dataclasses.replace(fwd.default_config(128, causal), **changes).check(128)
+            dataclasses.replace(_switch_base(causal), **changes).check(128)
 
 
 @pytest.mark.gpu
@@ -1793,7 +1810,7 @@ def test_every_gated_switch_fits_the_budgets():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("changes", _switches(), ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_gate_each_switch(changes, causal):
-    cfg = dataclasses.replace(fwd.default_config(128, causal), **changes)
+    cfg = dataclasses.replace(_switch_base(causal), **changes)
     _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=1000, seqlen_k=777, heads_q=6,
           heads_kv=2, head_dim=128, dtype=torch.bfloat16, causal=causal)
 

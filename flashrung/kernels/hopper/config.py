@@ -26,6 +26,9 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # Conditional rescaling lets unnormalized probabilities reach 2^τ: τ ≤ 15 keeps them below the
 # fp16 maximum (65504) with margin; FA4 uses τ = 8 for 16-bit inputs (seed 001, 0x09).
 MAX_RESCALE_THRESHOLD = 15.0
+# the τ the defaults run where they skip O's rescale per warp (RESCALE_BY_WARP_MIN_SEQLEN): FA4's
+# for 16-bit operands, P ≤ 2^8 = 256 in the PV operand
+DEFAULT_RESCALE_THRESHOLD = 8.0
 # exp2 split: one emulated exponential in this many (0: every exponential on MUFU); each value is
 # one inline-PTX block in softmax.exp2_split
 EXP2_FMA_CHOICES = (0, 2, 4, 8)
@@ -616,11 +619,30 @@ PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
 SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 
 
+# FA4's conditional rescale with each warp's own decision (rescale_threshold=DEFAULT_RESCALE_THRESHOLD,
+# rescale_by_warp) from this max(Sq, Sk), per (head dim, causal): once a row's reference max has
+# settled, a warp whose 16 rows all keep it skips the d/2 multiplies of its O accumulator — the
+# skipping trip of the steady loop is 10.8-11.3% shorter at d128, 28% at d256 (census), and the long
+# rows are issue-bound. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the
+# default: d128 non-causal B8 S4096 1.0191 / 1.0168, B4 S8192 1.0304 / 1.0297, B2 S16384 1.0214 /
+# 1.0216, B1 S32768 1.0212 / 1.0200; d128 causal B2 S16384 1.0080 / 1.0084, B1 S32768 1.0044 /
+# 1.0052; d256 non-causal B8 S2048 1.0514 / 1.0491, B2 S8192 1.0731 / 1.0694; d256 causal B8 S2048
+# 1.0350 / 1.0386, B2 S8192 1.0361 / 1.0402 (KEEP). Not taken: d128 non-causal B16 S2048 0.9988 /
+# 1.0004 and causal B8 S4096 1.0042 / 1.0013 (NULL, halves disagreeing: a tile of 16-32 K/V steps
+# still moves its references in a good share of them); d64 non-causal B4 H32 S8192 0.9941 / 0.9927
+# (REVERT: 4.9% shorter trip, the vote and the two paths cost more) — d64 stays off
+# (h200-compare-rescale-by-warp-d{128,256}-{full,causal}-s*-fffbb14.json)
+RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 16384, (256, False): 1, (256, True): 1}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
-            fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool) -> HopperFwdConfig:
+            fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
+            rescale_by_warp: bool) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
+    if rescale_by_warp:
+        base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True)
     if short:
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
     if pingpong:
@@ -652,6 +674,8 @@ def select_config(problem) -> HopperFwdConfig:
     first, last = SKIP_UNSEEN_HALF_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
+    rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
-                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop)
+                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
+                   rescale_by_warp)

@@ -1494,7 +1494,9 @@ _UNSEEN_HALF_SHAPES = [
 def test_gate_skip_unseen_half(head_dim, causal, shape):
     # the skipped half's P must be exactly what the whole tile gives there (0), the row max and
     # sum those of the first half; a wrong warpgroup-uniform condition drops keys a row sees
-    _gate_forced(head_dim, shape, causal, skip_unseen_half=True, single_kv_loop=False)
+    # (on the plain online softmax, which the half switches need: d256 and long d128 defaults carry
+    # FA4's retained reference)
+    _gate_forced(head_dim, shape, causal, skip_unseen_half=True, single_kv_loop=False, **_ALWAYS_RESCALE)
 
 
 @pytest.mark.gpu
@@ -1527,7 +1529,8 @@ _SEEN_HALF_SHAPES = [_UNSEEN_HALF_SHAPES[i] for i in (0, 2, 4)] + [
 def test_gate_mask_second_half(head_dim, causal, shape, with_unseen):
     # the first half left unmasked must hold no key a row may not see: a condition taken at the
     # wrong row lets a row see keys past its diagonal or past seqlen_k
-    _gate_forced(head_dim, shape, causal, mask_second_half=True, skip_unseen_half=with_unseen, single_kv_loop=False)
+    _gate_forced(head_dim, shape, causal, mask_second_half=True, skip_unseen_half=with_unseen, single_kv_loop=False,
+                 **_ALWAYS_RESCALE)
 
 
 @pytest.mark.gpu
@@ -1561,7 +1564,7 @@ def test_gate_skip_empty_rows_on_each_schedule(changes, causal, shape):
     # the idle walk mirrors each schedule's waits and turns: the serial steps take two turns per
     # tile, the overlapped one, FA3's order none; two-part tiles keep one barrier pair per tile;
     # the split tail hands an idle warpgroup split items, whose workspace rows the merge never reads
-    cfg = dataclasses.replace(fwd.default_config(128, causal), skip_empty_rows=True, **changes)
+    cfg = dataclasses.replace(_switch_base(causal), skip_empty_rows=True, **changes)
     _gate_config(cfg, 128, causal, shape)
 
 

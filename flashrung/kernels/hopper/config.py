@@ -622,16 +622,18 @@ SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 # FA4's conditional rescale with each warp's own decision (rescale_threshold=DEFAULT_RESCALE_THRESHOLD,
 # rescale_by_warp) from this max(Sq, Sk), per (head dim, causal): once a row's reference max has
 # settled, a warp whose 16 rows all keep it skips the d/2 multiplies of its O accumulator — the
-# skipping trip of the steady loop is 10.8-11.3% shorter at d128, 28% at d256 (census), and the long
-# rows are issue-bound. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the
-# default: d128 non-causal B8 S4096 1.0191 / 1.0168, B4 S8192 1.0304 / 1.0297, B2 S16384 1.0214 /
-# 1.0216, B1 S32768 1.0212 / 1.0200; d128 causal B2 S16384 1.0080 / 1.0084, B1 S32768 1.0044 /
-# 1.0052; d256 non-causal B8 S2048 1.0514 / 1.0491, B2 S8192 1.0731 / 1.0694; d256 causal B8 S2048
-# 1.0350 / 1.0386, B2 S8192 1.0361 / 1.0402 (KEEP). Not taken: d128 non-causal B16 S2048 0.9988 /
-# 1.0004 and causal B8 S4096 1.0042 / 1.0013 (NULL, halves disagreeing: a tile of 16-32 K/V steps
-# still moves its references in a good share of them); d64 non-causal B4 H32 S8192 0.9941 / 0.9927
-# (REVERT: 4.9% shorter trip, the vote and the two paths cost more) — d64 stays off
-# (h200-compare-rescale-by-warp-d{128,256}-{full,causal}-s*-fffbb14.json)
+# skipping trip of the steady loop is 10.8-11.3% shorter at d128, 26-28% at d256 (census), and the
+# long rows are close to issue-bound. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16,
+# H16, over the default: d128 non-causal B8 S4096 1.0191 / 1.0168, B4 S8192 1.0304 / 1.0297, B2
+# S16384 1.0214 / 1.0216, B1 S32768 1.0212 / 1.0200; d128 causal B2 S16384 1.0080 / 1.0084, B1
+# S32768 1.0044 / 1.0052; d256 non-causal B8 S2048 1.0514 / 1.0491, B2 S8192 1.0731 / 1.0694; d256
+# causal B8 S2048 1.0350 / 1.0386, B2 S8192 1.0361 / 1.0402 (KEEP); d256 B16 S1024, O rescaled at
+# every step priced over the default with it: 0.9670 / 0.9716 non-causal, 0.9723 / 0.9735 causal.
+# Not taken: d128 non-causal B16 S2048 0.9988 / 1.0004 and causal B8 S4096 1.0042 / 1.0013 (NULL,
+# halves disagreeing); d64 non-causal B4 H32 S8192 0.9941 / 0.9927 (REVERT: a 4.9% shorter trip, and
+# the vote and the two paths cost more) — d64 stays off
+# (h200-compare-rescale-by-warp-d{128,256,64}-{full,causal}-s*-fffbb14.json,
+# h200-compare-always-rescale-d256-{full,causal}-s1024-ae07105.json)
 RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 16384, (256, False): 1, (256, True): 1}
 
 

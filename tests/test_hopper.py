@@ -129,6 +129,11 @@ CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 # take it (FA4's order); d128 and d256 run it by default at S16k (above)
 _BY_WARP = {"rescale_threshold": 8.0, "rescale_by_warp": True}
 CENSUS_CONFIGS.append(("d64-full-rescale-by-warp", 64, False, _BY_WARP))
+# d256's next softmax-side levers on change 32's default (D256_SOFTMAX_LEVERS, below)
+D256_SOFTMAX_LEVERS = {False: {"defer_row_sum": True, "late_rescale": False},
+                       True: {"pack_p": True, "defer_row_sum": True}}
+CENSUS_CONFIGS += [(f"d256-{'causal' if c else 'full'}-softmax-levers", 256, c, D256_SOFTMAX_LEVERS[c])
+                   for c in (False, True)]
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
@@ -521,6 +526,25 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
             assert loop["forward_skip"] >= d // 2, (name, loop)
             assert loop["bar"] == b["bar"], (name, loop, b)
             assert loop["length"] - loop["forward_skip"] <= b["length"] - d // 2 + 16, (name, loop, b)
+
+
+def test_d256_softmax_levers_shorten_the_skipping_trip_without_local_memory(census):
+    # on change 32's d256 default (the per-warp O rescale): packed P (causal) and the per-thread
+    # partial row sums (both masks; non-causal with the rescale in FA4's place, late_rescale off)
+    # build without local memory — packed P with late_rescale on causal d256 once kept 60 B — and
+    # shorten the trip that skips O's rescale (census, sm_90a: non-causal 320 -> 309, causal 334 ->
+    # 310) with the skip itself intact. Candidates for the H200, not defaults
+    for mask, shorter in (("full", 8), ("causal", 16)):
+        name, base = f"d256-{mask}-softmax-levers", f"d256-{mask}"
+        row = census[name]["row"]
+        assert "error" not in row, row.get("error")
+        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
+        loops = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        base_loops = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
+        for loop, b in zip(loops, base_loops):
+            assert loop["forward_skip"] >= 128, (name, loop)
+            assert loop["length"] - loop["forward_skip"] <= b["length"] - b["forward_skip"] - shorter, (name, loop, b)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1832,6 +1856,19 @@ def test_gate_rescale_by_warp(head_dim, causal, shape, softmax_scale):
     cfg = dataclasses.replace(_shape_default(head_dim, causal, shape), rescale_threshold=8.0, rescale_by_warp=True)
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
           softmax_scale=softmax_scale, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES[:4], ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gate_d256_softmax_levers(causal, shape):
+    # packed P and the per-thread partial row sums on d256's retained reference: the partial sums
+    # take the same alpha as O in the retained frame, whether or not a warp skipped O's multiplies
+    # (scale 0.5: references move in some rows and not others)
+    cfg = dataclasses.replace(_shape_default(256, causal, shape), **D256_SOFTMAX_LEVERS[causal])
+    _gate(functools.partial(fwd.forward, config=cfg), head_dim=256, dtype=torch.bfloat16, causal=causal,
+          softmax_scale=0.5, **shape)
 
 
 @pytest.mark.gpu

@@ -617,14 +617,15 @@ def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.co
     otherwise every alpha of a row that has seen a key is exactly 1 and the multiply is skipped.
     ``BY_WARP``: ``rescale`` is each row's warp's vote, and each warp skips on its own."""
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    a = gl.convert_layout(alpha, row_layout)
     if THRESHOLDED:
         if BY_WARP:
-            acc = rescale_by_warp(acc, gl.convert_layout(alpha, row_layout), gl.convert_layout(rescale, row_layout))
+            acc = rescale_by_warp(acc, a, gl.convert_layout(rescale, row_layout))
         else:
             if rescale:
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
+                acc = acc * gl.expand_dims(a, 1)
     else:
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
+        acc = acc * gl.expand_dims(a, 1)
     return acc
 
 

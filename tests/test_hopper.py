@@ -129,11 +129,12 @@ CENSUS_CONFIGS.append(("d64-full-qreg", 64, False, _D64_QREG))
 # take it (FA4's order); d128 and d256 run it by default at S16k (above)
 _BY_WARP = {"rescale_threshold": 8.0, "rescale_by_warp": True}
 CENSUS_CONFIGS.append(("d64-full-rescale-by-warp", 64, False, _BY_WARP))
-# d256's next softmax-side levers on change 32's default (D256_SOFTMAX_LEVERS, below)
-D256_SOFTMAX_LEVERS = {False: {"defer_row_sum": True, "late_rescale": False},
-                       True: {"pack_p": True, "defer_row_sum": True}}
-CENSUS_CONFIGS += [(f"d256-{'causal' if c else 'full'}-softmax-levers", 256, c, D256_SOFTMAX_LEVERS[c])
-                   for c in (False, True)]
+# d256's kernel without the softmax-side levers change 33 put on the per-warp rescale
+# (config._RESCALE_BY_WARP_LEVERS): change 32's default as it was priced
+D256_WITHOUT_SOFTMAX_LEVERS = {False: {"defer_row_sum": False, "late_rescale": True},
+                               True: {"pack_p": False, "defer_row_sum": False}}
+CENSUS_CONFIGS += [(f"d256-{'causal' if c else 'full'}-without-softmax-levers", 256, c,
+                    D256_WITHOUT_SOFTMAX_LEVERS[c]) for c in (False, True)]
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
@@ -529,13 +530,15 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
 
 
 def test_d256_softmax_levers_shorten_the_skipping_trip_without_local_memory(census):
-    # on change 32's d256 default (the per-warp O rescale): packed P (causal) and the per-thread
-    # partial row sums (both masks; non-causal with the rescale in FA4's place, late_rescale off)
-    # build without local memory — packed P with late_rescale on causal d256 once kept 60 B — and
-    # shorten the trip that skips O's rescale (census, sm_90a: non-causal 320 -> 309, causal 334 ->
-    # 310) with the skip itself intact. Candidates for the H200, not defaults
-    for mask, shorter in (("full", 8), ("causal", 16)):
-        name, base = f"d256-{mask}-softmax-levers", f"d256-{mask}"
+    # change 33 on d256's per-warp-rescale default: packed P (causal) and the per-thread partial row
+    # sums (both masks; non-causal with the rescale in FA4's place, late_rescale off) build without
+    # local memory — packed P with late_rescale on causal d256 once kept 60 B — and shorten the trip
+    # that skips O's rescale (census, sm_90a: non-causal 320 -> 309, causal 334 -> 310) with the
+    # skip itself intact
+    for causal, mask, shorter in ((False, "full", 8), (True, "causal", 16)):
+        cfg = fwd.default_config(256, causal)
+        assert cfg.rescale_by_warp and cfg.defer_row_sum and cfg.pack_p and not cfg.late_rescale, cfg
+        name, base = f"d256-{mask}", f"d256-{mask}-without-softmax-levers"
         row = census[name]["row"]
         assert "error" not in row, row.get("error")
         assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
@@ -1863,10 +1866,11 @@ def test_gate_rescale_by_warp(head_dim, causal, shape, softmax_scale):
 @pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES[:4], ids=_shape_id)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gate_d256_softmax_levers(causal, shape):
-    # packed P and the per-thread partial row sums on d256's retained reference: the partial sums
-    # take the same alpha as O in the retained frame, whether or not a warp skipped O's multiplies
-    # (scale 0.5: references move in some rows and not others)
-    cfg = dataclasses.replace(_shape_default(256, causal, shape), **D256_SOFTMAX_LEVERS[causal])
+    # packed P and the per-thread partial row sums on d256's retained reference (the default since
+    # change 33): the partial sums take the same alpha as O in the retained frame, whether or not a
+    # warp skipped O's multiplies (scale 0.5: references move in some rows and not others)
+    cfg = _shape_default(256, causal, shape)
+    assert cfg.rescale_by_warp and cfg.defer_row_sum and cfg.pack_p, cfg
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=256, dtype=torch.bfloat16, causal=causal,
           softmax_scale=0.5, **shape)
 

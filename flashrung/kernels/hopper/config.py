@@ -85,7 +85,9 @@ class HopperFwdConfig:
     separate_o: bool = False
     # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
     # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile); on at
-    # d128 (paired margins in _LEVERS), off at d64 (screening 0.989 at B4 H32 S8192 non-causal)
+    # d128 (paired margins in _LEVERS), on d64's causal 192-row tile, and at d256 with the per-warp
+    # rescale (_RESCALE_BY_WARP_LEVERS); off on d64's other tiles (screening 0.989 at B4 H32 S8192
+    # non-causal)
     defer_row_sum: bool = False
     # the pingpong token through hardware named barriers (``bar.sync`` / ``bar.arrive``, FA3's and
     # FA4's warp-scheduler barrier) instead of mbarriers: no polling, no partition-wide sync
@@ -420,7 +422,10 @@ _LEVERS = {
     # 1.0362 / 1.0335, B2 S16384 1.0034 / 1.0034 (H16)
     (128, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, named_turns=True, **_CAUSAL_MASK),
     # the FA3-order rescale with packed P at d256 non-causal: +4.3% (do_bench, unpaired); the
-    # paired margin above was taken on top of it. Causal d256 spills with them.
+    # paired margin above was taken on top of it. Causal d256 spills with them. With the per-warp
+    # rescale (every d256 length since change 32) _RESCALE_BY_WARP_LEVERS puts the rescale back in
+    # FA4's place and adds the partial row sums (and packed P, causal): the plain online softmax
+    # keeps this row's levers, which were priced on it
     (256, False): dict(_FA4_SCHEDULE, late_rescale=True, pack_p=True),
     (256, True): dict(_FA4_SCHEDULE, **_CAUSAL_MASK),
 }

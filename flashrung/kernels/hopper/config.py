@@ -643,12 +643,13 @@ RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 16384, (256, Fals
 # Softmax-side levers on top of the per-warp rescale, per (head dim, causal) (change 33): on d256's
 # kernel the per-thread partial row sums (defer_row_sum) and, causal, P packed in the accumulator
 # layout (pack_p); non-causal, O's rescale back in FA4's place (late_rescale off: behind the warp's
-# branch the rescale no longer needs QK's shadow). Census (sm_90a): the trip that skips O's rescale 320 -> 309 instructions
-# non-causal, 334 -> 310 causal, no local memory (packed P with late_rescale had kept 60 B on causal
-# d256). Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over change 32's
-# default: non-causal B16 S1024 1.0060 / 1.0079, B8 S2048 1.0077 / 1.0064, B2 S8192 1.0078 /
-# 1.0070; causal B16 S1024 1.0067 / 1.0067, B8 S2048 1.0069 / 1.0067, B2 S8192 1.0076 / 1.0074
-# (KEEP; h200-compare-d256-levers-d256-{full,causal}-s{1024,2048,8192}-37f7706.json)
+# branch the rescale no longer needs QK's shadow). Census (sm_90a): the trip that skips O's
+# rescale 320 -> 309 instructions non-causal, 334 -> 310 causal, no local memory (packed P with
+# late_rescale had kept 60 B on causal d256). Paired on the H200, preheated 150 ms (t_keep
+# 1.002164), bf16, H16, over change 32's default: non-causal B16 S1024 1.0060 / 1.0079, B8 S2048
+# 1.0077 / 1.0064, B2 S8192 1.0078 / 1.0070; causal B16 S1024 1.0067 / 1.0067, B8 S2048 1.0069 /
+# 1.0067, B2 S8192 1.0076 / 1.0074 (KEEP;
+# h200-compare-d256-levers-d256-{full,causal}-s{1024,2048,8192}-37f7706.json)
 _RESCALE_BY_WARP_LEVERS = {
     (256, False): dict(defer_row_sum=True, late_rescale=False),
     (256, True): dict(pack_p=True, defer_row_sum=True),

@@ -317,6 +317,24 @@ def test_fast_div_is_an_unsigned_multiply_high_and_a_logical_shift(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["mul.hi.u32", "shr.u32"]
 
 
+def _steady_steps(entry):
+    # the K/V loops that run a whole tile's softmax (its exponentials), not the producer's ring or
+    # the per-tile loops around them
+    return [loop for loop in entry["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+
+
+def _assert_no_local_memory(row, name=None):
+    assert "error" not in row, row.get("error")
+    assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
+
+
+def _steady_step_pairs(census, name, base):
+    """The steady loops of ``name`` beside ``base``'s, one for one (the same partitions)."""
+    loops, base_loops = _steady_steps(census[name]), _steady_steps(census[base])
+    assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
+    return zip(loops, base_loops)
+
+
 def _masked_steps(entry):
     # the K/V loops that mask: one K/V tile's exponentials, as many as the unmasked steady loop
     # issues (the loop around a tile's first, masked step also holds its epilogue), and more
@@ -433,9 +451,8 @@ def test_short_non_causal_defaults_keep_no_local_memory(census):
     # buffers), with and without a key tail
     for name in ("d64-full-unstaggered", "d128-full-whole", "d64-full-short", "d64-full-short-first-mask-no-tail"):
         row = census[name]["row"]
-        assert "error" not in row, row.get("error")
+        _assert_no_local_memory(row, name)
         assert row["config"]["first_mask_on_need"]
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
 
 
 def test_skip_unseen_half_moves_no_data_and_leaves_the_unmasked_loop(census):
@@ -445,8 +462,7 @@ def test_skip_unseen_half_moves_no_data_and_leaves_the_unmasked_loop(census):
     for name, base in (("d64-causal-short-skip-half", "d64-causal-short"),
                        ("d128-causal-skip-half", "d128-causal-always-rescale")):
         row = census[name]["row"]
-        assert "error" not in row, row.get("error")
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        _assert_no_local_memory(row)
         loops, base_loops = census[name]["kv_loops"], census[base]["kv_loops"]
         assert len(loops) == len(base_loops)
         for a, b in zip(loops, base_loops):
@@ -466,8 +482,7 @@ def test_mask_second_half_masks_half_a_tile_and_moves_no_data(census):
                        ("d128-causal-mask-half", "d128-causal-always-rescale"),
                        ("d64-causal-short-both-halves", "d64-causal-short-skip-half")):
         row = census[name]["row"]
-        assert "error" not in row, row.get("error")
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
+        _assert_no_local_memory(row)
         loops, base_loops = census[name]["kv_loops"], census[base]["kv_loops"]
         assert len(loops) == len(base_loops)
         for a, b in zip(loops, base_loops):
@@ -488,12 +503,11 @@ def test_single_kv_loop_keeps_both_steps_in_one_copy(census):
     for name, base in (("d64-causal-short-single-loop", "d64-causal-short"), ("d128-causal-single-loop", "d128-causal"),
                        ("d128-full-single-loop", "d128-full")):
         row, base_row = census[name]["row"], census[base]["row"]
-        assert "error" not in row, row.get("error")
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
-        steps = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        _assert_no_local_memory(row)
+        steps = _steady_steps(census[base])
         unmasked = [loop["length"] for loop in steps if loop["fsel"] <= 4]
         masked = [loop["length"] for loop in steps if loop["fsel"] > 4]
-        single = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
+        single = _steady_steps(census[name])
         assert unmasked and masked and len(single) == len(unmasked), (name, steps, single)
         for loop, u, m in zip(single, unmasked, masked):
             # census, sm_90a: 567 / 431 against 568 / 430 (d64 short causal), 596 / 460 against
@@ -513,13 +527,8 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
     pairs = [(f"d{d}-{mask}", f"d{d}-{mask}-always-rescale", d) for d in (128, 256) for mask in ("full", "causal")]
     for name, base, d in pairs + [("d64-full-rescale-by-warp", "d64-full", 64)]:
         assert census[name]["row"]["config"]["rescale_by_warp"], name
-        row = census[name]["row"]
-        assert "error" not in row, row.get("error")
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
-        loops = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
-        base_loops = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
-        assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
-        for loop, b in zip(loops, base_loops):
+        _assert_no_local_memory(census[name]["row"], name)
+        for loop, b in _steady_step_pairs(census, name, base):
             # census, sm_90a: d128 non-causal 493 skipping 64 against 481; d128 causal (FA4's order)
             # 479 / 618 skipping 64 against 468 / 607; d256 non-causal 448 skipping 128 against 443,
             # causal 462 skipping 128 against 451; d64 non-causal 439 / 636 skipping 32 against
@@ -539,13 +548,8 @@ def test_d256_softmax_levers_shorten_the_skipping_trip_without_local_memory(cens
         cfg = fwd.default_config(256, causal)
         assert cfg.rescale_by_warp and cfg.defer_row_sum and cfg.pack_p and not cfg.late_rescale, cfg
         name, base = f"d256-{mask}", f"d256-{mask}-without-softmax-levers"
-        row = census[name]["row"]
-        assert "error" not in row, row.get("error")
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0, name
-        loops = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
-        base_loops = [loop for loop in census[base]["kv_loops"] if loop["mufu"] >= 32 and loop["length"] < 800]
-        assert loops and len(loops) == len(base_loops), (name, loops, base_loops)
-        for loop, b in zip(loops, base_loops):
+        _assert_no_local_memory(census[name]["row"], name)
+        for loop, b in _steady_step_pairs(census, name, base):
             assert loop["forward_skip"] >= 128, (name, loop)
             assert loop["length"] - loop["forward_skip"] <= b["length"] - b["forward_skip"] - shorter, (name, loop, b)
 
@@ -558,9 +562,8 @@ def test_mid_length_decode_defaults_keep_no_local_memory(census):
     for name, base in (("d64-full-mid", "d64-full-unstaggered"), ("d64-causal-mid", "d64-causal"),
                        ("d128-causal-mid", "d128-causal")):
         row = census[name]["row"]
-        assert "error" not in row, row.get("error")
+        _assert_no_local_memory(row, name)
         assert row["config"]["num_q_stages"] == 2 and row["config"]["fast_divide_consumers"]
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
         assert len(census[name]["kv_loops"]) == len(census[base]["kv_loops"])
         for a, b in zip(census[name]["kv_loops"], census[base]["kv_loops"]):
             assert abs(a["length"] - b["length"]) <= 8, (name, a["length"], b["length"])
@@ -590,9 +593,8 @@ def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):
     for name, base_name in (("d64-full-unstaggered-first-mask-no-tail", "d64-full-unstaggered"),
                             ("d128-full-whole-first-mask-no-tail", "d128-full-whole")):
         row, base = census[name]["row"], census[base_name]
-        assert "error" not in row, row.get("error")
+        _assert_no_local_memory(row, name)
         assert row["config"]["first_mask_on_need"]
-        assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["sass"]["STL"] == 0
         # (the K/V loops: the census's other 'loops' are mbarrier retry branches that jump back
         # across a whole tile or an epilogue, and measure that code, not a K/V step)
         loops, base_loops = ([l for l in e["kv_loops"] if l["length"] < 800 and l["mufu"] >= 32]

@@ -64,6 +64,12 @@ class HopperFwdConfig:
     # branch over its whole accumulator, inline PTX (FA4's per-warp skip) — where the warpgroup-wide
     # decision pays 2 STS/LDS and 3 bar.sync per step (it lost 1.8-6.4%, unpaired, and 13% paired at d64)
     rescale_by_warp: bool = False
+    # the consumers' K/V ring slot and phase carried through the K/V loop and advanced by an add, a
+    # compare and a select (FA4's pipeline state, pipeline.next_ring_slot) instead of recomputed from
+    # the ring count as ``count % S`` and ``(count // S) & 1`` twice per step (K(j) and V(j-1)):
+    # with d64's three stages that division is a multiply-high and its sign fix-ups on the uniform
+    # datapath, 24 UIMAD per steady trip where FA4 has none (ncu, d64)
+    carry_ring_slot: bool = False
     # Q loaded once per tile into registers, QK as a register-A wgmma: shared-memory operand
     # traffic drops from Q+K+V to K+V per consumer and K/V tile (−20% at d128), for 64·D/128
     # more registers per thread

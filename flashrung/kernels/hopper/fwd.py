@@ -103,7 +103,7 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     select_config,
 )
-from flashrung.kernels.hopper.pipeline import (pass_turn, release, release_arrivals, ring_slot, start_turns,
+from flashrung.kernels.hopper.pipeline import (next_ring_slot, pass_turn, release, release_arrivals, ring_slot, start_turns,
                                               wait_mma_after_softmax, wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
@@ -289,6 +289,7 @@ class _Schedule:
     MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
+    CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -645,8 +646,8 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 
 @gluon.jit
-def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
-                     qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
+def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, v_idx, v_phase,
+                     turn, qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
@@ -656,10 +657,17 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
     order); without it they were applied at the end of the previous step.
+
+    ``(v_idx, v_phase)`` is the ring slot of V(j-1), K(j-1)'s: with ``CARRY_RING_SLOT`` K(j)'s is the
+    next slot after it, and the step returns K(j)'s for the next step to carry; without it both
+    are recomputed from the ring count.
     """
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
-    v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
+    if c.CARRY_RING_SLOT:
+        k_idx, k_phase = next_ring_slot(v_idx, v_phase, c.NUM_KV_STAGES)
+    else:
+        k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
+        v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
     mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
@@ -731,7 +739,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     if not c.LATE_RESCALE:
         acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
-    return acc, p_op, m_i, l_i, alpha, rescale, turn
+    return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
 
 @gluon.jit
@@ -770,23 +778,33 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
+        # the ring slot of the last K/V tile issued (carried with CARRY_RING_SLOT)
+        ring_idx = idx
+        ring_phase = phase
         if c.SINGLE_KV_LOOP:
             # one copy of the step's code: the masked tiles (the diagonal, the key tail) are the
             # last ones, masked behind a uniform branch
             for j in range(1, n_tiles):
-                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
+                    ring_phase, turn,
                     qk_scale_log2, WG, False, c, kv_lo + j >= n_unmasked)
         else:
             for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
-                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
+                    ring_phase, turn,
                     qk_scale_log2, WG, False, c)
             for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
-                acc, p_op, m_i, l_i, alpha, rescale, turn = _overlapped_step(
-                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, turn,
+                acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
+                    q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
+                    ring_phase, turn,
                     qk_scale_log2, WG, True, c)
-        idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
+        if c.CARRY_RING_SLOT:
+            idx = ring_idx
+            phase = ring_phase
+        else:
+            idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
             acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
@@ -1072,6 +1090,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
+                     CARRY_RING_SLOT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1135,7 +1154,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
-                  SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP)
+                  SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
+                  CARRY_RING_SLOT=CARRY_RING_SLOT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1210,7 +1230,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
-        CONSUMER_REGS=cfg.consumer_regs,
+        CARRY_RING_SLOT=cfg.carry_ring_slot, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

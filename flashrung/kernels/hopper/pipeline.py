@@ -40,6 +40,19 @@ def ring_slot(count, NUM_STAGES: gl.constexpr):
     return count % NUM_STAGES, (count // NUM_STAGES) & 1
 
 
+@gluon.jit
+def next_ring_slot(idx, phase, NUM_STAGES: gl.constexpr):
+    """The (slot index, phase parity) after ``(idx, phase)`` = ``ring_slot(count)``: ``ring_slot(count + 1)``.
+
+    An add, a compare and a select where ``ring_slot`` divides by ``NUM_STAGES``: a loop that
+    visits consecutive ring items carries the pair (FA4's pipeline state). The phase flips when
+    the slot wraps to 0.
+    """
+    nxt = idx + 1
+    wrap = (nxt == NUM_STAGES).to(gl.int32)
+    return nxt - wrap * NUM_STAGES, phase ^ wrap
+
+
 @gluon.constexpr_function
 def _named_barrier_asm(op, barrier_id):
     # two warpgroups meet at each barrier: the one waiting for its turn and the one passing it

@@ -135,6 +135,11 @@ D256_WITHOUT_SOFTMAX_LEVERS = {False: {"defer_row_sum": False, "late_rescale": T
                                True: {"pack_p": False, "defer_row_sum": False}}
 CENSUS_CONFIGS += [(f"d256-{'causal' if c else 'full'}-without-softmax-levers", 256, c,
                     D256_WITHOUT_SOFTMAX_LEVERS[c]) for c in (False, True)]
+# the K/V ring slot carried through the loop (carry_ring_slot), on the three ring depths it was
+# priced at: d64's three stages, d128 causal's and d256's two
+CARRY_RING_SLOT_CONFIGS = [("d64-full", 64, False), ("d128-causal", 128, True), ("d256-full", 256, False)]
+CENSUS_CONFIGS += [(f"{name}-carry-ring-slot", d, c, {"carry_ring_slot": True})
+                   for name, d, c in CARRY_RING_SLOT_CONFIGS]
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
@@ -552,6 +557,21 @@ def test_d256_softmax_levers_shorten_the_skipping_trip_without_local_memory(cens
         for loop, b in _steady_step_pairs(census, name, base):
             assert loop["forward_skip"] >= 128, (name, loop)
             assert loop["length"] - loop["forward_skip"] <= b["length"] - b["forward_skip"] - shorter, (name, loop, b)
+
+
+def test_carry_ring_slot_shortens_every_steady_step_without_local_memory(census):
+    # the consumers' ring slot and phase carried through the K/V loop (pipeline.next_ring_slot)
+    # replace two ``count % S`` / ``(count // S) & 1`` per step: every steady loop is shorter and
+    # keeps its barriers, no local memory (census, sm_90a, the default builds: d64 non-causal
+    # 428 -> 424, d128 causal 479 -> 474, d256 non-causal 437 -> 419)
+    for name, d, causal in CARRY_RING_SLOT_CONFIGS:
+        carried = f"{name}-carry-ring-slot"
+        assert census[carried]["row"]["config"]["carry_ring_slot"], carried
+        assert not census[name]["row"]["config"]["carry_ring_slot"], name
+        _assert_no_local_memory(census[carried]["row"], carried)
+        for loop, b in _steady_step_pairs(census, carried, name):
+            assert loop["length"] <= b["length"] - 3, (carried, loop, b)
+            assert loop["bar"] == b["bar"] and loop["mufu"] == b["mufu"], (carried, loop, b)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1769,6 +1789,10 @@ def _switches():
         dict(lpt=not base.lpt),
         dict(num_kv_stages=1),
         dict(num_kv_stages=3, separate_o=False),     # a third K/V stage leaves no room for O's buffer
+        # the carried ring slot, on two stages and on three (its wrap at a slot count that is not
+        # a power of two)
+        dict(carry_ring_slot=True),
+        dict(carry_ring_slot=True, num_kv_stages=3, separate_o=False),
         dict(block_n=64),
         dict(block_m=64),
         dict(consumer_regs=232, producer_regs=32),

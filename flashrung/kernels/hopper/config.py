@@ -68,7 +68,12 @@ class HopperFwdConfig:
     # compare and a select (FA4's pipeline state, pipeline.next_ring_slot) instead of recomputed from
     # the ring count as ``count % S`` and ``(count // S) & 1`` twice per step (K(j) and V(j-1)):
     # with d64's three stages that division is a multiply-high and its sign fix-ups on the uniform
-    # datapath, 24 UIMAD per steady trip where FA4 has none (ncu, d64)
+    # datapath, 24 UIMAD per steady trip where FA4 has none (ncu, d64). Census (sm_90a): steady trip
+    # d64 428 -> 424, d128 causal 479 -> 474, d256 437 -> 419, no local memory (d128 non-causal keeps
+    # 16-32 B). Paired on the H200, preheated, t_keep 1.002164: d256 B2 S8192 1.0010 / 1.0029 and
+    # causal 1.0004 / 1.0004, d64 B2 H32 S16384 1.0011 / 1.0020 (NULL), d128 causal B2 S16384
+    # 1.0080 / 1.0110 (KEEP) but as its default B1 S32768 0.9893 / 0.9941 and B8 S4096 1.0011 /
+    # 0.9946 (NULL): off
     carry_ring_slot: bool = False
     # Q loaded once per tile into registers, QK as a register-A wgmma: shared-memory operand
     # traffic drops from Q+K+V to K+V per consumer and K/V tile (−20% at d128), for 64·D/128

@@ -39,6 +39,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``single_kv_loop``: the default of d64's short-causal tile up to 2048);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
+* the overlapped K/V loop may carry its ring slot and phase from step to step
+  (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
+  from the ring count;
 * each partition decodes its work items (``_work_coords``) by run-time division, or by
   multiply-high with magic numbers from the host (``fast_divide_producer``,
   ``fast_divide_consumers``; ``schedule.fast_divisor``), the default up to S2k–S4k
@@ -103,8 +106,8 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     select_config,
 )
-from flashrung.kernels.hopper.pipeline import (next_ring_slot, pass_turn, release, release_arrivals, ring_slot, start_turns,
-                                              wait_mma_after_softmax, wait_turn)
+from flashrung.kernels.hopper.pipeline import (next_ring_slot, pass_turn, release, release_arrivals, ring_slot,
+                                              start_turns, wait_mma_after_softmax, wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,

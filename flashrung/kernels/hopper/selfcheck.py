@@ -108,6 +108,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("skip_unseen_half", dict(skip_unseen_half=not base.skip_unseen_half)),
         ("mask_second_half", dict(mask_second_half=not base.mask_second_half)),
         ("single_kv_loop", dict(single_kv_loop=not base.single_kv_loop)),
+        ("carry_ring_slot", dict(carry_ring_slot=not base.carry_ring_slot)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -3,6 +3,7 @@
     flashrung check      gate every kernel on the device found (CPU: interpreter, small sizes)
     flashrung gate       the gate's calibration and mutation battery
     flashrung census     compile every kernel ahead of time, report registers/smem/spills/SASS
+    flashrung stalls     read ncu source pages: stall reasons over a kernel and its hot loop
     flashrung bench      timing against the peers (also: null, compare, reanchor, sustain)
     flashrung model      the feeds-and-speeds resource model
     flashrung ladder     the optimization ladder
@@ -17,6 +18,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "flashrung.check",
     "flashrung.evidence.cli",
+    "flashrung.evidence.stalls",
     "flashrung.bench.cli",
     "flashrung.model.cli",
     "flashrung.kernels.ladder.cli",

@@ -1,0 +1,106 @@
+"""``flashrung stalls``: the ncu source-page reader, on stored H200 pages and on small synthetic ones."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from flashrung import cli
+from flashrung.evidence import stalls
+
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "docs", "results")
+OURS_D128 = os.path.join(RESULTS, "h200-ncu-hopper-d128-full-s16384-bbbfdcf-sass.csv.gz")
+FA4_D128 = os.path.join(RESULTS, "h200-ncu-fa4-d128-full-s16384-bbbfdcf-sass.csv.gz")
+
+_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+           '"stall_wait","stall_barrier","stall_wait (Not Issued)"')
+
+
+def _page(kernels):
+    """A source page: {kernel name: [(address, source, samples, executed, wait, barrier), ...]}."""
+    lines = []
+    for name, rows in kernels.items():
+        lines += [f'"Kernel Name","{name}",', _HEADER]
+        lines += [f'"{a:#x}","{src}","{s}","{e}","{w}","{b}","0"' for a, src, s, e, w, b in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _loop(first, n, count, samples=10, wait=6, barrier=0):
+    return [(first + 16 * k, "FADD R1, R2, R3", samples, count, wait, barrier) for k in range(n)]
+
+
+def test_stored_pages_give_the_profile_figures_the_docs_quote():
+    # docs/hopper.md, *Profiles of the current kernels*: the d128 loops are 429 instructions per
+    # trip in each of two consumer partitions (ours) and 450 in FA4's one shared loop; "wait" is
+    # 38.7% / 30.0% of the loop samples, FA4's unnamed share 9.6%
+    ours, fa4 = stalls.summary(OURS_D128), stalls.summary(FA4_D128)
+    assert ours["kernel"] == "_attn_fwd_kernel"            # not the split tail's merge kernel
+    assert ours["loop"]["copies"] == [429, 429] and ours["loop"]["count"] == 2080256
+    assert fa4["loop"]["copies"] == [450] and fa4["loop"]["count"] == 4161536
+    assert ours["loop_shares"]["wait"] == pytest.approx(0.387, abs=5e-4)
+    assert fa4["loop_shares"]["wait"] == pytest.approx(0.300, abs=5e-4)
+    assert fa4["loop_shares"]["unnamed"] == pytest.approx(0.096, abs=5e-4)
+    for s in (ours, fa4):
+        assert sum(s["shares"].values()) == pytest.approx(1.0)
+        assert sum(s["loop"]["opcodes_per_trip"].values()) == pytest.approx(s["loop"]["per_trip"])
+
+
+def test_kernel_regex_picks_another_kernel_of_the_page():
+    merge = stalls.summary(OURS_D128, kernel="combine")
+    assert "combine" in merge["kernel"]
+    with pytest.raises(ValueError, match="--kernel 'no_such_kernel' matches none"):
+        stalls.summary(OURS_D128, kernel="no_such_kernel")
+
+
+def test_a_skipped_path_inside_a_loop_keeps_one_copy_and_a_far_loop_is_a_second():
+    # a loop body with a branch-skipped block of 8 instructions executed less often is one copy;
+    # a second partition's loop beyond MAX_GAP_INSTRUCTIONS other instructions is another
+    body = _loop(0x1000, 20, 1000) + _loop(0x1000 + 16 * 20, 8, 300) + _loop(0x1000 + 16 * 28, 20, 1000)
+    gap = _loop(0x4000, stalls.MAX_GAP_INSTRUCTIONS + 1, 7)
+    second = _loop(0x8000, 33, 1000)
+    kernel = stalls.parse_page(_page({"k": body + gap + second}))[0]
+    loop = stalls.hot_loop(kernel)
+    assert loop.count == 1000 and loop.copies == (40, 33)
+    assert loop.per_trip == pytest.approx(36.5)
+
+
+def test_unnamed_samples_are_the_rest_of_each_instruction():
+    rows = [(0x10, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24", 100, 50, 10, 0),
+            (0x20, "@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x30160], RZ", 50, 50, 0, 50)]
+    kernel = stalls.parse_page(_page({"k": rows}))[0]
+    assert stalls.shares(kernel.instructions) == pytest.approx({"unnamed": 0.6, "barrier": 1 / 3, "wait": 1 / 15})
+    assert [i.opcode for i in kernel.instructions] == ["HGMMA.64x128x16.F32.BF16", "SYNCS.ARRIVE.TRANS64.A1T0"]
+    assert stalls._top_reasons(kernel.instructions[0]) == {"unnamed": 90, "wait": 10}
+
+
+def test_bad_pages_are_refused_with_what_was_expected():
+    with pytest.raises(ValueError, match="no kernel found"):
+        stalls.parse_page("")
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        stalls.parse_page('"0x10","FADD",1,1\n')
+    with pytest.raises(ValueError, match=r"lacks the columns \['Instructions Executed'\]"):
+        stalls.parse_page('"Kernel Name","k",\n"Address","Source","Warp Stall Sampling (All Samples)"\n')
+    kernel = stalls.parse_page(_page({"k": _loop(0x10, 3, 5)}))[0]
+    with pytest.raises(ValueError, match="no instruction executed exactly 6 times"):
+        stalls.hot_loop(kernel, 6)
+
+
+def test_cli_two_pages_side_by_side_and_json(tmp_path, capsys):
+    out = tmp_path / "stalls.json"
+    assert cli.main(["stalls", OURS_D128, FA4_D128, "--top", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "hot-loop opcodes per trip where the pages differ (page 1 - page 2 = 429.0 - 450.0)" in text
+    assert "evidence level: profile" in text
+    data = json.loads(out.read_text())
+    assert [len(d["top"]) for d in data] == [3, 3]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["a.csv", "b.csv", "c.csv"], "one or two pages"),
+    (["missing-page.csv.gz"], "No such file"),
+    ([OURS_D128, "--loop-count", "1", "--loop-count", "2"], "--loop-count once per page"),
+])
+def test_cli_refuses_bad_arguments(argv, message, capsys):
+    assert cli.main(["stalls"] + argv) == 2
+    assert message in capsys.readouterr().err

@@ -4,6 +4,7 @@
     flashrung gate       the gate's calibration and mutation battery
     flashrung census     compile every kernel ahead of time, report registers/smem/spills/SASS
     flashrung stalls     read ncu source pages: stall reasons over a kernel and its hot loop
+    flashrung profile    one launch of an implementation under ncu --set full, its pages and stalls
     flashrung bench      timing against the peers (also: null, compare, reanchor, sustain)
     flashrung model      the feeds-and-speeds resource model
     flashrung ladder     the optimization ladder
@@ -19,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "flashrung.check",
     "flashrung.evidence.cli",
     "flashrung.evidence.stalls",
+    "flashrung.evidence.profile",
     "flashrung.bench.cli",
     "flashrung.model.cli",
     "flashrung.kernels.ladder.cli",

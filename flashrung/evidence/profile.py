@@ -99,7 +99,11 @@ def _child(argv: list[str]) -> int:
     import torch
 
     inputs = peers.make_inputs(row)
-    prepared = peers.prepare(args.target, row, inputs)        # the first call
+    try:
+        prepared = peers.prepare(args.target, row, inputs)    # the first call
+    except peers.Unsupported as exc:
+        print(f"flashrung profile: {args.target} does not run this row: {exc.reason}", file=sys.stderr)
+        return 2
     for _ in range(WARM_CALLS - 1):
         prepared.fn()
     torch.cuda.synchronize()

@@ -104,3 +104,10 @@ def test_cli_two_pages_side_by_side_and_json(tmp_path, capsys):
 def test_cli_refuses_bad_arguments(argv, message, capsys):
     assert cli.main(["stalls"] + argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_one_page(capsys):
+    assert cli.main(["stalls", FA4_D128, "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "hot loop: 450.0 instructions per trip (1 copy: 450)" in text
+    assert "kernel 1" in text and "kernel 2" not in text and "pages differ" not in text

@@ -32,6 +32,8 @@ HEADLINE = ("Duration", "SM Frequency", "Elapsed Cycles", "Executed Ipc Active",
             "Executed Instructions", "Registers Per Thread", "Achieved Active Warps Per SM", "L2 Hit Rate")
 _HEADLINE_LINE = re.compile(r"^\s{4}(" + "|".join(map(re.escape, HEADLINE)) + r")\s{2,}(\S+)\s+(\S+)\s*$")
 _PIPELINE = re.compile(r"(\w+) is the highest-utilized pipeline \(([\d.]+)%\)")
+# what one run writes next to its stem (output_stem): ncu's report, the details page, the source page
+REPORT, DETAILS, SOURCE = ".ncu-rep", ".txt", "-sass.csv.gz"
 
 
 def output_stem(impl: str, row: suites.Row) -> str:
@@ -57,16 +59,15 @@ def shape_argv(row: suites.Row) -> list[str]:
             "--dtype", row.dtype, "--causal" if row.causal else "--no-causal", "--mode", row.mode]
 
 
-def commands(ncu: str, impl: str, row: suites.Row, out_dir: str) -> list[dict]:
+def commands(ncu: str, impl: str, row: suites.Row, stem: str) -> list[dict]:
     """The three ``ncu`` invocations: profile, details page, source page (``stdout``: where it goes)."""
-    stem = os.path.join(out_dir, output_stem(impl, row))
     return [
         dict(argv=[ncu, "--clock-control", "none", "--profile-from-start", "off", "--set", "full", "-f",
                    "-o", stem, sys.executable, "-m", "flashrung.evidence.profile", "--target", impl]
              + shape_argv(row), stdout=None),
-        dict(argv=[ncu, "-i", stem + ".ncu-rep", "--page", "details"], stdout=stem + ".txt"),
-        dict(argv=[ncu, "-i", stem + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
-             stdout=stem + "-sass.csv.gz"),
+        dict(argv=[ncu, "-i", stem + REPORT, "--page", "details"], stdout=stem + DETAILS),
+        dict(argv=[ncu, "-i", stem + REPORT, "--page", "source", "--csv", "--print-source", "sass"],
+             stdout=stem + SOURCE),
     ]
 
 
@@ -138,8 +139,10 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"flashrung profile: {exc}", file=sys.stderr)
         return 2
-    ncu = args.ncu or shutil.which("ncu") or "ncu"
-    steps = commands(ncu, args.impl, row, args.out)
+    named = args.ncu or "ncu"
+    ncu = shutil.which(named) or named
+    stem = os.path.join(args.out, output_stem(args.impl, row))
+    steps = commands(ncu, args.impl, row, stem)
     if args.dry_run:
         for step in steps:
             print(" ".join(step["argv"]) + (f" > {step['stdout']}" if step["stdout"] else ""))
@@ -148,8 +151,8 @@ def run(args) -> int:
     if not ok:
         print(f"flashrung profile: needs a GPU: {what} (--dry-run prints the ncu commands)", file=sys.stderr)
         return 2
-    if not (os.path.isfile(ncu) and os.access(ncu, os.X_OK)):
-        print(f"flashrung profile: no ncu executable at {ncu!r}: put Nsight Compute's ncu on PATH or pass --ncu",
+    if shutil.which(ncu) is None:
+        print(f"flashrung profile: no ncu executable at {named!r}: put Nsight Compute's ncu on PATH or pass --ncu",
               file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
@@ -168,13 +171,13 @@ def run(args) -> int:
         with opener(step["stdout"], "wt") as f:
             f.write(page.stdout)
     if not args.keep_report:
-        os.remove(steps[1]["argv"][2])
-    with open(steps[1]["stdout"]) as f:
+        os.remove(stem + REPORT)
+    with open(stem + DETAILS) as f:
         for metric, unit, value in headline(f.read()):
             print(f"  {metric:32s} {unit:12s} {value}" if metric != "kernel" else f"kernel {value}")
     print()
-    print(stalls.render([stalls.summary(steps[2]["stdout"])]))
-    print(f"\nwrote {steps[1]['stdout']} and {steps[2]['stdout']}")
+    print(stalls.render([stalls.summary(stem + SOURCE)]))
+    print(f"\nwrote {stem + DETAILS} and {stem + SOURCE}")
     return 0
 
 

@@ -48,6 +48,11 @@ class Instruction:
     reasons: dict            # reason -> samples (named reasons only)
 
     @property
+    def unnamed(self) -> int:
+        """Samples that carry no named reason."""
+        return self.samples - sum(self.reasons.values())
+
+    @property
     def opcode(self) -> str:
         """The opcode with its modifiers, predicate dropped (``HGMMA.64x128x16.F32.BF16``)."""
         words = self.source.split()
@@ -131,7 +136,7 @@ def shares(instructions) -> dict:
     counts = Counter()
     for i in instructions:
         counts.update(i.reasons)
-    counts["unnamed"] = total - sum(counts.values())
+    counts["unnamed"] = sum(i.unnamed for i in instructions)
     return {k: v / total for k, v in counts.most_common()} if total else {}
 
 
@@ -162,12 +167,13 @@ def hot_loop(kernel: Kernel, count: int | None = None) -> HotLoop:
     members = [k for k, i in enumerate(order) if i.executed == count]
     if not members:
         raise ValueError(f"{kernel.name}: no instruction executed exactly {count} times")
-    copies, start = [], members[0]
+    copies, size = [], 1
     for prev, k in zip(members, members[1:]):
         if k - prev > MAX_GAP_INSTRUCTIONS:
-            copies.append(sum(1 for m in members if start <= m <= prev))
-            start = k
-    copies.append(sum(1 for m in members if m >= start))
+            copies.append(size)
+            size = 0
+        size += 1
+    copies.append(size)
     return HotLoop(count, tuple(copies), tuple(order[k] for k in members))
 
 
@@ -192,9 +198,8 @@ def summary(path: str, kernel: str | None = None, loop_count: int | None = None,
 
 def _top_reasons(i: Instruction, n: int = 3) -> dict:
     reasons = Counter(i.reasons)
-    unnamed = i.samples - sum(reasons.values())
-    if unnamed > 0:
-        reasons["unnamed"] = unnamed
+    if i.unnamed > 0:
+        reasons["unnamed"] = i.unnamed
     return dict(reasons.most_common(n))
 
 

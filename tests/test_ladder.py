@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v7, v9, v10, v14, v15, v16, v17, v18
+from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -31,7 +31,10 @@ SELECTORS = {
     "v4": ("v4", SM90, D128_FULL),
     "v4_d64": ("v4", SM90, {"head_dim": 64, "causal": False}),
     "v4_causal": ("v4", SM90, D128_CAUSAL),
-    "v5_causal": ("v5", SM90, D128_CAUSAL),
+    "v5_causal": ("v5", SM90, {**D128_CAUSAL, "persistent": False}),
+    "v5_causal_persistent": ("v5", SM90, {**D128_CAUSAL, "persistent": True}),
+    "v5_persistent": ("v5", SM90, {**D128_FULL, "persistent": True}),
+    "v5_d64_causal_persistent": ("v5", SM90, {"head_dim": 64, "causal": True, "persistent": True}),
     "v8": ("v8", SM90, D128_FULL),
     "v8_causal": ("v8", SM90, D128_CAUSAL),
     "v9_causal": ("v9", SM90, D128_CAUSAL),
@@ -74,6 +77,7 @@ SELECTORS = {
                                               "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
                                               "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
@@ -242,6 +246,46 @@ def test_v5_reorders_programs_without_touching_the_loop(rows):
     a, b = rows["v4_causal"]["sass"], rows["v5_causal"]["sass"]
     for fam in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "FFMA", "FMUL", "BAR"):
         assert a[fam] == b[fam], fam
+
+
+def test_v5_persistent_arm_walks_items_around_the_same_block(rows):
+    # the arm wraps v5's tile in a loop over work items: the block's MMAs, fragment loads, copies
+    # and exponentials are v5's; one CTA barrier more (the shared tiles' write-after-read between
+    # items); the item loop's live values cost registers (d64) and move a few address ops into
+    # the block loop, with no local memory inside it
+    for plain, arm in (("v5_causal", "v5_causal_persistent"),):
+        a, b = rows[plain]["loops"][0], rows[arm]["loops"][0]
+        for fam in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "FFMA", "FMUL", "BAR"):
+            assert a[fam] == b[fam], fam
+        assert rows[arm]["sass"]["BAR"] == rows[plain]["sass"]["BAR"] + 1
+    for arm in ("v5_causal_persistent", "v5_persistent", "v5_d64_causal_persistent"):
+        loop = rows[arm]["loops"][0]
+        assert loop["LDL"] == loop["STL"] == 0, arm
+        assert rows[arm]["spill_bytes"] <= 64, arm
+    # what sizes the persistent grid: d128 at 255 registers holds two 4-warp CTAs per SM
+    r = rows["v5_causal_persistent"]
+    assert common.resident_ctas_per_sm(r["regs"], 4, r["smem_bytes"], (9, 0), 228 * 1024) == 2
+
+
+def test_resident_ctas_per_sm_takes_the_tightest_limit():
+    h200 = dict(capability=(9, 0), smem_per_sm_bytes=228 * 1024)
+    assert common.resident_ctas_per_sm(255, 4, 48 * 1024, **h200) == 2         # registers (8,192 a warp)
+    assert common.resident_ctas_per_sm(168, 4, 32 * 1024, **h200) == 3         # v11's cap: 5,376 a warp
+    assert common.resident_ctas_per_sm(32, 4, 112 * 1024, **h200) == 2         # shared memory + 1 KiB each
+    assert common.resident_ctas_per_sm(32, 4, 0, **h200) == 16                 # 2,048 threads
+    assert common.resident_ctas_per_sm(32, 4, 0, capability=(12, 0), smem_per_sm_bytes=100 * 1024) == 12
+    assert common.resident_ctas_per_sm(16, 1, 0, **h200) == 32                 # the CTA limit
+    with pytest.raises(ValueError, match="does not fit one SM"):
+        common.resident_ctas_per_sm(255, 4, 228 * 1024, **h200)
+
+
+def test_v5_config_overrides():
+    assert v5.config_with(None, {"persistent": "true"}) == v5.PERSISTENT
+    assert v5.config_with(None, {}) == v5.CONFIG and not v5.CONFIG.persistent
+    with pytest.raises(ValueError, match="override persistent='sometimes': expected true or false"):
+        v5.config_with(None, {"persistent": "sometimes"})
+    with pytest.raises(ValueError, match="unknown ladder.v5 config key 'block_n'"):
+        v5.config_with(None, {"block_n": "32"})
 
 
 def test_v9_reorders_programs_without_touching_the_loop(rows):
@@ -549,6 +593,7 @@ def _gate_cases():
     arms += [(f"ladder.v7[{name}]", functools.partial(v7.forward, config=cfg))
              for name, cfg in (*v7.SWITCH_OFF.items(), ("max_registers_168", v7.THREE_CTAS_PER_SM))]
     arms += [("ladder.v14[qk_ahead=false]", functools.partial(v14.forward, config=v14.OFF))]
+    arms += [("ladder.v5@persistent=true", functools.partial(v5.forward, config=v5.PERSISTENT))]
     cases += [(name, fwd, shape) for name, fwd in arms for shape in GATE_SHAPES[2:5:2]]
     return cases
 
@@ -665,6 +710,35 @@ V18_COPY_SHAPES = V15_SPLIT_SHAPES + [
 @pytest.mark.parametrize("shape", V18_COPY_SHAPES, ids=_shape_id)
 def test_v18_passes_the_gate_where_its_copies_stop_being_whole(shape):
     _assert_gate(v18.forward, shape, "ladder.v18")
+
+
+# the persistent arm with more work items than programs (264 on an H200 at d128): every program
+# walks several items, causal ones of unequal cost, and items with no key (Sq > Sk)
+V5_PERSISTENT_SHAPES = [
+    (2, 4097, 4097, 8, 2, 128, torch.bfloat16, True),   # 65 x 16 = 1,040 items, LPT order
+    (3, 1000, 1000, 16, 16, 64, torch.float16, False),  # 16 x 48 = 768 items, the seed's order
+    (1, 4000, 300, 32, 8, 128, torch.float16, True),    # 63 x 32 = 2,016 items, most with no key
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V5_PERSISTENT_SHAPES, ids=_shape_id)
+def test_v5_persistent_arm_passes_the_gate_with_many_items_per_program(shape):
+    b, sq, _, hq = shape[:4]
+    assert common.cdiv(sq, 64) * b * hq > 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    _assert_gate(functools.partial(v5.forward, config=v5.PERSISTENT), shape, "ladder.v5@persistent=true")
+
+
+@pytest.mark.gpu
+def test_v5_persistent_arm_matches_the_plain_grid_bit_for_bit():
+    """Each work item is the plain grid's tile with the same instructions per block, so any bit
+    that differs is an item that read another item's shared tiles (the barrier between items)."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v5.forward(q, k, v, causal, 0.088)
+        b = v5.forward(q, k, v, causal, 0.088, config=v5.PERSISTENT)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.gpu

@@ -48,6 +48,13 @@ MAX_GRID_Y = 65535             # CUDA limit of the second grid dimension (batch 
 SMEM_OPTIN_BYTES = {(8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024, (8, 9): 99 * 1024,
                     (9, 0): 227 * 1024, (12, 0): 99 * 1024}
 SWIZZLE_PHASES = 8             # 128-byte bank period / 16-byte chunk: eight phases, 3 XOR bits
+# Residency limits of one SM, for the persistent grid's size (CUDA programming guide, compute
+# capabilities 8.x-12.x; Hopper tuning guide): registers are granted per warp in 256-register units
+REGISTERS_PER_SM = 65536
+REGISTER_ALLOC_UNIT = 256      # registers per warp, the allocation granule
+MAX_THREADS_PER_SM = {(8, 0): 2048, (8, 6): 1536, (8, 7): 2048, (8, 9): 1536, (9, 0): 2048, (12, 0): 1536}
+MAX_CTAS_PER_SM = 32
+SMEM_RESERVED_PER_CTA_BYTES = 1024   # the driver's shared memory per resident CTA (sm_80 on)
 # K/V bytes of the heads whose tiles run together under v9's order: the Hopper forward's L2 budget
 L2_SECTION_BYTES = gl.constexpr(L2_BUDGET_BYTES)
 # v10's staggered sweeps start within the first this-many key blocks of a CTA's sweep (0: anywhere)
@@ -155,9 +162,12 @@ def host_scale(softmax_scale: float, exp2: bool) -> float:
 
 def launch(kernel, q, k, v, causal: bool, softmax_scale: float, *, cfg: TileConfig, exp2: bool,
            heaviest_first: bool = False, head_dims: tuple[int, ...], constexprs: dict | None = None,
-           options: dict | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+           options: dict | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+           persistent: bool = False):
     """Validate, allocate (or check the caller's) ``out``/``lse`` and launch ``kernel`` with the
-    ladder's argument list."""
+    ladder's argument list. ``persistent``: ``kernel`` walks work items (its argument list ends in
+    ``batch_heads``) and is launched on as many programs as the GPU holds at once
+    (:func:`persistent_programs`), never more than there are items."""
     validate(q, k, v, softmax_scale, head_dims)
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -178,17 +188,53 @@ def launch(kernel, q, k, v, causal: bool, softmax_scale: float, *, cfg: TileConf
     # HeaviestFirst launches one flat grid ordered by descending query tile; the others keep the
     # query tile on the fastest launch axis, as the seed's baseline did.
     grid = (n_m * B * Hq,) if heaviest_first else (n_m, B * Hq)
-    kernel[grid](
-        q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        Sq, Sk, Hq, Hq // Hkv, host_scale(float(softmax_scale), exp2),
-        HEAD_DIM=D, IS_CAUSAL=bool(causal), **cfg.constexprs(), **(constexprs or {}),
-        num_warps=cfg.num_warps, num_stages=1, **(options or {}),
-    )
+    args = (q, k, v, out, lse,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            Sq, Sk, Hq, Hq // Hkv, host_scale(float(softmax_scale), exp2))
+    kwargs = dict(HEAD_DIM=D, IS_CAUSAL=bool(causal), **cfg.constexprs(), **(constexprs or {}),
+                  num_warps=cfg.num_warps, num_stages=1, **(options or {}))
+    if persistent:
+        args += (B * Hq,)
+        grid = (min(n_m * B * Hq, persistent_programs(kernel, args, kwargs, q.device)),)
+    kernel[grid](*args, **kwargs)
     return out, lse
+
+
+_PERSISTENT_PROGRAMS: dict = {}
+
+
+def persistent_programs(kernel, args, kwargs, device) -> int:
+    """SMs × the CTAs of ``kernel`` (compiled for these arguments) one SM holds at once: the
+    size of a persistent grid. Cached per kernel, device and specialization."""
+    key = (kernel.fn.__qualname__ if hasattr(kernel, "fn") else id(kernel), device.index, args[0].dtype,
+           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+    if key not in _PERSISTENT_PROGRAMS:
+        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+        compiled._init_handles()    # loads the module: n_regs is read from it
+        props = torch.cuda.get_device_properties(device)
+        per_sm = resident_ctas_per_sm(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
+                                      (props.major, props.minor), props.shared_memory_per_multiprocessor)
+        _PERSISTENT_PROGRAMS[key] = props.multi_processor_count * per_sm
+    return _PERSISTENT_PROGRAMS[key]
+
+
+def resident_ctas_per_sm(regs_per_thread: int, num_warps: int, smem_bytes: int, capability: tuple[int, int],
+                         smem_per_sm_bytes: int) -> int:
+    """CTAs of one kernel an SM holds at once: the least of what its registers (granted per warp
+    in :data:`REGISTER_ALLOC_UNIT` units), its shared memory (plus the driver's reserve per CTA),
+    its thread slots and the CTA limit allow."""
+    regs_per_warp = -(-regs_per_thread * 32 // REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
+    by_regs = (REGISTERS_PER_SM // regs_per_warp) // num_warps
+    by_smem = smem_per_sm_bytes // (smem_bytes + SMEM_RESERVED_PER_CTA_BYTES)
+    by_threads = MAX_THREADS_PER_SM.get(capability, 2048) // (32 * num_warps)
+    per_sm = min(by_regs, by_smem, by_threads, MAX_CTAS_PER_SM)
+    if per_sm < 1:
+        raise ValueError(f"a CTA of {num_warps} warps at {regs_per_thread} registers per thread and "
+                         f"{smem_bytes} B of shared memory does not fit one SM")
+    return per_sm
 
 
 def cdiv(a: int, b: int) -> int:
@@ -206,10 +252,11 @@ RUNTIME_ARGS = (
 )
 
 
-def signature(dtype: str = "fp16") -> dict:
-    """Triton type strings for the runtime arguments (for the ahead-of-time census)."""
+def signature(dtype: str = "fp16", runtime_extra: tuple[str, ...] = ()) -> dict:
+    """Triton type strings for the runtime arguments (for the ahead-of-time census);
+    ``runtime_extra`` names integer arguments a kernel takes after the shared list."""
     sig = {}
-    for name in RUNTIME_ARGS:
+    for name in RUNTIME_ARGS + tuple(runtime_extra):
         if name == "lse_ptr":
             sig[name] = "*fp32"
         elif name.endswith("_ptr"):
@@ -222,14 +269,15 @@ def signature(dtype: str = "fp16") -> dict:
 
 
 def census_spec(kernel_name: str, fn, *, head_dim: int, causal: bool, cfg: TileConfig,
-                extra: dict | None = None, config_extra: dict | None = None, options: dict | None = None):
-    """One :class:`CensusSpec` of a rung kernel with the shared signature."""
+                extra: dict | None = None, config_extra: dict | None = None, options: dict | None = None,
+                runtime_extra: tuple[str, ...] = ()):
+    """One :class:`CensusSpec` of a rung kernel with the shared signature (and ``runtime_extra``)."""
     from flashrung.evidence.census import CensusSpec
 
     constexprs = {"HEAD_DIM": head_dim, "IS_CAUSAL": causal, **cfg.constexprs(), **(extra or {})}
     config = {"head_dim": head_dim, "causal": causal, "dtype": "fp16",
               "tile": f"{cfg.block_m}x{cfg.block_n}", "num_warps": cfg.num_warps, **(config_extra or {})}
-    return CensusSpec(kernel=kernel_name, config=config, fn=fn, signature=signature("fp16"),
+    return CensusSpec(kernel=kernel_name, config=config, fn=fn, signature=signature("fp16", runtime_extra),
                       constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1, gluon=True,
                       extra_options=dict(options or {}))
 
@@ -416,11 +464,21 @@ def program_tile(heads_q, BLOCK_M: gl.constexpr):
 def program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M: gl.constexpr):
     """Flat grid in HeaviestFirst (LPT) order: primary key the query tile, descending (under
     causality a tile's cost grows with its index), secondary key batch*heads."""
-    pid = gl.program_id(0)
     n_m = gl.cdiv(seqlen_q, BLOCK_M)
-    n_bh = gl.num_programs(0) // n_m
-    pid_bh = pid % n_bh
-    tile = n_m - 1 - pid // n_bh
+    return item_tile(gl.program_id(0), n_m, gl.num_programs(0) // n_m, heads_q, BLOCK_M, True)
+
+
+@gluon.jit
+def item_tile(item, n_m, n_bh, heads_q, BLOCK_M: gl.constexpr, HEAVIEST_FIRST: gl.constexpr):
+    """(batch, head, first query row) of work item ``item`` of ``n_m`` query tiles times ``n_bh``
+    batch*heads, in the order the launch-per-tile grids dispatch them: HeaviestFirst (descending
+    query tile, then batch*heads) or the seed's (query tile fastest)."""
+    if HEAVIEST_FIRST:
+        pid_bh = item % n_bh
+        tile = n_m - 1 - item // n_bh
+    else:
+        pid_bh = item // n_m
+        tile = item % n_m
     return pid_bh // heads_q, pid_bh % heads_q, tile * BLOCK_M
 
 
@@ -616,20 +674,35 @@ def mma_pv(acc, p, v_smem):
 
 
 @gluon.jit
-def allocate_and_stage_q(q_base, n_rows, stride_qs, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SMEM: gl.constexpr,
-                         ASYNC_COPY: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
-    """The single-buffered Q/K/V tiles; Q staged and read into mma A fragments (ldmatrix, once
-    per CTA), or with ``Q_CHUNK > 0`` left in shared memory for :func:`mma_scores` to read with
-    every key block. Returns (q, k_smem, v_smem)."""
+def allocate_tiles(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   SMEM: gl.constexpr):
+    """The single-buffered Q, K and V shared tiles. Returns (q_smem, k_smem, v_smem)."""
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], SMEM)
+    return q_smem, k_smem, v_smem
+
+
+@gluon.jit
+def stage_and_read_q(q_smem, q_base, n_rows, stride_qs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     ASYNC_COPY: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
+    """Q staged and read into mma A fragments (ldmatrix, once per tile), or with ``Q_CHUNK > 0``
+    left in shared memory for :func:`mma_scores` to read with every key block."""
     stage_q_tile(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM, ASYNC_COPY)
     if Q_CHUNK > 0:
         q = q_smem
     else:
         q = q_smem.load(gl.DotOperandLayout(0, mma_layout(gl.num_warps()), 2))
+    return q
+
+
+@gluon.jit
+def allocate_and_stage_q(q_base, n_rows, stride_qs, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SMEM: gl.constexpr,
+                         ASYNC_COPY: gl.constexpr, Q_CHUNK: gl.constexpr = 0):
+    """:func:`allocate_tiles` and :func:`stage_and_read_q`. Returns (q, k_smem, v_smem)."""
+    q_smem, k_smem, v_smem = allocate_tiles(dtype, BLOCK_M, BLOCK_N, HEAD_DIM, SMEM)
+    q = stage_and_read_q(q_smem, q_base, n_rows, stride_qs, BLOCK_M, HEAD_DIM, ASYNC_COPY, Q_CHUNK)
     return q, k_smem, v_smem
 
 
@@ -669,24 +742,63 @@ def attention_mma_cp_async(
     BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, Q_CHUNK: gl.constexpr = 0,
     L2_SECTIONS: gl.constexpr = False, STAGGER: gl.constexpr = False,
 ):
-    """The whole single-buffered cp.async kernel of v3-v5 and v8 (XOR-swizzled tiles); each
-    switch is one rung's lever: ``EXP2`` the exponential (v4: exp2, log2 domain),
-    ``HEAVIEST_FIRST`` the CTA order (v5; with ``L2_SECTIONS`` inside L2-sized head sections, v9),
-    ``Q_CHUNK`` Q read from shared memory in head-dim chunks with every key block (v8, with its
-    two-slab tile), ``STAGGER`` each CTA's key sweep started at its own block and wrapped around
-    (v10: ``hopper.schedule.kv_stagger``; every block is masked here, so any order is exact).
-    (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
+    """The whole single-buffered cp.async kernel of v3-v5 and v8 (XOR-swizzled tiles), one query
+    tile per program; each switch is one rung's lever: ``EXP2`` the exponential (v4: exp2, log2
+    domain), ``HEAVIEST_FIRST`` the CTA order (v5; with ``L2_SECTIONS`` inside L2-sized head
+    sections, v9), ``Q_CHUNK`` Q read from shared memory in head-dim chunks with every key block
+    (v8, with its two-slab tile), ``STAGGER`` each CTA's key sweep started at its own block and
+    wrapped around (v10: ``hopper.schedule.kv_stagger``; every block is masked here, so any order
+    is exact). (v1/v2's scalar-staged body reads the loop bound later, after Q is staged:
     moving that one line changes their SASS, so the two bodies stay apart.)"""
-    MMA: gl.constexpr = mma_layout(gl.num_warps())
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
+    q_smem, k_smem, v_smem = allocate_tiles(q_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HEAD_DIM, xor_swizzled_layout())
+    cp_async_tile(q_smem, k_smem, v_smem, b, h, start_m, q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                  stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                  HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, EXP2, Q_CHUNK, STAGGER)
 
-    start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
-        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
+
+@gluon.jit
+def attention_mma_cp_async_persistent(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+    qk_scale, batch_heads, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, EXP2: gl.constexpr, HEAVIEST_FIRST: gl.constexpr,
+):
+    """The same kernel on a persistent grid (v5's measured arm): as many programs as fit on the
+    GPU at once, each walking the work items ``program_id, program_id + num_programs, ...`` of the
+    launch-per-tile grid's order (:func:`item_tile`) with one set of shared tiles. The wave
+    quantization of the launch-per-tile grid goes; in its place every item after a program's first
+    pays the decode and a CTA barrier (below)."""
+    q_smem, k_smem, v_smem = allocate_tiles(q_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, HEAD_DIM, xor_swizzled_layout())
+    n_m = gl.cdiv(seqlen_q, BLOCK_M)
+    for item in range(gl.program_id(0), n_m * batch_heads, gl.num_programs(0)):
+        b, h, start_m = item_tile(item, n_m, batch_heads, heads_q, BLOCK_M, HEAVIEST_FIRST)
+        # write-after-read on the shared tiles: this item's Q (and first K/V) copies must not
+        # land before every warp has read the previous item's Q fragments and last K/V block (a
+        # previous item with no key block passes no barrier of the loop's own)
+        gl.thread_barrier()
+        cp_async_tile(q_smem, k_smem, v_smem, b, h, start_m, q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+                      stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                      stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                      HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, EXP2, 0, False)
+
+
+@gluon.jit
+def cp_async_tile(q_smem, k_smem, v_smem, b, h, start_m, q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                  stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                  HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  EXP2: gl.constexpr, Q_CHUNK: gl.constexpr, STAGGER: gl.constexpr):
+    """One query tile of the single-buffered cp.async kernel on the given shared tiles: stage Q,
+    sweep the key blocks (:func:`mma_block`), write O and the LSE."""
+    MMA: gl.constexpr = mma_layout(gl.num_warps())
+    q_base, k_base, v_base, o_base, lse_base = tile_bases(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
+        stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
+        seqlen_q, heads_q, group)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
-    q, k_smem, v_smem = allocate_and_stage_q(q_base, seqlen_q - start_m, stride_qs, dtype, BLOCK_M, BLOCK_N,
-                                             HEAD_DIM, xor_swizzled_layout(), True, Q_CHUNK)
+    q = stage_and_read_q(q_smem, q_base, seqlen_q - start_m, stride_qs, BLOCK_M, HEAD_DIM, True, Q_CHUNK)
     m_i, l_i, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, gl.SliceLayout(1, MMA), MMA)
     causal_shift = seqlen_k - seqlen_q
     n_blocks = gl.cdiv(hi, BLOCK_N)

@@ -46,7 +46,7 @@ def test_dry_run_prints_the_profile_and_both_pages(capsys, tmp_path):
     assert lines[0].startswith(f"/opt/ncu/ncu --clock-control none --profile-from-start off --set full -f -o {stem} ")
     assert "-m flashrung.evidence.profile --target fa4 --batch 4 --seqlen 4096" in lines[0]
     assert lines[1].endswith(f"--page details > {stem}.txt")
-    assert lines[2].endswith(f"--page source --csv --print-source sass > {stem}-sass.csv.gz")
+    assert lines[2].endswith(f"--page source --csv --print-source sass | gzip > {stem}-sass.csv.gz")
     assert not os.listdir(tmp_path)                  # nothing written on a dry run
 
 

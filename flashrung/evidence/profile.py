@@ -145,7 +145,10 @@ def run(args) -> int:
     steps = commands(ncu, args.impl, row, stem)
     if args.dry_run:
         for step in steps:
-            print(" ".join(step["argv"]) + (f" > {step['stdout']}" if step["stdout"] else ""))
+            out = step["stdout"]
+            # the source page is compressed as it is written: a shell needs gzip in the pipe
+            redirect = (f" | gzip > {out}" if out.endswith(".gz") else f" > {out}") if out else ""
+            print(" ".join(step["argv"]) + redirect)
         return 0
     ok, what = bench_cli.gpu_available()
     if not ok:

@@ -288,6 +288,25 @@ def test_v5_config_overrides():
         v5.config_with(None, {"block_n": "32"})
 
 
+def test_v3_and_v7_arms_are_reachable_as_overrides():
+    # every arm the walkthrough prices is an ``impl="ladder.vN@key=value"`` of flashrung compare
+    assert v3.config_with(None, {"kv_stages": "2"}) == v3.DOUBLE_BUFFER
+    assert v3.config_with(None, {}).kv_stages == 1
+    with pytest.raises(ValueError, match="kv_stages must be 1 .* or 2 .*, got 3"):
+        v3.config_with(None, {"kv_stages": "3"})
+    for name, cfg in v7.SWITCH_OFF.items():
+        changed = {f.name: str(getattr(cfg, f.name)).lower() for f in dataclasses.fields(cfg)
+                   if getattr(cfg, f.name) != getattr(v7.CONFIG, f.name)}
+        assert v7.config_with(None, changed) == cfg, name
+    assert v7.config_with(None, {"max_registers": "168"}) == v7.THREE_CTAS_PER_SM
+    with pytest.raises(ValueError, match="causal_split=True needs mask_specialize=True"):
+        v7.config_with(None, {"mask_specialize": "false"})
+    with pytest.raises(ValueError, match="max_registers must be None or in"):
+        v7.config_with(None, {"max_registers": "300"})
+    with pytest.raises(ValueError, match="expected an integer or none"):
+        v7.config_with(None, {"max_registers": "many"})
+
+
 def test_v9_reorders_programs_without_touching_the_loop(rows):
     # v9 changes only the tile decode before the loop (HeaviestFirst inside L2-sized sections):
     # every family the loop is made of matches v5's, and the decode's own integer work is the rest

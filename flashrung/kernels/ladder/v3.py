@@ -48,16 +48,17 @@ HEAD_DIMS = (64, 128)
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig(common.TileConfig):
-    """The double-buffered arm's tile plus the depth of its K/V ring (one prologue commit, so
-    exactly two slots; the single buffer is ``attention_fwd_v3`` itself)."""
+    """The tile plus the depth of its K/V ring: 1 is the shipped single buffer
+    (``attention_fwd_v3``), 2 the double-buffered arm (one prologue commit, so exactly two slots;
+    ``attention_fwd_v3_kv2``)."""
 
     kv_stages: int = 2
 
     def __post_init__(self):
         super().__post_init__()
-        if self.kv_stages != 2:
-            raise ValueError(f"kv_stages must be 2 (the single buffer is the shipped kernel), "
-                             f"got {self.kv_stages}")
+        if self.kv_stages not in (1, 2):
+            raise ValueError(f"kv_stages must be 1 (the single buffer, the shipped kernel) or 2 (the "
+                             f"double-buffered arm), got {self.kv_stages}")
 
     def constexprs(self) -> dict:
         return {**super().constexprs(), "KV_STAGES": self.kv_stages}
@@ -103,7 +104,17 @@ def unsupported_reason(problem) -> str | None:
     return common.unsupported_reason(problem, HEAD_DIMS)
 
 
-def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None):
+def config_with(problem, overrides: dict) -> PipelineConfig:
+    """The ring depth from ``overrides`` (``impl="ladder.v3@kv_stages=2"``: the double-buffered
+    arm; 1: the shipped single buffer)."""
+    from flashrung.dispatch import apply_overrides
+
+    return apply_overrides(NAME, dataclasses.replace(DOUBLE_BUFFER, kv_stages=1), overrides, keys=("kv_stages",))
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    if getattr(config, "kv_stages", 1) == 2:
+        return forward_double_buffer(q, k, v, causal, softmax_scale, out=out, lse=lse)
     return common.launch(attention_fwd_v3, q, k, v, causal, softmax_scale, cfg=CONFIG, exp2=False,
                          head_dims=HEAD_DIMS, out=out, lse=lse)
 

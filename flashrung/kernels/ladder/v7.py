@@ -247,6 +247,28 @@ def unsupported_reason(problem) -> str | None:
     return common.unsupported_reason(problem, HEAD_DIMS)
 
 
+def config_with(problem, overrides: dict) -> KeepsConfig:
+    """:data:`CONFIG` with each keep switched by ``overrides`` (``impl="ladder.v7@rescale_skip=false"``,
+    ``@block_n=64``, ``@mask_specialize=false,causal_split=false``, ``@max_registers=168``), so
+    that every keep is priced alone against the others with ``flashrung compare``."""
+    from flashrung.dispatch import apply_overrides
+
+    overrides = dict(overrides)
+    cap = overrides.pop("max_registers", None)
+    config = apply_overrides(NAME, CONFIG, overrides,
+                             keys=("block_n", "rescale_skip", "mask_specialize", "causal_split", "max_registers"))
+    if cap is not None:
+        text = str(cap).strip().lower()
+        if text == "none":
+            return dataclasses.replace(config, max_registers=None)
+        try:
+            registers = int(text)
+        except ValueError:
+            raise ValueError(f"override max_registers={cap!r}: expected an integer or none") from None
+        return dataclasses.replace(config, max_registers=registers)
+    return config
+
+
 def forward(q, k, v, causal: bool, softmax_scale: float, config: KeepsConfig = CONFIG, *,
             out=None, lse=None):
     heaviest_first = bool(causal)  # v5's lever, unchanged

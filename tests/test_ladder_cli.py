@@ -6,6 +6,7 @@ TRITON_INTERPRET=1, which the CPU suite sets), as tests/test_census.py does.
 """
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -296,11 +297,46 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0, device="cuda": None)
     monkeypatch.setattr(runner, "run_gate", run_gate)
     monkeypatch.setattr(timing, "CudaEventTimer", lambda: timing.ClockTimer(now=clock.now))
-    monkeypatch.setattr(ceilings, "gemm", lambda dtype, timer: ceilings.Ceiling(
-        "gemm", dtype, 1.0, 600.0, "TFLOP/s", "virtual"))
-    monkeypatch.setattr(cli, "measure_mma_sync", lambda dtype, timer, on_tile: {
-        "kind": "mma_sync", "dtype": dtype, "value": 400.0, "tile": "virtual", "tiles": []})
+    monkeypatch.setattr(cli, "gemm_fns", lambda dtype, on_tile: (virtual_gemms(clock, GEMM_COST_MS), []))
     return gated
+
+
+# virtual GEMMs of the ceilings: cuBLAS and two mma.sync tiles, ms per call
+GEMM_COST_MS = {cli.CUBLAS: 1.0, "tile a": 4.0, "tile b": 2.5}
+GEMM_FLOPS = 2 * cli.GEMM_SIZE ** 3
+
+
+def virtual_gemms(clock, costs, calls=None):
+    def make(name, cost):
+        def fn():
+            clock.t += cost / 1e3
+            if calls is not None:
+                calls[name] = calls.get(name, 0) + 1
+        return fn
+    return {name: make(name, cost) for name, cost in costs.items()}
+
+
+def test_ceilings_are_timed_interleaved_and_preheated_as_the_rungs_are():
+    clock, calls = VirtualClock(), {}
+    fns = virtual_gemms(clock, GEMM_COST_MS, calls)
+    failed = [{"tile": "tile c", "status": "error", "reason": "RuntimeError: GEMM result wrong"}]
+    protocol = cli.QUICK_PROTOCOL
+    got = cli.measure_ceilings("bfloat16", fns, failed, protocol, timing.ClockTimer(now=clock.now))
+    cublas, mma = got["gemm:bfloat16"], got["mma_sync:bfloat16"]
+    assert cublas["value"] == pytest.approx(GEMM_FLOPS / 1.0e-3 / 1e12)
+    assert mma["tile"] == "tile b" and mma["value"] == pytest.approx(GEMM_FLOPS / 2.5e-3 / 1e12)
+    assert [t["tile"] for t in mma["tiles"]] == ["tile a", "tile b", "tile c"]    # cuBLAS is not a tile
+    rates = protocol.rates
+    for t in mma["tiles"][:2]:
+        cost = GEMM_COST_MS[t["tile"]]
+        # the virtual clock's float sums may put the estimate a hair under the cost: one call more
+        assert math.ceil(rates.block_preheat_ms / cost) <= t["preheat_calls"] <= math.ceil(rates.block_preheat_ms / cost) + 1
+        want = timing.reps_for(cost, target_ms=rates.block_ms, lo=rates.block_reps_min, hi=rates.block_reps_max)
+        assert want <= t["reps_per_block"] <= want + 1
+        warm = timing.warm_up(timing.ClockTimer(now=VirtualClock().now), lambda: None,
+                              min_calls=max(2, rates.warmup_calls), min_ms=0).calls
+        assert calls[t["tile"]] >= rates.rounds * (t["preheat_calls"] + t["reps_per_block"]) + warm
+    assert "preheat" in mma["detail"] or "ms of its own calls" in mma["detail"]
 
 
 def test_climb_plumbing_on_a_virtual_clock(fake_gpu, tmp_path, capsys):
@@ -320,7 +356,9 @@ def test_climb_plumbing_on_a_virtual_clock(fake_gpu, tmp_path, capsys):
             continue
         ms = COST_MS[rung] * (1.0 if config == "A" else 20.0)
         assert r["ms"] == pytest.approx(ms)
-        assert r["percent_of_mma_sync_ceiling"] == pytest.approx(100 * r["tflops"] / 400.0)
+        assert r["percent_of_mma_sync_ceiling"] == pytest.approx(100 * r["tflops"] / (GEMM_FLOPS / 2.5e-3 / 1e12))
+        assert r["percent_of_gemm_ceiling"] == pytest.approx(100 * r["tflops"] / (GEMM_FLOPS / 1.0e-3 / 1e12))
+        assert r["preheat_calls"] >= 1
         assert r["dispatch"] == {"fwd": {"kernel": f"flashrung:{rung}"}}
     # margins: the paired runner's ratio of the two virtual costs, AB/BA halves agreeing
     for (config, rung), r in rows.items():

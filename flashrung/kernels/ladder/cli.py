@@ -8,11 +8,12 @@ Three modes, one command:
   MUFU.EX2, FFMA) — with the architecture's shared-memory budget per block (sm_120, the seed's
   card: 99 KB). Evidence level: SASS (which instructions exist, not how fast they run).
 - **climb** (a GPU): the seed's two frozen configurations (``--config a|b|both``). Ceilings
-  first, once per dtype: the cuBLAS GEMM (:mod:`flashrung.bench.ceilings`) and the mma.sync GEMM
-  (:mod:`flashrung.kernels.ladder.ceiling`, its best tile). Then per configuration every rung
+  first, once per dtype: the cuBLAS GEMM (``torch.mm``) and the mma.sync GEMM
+  (:mod:`flashrung.kernels.ladder.ceiling`, its best tile), timed interleaved and preheated as the
+  rungs are, so both sides of "% of the ceiling" run at the clock they set. Then per configuration every rung
   through the public entry point (``flashrung.attention(..., impl="ladder.vN")``, prepared as
   ``flashrung bench`` prepares it), timed round-robin with CUDA events (the bench's interleaved
-  protocol, median per call), and each rung's paired margin over its parent with the AB/BA
+  protocol, each block preheated by its own calls, median per call), and each rung's paired margin over its parent with the AB/BA
   runner ``flashrung compare`` uses — here in one process, sized to a time budget; the keep
   verdict (two fresh processes, the A/A threshold) stays with ``flashrung compare``, whose
   command line the table prints. Last, the correctness gate of every rung at a reduced size of
@@ -66,8 +67,6 @@ GATE_SEQLEN = 1008
 GATE_MAX_BATCH = 2
 
 GEMM_SIZE = 8192              # M = N = K of both GEMM ceilings
-GEMM_WARMUP_CALLS = 5
-GEMM_TIMED_CALLS = 20
 GEMM_MAX_REL_ERR = 1e-2       # a tile whose GEMM is wrong cannot be a ceiling
 
 
@@ -473,10 +472,13 @@ class _Progress:
         self.bar.close()
 
 
-def measure_mma_sync(dtype: str, timer, *, size: int = GEMM_SIZE, on_tile=lambda s: None) -> dict:
-    """The mma.sync ceiling of ``dtype``: every tile of ``ceiling.CEILING_TILES`` checked against
-    cuBLAS and timed; the best is the ceiling."""
-    import numpy as np
+CUBLAS = "cuBLAS"
+
+
+def gemm_fns(dtype: str, *, size: int = GEMM_SIZE, on_tile=lambda s: None) -> tuple[dict, list[dict]]:
+    """The GEMMs the ceilings of ``dtype`` are taken from: cuBLAS (``torch.mm``) and every tile of
+    ``ceiling.CEILING_TILES``, each tile checked against cuBLAS first. Returns ({label: fn} of the
+    GEMMs that run and are right, [a record per tile that does not])."""
     import torch
     from flashrung.bench.peers import torch_dtype
     from flashrung.kernels.ladder.ceiling import CEILING_TILES, mma_v2_gemm
@@ -484,32 +486,65 @@ def measure_mma_sync(dtype: str, timer, *, size: int = GEMM_SIZE, on_tile=lambda
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(size, size, device="cuda", generator=g).to(torch_dtype(dtype))   # (M, K)
     b = torch.randn(size, size, device="cuda", generator=g).to(torch_dtype(dtype))   # (N, K)
+    c = torch.empty(size, size, device="cuda", dtype=a.dtype)
     ref = torch.mm(a, b.t()).float()
-    tiles = []
+    fns, failed = {CUBLAS: lambda: torch.mm(a, b.t(), out=c)}, []
     for tile in CEILING_TILES:
         on_tile(f"mma.sync {dtype} {tile.label()}")
         try:
             err = ((mma_v2_gemm(a, b, tile).float() - ref).abs().max() / ref.abs().max()).item()
             if not err < GEMM_MAX_REL_ERR:
                 raise RuntimeError(f"GEMM result wrong: max relative error {err:.2e}")
-
-            def fn(a=a, b=b, tile=tile):
-                mma_v2_gemm(a, b, tile)
-            timing.measure(timer, fn, GEMM_WARMUP_CALLS)
-            ms = float(np.median(timing.measure(timer, fn, GEMM_TIMED_CALLS)))
-            tiles.append({"tile": tile.label(), "status": "ok", "ms": ms, "value": 2 * size ** 3 / ms * 1e-9,
-                          "rel_err": err})
         except Exception as exc:   # a tile that fails is reported; the others still define the ceiling
-            tiles.append({"tile": tile.label(), "status": "error",
-                          "reason": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
-    del a, b, ref
-    torch.cuda.empty_cache()
+            failed.append({"tile": tile.label(), "status": "error",
+                           "reason": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
+            continue
+        fns[tile.label()] = lambda tile=tile: mma_v2_gemm(a, b, tile)
+    del ref
+    return fns, failed
+
+
+def measure_ceilings(dtype: str, fns: dict, failed: list[dict], protocol: LadderProtocol, timer, *,
+                     size: int = GEMM_SIZE) -> dict:
+    """The cuBLAS and mma.sync ceilings of ``dtype`` from ``fns`` (:func:`gemm_fns`), timed as the
+    rungs are (:func:`time_interleaved`: warmed up, round-robin, each block preheated): the cuBLAS
+    GEMM's median, and the best mma.sync tile's. A ceiling timed in a few dozen calls after a
+    lighter kernel reads the clock that kernel left, up to 19% high on the H200 for the first
+    ~100 ms; the same best tile read 367.6–432.9 TFLOP/s over four runs timed that way."""
+    medians, reps, preheat = time_interleaved(fns, protocol, timer)
+    flops = 2 * size ** 3
+    tiles = [{"tile": n, "status": "ok", "ms": ms, "value": flops / ms * 1e-9, "reps_per_block": reps[n],
+              "preheat_calls": preheat[n]} for n, ms in medians.items() if n != CUBLAS] + list(failed)
     ok = [t for t in tiles if t["status"] == "ok"]
     best = max(ok, key=lambda t: t["value"]) if ok else None
-    return {"kind": "mma_sync", "dtype": dtype, "value": best["value"] if best else None,
+    how = (f"median per call over {protocol.rates.rounds} interleaved rounds, each block after "
+           f"{protocol.rates.block_preheat_ms:g} ms of its own calls")
+    cublas_ms = medians[CUBLAS]
+    return {
+        f"gemm:{dtype}": {"kind": "gemm", "dtype": dtype, "ms": cublas_ms, "value": flops / cublas_ms * 1e-9,
+                          "unit": "TFLOP/s", "detail": f"torch.mm {size}³ (cuBLAS), {how}"},
+        f"mma_sync:{dtype}": {
+            "kind": "mma_sync", "dtype": dtype, "value": best["value"] if best else None,
             "ms": best["ms"] if best else None, "unit": "TFLOP/s", "tile": best["tile"] if best else None,
             "detail": f"Gluon mma_v2 GEMM C = A·Bᵀ {size}³ (mma.sync m16n8k16, ldmatrix, cp.async ring), best of "
-                      f"{len(tiles)} tiles, median of {GEMM_TIMED_CALLS} calls", "tiles": tiles}
+                      f"{len(tiles)} tiles, {how}", "tiles": tiles},
+    }
+
+
+def time_interleaved(fns: dict, protocol: LadderProtocol, timer) -> tuple[dict, dict, dict]:
+    """``fns`` warmed up, then timed round-robin with ``protocol.rates`` (blocks of about
+    ``block_ms``, each preceded by ``block_preheat_ms`` of its own untimed calls, so every
+    function is timed at the clock it sets itself, not at the one the previous block left).
+    Returns ({name: median ms per call}, {name: calls per block}, {name: preheat calls})."""
+    rates = protocol.rates
+    warm = {n: timing.warm_up(timer, fn, min_calls=max(2, rates.warmup_calls), min_ms=rates.warmup_ms)
+            for n, fn in fns.items()}
+    reps = {n: timing.reps_for(w.estimate_ms, target_ms=rates.block_ms, lo=rates.block_reps_min,
+                               hi=rates.block_reps_max) for n, w in warm.items()}
+    preheat = {n: timing.preheat_calls(w.estimate_ms, rates.block_preheat_ms) for n, w in warm.items()}
+    inter = timing.interleave(fns, reps, rates.rounds, timer, block_warmup=preheat)
+    medians = {n: stats.Distribution.of(inter.per_call(n)).median for n in fns}
+    return medians, reps, preheat
 
 
 def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str], ceilings: dict,
@@ -547,12 +582,14 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
         reps = {n: timing.reps_for(warm[n].estimate_ms, target_ms=protocol.rates.block_ms,
                                    lo=protocol.rates.block_reps_min, hi=protocol.rates.block_reps_max)
                 for n in prepared}
-        inter = timing.interleave({n: p.fn for n, p in prepared.items()}, reps, protocol.rates.rounds, timer)
+        preheat = {n: timing.preheat_calls(warm[n].estimate_ms, protocol.rates.block_preheat_ms) for n in prepared}
+        inter = timing.interleave({n: p.fn for n, p in prepared.items()}, reps, protocol.rates.rounds, timer,
+                                  block_warmup=preheat)
         for n in prepared:
             dist = stats.Distribution.of(inter.per_call(n))
             rate(rows[n], dist.median, config, ceilings)
             rows[n].update(distribution=dist.to_json(), reps_per_block=reps[n], rounds=protocol.rates.rounds,
-                           warmup_calls=warm[n].calls)
+                           warmup_calls=warm[n].calls, preheat_calls=preheat[n])
 
     for r in rungs:
         row = rows[r.name]
@@ -577,7 +614,6 @@ def gate_config_row(config: suites.Row) -> suites.Row:
 
 def cmd_climb(args, gpu: str) -> int:
     import torch
-    from flashrung.bench import ceilings as ceilings_mod
     from flashrung.bench import manifest as manifest_mod
     from flashrung.bench import runner
 
@@ -601,8 +637,10 @@ def cmd_climb(args, gpu: str) -> int:
         ceilings = {}
         for dtype in dtypes:
             progress.step(f"cuBLAS GEMM {dtype}")
-            ceilings[f"gemm:{dtype}"] = ceilings_mod.gemm(dtype, timer).to_json()
-            ceilings[f"mma_sync:{dtype}"] = measure_mma_sync(dtype, timer, on_tile=progress.step)
+            fns, failed = gemm_fns(dtype, on_tile=progress.step)
+            ceilings.update(measure_ceilings(dtype, fns, failed, protocol, timer))
+            del fns
+            torch.cuda.empty_cache()
 
         rows = []
         for n, config in configs.items():

@@ -153,3 +153,65 @@ def census_specs():
                                    "WARPS_M": t.warps_m, "WARPS_N": t.warps_n, "NUM_STAGES": t.num_stages},
                        num_warps=t.num_warps, num_stages=1, gluon=True)
             for t in CEILING_TILES]
+
+
+# How long a GEMM runs on its own before it is timed, ms: the burst clock (0), the quick and default
+# protocols' preheat (20, 150), and twice that
+SETTLING_PREHEATS_MS = (0.0, 20.0, 150.0, 300.0)
+SETTLING_REPEATS = 3
+SETTLING_TIMED_CALLS = 20
+
+
+def settling(dtypes=("bfloat16", "float16"), preheats_ms=SETTLING_PREHEATS_MS, repeats: int = SETTLING_REPEATS,
+             *, size: int | None = None, out=print) -> list[dict]:
+    """cuBLAS and the best tile of :data:`CEILING_TILES` (the last one, in every run so far) timed
+    ``SETTLING_TIMED_CALLS`` calls after each preheat, ``repeats`` times, each repeat after a light
+    kernel (as a previous tile or an idle GPU leaves the clock): how far a ceiling timed without a
+    preheat reads above the one the GPU sustains. Needs a GPU. One row per reading."""
+    import numpy as np
+
+    from flashrung.bench import timing
+    from flashrung.kernels.ladder import cli
+
+    size = size or cli.GEMM_SIZE
+    timer = timing.CudaEventTimer()
+    flops = 2 * size ** 3
+    light = torch.randn(4096, 4096, device="cuda")
+    rows = []
+    for dtype in dtypes:
+        fns, _ = cli.gemm_fns(dtype, size=size)
+        for name in (cli.CUBLAS, CEILING_TILES[-1].label()):
+            fn = fns[name]
+            timing.measure(timer, fn, 5)
+            for preheat in preheats_ms:
+                values = []
+                for _ in range(repeats):
+                    for _ in range(200):
+                        light.add_(1.0)
+                    torch.cuda.synchronize()
+                    estimate = float(np.median(timing.measure(timer, fn, 3)))
+                    for _ in range(timing.preheat_calls(estimate, preheat)):
+                        fn()
+                    values.append(flops / float(np.median(timing.measure(timer, fn, SETTLING_TIMED_CALLS))) * 1e-9)
+                rows.append({"dtype": dtype, "gemm": name, "preheat_ms": preheat, "tflops": values})
+                out(f"{dtype:9} {name:22} preheat {preheat:5.0f} ms: "
+                    + "  ".join(f"{v:6.1f}" for v in values) + " TFLOP/s")
+        del fns
+        torch.cuda.empty_cache()
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="How the GEMM ceilings read after 0-300 ms of their own calls "
+                                                 "(the clock's settling; needs a GPU).")
+    parser.add_argument("--json", help="write the readings here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashrung.kernels.ladder.ceiling: needs a CUDA GPU")
+    readings = settling()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(readings, f, indent=1)

@@ -14,7 +14,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18
+from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -65,6 +65,8 @@ SELECTORS = {
     "v18": ("v18", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v18_causal_apart": ("v18", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
     "v18_d64_causal": ("v18", SM90, {"head_dim": 64, "causal": True}),
+    "v19_causal": ("v19", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v19": ("v19", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -77,6 +79,7 @@ SELECTORS = {
                                               "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
                                               "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v19": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
@@ -489,6 +492,17 @@ def test_v18_copies_whole_blocks_without_a_predicate(rows):
     assert rows["v18_causal"]["loops"][0]["length"] <= rows["v16_causal_deferred"]["loops"][0]["length"] - 16
 
 
+def test_v19_changes_which_tile_a_program_takes_and_nothing_else(rows):
+    # the trips are v16's to the instruction: the same loops, in the same order; non-causal the
+    # lever is off and the kernel is v16's; causal only the tile decode before the loops grows
+    for v19_key, v16_key in (("v19_causal", "v16_causal_deferred"), ("v19", "v16_full_deferred")):
+        a, b = rows[v16_key]["loops"], rows[v19_key]["loops"]
+        assert [l["sequence"] for l in a] == [l["sequence"] for l in b], v19_key
+        assert rows[v19_key]["regs"] == rows[v16_key]["regs"] and rows[v19_key]["spill_bytes"] == 0
+    assert rows["v19"]["sass"]["total"] == rows["v16_full_deferred"]["sass"]["total"]
+    assert 0 < rows["v19_causal"]["sass"]["total"] - rows["v16_causal_deferred"]["sass"]["total"] <= 12
+
+
 def test_v16_config_overrides():
     assert v16.config_with(None, {"row_sum": "mma"}).row_sum == "mma"
     with pytest.raises(ValueError, match="row_sum must be one of auto, mma, deferred, got 'rows'"):
@@ -541,7 +555,7 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18"):   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18", "ladder.v19"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -760,8 +774,36 @@ def test_v5_persistent_arm_matches_the_plain_grid_bit_for_bit():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+# v19 reverses the last batch*head row's tiles: several rows (GQA, batch > 1), one row (the whole
+# grid reversed), Sq != Sk, and tails
+V19_ORDER_SHAPES = [
+    (2, 1000, 1000, 4, 2, 128, torch.bfloat16, True),   # 8 rows, the last one reversed
+    (1, 4097, 4097, 1, 1, 64, torch.float16, True),     # one row: every tile heaviest first
+    (3, 300, 1000, 2, 1, 128, torch.float16, True),     # Sq < Sk
+    (1, 1000, 300, 3, 3, 64, torch.bfloat16, True),     # Sq > Sk: rows that see no key
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rung", [v14, v15, v16, v17, v18], ids=lambda m: m.NAME)
+@pytest.mark.parametrize("shape", V19_ORDER_SHAPES, ids=_shape_id)
+def test_v19_passes_the_gate_in_its_order(shape):
+    _assert_gate(v19.forward, shape, "ladder.v19")
+
+
+@pytest.mark.gpu
+def test_v19_matches_v16_bit_for_bit():
+    """Each tile is v16's tile with v16's instructions; only which program computes it changes, so
+    a bit that differs is a tile computed twice or not at all."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v16.forward(q, k, v, causal, 0.088)
+        b = v19.forward(q, k, v, causal, 0.088)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", [v14, v15, v16, v17, v18, v19], ids=lambda m: m.NAME)
 def test_three_slot_ring_rungs_are_deterministic(rung):
     """The ring's slots are reused every three blocks: a slot read before its copy landed, or
     overwritten while read, shows as a result that moves between identical calls."""

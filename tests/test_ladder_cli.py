@@ -115,7 +115,7 @@ def test_only_names_rungs_in_ladder_order_and_refuses_unknown_ones(capsys):
     with pytest.raises(SystemExit):
         parse("--only", "v3,v6")
     err = capsys.readouterr().err
-    assert "--only: unknown rung 'v6'" in err and "v0, v1, v2, v3, v4, v5, v7, v8, v9, v10, v11, v12, v13, v14, v15, v16, v17, v18" in err
+    assert "--only: unknown rung 'v6'" in err and "v0, v1, v2, v3, v4, v5, v7, v8, v9, v10, v11, v12, v13, v14, v15, v16, v17, v18, v19" in err
     with pytest.raises(SystemExit):
         parse("--only", ",")
     assert "expected comma-separated rung names" in capsys.readouterr().err
@@ -260,7 +260,7 @@ COST_MS = {"ladder.v0": 10.0, "ladder.v1": 2.0, "ladder.v2": 1.6, "ladder.v3": 1
            "ladder.v5": 0.8, "ladder.v7": 0.5, "ladder.v8": 0.6,
            "ladder.v9": 0.75, "ladder.v10": 0.7, "ladder.v11": 0.72, "ladder.v12": 0.78,
            "ladder.v13": 0.76, "ladder.v14": 0.74, "ladder.v15": 0.72,
-           "ladder.v16": 0.71, "ladder.v17": 0.70, "ladder.v18": 0.69}
+           "ladder.v16": 0.71, "ladder.v17": 0.70, "ladder.v18": 0.69, "ladder.v19": 0.70}
 
 
 class VirtualClock:

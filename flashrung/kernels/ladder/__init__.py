@@ -10,7 +10,8 @@ CTAs per SM), ``v12`` from ``v4`` with a double-buffered K/V ring, ``v13`` from 
 two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under this block's
 softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v16`` from ``v15``
 with the running row sum off the softmax's path, ``v17`` from ``v16`` with the next block's row
-max formed a trip early, ``v18`` from ``v16`` with its prefetches of whole blocks unpredicated. Each rung
+max formed a trip early, ``v18`` from ``v16`` with its prefetches of whole blocks unpredicated, ``v19`` from ``v16`` with
+the grid's last batch*head row run heaviest first. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -81,6 +82,9 @@ RUNGS: tuple[Rung, ...] = (
     # v16's trips predicate every prefetched row though only a tile's last two copy past its keys
     Rung("ladder.v18", "flashrung.kernels.ladder.v18", "ladder.v16",
          "the prefetches of whole blocks issued without their row predicate"),
+    # v16's launch ends on the last head's heaviest tiles, dispatched last in the seed's order
+    Rung("ladder.v19", "flashrung.kernels.ladder.v19", "ladder.v16",
+         "the grid's last batch*head row dispatched heaviest first (causal): the launch ends on light tiles"),
 )
 
 

@@ -453,11 +453,17 @@ def stage_kv_block(k_smem, v_smem, k_base, v_base, start_n, n_rows, stride_ks, s
 # --------------------------------------------------------------------------------------------
 
 @gluon.jit
-def program_tile(heads_q, BLOCK_M: gl.constexpr):
+def program_tile(heads_q, BLOCK_M: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """Grid (query tiles, batch*heads) with the query tile on the fastest launch axis: each
-    head's cheapest causal tile is dispatched first (the order v0-v4 inherit from the seed)."""
+    head's cheapest causal tile is dispatched first (the order v0-v4 inherit from the seed).
+    ``TAIL_HEAVIEST_FIRST`` (v19): the grid's last batch*head row, dispatched last, runs its tiles
+    heaviest first, so the launch does not end on that head's heaviest tiles."""
     pid_bh = gl.program_id(1)
-    return pid_bh // heads_q, pid_bh % heads_q, gl.program_id(0) * BLOCK_M
+    m_block = gl.program_id(0)
+    if TAIL_HEAVIEST_FIRST:
+        if pid_bh == gl.num_programs(1) - 1:
+            m_block = gl.num_programs(0) - 1 - m_block
+    return pid_bh // heads_q, pid_bh % heads_q, m_block * BLOCK_M
 
 
 @gluon.jit
@@ -499,7 +505,7 @@ def program_tile_heaviest_first_in_sections(seqlen_q, seqlen_k, heads_q, group, 
 
 @gluon.jit
 def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-             HEAVIEST_FIRST: gl.constexpr, L2_SECTIONS: gl.constexpr):
+             HEAVIEST_FIRST: gl.constexpr, L2_SECTIONS: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """(batch, head, first query row) of this program, in HeaviestFirst order (v5 on, causal),
     HeaviestFirst inside L2-sized head sections (v9, causal) or the seed's order."""
     if HEAVIEST_FIRST:
@@ -509,7 +515,7 @@ def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM
         else:
             b, h, start_m = program_tile_heaviest_first(seqlen_q, heads_q, BLOCK_M)
     else:
-        b, h, start_m = program_tile(heads_q, BLOCK_M)
+        b, h, start_m = program_tile(heads_q, BLOCK_M, TAIL_HEAVIEST_FIRST)
     return b, h, start_m
 
 
@@ -517,10 +523,11 @@ def cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M: gl.constexpr, HEAD_DIM
 def tile_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
                stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
                BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HEAVIEST_FIRST: gl.constexpr = False,
-               L2_SECTIONS: gl.constexpr = False):
+               L2_SECTIONS: gl.constexpr = False, TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """This program's first query row in the rung's order (:func:`cta_tile`) and the base
     pointers of its tile (:func:`tile_bases`): (start_m, q_base, k_base, v_base, o_base, lse_base)."""
-    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS)
+    b, h, start_m = cta_tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_M, HEAD_DIM, HEAVIEST_FIRST, L2_SECTIONS,
+                             TAIL_HEAVIEST_FIRST)
     q_base, k_base, v_base, o_base, lse_base = tile_bases(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, b, h, start_m, stride_qb, stride_qs, stride_qh,
         stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_os, stride_oh,
@@ -819,17 +826,18 @@ def cp_async_tile(q_smem, k_smem, v_smem, b, h, start_m, q_ptr, k_ptr, v_ptr, o_
 def ring_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
               stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
               HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              KV_STAGES: gl.constexpr):
+              KV_STAGES: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """The start every ring kernel shares (v3's arm, v12, v13, v14): this program's tile in the
-    seed's order, its base pointers and key-loop end, the Q tile and a ``KV_STAGES``-slot K/V
-    ring (XOR-swizzled) in shared memory, and Q's copy issued as the first commit group.
+    seed's order (``TAIL_HEAVIEST_FIRST``: v19's, :func:`program_tile`), its base pointers and
+    key-loop end, the Q tile and a ``KV_STAGES``-slot K/V ring (XOR-swizzled) in shared memory,
+    and Q's copy issued as the first commit group.
     Returns (q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
     SMEM: gl.constexpr = xor_swizzled_layout()
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     start_m, q_base, k_base, v_base, o_base, lse_base = tile_start(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
         stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        BLOCK_M, HEAD_DIM)
+        BLOCK_M, HEAD_DIM, False, False, TAIL_HEAVIEST_FIRST)
     hi = kv_loop_end(start_m, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [KV_STAGES, BLOCK_N, HEAD_DIM], SMEM)

@@ -123,7 +123,8 @@ def issue_kv(k_dst, v_dst, k_base, v_base, start_n, n_rows, stride_ks, stride_vs
 def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
                stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k,
                heads_q, group, DOT_A: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr):
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr,
+               TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """The start of v14 and of the rungs on its loop: ``common.ring_tile``, then blocks 0 ..
     KV_STAGES-2 into their slots, one commit each (zero rows, no global reads, past hi), then Q
     and block 0 landed (groups complete in order) and Q's fragments loaded.
@@ -131,7 +132,7 @@ def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride
     q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
         stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES)
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, TAIL_HEAVIEST_FIRST)
     for i in gl.static_range(KV_STAGES - 1):
         first = gl.to_tensor(i * BLOCK_N)
         issue_kv(k_smem.index(i), v_smem.index(i), k_base, v_base, first, hi - first,

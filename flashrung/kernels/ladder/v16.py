@@ -124,7 +124,8 @@ def ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
 def ring_prologue(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
                   stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k,
                   heads_q, group, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr):
+                  BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+                  TAIL_HEAVIEST_FIRST: gl.constexpr = False):
     """A tile's start on v14's ring with this rung's row sum — shared by the rungs built on v16
     (v17, v18), which differ from it in their trips only: the ring's first blocks, the flash state,
     S(0) and v15's loop split. Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base,
@@ -137,7 +138,7 @@ def ring_prologue(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, str
     q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = v14.ring_start(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY)
+        DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, TAIL_HEAVIEST_FIRST)
 
     m_i, l_row, acc, offs_m = flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     l_i = init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
@@ -179,11 +180,24 @@ def attention_fwd_v16(
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
 ):
+    attend_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+                qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM, False)
+
+
+@gluon.jit
+def attend_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+                qk_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+                TAIL_HEAVIEST_FIRST: gl.constexpr):
+    """This program's tile, whole: v16's start, its unmasked then masked trips, its end. Shared
+    with v19, which changes only which tile a program takes (``TAIL_HEAVIEST_FIRST``)."""
     (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, _,
      split, last_trip) = ring_prologue(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM)
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM, TAIL_HEAVIEST_FIRST)
     for start_n in range(0, split, BLOCK_N):
         s, m_i, l_i, acc = ahead_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks,
                                       stride_vs, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL,

@@ -239,7 +239,7 @@ def test_bench_gates_before_timing_and_times_no_kernel_that_failed(monkeypatch):
     # the check's text, in the same column order as the other rows; peers are timed as usual
     from flashrung.bench import ceilings
     events = []
-    monkeypatch.setattr(ceilings, "measure_all", lambda dtypes: {})
+    monkeypatch.setattr(ceilings, "measure_all", lambda dtypes, preheat_ms=0.0: {})
     monkeypatch.setattr(manifest, "start", lambda command=None: {})
     monkeypatch.setattr(manifest, "finish", lambda m: m)
     monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0: None)

@@ -333,3 +333,25 @@ def test_an_arm_that_failed_its_gate_is_judged_untimed(t_noise):
     assert link.margin is None and stats.kept_chain([link]) == []
     with pytest.raises(ValueError, match="no positive margin"):
         stats.kept_chain([dataclasses.replace(link, verdict=stats.KEEP, paired=True)])
+
+
+def test_ceilings_are_timed_after_their_own_preheat():
+    """A ceiling is read at the clock its own kernel sustains, as every row is: after the warm-up,
+    ``preheat_ms`` of its own untimed calls, then the timed ones (a virtual clock whose calls slow
+    down as the kernel heats: the median reads the settled cost, not the burst one)."""
+    from flashrung.bench import ceilings
+
+    clock = {"t": 0.0, "calls": 0}
+
+    def fn():      # 1.0 ms for the first 50 ms of calls, 1.25 ms after: a clock that settles
+        clock["t"] += 1.0e-3 if clock["t"] < 0.050 else 1.25e-3
+        clock["calls"] += 1
+
+    timer = timing.ClockTimer(now=lambda: clock["t"])
+    ms, preheat = ceilings.timed_median(fn, timer, preheat_ms=150.0)
+    assert preheat == 150                               # the warm-up estimate is 1.0 ms a call
+    assert clock["calls"] == ceilings.WARMUP_CALLS + preheat + ceilings.TIMED_CALLS
+    assert ms == pytest.approx(1.25)
+    clock.update(t=0.0, calls=0)
+    ms_burst, none = ceilings.timed_median(fn, timer, preheat_ms=0.0)
+    assert none == 0 and ms_burst == pytest.approx(1.0)     # unheated: the burst clock's reading

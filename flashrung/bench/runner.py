@@ -178,7 +178,8 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
     started = time.perf_counter()
     manifest = manifest_mod.start(command)
     timer = timing.CudaEventTimer()
-    ceilings = {k: c.to_json() for k, c in ceilings_mod.measure_all({r.dtype for r in rows}).items()}
+    ceilings = {k: c.to_json() for k, c in ceilings_mod.measure_all({r.dtype for r in rows},
+                                                                     protocol.block_preheat_ms).items()}
     # correct first: each flashrung kernel is gated (reduced size, once per problem family) before
     # any row times it; a kernel that fails is not timed on the rows its gate stands for
     gates = {}

@@ -44,10 +44,11 @@ class Ceiling:
 PREHEAT_MS = timing.BenchProtocol().block_preheat_ms
 
 
-def timed_median(fn, timer, preheat_ms: float = PREHEAT_MS) -> tuple[float, int]:
-    """``fn``'s median ms per call over ``TIMED_CALLS``, after ``WARMUP_CALLS`` and then at least
-    ``preheat_ms`` of its own untimed calls. Returns (median ms, preheat calls)."""
-    estimate = float(np.median(timing.measure(timer, fn, WARMUP_CALLS)[1:]))
+def timed_median(fn, timer, preheat_ms: float = PREHEAT_MS, *, warmup_calls: int = WARMUP_CALLS) -> tuple[float, int]:
+    """``fn``'s median ms per call over ``TIMED_CALLS``, after ``warmup_calls`` (the first not
+    counted in the estimate) and then at least ``preheat_ms`` of its own untimed calls.
+    Returns (median ms, preheat calls)."""
+    estimate = float(np.median(timing.measure(timer, fn, warmup_calls)[1:]))
     calls = timing.preheat_calls(estimate, preheat_ms)
     for _ in range(calls):
         fn()

@@ -159,18 +159,17 @@ def census_specs():
 # protocols' preheat (20, 150), and twice that
 SETTLING_PREHEATS_MS = (0.0, 20.0, 150.0, 300.0)
 SETTLING_REPEATS = 3
-SETTLING_TIMED_CALLS = 20
+SETTLING_ESTIMATE_CALLS = 3    # calls that size each preheat (the GEMM is already warm)
 
 
 def settling(dtypes=("bfloat16", "float16"), preheats_ms=SETTLING_PREHEATS_MS, repeats: int = SETTLING_REPEATS,
              *, size: int | None = None, out=print) -> list[dict]:
     """cuBLAS and the best tile of :data:`CEILING_TILES` (the last one, in every run so far) timed
-    ``SETTLING_TIMED_CALLS`` calls after each preheat, ``repeats`` times, each repeat after a light
+    as ``flashrung bench`` times its ceilings (``ceilings.timed_median``) after each preheat,
+    ``repeats`` times, each repeat after a light
     kernel (as a previous tile or an idle GPU leaves the clock): how far a ceiling timed without a
     preheat reads above the one the GPU sustains. Needs a GPU. One row per reading."""
-    import numpy as np
-
-    from flashrung.bench import timing
+    from flashrung.bench import ceilings, timing
     from flashrung.kernels.ladder import cli
 
     size = size or cli.GEMM_SIZE
@@ -189,10 +188,8 @@ def settling(dtypes=("bfloat16", "float16"), preheats_ms=SETTLING_PREHEATS_MS, r
                     for _ in range(200):
                         light.add_(1.0)
                     torch.cuda.synchronize()
-                    estimate = float(np.median(timing.measure(timer, fn, 3)))
-                    for _ in range(timing.preheat_calls(estimate, preheat)):
-                        fn()
-                    values.append(flops / float(np.median(timing.measure(timer, fn, SETTLING_TIMED_CALLS))) * 1e-9)
+                    ms, _ = ceilings.timed_median(fn, timer, preheat, warmup_calls=SETTLING_ESTIMATE_CALLS)
+                    values.append(flops / ms * 1e-9)
                 rows.append({"dtype": dtype, "gemm": name, "preheat_ms": preheat, "tflops": values})
                 out(f"{dtype:9} {name:22} preheat {preheat:5.0f} ms: "
                     + "  ".join(f"{v:6.1f}" for v in values) + " TFLOP/s")

@@ -531,20 +531,29 @@ def measure_ceilings(dtype: str, fns: dict, failed: list[dict], protocol: Ladder
     }
 
 
-def time_interleaved(fns: dict, protocol: LadderProtocol, timer) -> tuple[dict, dict, dict]:
-    """``fns`` warmed up, then timed round-robin with ``protocol.rates`` (blocks of about
-    ``block_ms``, each preceded by ``block_preheat_ms`` of its own untimed calls, so every
-    function is timed at the clock it sets itself, not at the one the previous block left).
-    Returns ({name: median ms per call}, {name: calls per block}, {name: preheat calls})."""
+def warm_up(fn, protocol: LadderProtocol, timer) -> timing.Warmup:
+    """``fn``'s warm-up under ``protocol.rates`` (its estimate sizes the blocks and the preheat)."""
+    return timing.warm_up(timer, fn, min_calls=max(2, protocol.rates.warmup_calls), min_ms=protocol.rates.warmup_ms)
+
+
+def interleave_warmed(fns: dict, warm: dict, protocol: LadderProtocol, timer) -> tuple[timing.Interleaved, dict, dict]:
+    """``fns`` (warmed up: ``warm`` holds their estimates) timed round-robin with ``protocol.rates``:
+    blocks of about ``block_ms``, each preceded by ``block_preheat_ms`` of its own untimed calls, so
+    every function is timed at the clock it sets itself, not at the one the previous block left.
+    Returns (the interleaved times, {name: calls per block}, {name: preheat calls})."""
     rates = protocol.rates
-    warm = {n: timing.warm_up(timer, fn, min_calls=max(2, rates.warmup_calls), min_ms=rates.warmup_ms)
-            for n, fn in fns.items()}
-    reps = {n: timing.reps_for(w.estimate_ms, target_ms=rates.block_ms, lo=rates.block_reps_min,
-                               hi=rates.block_reps_max) for n, w in warm.items()}
-    preheat = {n: timing.preheat_calls(w.estimate_ms, rates.block_preheat_ms) for n, w in warm.items()}
-    inter = timing.interleave(fns, reps, rates.rounds, timer, block_warmup=preheat)
-    medians = {n: stats.Distribution.of(inter.per_call(n)).median for n in fns}
-    return medians, reps, preheat
+    reps = {n: timing.reps_for(warm[n].estimate_ms, target_ms=rates.block_ms, lo=rates.block_reps_min,
+                               hi=rates.block_reps_max) for n in fns}
+    preheat = {n: timing.preheat_calls(warm[n].estimate_ms, rates.block_preheat_ms) for n in fns}
+    return timing.interleave(fns, reps, rates.rounds, timer, block_warmup=preheat), reps, preheat
+
+
+def time_interleaved(fns: dict, protocol: LadderProtocol, timer) -> tuple[dict, dict, dict]:
+    """``fns`` warmed up and timed as the rungs are (:func:`interleave_warmed`).
+    Returns ({name: median ms per call}, {name: calls per block}, {name: preheat calls})."""
+    warm = {n: warm_up(fn, protocol, timer) for n, fn in fns.items()}
+    inter, reps, preheat = interleave_warmed(fns, warm, protocol, timer)
+    return {n: stats.Distribution.of(inter.per_call(n)).median for n in fns}, reps, preheat
 
 
 def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str], ceilings: dict,
@@ -566,8 +575,7 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
         try:
             p = peers.prepare(impl_of(r.name), config, inputs)
             p.first_out = None
-            warm[r.name] = timing.warm_up(timer, p.fn, min_calls=max(2, protocol.rates.warmup_calls),
-                                          min_ms=protocol.rates.warmup_ms)
+            warm[r.name] = warm_up(p.fn, protocol, timer)
         except peers.Unsupported as exc:
             row["status"], row["reason"] = exc.status, exc.reason
             continue
@@ -579,12 +587,7 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
 
     progress.step(f"{name} timing {len(prepared)} rungs")
     if prepared:
-        reps = {n: timing.reps_for(warm[n].estimate_ms, target_ms=protocol.rates.block_ms,
-                                   lo=protocol.rates.block_reps_min, hi=protocol.rates.block_reps_max)
-                for n in prepared}
-        preheat = {n: timing.preheat_calls(warm[n].estimate_ms, protocol.rates.block_preheat_ms) for n in prepared}
-        inter = timing.interleave({n: p.fn for n, p in prepared.items()}, reps, protocol.rates.rounds, timer,
-                                  block_warmup=preheat)
+        inter, reps, preheat = interleave_warmed({n: p.fn for n, p in prepared.items()}, warm, protocol, timer)
         for n in prepared:
             dist = stats.Distribution.of(inter.per_call(n))
             rate(rows[n], dist.median, config, ceilings)

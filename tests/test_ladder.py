@@ -8,6 +8,7 @@ TRITON_INTERPRET=1, which the CPU suite sets), two compiles at a time.
 import dataclasses
 import functools
 import math
+import types
 
 import pytest
 import torch
@@ -65,8 +66,10 @@ SELECTORS = {
     "v18": ("v18", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v18_causal_apart": ("v18", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
     "v18_d64_causal": ("v18", SM90, {"head_dim": 64, "causal": True}),
-    "v19_causal": ("v19", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
-    "v19": ("v19", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v19_causal": ("v19", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "num_warps": 4}),
+    "v19": ("v19", SM90, {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4}),
+    "v19_wide_causal": ("v19", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "num_warps": 8}),
+    "v19_wide_d64_causal": ("v19", SM90, {"head_dim": 64, "causal": True, "num_warps": 8}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -79,7 +82,7 @@ SELECTORS = {
                                               "ladder.v16": {**D128_FULL, "kv_copy": "one_stride", "row_sum": "mma"},
                                               "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
-                                              "ladder.v19": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v19": {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4},
                                               "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
@@ -503,6 +506,34 @@ def test_v19_changes_which_tile_a_program_takes_and_nothing_else(rows):
     assert 0 < rows["v19_causal"]["sass"]["total"] - rows["v16_causal_deferred"]["sass"]["total"] <= 12
 
 
+def test_v19_wide_arm_halves_each_warps_copies_and_nothing_else(rows):
+    # one 128-row CTA of 8 warps: each warp's MMAs, fragment loads and exponentials per trip are
+    # the 4-warp CTA's (16 rows a warp either way); the block's copies are shared by twice the
+    # threads, so each issues half of them; the ring and Q's tile need 128 KiB at d128 (one CTA an SM)
+    for key in ("v19_wide_causal", "v19_wide_d64_causal"):
+        assert rows[key]["regs"] <= 255 and rows[key]["spill_bytes"] == 0, key
+    a, b = rows["v19_causal"]["loops"][0], rows["v19_wide_causal"]["loops"][0]
+    for fam in ("HMMA", "LDSM", "MUFU.EX2", "BAR"):
+        assert a[fam] == b[fam], fam
+    assert b["LDGSTS"] * 2 == a["LDGSTS"]
+    assert rows["v19_wide_causal"]["smem_bytes"] == v19.WIDE.smem_bytes(128) == 128 * 1024
+    assert common.resident_ctas_per_sm(rows["v19_wide_causal"]["regs"], 8, rows["v19_wide_causal"]["smem_bytes"],
+                                       (9, 0), 228 * 1024) == 1
+
+
+def test_v19_config_overrides():
+    h200 = types.SimpleNamespace(capability=(9, 0), head_dim=128)
+    assert v19.config_with(h200, {"num_warps": "8"}) == v19.WIDE
+    assert v19.WIDE.block_m == 128 and v19.WIDE.block_n == v19.CONFIG.block_n
+    assert v19.config_with(h200, {}) == v19.CONFIG
+    with pytest.raises(ValueError, match="ladder.v19@num_warps=6: expected one of 4, 8"):
+        v19.config_with(h200, {"num_warps": "6"})
+    with pytest.raises(ValueError, match="unknown ladder.v19 config key 'block_m'"):
+        v19.config_with(h200, {"block_m": "128"})
+    with pytest.raises(ValueError, match=r"ladder.v19@num_warps=8: needs 128 KiB of shared memory"):
+        v19.config_with(types.SimpleNamespace(capability=(12, 0), head_dim=128), {"num_warps": "8"})
+
+
 def test_v16_config_overrides():
     assert v16.config_with(None, {"row_sum": "mma"}).row_sum == "mma"
     with pytest.raises(ValueError, match="row_sum must be one of auto, mma, deferred, got 'rows'"):
@@ -791,6 +822,12 @@ def test_v19_passes_the_gate_in_its_order(shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", V19_ORDER_SHAPES, ids=_shape_id)
+def test_v19_wide_arm_passes_the_gate(shape):
+    _assert_gate(functools.partial(v19.forward, config=v19.WIDE), shape, "ladder.v19@num_warps=8")
+
+
+@pytest.mark.gpu
 def test_v19_matches_v16_bit_for_bit():
     """Each tile is v16's tile with v16's instructions; only which program computes it changes, so
     a bit that differs is a tile computed twice or not at all."""
@@ -813,6 +850,19 @@ def test_three_slot_ring_rungs_are_deterministic(rung):
         a = rung.forward(q, k, v, causal, 0.088)
         for _ in range(3):
             b = rung.forward(q, k, v, causal, 0.088)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+def test_v19_wide_arm_is_deterministic():
+    """Eight warps share each ring slot: a slot refilled before the slowest of them read it shows
+    as a result that moves between identical calls."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v19.forward(q, k, v, causal, 0.088, config=v19.WIDE)
+        for _ in range(3):
+            b = v19.forward(q, k, v, causal, 0.088, config=v19.WIDE)
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 

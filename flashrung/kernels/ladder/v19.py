@@ -16,8 +16,17 @@ either way). Only the tile decode changes (``common.program_tile``); the trips a
 Prediction (derived: list scheduling of config B's 8,192 tiles, cost = key blocks, on 264 slots):
 the launch's makespan over its ideal falls from 3.3% to 0.2%; v16's profile at B has the SMs idle
 2.3% of the elapsed cycles. So +1.5-3% at config B, nothing at config A (non-causal).
+
+Measured arm (``impl="ladder.v19@num_warps=8"``, :data:`WIDE`): one 8-warp CTA of 128 query rows
+per SM in place of two 4-warp CTAs of 64, each warp's work unchanged (16 rows, 255 registers, no
+spill). Each K/V block is then copied into shared memory once per 128 rows, not twice: the cp.async
+writes, a fifth of the shared-memory traffic of v16's trip beside its ldmatrix reads, and the L2
+reads are halved. Its costs: every trip's barrier spans eight warps instead of four, and a CTA's
+start and end leave the SM with no second CTA to cover them.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -30,6 +39,9 @@ LEVER = "the grid's last batch*head row dispatched heaviest first (causal): the 
 HEAD_DIMS = v14.HEAD_DIMS
 CONFIG = v14.CONFIG   # v16's tile and ring; the row sum deferred (v16's pick, every head dim and mask)
 ROW_SUM = v16.SUM_DEFERRED
+# the measured arm: one 8-warp, 128-row CTA per SM (16 rows per warp, as in CONFIG)
+WIDE = dataclasses.replace(CONFIG, block_m=128, num_warps=8)
+CTA_WARPS = (CONFIG.num_warps, WIDE.num_warps)
 
 
 @gluon.jit
@@ -53,6 +65,26 @@ def unsupported_reason(problem) -> str | None:
     return v14.unsupported_reason(problem)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CtaWarps:
+    num_warps: int = CONFIG.num_warps
+
+
+def config_with(problem, overrides: dict) -> v14.AheadConfig:
+    """:data:`CONFIG` with ``overrides`` applied: ``num_warps`` (4 or 8; the CTA's query rows
+    follow it, 16 per warp — ``{"num_warps": "8"}`` is :data:`WIDE`)."""
+    from flashrung.dispatch import apply_overrides
+
+    warps = apply_overrides(NAME, _CtaWarps(), overrides, keys=("num_warps",)).num_warps
+    if warps not in CTA_WARPS:
+        raise ValueError(f"{NAME}@num_warps={warps}: expected one of {', '.join(map(str, CTA_WARPS))}")
+    cfg = WIDE if warps == WIDE.num_warps else CONFIG
+    reason = common.shared_memory_reason(problem, cfg.smem_bytes(problem.head_dim))
+    if reason is not None:
+        raise ValueError(f"{NAME}@num_warps={warps}: {reason}")
+    return cfg
+
+
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
     return v14.launch_on_ring(attention_fwd_v19, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
                               constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal)},
@@ -60,9 +92,10 @@ def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, 
 
 
 def census_specs():
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(NAME, attention_fwd_v19, head_dim=d, causal=c, cfg=CONFIG,
+    cases = [(CONFIG, d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(CONFIG, 128, c, v14.copy_form(128, False)) for c in (False, True)]
+    cases += [(WIDE, d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v19, head_dim=d, causal=c, cfg=cfg,
                                extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
-            for d, c, form in cases]
+                               config_extra={"kv_stages": cfg.kv_stages, "kv_copy": v14.COPY_NAMES[form]})
+            for cfg, d, c, form in cases]

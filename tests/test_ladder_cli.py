@@ -360,6 +360,13 @@ def test_climb_plumbing_on_a_virtual_clock(fake_gpu, tmp_path, capsys):
         assert r["percent_of_gemm_ceiling"] == pytest.approx(100 * r["tflops"] / (GEMM_FLOPS / 1.0e-3 / 1e12))
         assert r["preheat_calls"] >= 1
         assert r["dispatch"] == {"fwd": {"kernel": f"flashrung:{rung}"}}
+        # round by round against the best tile's block of the same round: constant virtual costs
+        by_round = r["percent_of_mma_sync_ceiling_by_round"]
+        assert by_round["n"] == cli.QUICK_PROTOCOL.rates.rounds
+        for key in ("median", "p10", "p90"):
+            assert by_round[key] == pytest.approx(r["percent_of_mma_sync_ceiling"])
+    assert doc["ceilings"]["mma_sync:bfloat16"]["config"] == "B" and doc["ceilings"]["gemm:float16"]["config"] == "A"
+    assert "interleaved with config B's rungs" in doc["ceilings"]["mma_sync:bfloat16"]["detail"]
     # margins: the paired runner's ratio of the two virtual costs, AB/BA halves agreeing
     for (config, rung), r in rows.items():
         parent = ladder.rung(rung).parent
@@ -376,6 +383,35 @@ def test_climb_plumbing_on_a_virtual_clock(fake_gpu, tmp_path, capsys):
     assert {(r.dtype, r.causal) for _, r in fake_gpu} == {("float16", False), ("bfloat16", True)}
     assert "ladder.v2: gate FAIL" in out and doc["manifest"]["command"]
     assert len(doc["compare_commands"]) == 2 * len(ladder.RUNGS) - 3
+
+
+def test_ceilings_are_timed_in_the_rounds_of_each_configurations_rungs(fake_gpu, monkeypatch, capsys):
+    # one interleave per configuration, holding its rungs and its dtype's GEMMs: a ceiling timed
+    # in a phase of its own reads another clock than the rungs it divides
+    seen = []
+    real = cli.interleave_warmed
+
+    def spy(fns, warm, protocol, timer):
+        seen.append(list(fns))
+        return real(fns, warm, protocol, timer)
+    monkeypatch.setattr(cli, "interleave_warmed", spy)
+    args = parse("--quick", "--no-progress", "--only", "v3,v4", "--no-gate", "--json", "-")
+    assert args.func(args) == 0
+    gemms = [f"{cli.CEILING_PREFIX}{g}" for g in GEMM_COST_MS]
+    assert seen == [["ladder.v3", "ladder.v4", *gemms]] * 2
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc["ceilings"]) == ["gemm:bfloat16", "gemm:float16", "mma_sync:bfloat16", "mma_sync:float16"]
+
+
+def test_percent_by_round_pairs_each_round_with_the_ceilings_own():
+    row = cli.CONFIGS["B"]
+    flops, _ = row.flops("fa-half")
+    gemm_flops = 2 * cli.GEMM_SIZE ** 3
+    # the clock falls 10% in the third round: both blocks slow down, the share does not move
+    rung_ms, gemm_ms = [10.0, 10.0, 11.0, 10.0], [2.0, 2.0, 2.2, 2.0]
+    got = cli.percent_by_round(rung_ms, gemm_ms, row)
+    want = 100.0 * (flops / 10.0) / (gemm_flops / 2.0)
+    assert got == {"median": pytest.approx(want), "p10": pytest.approx(want), "p90": pytest.approx(want), "n": 4}
 
 
 def test_only_narrows_the_climb_and_names_the_missing_parent(fake_gpu, tmp_path, capsys):

@@ -403,6 +403,14 @@ def _aligned(header, lines, left) -> str:
                      + [fmt(r).rstrip() for r in rows[1:]])
 
 
+def _mma_sync_cell(row: dict) -> str:
+    """The share of the mma.sync ceiling, with its spread over the rounds when the ceiling was
+    timed in the rung's rounds (runs before that have none)."""
+    by_round = row.get("percent_of_mma_sync_ceiling_by_round")
+    cell = _pct(row["percent_of_mma_sync_ceiling"])
+    return f"{cell} [{by_round['p10']:.1f},{by_round['p90']:.1f}]" if by_round else cell
+
+
 def format_table(doc: dict) -> str:
     """The climb as a person reads it; pure (the JSON document in, text out)."""
     gpu = (doc.get("manifest") or {}).get("environment", {}).get("gpu") or "?"
@@ -417,8 +425,11 @@ def format_table(doc: dict) -> str:
         parts.append(f"{dtype} cuBLAS GEMM {g['value']:.1f}" if g else f"{dtype} cuBLAS GEMM not measured")
         parts.append(f"mma.sync GEMM {m['value']:.1f} (tile {m['tile']})" if m and m.get("value")
                      else "mma.sync GEMM not measured")
-    out.append("ceilings measured in this run, TFLOP/s at 8192³: " + ", ".join(parts))
-    header = ["config", "rung", "ms", "TFLOP/s", "%GEMM", "%mma.sync", "vs parent [p10,p90]", "gate", "lever"]
+    where = ("timed in the rounds of their configuration's rungs" if any("config" in c for c in ceil.values())
+             else "measured in this run")
+    out.append(f"ceilings {where}, TFLOP/s at 8192³: " + ", ".join(parts))
+    header = ["config", "rung", "ms", "TFLOP/s", "%GEMM", "%mma.sync [by round p10,p90]", "vs parent [p10,p90]",
+              "gate", "lever"]
     lines = []
     for r in doc["rows"]:
         short = r["rung"].split(".", 1)[1]
@@ -426,7 +437,7 @@ def format_table(doc: dict) -> str:
             lines.append([r["config"], short, r["status"], "-", "-", "-", "-", _gate_cell(r), r["lever"]])
             continue
         lines.append([r["config"], short, f"{r['ms']:.3f}", f"{r['tflops']:.1f}", _pct(r["percent_of_gemm_ceiling"]),
-                      _pct(r["percent_of_mma_sync_ceiling"]), _margin_cell(r), _gate_cell(r), r["lever"]])
+                      _mma_sync_cell(r), _margin_cell(r), _gate_cell(r), r["lever"]])
     out.append("")
     for name, plan in doc["configs"].items():
         out.append(f"config {name}: {plan['label']}")
@@ -475,6 +486,9 @@ class _Progress:
 CUBLAS = "cuBLAS"
 
 
+CEILING_PREFIX = "ceiling "   # the GEMMs' names in a configuration's rounds
+
+
 def gemm_fns(dtype: str, *, size: int = GEMM_SIZE, on_tile=lambda s: None) -> tuple[dict, list[dict]]:
     """The GEMMs the ceilings of ``dtype`` are taken from: cuBLAS (``torch.mm``) and every tile of
     ``ceiling.CEILING_TILES``, each tile checked against cuBLAS first. Returns ({label: fn} of the
@@ -506,19 +520,27 @@ def gemm_fns(dtype: str, *, size: int = GEMM_SIZE, on_tile=lambda s: None) -> tu
 
 def measure_ceilings(dtype: str, fns: dict, failed: list[dict], protocol: LadderProtocol, timer, *,
                      size: int = GEMM_SIZE) -> dict:
-    """The cuBLAS and mma.sync ceilings of ``dtype`` from ``fns`` (:func:`gemm_fns`), timed as the
-    rungs are (:func:`time_interleaved`: warmed up, round-robin, each block preheated): the cuBLAS
-    GEMM's median, and the best mma.sync tile's. A ceiling timed in a few dozen calls after a
-    lighter kernel reads the clock that kernel left, up to 19% high on the H200 for the first
-    ~100 ms; the same best tile read 367.6–432.9 TFLOP/s over four runs timed that way."""
+    """The cuBLAS and mma.sync ceilings of ``dtype`` from ``fns`` (:func:`gemm_fns`) timed on their
+    own, as the rungs are (:func:`time_interleaved`). The climb times them inside each
+    configuration's rounds instead (:func:`measure_config`)."""
     medians, reps, preheat = time_interleaved(fns, protocol, timer)
+    return ceilings_of(dtype, medians, reps, preheat, failed, protocol, size=size)
+
+
+def ceilings_of(dtype: str, medians: dict, reps: dict, preheat: dict, failed: list[dict], protocol: LadderProtocol,
+                *, size: int = GEMM_SIZE, how: str | None = None) -> dict:
+    """The ceiling records of ``dtype`` from the GEMMs' median ms per call (``medians``, keyed as
+    :func:`gemm_fns` names them): the cuBLAS GEMM's, and the best mma.sync tile's. A ceiling timed
+    in a few dozen calls after a lighter kernel reads the clock that kernel left, up to 19% high on
+    the H200 for the first ~100 ms; the same best tile read 367.6-432.9 TFLOP/s over four runs
+    timed that way — so every GEMM here was timed after ``block_preheat_ms`` of its own calls."""
     flops = 2 * size ** 3
     tiles = [{"tile": n, "status": "ok", "ms": ms, "value": flops / ms * 1e-9, "reps_per_block": reps[n],
               "preheat_calls": preheat[n]} for n, ms in medians.items() if n != CUBLAS] + list(failed)
     ok = [t for t in tiles if t["status"] == "ok"]
     best = max(ok, key=lambda t: t["value"]) if ok else None
-    how = (f"median per call over {protocol.rates.rounds} interleaved rounds, each block after "
-           f"{protocol.rates.block_preheat_ms:g} ms of its own calls")
+    how = how or (f"median per call over {protocol.rates.rounds} interleaved rounds, each block after "
+                  f"{protocol.rates.block_preheat_ms:g} ms of its own calls")
     cublas_ms = medians[CUBLAS]
     return {
         f"gemm:{dtype}": {"kind": "gemm", "dtype": dtype, "ms": cublas_ms, "value": flops / cublas_ms * 1e-9,
@@ -556,10 +578,16 @@ def time_interleaved(fns: dict, protocol: LadderProtocol, timer) -> tuple[dict, 
     return {n: stats.Distribution.of(inter.per_call(n)).median for n in fns}, reps, preheat
 
 
-def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str], ceilings: dict,
-                   protocol: LadderProtocol, timer, progress: _Progress, seed: int) -> list[dict]:
+def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str],
+                   protocol: LadderProtocol, timer, progress: _Progress, seed: int) -> tuple[list[dict], dict]:
     """Every rung at one configuration: prepared through the public entry point, timed
-    round-robin, then each paired against its parent."""
+    round-robin together with the ceiling GEMMs of the configuration's dtype, then each paired
+    against its parent. Returns (the rows, the ceilings).
+
+    The GEMMs run in the rungs' rounds because a ceiling timed in a phase of its own reads another
+    thermal and power state: on the H200 the bf16 mma.sync tile read 367.0-371.3 TFLOP/s timed
+    before one rung and 360.1 before all of them, while the rungs moved 0.4% (default protocol,
+    `9e96816`). In the same rounds, each round's ratio of a rung to the ceiling is a paired one."""
     import torch
     from flashrung.bench import peers
 
@@ -585,14 +613,32 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
         prepared[r.name] = p
         row.update(status="ok", dispatch=p.dispatch, first_call_s=p.first_call_s)
 
-    progress.step(f"{name} timing {len(prepared)} rungs")
-    if prepared:
-        inter, reps, preheat = interleave_warmed({n: p.fn for n, p in prepared.items()}, warm, protocol, timer)
-        for n in prepared:
-            dist = stats.Distribution.of(inter.per_call(n))
-            rate(rows[n], dist.median, config, ceilings)
-            rows[n].update(distribution=dist.to_json(), reps_per_block=reps[n], rounds=protocol.rates.rounds,
-                           warmup_calls=warm[n].calls, preheat_calls=preheat[n])
+    progress.step(f"{name} cuBLAS GEMM {config.dtype}")
+    gemms, failed = gemm_fns(config.dtype, on_tile=lambda s: progress.step(f"{name} {s}"))
+    gemm_key = {g: f"{CEILING_PREFIX}{g}" for g in gemms}   # a GEMM's name in the rounds, apart from any rung's
+    for g, fn in gemms.items():
+        warm[gemm_key[g]] = warm_up(fn, protocol, timer)
+
+    progress.step(f"{name} timing {len(prepared)} rungs and {len(gemms)} GEMMs")
+    fns = {**{n: p.fn for n, p in prepared.items()}, **{gemm_key[g]: fn for g, fn in gemms.items()}}
+    inter, reps, preheat = interleave_warmed(fns, warm, protocol, timer)
+    ceilings = ceilings_of(config.dtype, *({g: d[gemm_key[g]] for g in gemms} for d in (
+        {k: stats.Distribution.of(inter.per_call(k)).median for k in gemm_key.values()}, reps, preheat)),
+        failed, protocol, how=(f"median per call over {protocol.rates.rounds} rounds interleaved with config "
+                               f"{name}'s rungs, each block after {protocol.rates.block_preheat_ms:g} ms of its own calls"))
+    for c in ceilings.values():
+        c["config"] = name
+    best = ceilings[f"mma_sync:{config.dtype}"].get("tile")
+    for n in prepared:
+        dist = stats.Distribution.of(inter.per_call(n))
+        rate(rows[n], dist.median, config, ceilings)
+        rows[n].update(distribution=dist.to_json(), reps_per_block=reps[n], rounds=protocol.rates.rounds,
+                       warmup_calls=warm[n].calls, preheat_calls=preheat[n])
+        if best is not None:
+            rows[n]["percent_of_mma_sync_ceiling_by_round"] = percent_by_round(
+                inter.block_medians(n), inter.block_medians(gemm_key[best]), config)
+    del gemms, fns
+    torch.cuda.empty_cache()
 
     for r in rungs:
         row = rows[r.name]
@@ -607,7 +653,18 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
                          "wall_s": time.perf_counter() - t0, "run": run.to_json()}
     del prepared, inputs
     torch.cuda.empty_cache()
-    return [rows[r.name] for r in rungs]
+    return [rows[r.name] for r in rungs], ceilings
+
+
+def percent_by_round(rung_ms: list[float], gemm_ms: list[float], config: suites.Row, *,
+                     size: int = GEMM_SIZE) -> dict:
+    """A rung's share of the mma.sync ceiling round by round: each round's rung block against the
+    same round's block of the best tile — paired, so what moves both (the clock the GPU holds in
+    that round) cancels. Median and [p10, p90] over the rounds, in percent."""
+    flops, _ = config.flops(numerators.FA_HALF)
+    pct = [100.0 * (flops / r) / (2 * size ** 3 / g) for r, g in zip(rung_ms, gemm_ms)]
+    dist = stats.Distribution.of(pct)
+    return {"median": dist.median, "p10": dist.p10, "p90": dist.p90, "n": dist.n}
 
 
 def gate_config_row(config: suites.Row) -> suites.Row:
@@ -626,7 +683,6 @@ def cmd_climb(args, gpu: str) -> int:
     chosen = {r.name for r in rungs}
     names = selected_configs(args.config)
     configs = {n: CONFIGS[n] for n in names}
-    dtypes = list(dict.fromkeys(c.dtype for c in configs.values()))
     print(f"flashrung ladder on {gpu}: {', '.join(r.name for r in rungs)} at config "
           f"{' and '.join(names)}, {'quick' if args.quick else 'default'} protocol", file=sys.stderr)
     manifest = manifest_mod.start(list(sys.argv))
@@ -634,22 +690,16 @@ def cmd_climb(args, gpu: str) -> int:
 
     from flashrung.kernels.ladder.ceiling import CEILING_TILES
     n_rows = sum(1 for n in names for _ in rungs)
-    total = len(dtypes) * (1 + len(CEILING_TILES)) + n_rows + len(names) + n_rows + (0 if args.no_gate else n_rows)
+    total = len(names) * (1 + len(CEILING_TILES)) + n_rows + len(names) + n_rows + (0 if args.no_gate else n_rows)
     progress = _Progress(total, enabled=not args.no_progress)
     try:
-        ceilings = {}
-        for dtype in dtypes:
-            progress.step(f"cuBLAS GEMM {dtype}")
-            fns, failed = gemm_fns(dtype, on_tile=progress.step)
-            ceilings.update(measure_ceilings(dtype, fns, failed, protocol, timer))
-            del fns
-            torch.cuda.empty_cache()
-
-        rows = []
+        ceilings, rows = {}, []
         for n, config in configs.items():
-            config_rows = measure_config(n, config, rungs, chosen, ceilings, protocol, timer, progress, args.seed)
+            config_rows, config_ceilings = measure_config(n, config, rungs, chosen, protocol, timer, progress,
+                                                          args.seed)
             progress.bar.update(sum(1 for r in config_rows if r["margin_note"] is not None))
             rows += config_rows
+            ceilings.update(config_ceilings)
 
         if not args.no_gate:
             for row in rows:

@@ -18,7 +18,7 @@ from flashrung.bench import cli as bench_cli
 from flashrung.bench import stats, timing
 from flashrung.evidence import census
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import cli
+from flashrung.kernels.ladder import ceiling, cli
 
 HAS_GPU = torch.cuda.is_available()
 
@@ -487,10 +487,13 @@ def test_profile_runs_at_the_chosen_frozen_configuration_and_skips_v0_at_b(monke
     child = cmd[cmd.index(sys.executable):]
     assert child[child.index("--seqlen") + 1] == "32768" and "--causal" in child
     seen = []
+    # elapsed cycles per launch: the rung's FLOPs per cycle against the best tile's
+    cycles = {"ladder.v4": 2.0e7, cli.ceiling_target(0): 1.2e6, cli.ceiling_target(1): 1.0e6}
 
-    def fake_profile_one(ncu, rung, metrics, dropped, row):
-        seen.append((rung, row.seqlen_q))
-        return {"rung": rung, "status": "ok", "kernel": "k", "metrics": {}, "derived": cli.derived({})}
+    def fake_profile_one(ncu, rung, metrics, dropped, row, flops=None):
+        seen.append((rung, row.seqlen_q, flops))
+        values = {"sm__cycles_elapsed.avg": (cycles.get(rung, 1.5e6), "cycle")}
+        return {"rung": rung, "status": "ok", "kernel": "k", "metrics": values, "derived": cli.derived(values, flops)}
 
     monkeypatch.setattr(cli, "profile_one", fake_profile_one)
     monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/ncu")
@@ -501,9 +504,26 @@ def test_profile_runs_at_the_chosen_frozen_configuration_and_skips_v0_at_b(monke
     cli.register(parser.add_subparsers())
     args = parser.parse_args(["ladder", "--profile", "--config", "b", "--only", "v0,v4", "--no-progress"])
     assert cli.cmd_profile(args) == 0
-    assert seen == [("ladder.v4", 32768)]
+    gemm = 2.0 * cli.GEMM_SIZE ** 3
+    n_tiles = len(ceiling.CEILING_TILES)
+    assert seen == [("ladder.v4", 32768, row.flops("fa-half")[0])] + [
+        (cli.ceiling_target(i), 32768, gemm) for i in range(n_tiles)]
     out = capsys.readouterr().out
     assert "S32768" in out and "ladder.v0: CUDA-core FMA" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ladder.v4"))
+    want = 100.0 * (row.flops("fa-half")[0] / 2.0e7) / (gemm / 1.0e6)     # tile 1: the fewest cycles
+    assert f"{want:.1f}" in line.split()[-1]
+    assert f"mma.sync {ceiling.CEILING_TILES[1].label()}" in out
+
+
+def test_profile_target_takes_a_rung_or_a_ceiling_tile():
+    assert cli._profile_target("v4") == "ladder.v4"
+    assert cli._profile_target("mma_sync:0") == "mma_sync:0"
+    with pytest.raises(argparse.ArgumentTypeError, match="expected mma_sync:N with N below"):
+        cli._profile_target(f"mma_sync:{len(ceiling.CEILING_TILES)}")
+    cmd = cli.ncu_command("ncu", ["a.sum"], cli.ceiling_target(2))
+    assert cmd[cmd.index("--kernel-name") + 1] == cli.CEILING_KERNELS
+    assert cmd[cmd.index("--profile-target") + 1] == "mma_sync:2"
 
 
 def test_profile_drops_the_metrics_ncu_rejects_and_retries(monkeypatch):
@@ -560,3 +580,7 @@ def test_profile_on_the_gpu(tmp_path):
     rows = {r["rung"]: r for r in doc["rows"]}
     tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
     assert rows["ladder.v1"]["metrics"][tensor][0] > rows["ladder.v0"]["metrics"][tensor][0]
+    # the ceiling's tiles were profiled too, and v1 is read against the best of them per cycle
+    tiles = [r for r in doc["rows"] if r["kind"] == "ceiling"]
+    assert len(tiles) == len(ceiling.CEILING_TILES) and all(t["status"] == "ok" for t in tiles)
+    assert 0 < rows["ladder.v0"]["percent_of_mma_sync_per_cycle"] < rows["ladder.v1"]["percent_of_mma_sync_per_cycle"] < 100

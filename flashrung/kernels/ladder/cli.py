@@ -795,7 +795,25 @@ def profile_row(choice: str) -> tuple[suites.Row, str | None]:
     name = choice.upper()
     return CONFIGS[name], name
 PROFILE_KERNELS = "regex:attention_fwd_v"    # the rung kernels (attention_fwd_v0 ... _v7)
+CEILING_KERNELS = "regex:mma_v2_gemm_kernel"  # the mma.sync ceiling's GEMM
+CEILING_TARGET = "mma_sync:"                  # a profile target that is a ceiling tile: "mma_sync:<index>"
 PROFILE_TIMEOUT_S = 600
+
+
+def ceiling_target(index: int) -> str:
+    """The profile target of ``ceiling.CEILING_TILES[index]``."""
+    return f"{CEILING_TARGET}{index}"
+
+
+def _profile_target(text: str) -> str:
+    """A rung (``v3`` or ``ladder.v3``) or a ceiling tile (``mma_sync:0``): the profiled child's target."""
+    if text.startswith(CEILING_TARGET):
+        from flashrung.kernels.ladder.ceiling import CEILING_TILES
+        index = text[len(CEILING_TARGET):]
+        if not index.isdigit() or int(index) >= len(CEILING_TILES):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {CEILING_TARGET}N with N below {len(CEILING_TILES)}")
+        return text
+    return _only(text)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -831,10 +849,12 @@ PROFILE_METRICS = (
 
 
 def ncu_command(ncu: str, metrics, rung: str, row: suites.Row = PROFILE_ROW) -> list[str]:
-    """ncu profiling one warm launch of ``rung`` at ``row`` (the child runs it twice)."""
+    """ncu profiling one warm launch of ``rung`` at ``row`` (the child runs it twice); ``rung`` may
+    be a ceiling tile (:func:`ceiling_target`), run at 8192³ in ``row``'s dtype."""
+    kernels = CEILING_KERNELS if rung.startswith(CEILING_TARGET) else PROFILE_KERNELS
     return [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
             "--print-units", "base", "--kernel-name-base", "function",
-            "--kernel-name", PROFILE_KERNELS, "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
+            "--kernel-name", kernels, "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
             sys.executable, "-m", "flashrung.kernels.ladder.cli", "--profile-target", rung,
             "--batch", str(row.batch), "--heads", str(row.heads_q), "--seqlen", str(row.seqlen_q),
             "--headdim", str(row.headdim), "--dtype", row.dtype, "--causal" if row.causal else "--no-causal"]
@@ -876,9 +896,10 @@ def rejected_metrics(ncu_output: str, metrics) -> list[str]:
     return [m for m in metrics if m.split(".")[0] in named]
 
 
-def derived(values: dict) -> dict:
-    """Figures read from two metrics: wavefronts per ldmatrix (the seed's 32 -> 4) and the share of
-    elapsed cycles the SMs were busy."""
+def derived(values: dict, flops: float | None = None) -> dict:
+    """Figures read from two metrics: wavefronts per ldmatrix (the seed's 32 -> 4), the share of
+    elapsed cycles the SMs were busy, and (given the launch's ``flops``) FLOPs per elapsed SM clock
+    cycle — the rate with the clock divided out, which the clocks left unlocked do not move."""
     def v(name):
         x = values.get(name, (None, ""))[0]
         return x if isinstance(x, float) else None
@@ -886,7 +907,22 @@ def derived(values: dict) -> dict:
     ldsm = v("smsp__inst_executed_op_ldsm.sum")
     act, ela = v("sm__cycles_active.avg"), v("sm__cycles_elapsed.avg")
     return {"ldsm_wavefronts_per_instruction": wf / ldsm if wf is not None and ldsm else None,
-            "sm_active_pct": 100.0 * act / ela if act is not None and ela else None}
+            "sm_active_pct": 100.0 * act / ela if act is not None and ela else None,
+            "flop_per_cycle": flops / ela if flops is not None and ela else None}
+
+
+def percent_per_cycle(rows: list[dict]) -> dict | None:
+    """Each rung row's FLOPs per cycle as a share of the best ceiling tile's (in place, as
+    ``percent_of_mma_sync_per_cycle``): the %-of-ceiling at one clock, what locking the clock
+    gives, from counters. Returns the best ceiling row (None when no tile was profiled)."""
+    tiles = [r for r in rows if r.get("kind") == "ceiling" and r["status"] == "ok"
+             and r["derived"].get("flop_per_cycle")]
+    best = max(tiles, key=lambda r: r["derived"]["flop_per_cycle"]) if tiles else None
+    for r in rows:
+        fpc = r.get("derived", {}).get("flop_per_cycle") if r["status"] == "ok" else None
+        r["percent_of_mma_sync_per_cycle"] = (100.0 * fpc / best["derived"]["flop_per_cycle"]
+                                              if best is not None and fpc and r.get("kind") != "ceiling" else None)
+    return best
 
 
 def _duration_us(value, unit: str):
@@ -897,7 +933,7 @@ def _duration_us(value, unit: str):
 def format_profile(doc: dict) -> str:
     """The profile table; pure."""
     shown = [m for m in PROFILE_METRICS if m.name != "gpu__time_duration.sum"]
-    header = ["rung", "time us"] + [m.label for m in shown] + ["wf/ldsm", "SM act%"]
+    header = ["rung", "time us"] + [m.label for m in shown] + ["wf/ldsm", "SM act%", "FLOP/cyc", "%mma/cyc"]
     lines = []
     for r in doc["rows"]:
         if r["status"] != "ok":
@@ -910,8 +946,10 @@ def format_profile(doc: dict) -> str:
             x = vals.get(m.name, (None, ""))[0]
             cells.append("n/a" if m.name not in vals else f"{x:,.1f}" if isinstance(x, float) else str(x))
         d = r["derived"]
-        wf, act = d["ldsm_wavefronts_per_instruction"], d["sm_active_pct"]
-        cells += ["-" if wf is None else f"{wf:.2f}", "-" if act is None else f"{act:.1f}"]
+        wf, act, fpc = d["ldsm_wavefronts_per_instruction"], d["sm_active_pct"], d.get("flop_per_cycle")
+        pct = r.get("percent_of_mma_sync_per_cycle")
+        cells += ["-" if wf is None else f"{wf:.2f}", "-" if act is None else f"{act:.1f}",
+                  "-" if fpc is None else f"{fpc:,.0f}", "-" if pct is None else f"{pct:.1f}"]
         lines.append(cells)
     row = doc["shape"]
     out = [f"flashrung ladder --profile — evidence level: profile (ncu {doc.get('ncu_version') or '?'}, "
@@ -920,7 +958,10 @@ def format_profile(doc: dict) -> str:
            report._table(header, lines, left=1),
            "columns: " + "; ".join(f"{m.label} = {m.name} ({m.why})" for m in shown),
            "wf/ldsm = ldsm wavefronts / ldsm instructions (1 per 8x8 phase is conflict-free, 4 per x4); "
-           "SM act% = sm__cycles_active / sm__cycles_elapsed"]
+           "SM act% = sm__cycles_active / sm__cycles_elapsed; FLOP/cyc = the launch's FLOPs (attention: "
+           "4·B·H·S²·d, causal /2; GEMM: 2·8192³) / sm__cycles_elapsed.avg, the whole GPU's FLOPs per SM "
+           "clock cycle; %mma/cyc = a rung's FLOP/cyc / the best mma.sync tile's (the share of the "
+           "ceiling at one clock)"]
     if doc.get("dropped"):
         out.append("not collected (this ncu or GPU has no such metric): " + ", ".join(doc["dropped"]))
     for r in doc["rows"]:
@@ -929,8 +970,10 @@ def format_profile(doc: dict) -> str:
     return "\n".join(out)
 
 
-def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str], row: suites.Row = PROFILE_ROW) -> dict:
-    """One rung under ncu; metrics ncu rejects are dropped (into ``dropped``) and the run retried."""
+def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str], row: suites.Row = PROFILE_ROW, *,
+                flops: float | None = None) -> dict:
+    """One rung (or ceiling tile) under ncu; metrics ncu rejects are dropped (into ``dropped``) and
+    the run retried. ``flops``: the launch's FLOPs, for FLOPs per cycle."""
     from flashrung.bench import manifest as manifest_mod
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(manifest_mod.REPO_ROOT), env.get("PYTHONPATH")) if p)
@@ -946,7 +989,7 @@ def profile_one(ncu: str, rung: str, metrics: list[str], dropped: list[str], row
         if rows:
             values = {k: v for k, v in rows[0].items() if k in metrics}
             return {"rung": rung, "status": "ok", "kernel": rows[0].get("Kernel Name", ("?", ""))[0],
-                    "metrics": values, "derived": derived(values)}
+                    "metrics": values, "derived": derived(values, flops)}
         bad = rejected_metrics(output, metrics)
         if bad and len(bad) < len(metrics):
             dropped.extend(bad)
@@ -975,16 +1018,26 @@ def cmd_profile(args) -> int:
     manifest = manifest_mod.start(list(sys.argv))
     row, config = profile_row(args.config)
     rungs = selected_rungs(args.only)
+    from flashrung.kernels.ladder.ceiling import CEILING_TILES
     metrics, dropped, rows = [m.name for m in PROFILE_METRICS], [], []
-    for r in tqdm(rungs, desc="ncu", unit="rung", file=sys.stderr, disable=args.no_progress):
-        skip = SKIPS.get((r.name, config))
-        rows.append({"rung": r.name, "status": "skipped", "reason": skip} if skip
-                    else profile_one(ncu, r.name, metrics, dropped, row))
+    row_flops, _ = row.flops(numerators.FA_HALF)
+    targets = [(r.name, "rung", row_flops) for r in rungs]
+    targets += [(ceiling_target(i), "ceiling", 2.0 * GEMM_SIZE ** 3) for i in range(len(CEILING_TILES))]
+    for target, kind, flops in tqdm(targets, desc="ncu", unit="kernel", file=sys.stderr, disable=args.no_progress):
+        skip = SKIPS.get((target, config))
+        got = ({"rung": target, "status": "skipped", "reason": skip} if skip
+               else profile_one(ncu, target, metrics, dropped, row, flops=flops))
+        got["kind"] = kind
+        if kind == "ceiling":   # the table names the tile, the JSON keeps the target too
+            got.update(target=target, rung=f"mma.sync {CEILING_TILES[int(target[len(CEILING_TARGET):])].label()}")
+        rows.append(got)
+    percent_per_cycle(rows)
     manifest_mod.finish(manifest)
     doc = {"mode": "profile", "gpu": what, "shape": row.plan(), "config": config,
            "ncu_version": version[-1] if version else None,
            "ncu_command": " ".join(ncu_command("ncu", metrics, "<rung>", row)), "metrics": metrics, "dropped": dropped,
-           "evidence": "profile: ncu hardware counters, clocks not locked, one launch per rung",
+           "evidence": "profile: ncu hardware counters, clocks not locked, one launch per rung and per mma.sync "
+                       f"ceiling tile (8192³ GEMM in {row.dtype})",
            "rows": rows, "manifest": manifest}
     print(format_profile(doc), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
@@ -996,7 +1049,8 @@ def profile_target_main(argv: list[str] | None = None) -> int:
     """The profiled child: one rung, twice, at one shape, through the public entry point (ncu skips
     the first launch and measures the second)."""
     p = argparse.ArgumentParser(prog="python -m flashrung.kernels.ladder.cli")
-    p.add_argument("--profile-target", required=True, type=lambda s: _only(s)[0], metavar="RUNG")
+    p.add_argument("--profile-target", required=True, type=_profile_target, metavar="RUNG",
+                   help=f"a rung, or {CEILING_TARGET}N: the mma.sync ceiling's tile N at 8192³")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--seqlen", type=int, required=True)
@@ -1008,6 +1062,18 @@ def profile_target_main(argv: list[str] | None = None) -> int:
     import flashrung
     from flashrung.bench import peers
 
+    if args.profile_target.startswith(CEILING_TARGET):
+        from flashrung.bench.peers import torch_dtype
+        from flashrung.kernels.ladder.ceiling import CEILING_TILES, mma_v2_gemm
+        tile = CEILING_TILES[int(args.profile_target[len(CEILING_TARGET):])]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", generator=g).to(torch_dtype(args.dtype))
+                for _ in range(2))
+        for _ in range(2):
+            mma_v2_gemm(a, b, tile)
+        torch.cuda.synchronize()
+        print(f"ran the mma.sync GEMM {tile.label()} twice at {GEMM_SIZE}³ {args.dtype}", file=sys.stderr)
+        return 0
     row = suites.Row(batch=args.batch, seqlen_q=args.seqlen, seqlen_k=args.seqlen, heads_q=args.heads,
                      heads_kv=args.heads, headdim=args.headdim, dtype=args.dtype, causal=args.causal, mode="fwd")
     inputs = peers.make_inputs(row)

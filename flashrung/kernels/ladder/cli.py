@@ -428,6 +428,8 @@ def format_table(doc: dict) -> str:
     where = ("timed in the rounds of their configuration's rungs" if any("config" in c for c in ceil.values())
              else "measured in this run")
     out.append(f"ceilings {where}, TFLOP/s at 8192³: " + ", ".join(parts))
+    out.append("%GEMM, %mma.sync: each kernel timed at the clock it sustains, and at the power limit a GEMM "
+               "sustains a lower one than attention (H200: ~10%); the share at one clock is --profile's %mma/cyc")
     header = ["config", "rung", "ms", "TFLOP/s", "%GEMM", "%mma.sync [by round p10,p90]", "vs parent [p10,p90]",
               "gate", "lever"]
     lines = []

@@ -78,6 +78,9 @@ def results_table(doc: dict) -> str:
         if "copy" in ceil:
             parts.append(f"copy {ceil['copy']['value']:.0f} GB/s")
         head.append("ceilings measured in this run: " + ", ".join(parts))
+        head.append("%ceil: each kernel at the clock it sustains; at the power limit a GEMM may sustain another "
+                    "clock than attention (the ladder's mma.sync GEMM: ~10% lower on the H200), so %ceil is not a "
+                    "share at one clock")
     header = ["row"] + [_short(i) for i in impls] + ["best peer"]
     for o in ours:
         header += [f"{_short(o)}/best [p10,p90]", f"{_short(o)} %ceil"]

@@ -502,11 +502,12 @@ def test_profile_runs_at_the_chosen_frozen_configuration_and_skips_v0_at_b(monke
     monkeypatch.setattr(bench_cli, "gpu_available", lambda: (True, "test GPU"))
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
-    args = parser.parse_args(["ladder", "--profile", "--config", "b", "--only", "v0,v4", "--no-progress"])
+    args = parser.parse_args(["ladder", "--profile", "--config", "b", "--only", "v0,v4", "--no-progress",
+                              "--peer", "flash"])
     assert cli.cmd_profile(args) == 0
     gemm = 2.0 * cli.GEMM_SIZE ** 3
     n_tiles = len(ceiling.CEILING_TILES)
-    assert seen == [("ladder.v4", 32768, row.flops("fa-half")[0])] + [
+    assert seen == [("ladder.v4", 32768, row.flops("fa-half")[0]), ("peer:flash", 32768, row.flops("fa-half")[0])] + [
         (cli.ceiling_target(i), 32768, gemm) for i in range(n_tiles)]
     out = capsys.readouterr().out
     assert "S32768" in out and "ladder.v0: CUDA-core FMA" in out
@@ -514,6 +515,9 @@ def test_profile_runs_at_the_chosen_frozen_configuration_and_skips_v0_at_b(monke
     want = 100.0 * (row.flops("fa-half")[0] / 2.0e7) / (gemm / 1.0e6)     # tile 1: the fewest cycles
     assert f"{want:.1f}" in line.split()[-1]
     assert f"mma.sync {ceiling.CEILING_TILES[1].label()}" in out
+    # the peer is read per cycle against the same ceiling as the rungs
+    peer = next(ln for ln in out.splitlines() if ln.startswith("peer flash"))
+    assert f"{100.0 * (row.flops('fa-half')[0] / 1.5e6) / (gemm / 1.0e6):.1f}" in peer.split()[-1]
 
 
 def test_profile_target_takes_a_rung_or_a_ceiling_tile():
@@ -524,6 +528,11 @@ def test_profile_target_takes_a_rung_or_a_ceiling_tile():
     cmd = cli.ncu_command("ncu", ["a.sum"], cli.ceiling_target(2))
     assert cmd[cmd.index("--kernel-name") + 1] == cli.CEILING_KERNELS
     assert cmd[cmd.index("--profile-target") + 1] == "mma_sync:2"
+    assert cli._profile_target("peer:flash") == "peer:flash"
+    with pytest.raises(argparse.ArgumentTypeError, match="expected peer:NAME with NAME in flash"):
+        cli._profile_target("peer:cudnn")
+    cmd = cli.ncu_command("ncu", ["a.sum"], "peer:flash")
+    assert cmd[cmd.index("--kernel-name") + 1] == cli.PROFILE_PEERS["flash"] == "regex:flash_fwd"
 
 
 def test_profile_drops_the_metrics_ncu_rejects_and_retries(monkeypatch):
@@ -574,7 +583,7 @@ def test_climb_on_the_gpu(tmp_path):
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="needs ncu (Nsight Compute) on PATH")
 def test_profile_on_the_gpu(tmp_path):
     path = tmp_path / "profile.json"
-    proc = run_cli("--profile", "--only", "v0,v1", "--no-progress", "--json", str(path), timeout=600)
+    proc = run_cli("--profile", "--only", "v0,v1", "--peer", "flash", "--no-progress", "--json", str(path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(path.read_text())
     rows = {r["rung"]: r for r in doc["rows"]}
@@ -584,3 +593,7 @@ def test_profile_on_the_gpu(tmp_path):
     tiles = [r for r in doc["rows"] if r["kind"] == "ceiling"]
     assert len(tiles) == len(ceiling.CEILING_TILES) and all(t["status"] == "ok" for t in tiles)
     assert 0 < rows["ladder.v0"]["percent_of_mma_sync_per_cycle"] < rows["ladder.v1"]["percent_of_mma_sync_per_cycle"] < 100
+    # FA2 (SDPA's flash backend) on the same instructions, found by its kernel name and read the same way
+    fa2 = rows["peer flash"]
+    assert fa2["status"] == "ok" and fa2["kind"] == "peer", fa2
+    assert rows["ladder.v1"]["percent_of_mma_sync_per_cycle"] < fa2["percent_of_mma_sync_per_cycle"] < 100

@@ -170,6 +170,10 @@ def register(subparsers) -> None:
     p.add_argument("--no-gate", action="store_true", help="skip the correctness gate")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="input seed")
+    p.add_argument("--peer", action="append", choices=sorted(PROFILE_PEERS), default=[],
+                   help="with --profile: a peer profiled beside the rungs, read per cycle against the same "
+                        "ceiling (flash: torch SDPA's flash backend, FlashAttention-2 on the same mma.sync "
+                        "path); repeatable")
     p.set_defaults(func=cmd_ladder)
 
 
@@ -799,6 +803,10 @@ def profile_row(choice: str) -> tuple[suites.Row, str | None]:
 PROFILE_KERNELS = "regex:attention_fwd_v"    # the rung kernels (attention_fwd_v0 ... _v7)
 CEILING_KERNELS = "regex:mma_v2_gemm_kernel"  # the mma.sync ceiling's GEMM
 CEILING_TARGET = "mma_sync:"                  # a profile target that is a ceiling tile: "mma_sync:<index>"
+PEER_TARGET = "peer:"                         # a profile target that is a peer: "peer:flash"
+# peers --profile can read, and the kernels ncu is to profile for each: torch's FlashAttention-2
+# forward is flash_fwd_kernel (flash_fwd_splitkv_kernel when it splits the keys)
+PROFILE_PEERS = {"flash": "regex:flash_fwd"}
 PROFILE_TIMEOUT_S = 600
 
 
@@ -808,7 +816,13 @@ def ceiling_target(index: int) -> str:
 
 
 def _profile_target(text: str) -> str:
-    """A rung (``v3`` or ``ladder.v3``) or a ceiling tile (``mma_sync:0``): the profiled child's target."""
+    """A rung (``v3`` or ``ladder.v3``), a ceiling tile (``mma_sync:0``) or a peer (``peer:flash``):
+    the profiled child's target."""
+    if text.startswith(PEER_TARGET):
+        if text[len(PEER_TARGET):] not in PROFILE_PEERS:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {PEER_TARGET}NAME with NAME in "
+                                             f"{', '.join(sorted(PROFILE_PEERS))}")
+        return text
     if text.startswith(CEILING_TARGET):
         from flashrung.kernels.ladder.ceiling import CEILING_TILES
         index = text[len(CEILING_TARGET):]
@@ -853,7 +867,8 @@ PROFILE_METRICS = (
 def ncu_command(ncu: str, metrics, rung: str, row: suites.Row = PROFILE_ROW) -> list[str]:
     """ncu profiling one warm launch of ``rung`` at ``row`` (the child runs it twice); ``rung`` may
     be a ceiling tile (:func:`ceiling_target`), run at 8192³ in ``row``'s dtype."""
-    kernels = CEILING_KERNELS if rung.startswith(CEILING_TARGET) else PROFILE_KERNELS
+    kernels = (CEILING_KERNELS if rung.startswith(CEILING_TARGET)
+               else PROFILE_PEERS[rung[len(PEER_TARGET):]] if rung.startswith(PEER_TARGET) else PROFILE_KERNELS)
     return [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
             "--print-units", "base", "--kernel-name-base", "function",
             "--kernel-name", kernels, "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
@@ -1024,6 +1039,7 @@ def cmd_profile(args) -> int:
     metrics, dropped, rows = [m.name for m in PROFILE_METRICS], [], []
     row_flops, _ = row.flops(numerators.FA_HALF)
     targets = [(r.name, "rung", row_flops) for r in rungs]
+    targets += [(f"{PEER_TARGET}{name}", "peer", row_flops) for name in dict.fromkeys(getattr(args, "peer", []))]
     targets += [(ceiling_target(i), "ceiling", 2.0 * GEMM_SIZE ** 3) for i in range(len(CEILING_TILES))]
     for target, kind, flops in tqdm(targets, desc="ncu", unit="kernel", file=sys.stderr, disable=args.no_progress):
         skip = SKIPS.get((target, config))
@@ -1032,6 +1048,8 @@ def cmd_profile(args) -> int:
         got["kind"] = kind
         if kind == "ceiling":   # the table names the tile, the JSON keeps the target too
             got.update(target=target, rung=f"mma.sync {CEILING_TILES[int(target[len(CEILING_TARGET):])].label()}")
+        elif kind == "peer":
+            got.update(target=target, rung=f"peer {target[len(PEER_TARGET):]}")
         rows.append(got)
     percent_per_cycle(rows)
     manifest_mod.finish(manifest)
@@ -1048,11 +1066,12 @@ def cmd_profile(args) -> int:
 
 
 def profile_target_main(argv: list[str] | None = None) -> int:
-    """The profiled child: one rung, twice, at one shape, through the public entry point (ncu skips
-    the first launch and measures the second)."""
+    """The profiled child: one rung (through the public entry point), a peer at the same shape, or
+    a ceiling tile at 8192³, twice (ncu skips the first launch and measures the second)."""
     p = argparse.ArgumentParser(prog="python -m flashrung.kernels.ladder.cli")
     p.add_argument("--profile-target", required=True, type=_profile_target, metavar="RUNG",
-                   help=f"a rung, or {CEILING_TARGET}N: the mma.sync ceiling's tile N at 8192³")
+                   help=f"a rung, {CEILING_TARGET}N (the mma.sync ceiling's tile N at 8192³) or "
+                        f"{PEER_TARGET}NAME (a peer at this shape)")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--seqlen", type=int, required=True)
@@ -1064,20 +1083,27 @@ def profile_target_main(argv: list[str] | None = None) -> int:
     import flashrung
     from flashrung.bench import peers
 
+    row = suites.Row(batch=args.batch, seqlen_q=args.seqlen, seqlen_k=args.seqlen, heads_q=args.heads,
+                     heads_kv=args.heads, headdim=args.headdim, dtype=args.dtype, causal=args.causal, mode="fwd")
+    if args.profile_target.startswith(PEER_TARGET):
+        name = args.profile_target[len(PEER_TARGET):]
+        prepared = peers.prepare(name, row, peers.make_inputs(row))
+        for _ in range(2):
+            prepared.fn()
+        torch.cuda.synchronize()
+        print(f"ran the peer {name} twice at {row.label()}", file=sys.stderr)
+        return 0
     if args.profile_target.startswith(CEILING_TARGET):
-        from flashrung.bench.peers import torch_dtype
         from flashrung.kernels.ladder.ceiling import CEILING_TILES, mma_v2_gemm
         tile = CEILING_TILES[int(args.profile_target[len(CEILING_TARGET):])]
         g = torch.Generator(device="cuda").manual_seed(0)
-        a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", generator=g).to(torch_dtype(args.dtype))
+        a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", generator=g).to(peers.torch_dtype(args.dtype))
                 for _ in range(2))
         for _ in range(2):
             mma_v2_gemm(a, b, tile)
         torch.cuda.synchronize()
         print(f"ran the mma.sync GEMM {tile.label()} twice at {GEMM_SIZE}³ {args.dtype}", file=sys.stderr)
         return 0
-    row = suites.Row(batch=args.batch, seqlen_q=args.seqlen, seqlen_k=args.seqlen, heads_q=args.heads,
-                     heads_kv=args.heads, headdim=args.headdim, dtype=args.dtype, causal=args.causal, mode="fwd")
     inputs = peers.make_inputs(row)
     for _ in range(2):
         flashrung.attention(inputs.q, inputs.k, inputs.v, causal=row.causal, softmax_scale=inputs.scale,

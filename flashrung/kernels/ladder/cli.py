@@ -628,10 +628,12 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
     progress.step(f"{name} timing {len(prepared)} rungs and {len(gemms)} GEMMs")
     fns = {**{n: p.fn for n, p in prepared.items()}, **{gemm_key[g]: fn for g, fn in gemms.items()}}
     inter, reps, preheat = interleave_warmed(fns, warm, protocol, timer)
-    ceilings = ceilings_of(config.dtype, *({g: d[gemm_key[g]] for g in gemms} for d in (
-        {k: stats.Distribution.of(inter.per_call(k)).median for k in gemm_key.values()}, reps, preheat)),
-        failed, protocol, how=(f"median per call over {protocol.rates.rounds} rounds interleaved with config "
-                               f"{name}'s rungs, each block after {protocol.rates.block_preheat_ms:g} ms of its own calls"))
+    gemm_medians = {g: stats.Distribution.of(inter.per_call(gemm_key[g])).median for g in gemms}
+    ceilings = ceilings_of(config.dtype, gemm_medians, {g: reps[gemm_key[g]] for g in gemms},
+                           {g: preheat[gemm_key[g]] for g in gemms}, failed, protocol,
+                           how=(f"median per call over {protocol.rates.rounds} rounds interleaved with config "
+                                f"{name}'s rungs, each block after {protocol.rates.block_preheat_ms:g} ms of its "
+                                "own calls"))
     for c in ceilings.values():
         c["config"] = name
     best = ceilings[f"mma_sync:{config.dtype}"].get("tile")
@@ -665,8 +667,10 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
 def percent_by_round(rung_ms: list[float], gemm_ms: list[float], config: suites.Row, *,
                      size: int = GEMM_SIZE) -> dict:
     """A rung's share of the mma.sync ceiling round by round: each round's rung block against the
-    same round's block of the best tile — paired, so what moves both (the clock the GPU holds in
-    that round) cancels. Median and [p10, p90] over the rounds, in percent."""
+    same round's block of the best tile — paired, so what moves both from round to round (the
+    GPU's power and thermal state) cancels; the clock each kernel sustains does not (a GEMM's is
+    lower at the power limit: the share at one clock is ``--profile``'s). Median and [p10, p90]
+    over the rounds, in percent."""
     flops, _ = config.flops(numerators.FA_HALF)
     pct = [100.0 * (flops / r) / (2 * size ** 3 / g) for r, g in zip(rung_ms, gemm_ms)]
     dist = stats.Distribution.of(pct)

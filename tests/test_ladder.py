@@ -839,31 +839,24 @@ def test_v19_matches_v16_bit_for_bit():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("rung", [v14, v15, v16, v17, v18, v19], ids=lambda m: m.NAME)
-def test_three_slot_ring_rungs_are_deterministic(rung):
-    """The ring's slots are reused every three blocks: a slot read before its copy landed, or
-    overwritten while read, shows as a result that moves between identical calls."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    for causal in (False, True):
-        a = rung.forward(q, k, v, causal, 0.088)
-        for _ in range(3):
-            b = rung.forward(q, k, v, causal, 0.088)
-            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+# every rung on the three-slot ring, and v19's 8-warp arm (eight warps share each slot)
+THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19)]
+THREE_SLOT_FORWARDS += [("ladder.v19@num_warps=8", functools.partial(v19.forward, config=v19.WIDE))]
 
 
 @pytest.mark.gpu
-def test_v19_wide_arm_is_deterministic():
-    """Eight warps share each ring slot: a slot refilled before the slowest of them read it shows
-    as a result that moves between identical calls."""
+@pytest.mark.parametrize("name,forward", THREE_SLOT_FORWARDS, ids=[n for n, _ in THREE_SLOT_FORWARDS])
+def test_three_slot_ring_rungs_are_deterministic(name, forward):
+    """The ring's slots are reused every three blocks: a slot read before its copy landed (by the
+    slowest warp that reads it), or overwritten while read, shows as a result that moves between
+    identical calls."""
     g = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     for causal in (False, True):
-        a = v19.forward(q, k, v, causal, 0.088, config=v19.WIDE)
+        a = forward(q, k, v, causal, 0.088)
         for _ in range(3):
-            b = v19.forward(q, k, v, causal, 0.088, config=v19.WIDE)
-            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            b = forward(q, k, v, causal, 0.088)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), name
 
 
 @pytest.mark.gpu

@@ -316,12 +316,19 @@ def virtual_gemms(clock, costs, calls=None):
     return {name: make(name, cost) for name, cost in costs.items()}
 
 
-def test_ceilings_are_timed_interleaved_and_preheated_as_the_rungs_are():
+def test_ceilings_are_timed_interleaved_and_preheated_as_the_rungs_are(monkeypatch):
+    from flashrung.bench import peers
+
     clock, calls = VirtualClock(), {}
     fns = virtual_gemms(clock, GEMM_COST_MS, calls)
     failed = [{"tile": "tile c", "status": "error", "reason": "RuntimeError: GEMM result wrong"}]
+    monkeypatch.setattr(cli, "gemm_fns", lambda dtype, on_tile: (fns, list(failed)))
+    monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0, device="cuda": None)
     protocol = cli.QUICK_PROTOCOL
-    got = cli.measure_ceilings("bfloat16", fns, failed, protocol, timing.ClockTimer(now=clock.now))
+    progress = cli._Progress(0, enabled=False)
+    rows, got = cli.measure_config("B", cli.CONFIGS["B"], [], set(), protocol, timing.ClockTimer(now=clock.now),
+                                   progress, seed=0)
+    assert rows == []
     cublas, mma = got["gemm:bfloat16"], got["mma_sync:bfloat16"]
     assert cublas["value"] == pytest.approx(GEMM_FLOPS / 1.0e-3 / 1e12)
     assert mma["tile"] == "tile b" and mma["value"] == pytest.approx(GEMM_FLOPS / 2.5e-3 / 1e12)

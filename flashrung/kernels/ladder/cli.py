@@ -524,29 +524,19 @@ def gemm_fns(dtype: str, *, size: int = GEMM_SIZE, on_tile=lambda s: None) -> tu
     return fns, failed
 
 
-def measure_ceilings(dtype: str, fns: dict, failed: list[dict], protocol: LadderProtocol, timer, *,
-                     size: int = GEMM_SIZE) -> dict:
-    """The cuBLAS and mma.sync ceilings of ``dtype`` from ``fns`` (:func:`gemm_fns`) timed on their
-    own, as the rungs are (:func:`time_interleaved`). The climb times them inside each
-    configuration's rounds instead (:func:`measure_config`)."""
-    medians, reps, preheat = time_interleaved(fns, protocol, timer)
-    return ceilings_of(dtype, medians, reps, preheat, failed, protocol, size=size)
-
-
-def ceilings_of(dtype: str, medians: dict, reps: dict, preheat: dict, failed: list[dict], protocol: LadderProtocol,
-                *, size: int = GEMM_SIZE, how: str | None = None) -> dict:
+def ceilings_of(dtype: str, medians: dict, reps: dict, preheat: dict, failed: list[dict], *, how: str,
+                size: int = GEMM_SIZE) -> dict:
     """The ceiling records of ``dtype`` from the GEMMs' median ms per call (``medians``, keyed as
-    :func:`gemm_fns` names them): the cuBLAS GEMM's, and the best mma.sync tile's. A ceiling timed
-    in a few dozen calls after a lighter kernel reads the clock that kernel left, up to 19% high on
-    the H200 for the first ~100 ms; the same best tile read 367.6-432.9 TFLOP/s over four runs
-    timed that way — so every GEMM here was timed after ``block_preheat_ms`` of its own calls."""
+    :func:`gemm_fns` names them; ``how``: how they were timed): the cuBLAS GEMM's, and the best
+    mma.sync tile's. A ceiling timed in a few dozen calls after a lighter kernel reads the clock
+    that kernel left, up to 19% high on the H200 for the first ~100 ms; the same best tile read
+    367.6-432.9 TFLOP/s over four runs timed that way — so the climb times every GEMM after
+    ``block_preheat_ms`` of its own calls."""
     flops = 2 * size ** 3
     tiles = [{"tile": n, "status": "ok", "ms": ms, "value": flops / ms * 1e-9, "reps_per_block": reps[n],
               "preheat_calls": preheat[n]} for n, ms in medians.items() if n != CUBLAS] + list(failed)
     ok = [t for t in tiles if t["status"] == "ok"]
     best = max(ok, key=lambda t: t["value"]) if ok else None
-    how = how or (f"median per call over {protocol.rates.rounds} interleaved rounds, each block after "
-                  f"{protocol.rates.block_preheat_ms:g} ms of its own calls")
     cublas_ms = medians[CUBLAS]
     return {
         f"gemm:{dtype}": {"kind": "gemm", "dtype": dtype, "ms": cublas_ms, "value": flops / cublas_ms * 1e-9,
@@ -574,14 +564,6 @@ def interleave_warmed(fns: dict, warm: dict, protocol: LadderProtocol, timer) ->
                                hi=rates.block_reps_max) for n in fns}
     preheat = {n: timing.preheat_calls(warm[n].estimate_ms, rates.block_preheat_ms) for n in fns}
     return timing.interleave(fns, reps, rates.rounds, timer, block_warmup=preheat), reps, preheat
-
-
-def time_interleaved(fns: dict, protocol: LadderProtocol, timer) -> tuple[dict, dict, dict]:
-    """``fns`` warmed up and timed as the rungs are (:func:`interleave_warmed`).
-    Returns ({name: median ms per call}, {name: calls per block}, {name: preheat calls})."""
-    warm = {n: warm_up(fn, protocol, timer) for n, fn in fns.items()}
-    inter, reps, preheat = interleave_warmed(fns, warm, protocol, timer)
-    return {n: stats.Distribution.of(inter.per_call(n)).median for n in fns}, reps, preheat
 
 
 def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str],
@@ -630,7 +612,7 @@ def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chos
     inter, reps, preheat = interleave_warmed(fns, warm, protocol, timer)
     gemm_medians = {g: stats.Distribution.of(inter.per_call(gemm_key[g])).median for g in gemms}
     ceilings = ceilings_of(config.dtype, gemm_medians, {g: reps[gemm_key[g]] for g in gemms},
-                           {g: preheat[gemm_key[g]] for g in gemms}, failed, protocol,
+                           {g: preheat[gemm_key[g]] for g in gemms}, failed,
                            how=(f"median per call over {protocol.rates.rounds} rounds interleaved with config "
                                 f"{name}'s rungs, each block after {protocol.rates.block_preheat_ms:g} ms of its "
                                 "own calls"))
@@ -1043,7 +1025,7 @@ def cmd_profile(args) -> int:
     metrics, dropped, rows = [m.name for m in PROFILE_METRICS], [], []
     row_flops, _ = row.flops(numerators.FA_HALF)
     targets = [(r.name, "rung", row_flops) for r in rungs]
-    targets += [(f"{PEER_TARGET}{name}", "peer", row_flops) for name in dict.fromkeys(getattr(args, "peer", []))]
+    targets += [(f"{PEER_TARGET}{name}", "peer", row_flops) for name in dict.fromkeys(args.peer)]
     targets += [(ceiling_target(i), "ceiling", 2.0 * GEMM_SIZE ** 3) for i in range(len(CEILING_TILES))]
     for target, kind, flops in tqdm(targets, desc="ncu", unit="kernel", file=sys.stderr, disable=args.no_progress):
         skip = SKIPS.get((target, config))

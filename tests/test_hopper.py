@@ -77,7 +77,7 @@ def kv_loops(sass):
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
-                 forward_skip=loop["forward_skip"])
+                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def named_barriers(sass):
@@ -144,6 +144,13 @@ CENSUS_CONFIGS += [(f"{name}-carry-ring-slot", d, c, {"carry_ring_slot": True})
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
+# the running sum on the tensor pipe (row_sum_by_mma) on d64's two long kernels and on d128's
+# non-causal one without the split tail (S8k), beside that kernel as the default builds it
+ROW_SUM_BY_MMA = {"row_sum_by_mma": True, "defer_row_sum": False}
+CENSUS_CONFIGS += [(f"d64-{mask}-row-sum-by-mma", 64, mask == "causal", ROW_SUM_BY_MMA) for mask in ("full", "causal")]
+_D128_WHOLE_TILES = {"split_tail": False, "_key_tail": False}
+CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
+CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 # the short-causal d64 tile exactly as select_config builds it on top of the causal default
 _FAST_DIVIDE = {"fast_divide_producer": True, "fast_divide_consumers": True}
@@ -572,6 +579,24 @@ def test_carry_ring_slot_shortens_every_steady_step_without_local_memory(census)
         for loop, b in _steady_step_pairs(census, carried, name):
             assert loop["length"] <= b["length"] - 3, (carried, loop, b)
             assert loop["bar"] == b["bar"] and loop["mufu"] == b["mufu"], (carried, loop, b)
+
+
+@pytest.mark.parametrize("name, base, shorter", [("d64-full-row-sum-by-mma", "d64-full", 40),
+                                                  ("d64-causal-row-sum-by-mma", "d64-causal", 35),
+                                                  ("d128-full-whole-tiles-row-sum-by-mma", "d128-full-whole-tiles", 12)])
+def test_row_sum_by_mma_moves_the_row_sum_onto_the_tensor_pipe(census, name, base, shorter):
+    # P times a tile of ones beside PV: each steady step issues 8 more wgmma instructions (m64n8k16
+    # over the tile's keys), the row sum's 64 FADDs per thread leave (a few remain: the softmax's
+    # own), and the step is shorter by most of what they were (census, sm_90a, unmasked / masked
+    # step: d64 non-causal 428 -> 369 / 625 -> 580, causal 419 -> 368 / 558 -> 521, d128
+    # non-causal without the split tail 490 -> 472 / 687 -> 658: its deferred sum had taken the
+    # quad's shuffles already); no local memory
+    _assert_no_local_memory(census[name]["row"], name)
+    for loop, b in _steady_step_pairs(census, name, base):
+        assert loop["hgmma"] == b["hgmma"] + 8, (name, loop, b)
+        assert loop["fadd"] <= 4 < 60 <= b["fadd"], (name, loop, b)
+        assert loop["length"] <= b["length"] - shorter, (name, loop, b)
+        assert loop["mufu"] == b["mufu"] and loop["bar"] == b["bar"], (name, loop, b)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1363,6 +1388,19 @@ def test_gate_late_k_release(head_dim, shape, causal):
     _gate_forced(head_dim, shape, causal, late_k_release=True, num_kv_stages=1, lag_v_loads=True)
 
 
+# the running sum on the tensor pipe: every head dim and mask, at partial tiles, GQA, S=17 (an
+# empty consumer warpgroup, a single K/V tile) and on the split tail
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_row_sum_by_mma(head_dim, shape, causal):
+    _gate_forced(head_dim, shape, causal, **ROW_SUM_BY_MMA)
+    if not causal and head_dim != 256:
+        _gate_forced(head_dim, shape, False, **ROW_SUM_BY_MMA, **SPLIT_GRID)
+
+
 # every consumer thread releases its K/V slots: every head dim and mask, at shapes with partial
 # last tiles and empty consumer warpgroups (S=17), with K released late and a one-slot ring (each
 # release then gates the very next load), and on the split tail
@@ -1840,6 +1878,15 @@ def _switches():
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
         dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(extra_keys=64, separate_o=False, row_bound_mask=not base.row_bound_mask),
+        # the running sum on the tensor pipe: FA4's order (the default's), FA3's (its gated wait
+        # ties another register value), the serial step, the per-warp rescale (l's alpha applied
+        # always), the late rescale and the halves of a masked tile
+        dict(ROW_SUM_BY_MMA),
+        dict(ROW_SUM_BY_MMA, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(ROW_SUM_BY_MMA, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(ROW_SUM_BY_MMA, rescale_threshold=8.0, rescale_by_warp=True),
+        dict(ROW_SUM_BY_MMA, late_rescale=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        dict(ROW_SUM_BY_MMA, skip_unseen_half=True, mask_second_half=True),
     ]
 
 

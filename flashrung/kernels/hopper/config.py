@@ -18,6 +18,7 @@ MIN_REGS_PER_THREAD, MAX_REGS_PER_THREAD = 24, 256   # setmaxnreg range, multipl
 THREADS_PER_WARPGROUP = 128
 ROWS_PER_CONSUMER_WARPGROUP = 64           # one wgmma M atom (m64) per consumer warpgroup
 BARRIER_BYTES = 8
+ROW_SUM_COLS = 8                           # wgmma's narrowest N: the row-sum accumulator's columns
 # The compiler reserves a little shared memory next to our buffers (barriers, alignment);
 # keep this margin so the host check errs on the safe side of the 227 KiB ceiling.
 SMEM_MARGIN_BYTES = 1024
@@ -262,6 +263,14 @@ class HopperFwdConfig:
     # on code fetched once per tile after the K/V loops). Default where it measured faster
     # (SINGLE_KV_LOOP_MAX_SEQLEN: d64 causal up to S2048, +1.8-3.0% paired at S1k)
     single_kv_loop: bool = False
+    # the running row sum l on the tensor pipe: beside each PV a second wgmma multiplies the same
+    # 16-bit P by a [BLOCK_N, 8] tile of ones in shared memory into a [64, 8] fp32 accumulator
+    # (every column the row's sum), rescaled with O by alpha. It takes the row sum's 64 FADDs per
+    # thread and K/V tile (and the quad's SHFL/FADD reduction) off the FMA pipe and the issue
+    # slots for 8 m64n8k16 wgmmas (1/8 of PV's tensor work at d64, 1/16 at d128) and 4 FMULs.
+    # l then sums the rounded P that multiplies V (the normalization matches the weights used).
+    # Needs one box of keys (extra_keys=0) and is the deferred sum's alternative, not its partner
+    row_sum_by_mma: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -279,10 +288,12 @@ class HopperFwdConfig:
         q = self.num_q_stages * q_tile
         o = q_tile if self.separate_o else 0
         kv = 2 * self.num_kv_stages * self.kv_tile * head_dim * elem_bytes
+        # row_sum_by_mma: each consumer's [8, block_n] tile of ones
+        ones = self.num_consumers * ROW_SUM_COLS * self.block_n * elem_bytes if self.row_sum_by_mma else 0
         # q ready/empty per consumer and Q stage, k/v ready/empty per stage, one turn barrier per
         # consumer
         bars = ((2 * self.num_q_stages + 1) * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
-        return q + o + kv + bars
+        return q + o + kv + ones + bars
 
     @property
     def register_words(self) -> int:
@@ -357,6 +368,10 @@ class HopperFwdConfig:
             raise ValueError(f"exp2_fma_every must be one of {EXP2_FMA_CHOICES} (0 = off), got {self.exp2_fma_every}")
         if self.exp2_fma_every and not self.overlap:
             raise ValueError("exp2_fma_every is a lever of the overlapped schedule: it needs overlap=True")
+        if self.row_sum_by_mma and (self.extra_keys or self.defer_row_sum):
+            raise ValueError("row_sum_by_mma sums P on the tensor pipe for one box of keys: it needs extra_keys=0 and "
+                             f"defer_row_sum=False, got extra_keys={self.extra_keys}, "
+                             f"defer_row_sum={self.defer_row_sum}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

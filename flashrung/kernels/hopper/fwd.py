@@ -102,6 +102,7 @@ from triton.language.core import _aggregate as aggregate
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     ROWS_PER_CONSUMER_WARPGROUP,
+    ROW_SUM_COLS,
     SUPPORTED_HEAD_DIMS,
     HopperFwdConfig,
     select_config,
@@ -152,6 +153,9 @@ TMA_ALIGN_BYTES = 16      # TMA: base address and every non-unit stride a multip
 _ROWS = gl.constexpr(ROWS_PER_CONSUMER_WARPGROUP)
 _CONSUMER_WARPS = gl.constexpr(CONSUMER_WARPS)
 _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
+# columns of the running-sum accumulator with ``ROW_SUM_BY_MMA`` (every column holds the same sum:
+# P times a tile of ones)
+_SUM_COLS = gl.constexpr(ROW_SUM_COLS)
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _SIG_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -177,10 +181,12 @@ class _Shared:
     turn_bars: gl.shared_memory_descriptor     # per consumer: the pingpong GEMM-issue token
     k2_bufs: gl.shared_memory_descriptor       # [stages, 1, EXTRA_KEYS, 1, D]: the second box (k_bufs if none)
     v2_bufs: gl.shared_memory_descriptor
+    ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
 
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
-                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs):
+                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs):
+        self.ones_bufs = ones_bufs
         self.k2_bufs = k2_bufs
         self.v2_bufs = v2_bufs
         self.q_bufs = q_bufs
@@ -293,6 +299,8 @@ class _Schedule:
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
+    ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
+    PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -439,13 +447,20 @@ def _qk(q, sh, idx, c):
 
 
 @gluon.jit
-def _pv(p_op, acc, sh, idx, c):
-    """Issue O += P V for ring slot ``idx`` (async; P from registers, one group per part)."""
+def _pv(p_op, acc, l_i, sh, idx, WG: gl.constexpr, c):
+    """Issue O += P V for ring slot ``idx`` (async; P from registers, one group per part) and, with
+    ``ROW_SUM_BY_MMA``, l += P 1 (one more group: the row sums of the same 16-bit P that multiplies
+    V, accumulated in fp32 by the tensor pipe instead of 64 FADDs per thread on the FMA pipe).
+    Returns ``(acc, l_i)``."""
     acc = warpgroup_mma(p_op[0], sh.v_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM]), acc, is_async=True)
     if c.EXTRA_KEYS > 0:
         acc = warpgroup_mma(p_op[1], sh.v2_bufs.index(idx).reshape([c.EXTRA_KEYS, c.HEAD_DIM]), acc,
                             is_async=True)
-    return acc
+    if c.ROW_SUM_BY_MMA:
+        # the A operand's registers are those of P for PV: the layout change moves nothing
+        p_sum = gl.convert_layout(p_op[0], _a_operand_layout(_SUM_COLS))
+        l_i = warpgroup_mma(p_sum, sh.ones_bufs.index(WG).permute((1, 0)), l_i, is_async=True)
+    return acc, l_i
 
 
 @gluon.jit
@@ -460,15 +475,19 @@ def _wait_scores(s, NUM_OUTSTANDING: gl.constexpr):
 
 
 @gluon.jit
-def _wait_pv(acc, p_op):
-    """Every group done (PV included): O is final for this step, P's registers are free."""
+def _wait_pv(acc, l_i, p_op, c):
+    """Every group done (PV included): O (and, with ``ROW_SUM_BY_MMA``, the running sum) is final
+    for this step, P's registers are free. Returns ``(acc, l_i, p_op)``."""
     if len(p_op) == 2:
         acc, p0, p1 = warpgroup_mma_wait(0, deps=[acc, p_op[0], p_op[1]])
         out = (p0, p1)
+    elif c.ROW_SUM_BY_MMA:
+        acc, l_i, p0 = warpgroup_mma_wait(0, deps=[acc, l_i, p_op[0]])
+        out = (p0,)
     else:
         acc, p0 = warpgroup_mma_wait(0, deps=[acc, p_op[0]])
         out = (p0,)
-    return acc, out
+    return acc, l_i, out
 
 
 @gluon.jit
@@ -591,13 +610,14 @@ def _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c):
     the whole tile's, as without the switch."""
     if unseen:
         p1, alpha_h, l_h = softmax_exp((t[0],), scale, _rows_like(m_i, t[0]), _rows_like(m_new, t[0]),
-                                       _rows_like(l_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+                                       _rows_like(l_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE,
+                                       not c.ROW_SUM_BY_MMA)
         p = _joined(p1[0], gl.zeros_like(t[1]))
         alpha = gl.convert_layout(alpha_h, m_i.type.layout)
         l_new = gl.convert_layout(l_h, l_i.type.layout)
     else:
         p2, alpha, l_new = softmax_exp((_joined(t[0], t[1]),), scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY,
-                                       c.TREE_REDUCE)
+                                       c.TREE_REDUCE, not c.ROW_SUM_BY_MMA)
         p = p2[0]
     return (p,), alpha, l_new
 
@@ -634,16 +654,50 @@ def _rescale_acc(acc, alpha, rescale, o_layout: gl.constexpr, THRESHOLDED: gl.co
 
 
 @gluon.jit
+def _rescale_state(acc, l_i, alpha, rescale, o_layout: gl.constexpr, c):
+    """O and, with ``ROW_SUM_BY_MMA``, its running-sum accumulator rescaled by ``alpha`` together
+    (:func:`_rescale_acc` decides O's skip). The sum's 4 registers per thread are multiplied
+    always: where O's rescale is skipped every ``alpha`` is exactly 1."""
+    acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
+    if c.ROW_SUM_BY_MMA:
+        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+    return acc, l_i
+
+
+@gluon.jit
+def _init_sum(s_layout: gl.constexpr, c):
+    """The running sum at the start of a tile: the ``[64, 8]`` wgmma accumulator of P times ones
+    (``ROW_SUM_BY_MMA``) or :func:`softmax.init_row_sum`'s form."""
+    if c.ROW_SUM_BY_MMA:
+        l0 = gl.zeros([_ROWS, _SUM_COLS], gl.float32, _acc_layout(_SUM_COLS))
+    else:
+        l0 = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
+    return l0
+
+
+@gluon.jit
+def _sum_total(l_i, c):
+    """``l`` per row: any column of the ones product (all eight hold the same sum), or
+    :func:`softmax.row_sum_total`."""
+    if c.ROW_SUM_BY_MMA:
+        out = gl.max(l_i, 1)
+    else:
+        out = row_sum_total(l_i)
+    return out
+
+
+@gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
-                  EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr, BY_WARP: gl.constexpr = False):
+                  EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr, BY_WARP: gl.constexpr = False,
+                  SUM: gl.constexpr = True):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
         # one box of keys per K/V tile (HopperFwdConfig.check)
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s[0], m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP)
+                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP, SUM)
         p = (p,)
     else:
-        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE, SUM)
         rescale = alpha
     return p, alpha, m_i, l_i, rescale
 
@@ -676,11 +730,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
-    acc = _pv(p_op, acc, sh, v_idx, c)
+        acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
+    acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    # wait(1) (wait(2) with two parts): the older groups (QK) are done, PV may still run
-    s = _wait_scores(s, c.NUM_PARTS)
+    # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
+    # still run
+    s = _wait_scores(s, c.PV_GROUPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
@@ -710,14 +765,15 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
-        acc, p_op = _wait_pv(acc, p_op)
+        acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
         else:
-            p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+            p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
+                                        not c.ROW_SUM_BY_MMA)
         m_i = m_new
         if c.RESCALE_THRESHOLD > 0:
             rescale = retained
@@ -731,16 +787,21 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
                                                         c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
-                                                        c.RESCALE_BY_WARP)
+                                                        c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
-        l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
-        acc, p_op = _wait_pv(acc, p_op)
+        if c.ROW_SUM_BY_MMA:
+            # l is the pending sum's accumulator, not a register value to pass through: the
+            # exponentials are (one box of keys)
+            m_i = wait_mma_after_softmax(qk_scale_log2, m_i)
+        else:
+            l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
+        acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     if not c.LATE_RESCALE:
-        acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
+        acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
@@ -776,7 +837,8 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             s = _mask_tile(s, rows, first_kv, sz, c)
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
-                                                    c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP)
+                                                    c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP,
+                                                    not c.ROW_SUM_BY_MMA)
         p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
@@ -810,9 +872,9 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
         mbarrier.wait(sh.v_ready_bars.index(idx), phase)
         if c.LATE_RESCALE:
-            acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
-        acc = _pv(p_op, acc, sh, idx, c)
-        acc, p_op = _wait_pv(acc, p_op)
+            acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
+        acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
+        acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     if c.OVERLAP_EPILOGUE:
         if kv_hi <= kv_lo:
@@ -836,14 +898,15 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     release(sh.k_empty_bars.index(idx), c.THREAD_RELEASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
-    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE)
-    acc = _rescale_acc(acc, alpha, alpha, o_layout, False)
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
+                                        not c.ROW_SUM_BY_MMA)
+    acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
     p_op = _operands(p, q.dtype, False, c.HEAD_DIM)
     mbarrier.wait(sh.v_ready_bars.index(idx), phase)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
-    acc = _pv(p_op, acc, sh, idx, c)
+    acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
-    acc, p_op = _wait_pv(acc, p_op)
+    acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
     release(sh.v_empty_bars.index(idx), c.THREAD_RELEASE)
     return acc, m_i, l_i, turn
 
@@ -941,7 +1004,7 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
     o_buf = sh.o_bufs.index(WG)
     my_row0 = m_block * c.BLOCK_M + WG * _ROWS
     out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(row_sum_total(l_i), out_rows))
+    out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(_sum_total(l_i, c), out_rows))
     if c.SPLIT_TAIL:
         if split >= 0:
             _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
@@ -980,6 +1043,17 @@ def _finish_previous(prev, epi, sh, sz, WG: gl.constexpr, c):
 
 
 @gluon.jit
+def _fill_ones(ones, c):
+    """This consumer's tile of ones, the B operand of its row-sum wgmma, written once: every warp
+    of the warpgroup stores its share, the generic-proxy writes are fenced for the tensor pipe's
+    async reads, and the warpgroup meets once so no warp issues the wgmma before all shares land."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    ones.store(gl.full([_SUM_COLS, c.BLOCK_N], 1.0, ones.dtype, layout))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                         WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
@@ -989,12 +1063,14 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     turn = 0
     tile_iter = 0
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    if c.ROW_SUM_BY_MMA:
+        _fill_ones(sh.ones_bufs.index(WG), c)
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
     if c.OVERLAP_EPILOGUE:
         # the finished tile whose epilogue is still to run: none before the first
         prev_acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         prev_m = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        prev_l = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
+        prev_l = _init_sum(s_layout, c)
         prev_item = start
     for pos in range(start, stop, step):
         item = work_at(sz.sched_ptr, pos, c.BALANCED)
@@ -1006,7 +1082,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = init_row_sum(_ROWS, c.BLOCK_N, s_layout, c.DEFER_ROW_SUM)
+        l_i = _init_sum(s_layout, c)
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
         q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
         q_slot = q_stage * c.NUM_CONSUMERS + WG
@@ -1093,7 +1169,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
-                     CARRY_RING_SLOT: gl.constexpr,
+                     CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1112,6 +1188,12 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         o_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     else:
         o_bufs = q_bufs
+    if ROW_SUM_BY_MMA:
+        # K-major like K itself (permuted into the wgmma's B operand): 8 rows of BLOCK_N keys
+        ones_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, _SUM_COLS, BLOCK_N],
+                                              gl.NVMMASharedLayout.get_default_for([_SUM_COLS, BLOCK_N], dtype))
+    else:
+        ones_bufs = k_bufs
     q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
     q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
     turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
@@ -1134,7 +1216,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
-                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs)
+                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -1158,7 +1240,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
-                  CARRY_RING_SLOT=CARRY_RING_SLOT)
+                  CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
+                  PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0))
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1233,7 +1316,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
-        CARRY_RING_SLOT=cfg.carry_ring_slot, CONSUMER_REGS=cfg.consumer_regs,
+        CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

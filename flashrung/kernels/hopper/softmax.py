@@ -372,20 +372,26 @@ def _sum_into(l_i, p, TREE: gl.constexpr):
 
 
 @gluon.jit
-def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
+def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
+                SUM: gl.constexpr = True):
     """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``; ``p`` is a
-    tuple like ``t``."""
+    tuple like ``t``. Without ``SUM`` the running sum is kept elsewhere (a wgmma of P against a
+    tile of ones beside PV, rescaled with O by ``alpha``) and ``l_i`` comes back untouched."""
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
-    if len(l_i.shape) == 2:
-        l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+    if SUM:
+        if len(l_i.shape) == 2:
+            l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        else:
+            l_new = l_i * alpha
+        l_new = l_new + _sum_into(l_i, p0, TREE)
     else:
-        l_new = l_i * alpha
-    l_new = l_new + _sum_into(l_i, p0, TREE)
+        l_new = l_i
     if len(t) == 2:
         p1 = _exp_part(t[1], c, m_safe, EXP2_FMA_EVERY)
-        l_new = l_new + _sum_into(l_i, p1, TREE)
+        if SUM:
+            l_new = l_new + _sum_into(l_i, p1, TREE)
         p = (p0, p1)
     else:
         p = (p0,)
@@ -394,22 +400,22 @@ def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: g
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
-                   TREE: gl.constexpr = False):
+                   TREE: gl.constexpr = False, SUM: gl.constexpr = True):
     """One online-softmax step on raw scores ``s`` (a tuple of parts, see :func:`softmax_row_max`).
 
     Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized, a tuple like ``s``), ``alpha =
     exp2(m_i − m_new)``, the new max and the new running sum. The caller rescales its output
-    accumulator by ``alpha``.
+    accumulator by ``alpha`` (and, without ``SUM``, the running sum it keeps beside it).
     """
     t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
                             EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
-                            BY_WARP: gl.constexpr = False):
+                            BY_WARP: gl.constexpr = False, SUM: gl.constexpr = True):
     """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on one
     tensor of scores ``s`` (one box of keys per K/V tile).
 
@@ -422,7 +428,7 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     """
     t, c, m_cand = softmax_row_max((s,), m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
     m_new, rescale = retained_max(m_cand, m_i, THRESHOLD, BY_WARP)
-    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE)
+    p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
     return p[0], alpha, m_new, l_new, rescale
 
 

@@ -145,10 +145,11 @@ CENSUS_CONFIGS += [(f"{name}-carry-ring-slot", d, c, {"carry_ring_slot": True})
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 # the running sum on the tensor pipe (row_sum_by_mma) on d64's two long kernels and on d128's
-# non-causal one without the split tail (S8k), beside that kernel as the default builds it
+# non-causal one without the split tail (S4k-S8k), beside that kernel as the default builds it (on
+# the split-tail kernel, S16k+, ptxas keeps 140 B in local memory outside the K/V loops)
 ROW_SUM_BY_MMA = {"row_sum_by_mma": True, "defer_row_sum": False}
 CENSUS_CONFIGS += [(f"d64-{mask}-row-sum-by-mma", 64, mask == "causal", ROW_SUM_BY_MMA) for mask in ("full", "causal")]
-_D128_WHOLE_TILES = {"split_tail": False, "_key_tail": False}
+_D128_WHOLE_TILES = {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}   # the S4k-S8k kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
@@ -1396,9 +1397,27 @@ def test_gate_late_k_release(head_dim, shape, causal):
 @pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_row_sum_by_mma(head_dim, shape, causal):
-    _gate_forced(head_dim, shape, causal, **ROW_SUM_BY_MMA)
+    changes = dict(ROW_SUM_BY_MMA)
+    if _shape_default(head_dim, causal, shape).num_q_stages == 2 and head_dim == 128:
+        # d128's two Q buffers leave no room for the ones (HopperFwdConfig.check: 234,640 bytes)
+        changes["num_q_stages"] = 1
+    _gate_forced(head_dim, shape, causal, **changes)
     if not causal and head_dim != 256:
-        _gate_forced(head_dim, shape, False, **ROW_SUM_BY_MMA, **SPLIT_GRID)
+        _gate_forced(head_dim, shape, False, **changes, **SPLIT_GRID)
+
+
+def test_row_sum_by_mma_counts_its_ones_against_the_budget():
+    # each consumer's [8, block_n] tile of ones is shared memory the check must count: d128's
+    # two-Q-buffer kernel (S <= 2k-4k) is 2,192 bytes short with them, d64's 192-row tile keeps room
+    d128_two_q = fwd.default_config(128, True, 2048)
+    assert d128_two_q.num_q_stages == 2
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(d128_two_q, **ROW_SUM_BY_MMA).check(128)
+    d64 = dataclasses.replace(fwd.default_config(64, False), **ROW_SUM_BY_MMA)
+    d64.check(64)
+    assert d64.smem_bytes(64, 2) - fwd.default_config(64, False).smem_bytes(64, 2) == 3 * 8 * 128 * 2
+    with pytest.raises(ValueError, match="row_sum_by_mma"):
+        dataclasses.replace(d64, defer_row_sum=True).check(64)
 
 
 # every consumer thread releases its K/V slots: every head dim and mask, at shapes with partial

@@ -609,12 +609,18 @@ def _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c):
     and the second half of ``p`` is 0 (``exp2(-inf)``, what the whole tile gives there); otherwise
     the whole tile's, as without the switch."""
     if unseen:
-        p1, alpha_h, l_h = softmax_exp((t[0],), scale, _rows_like(m_i, t[0]), _rows_like(m_new, t[0]),
-                                       _rows_like(l_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE,
-                                       not c.ROW_SUM_BY_MMA)
+        if c.ROW_SUM_BY_MMA:
+            # l is the tensor pipe's (in FA3's order still pending here): the half's softmax
+            # neither reads nor sums it
+            p1, alpha_h, l_h = softmax_exp((t[0],), scale, _rows_like(m_i, t[0]), _rows_like(m_new, t[0]),
+                                           _rows_like(m_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE, False)
+            l_new = l_i
+        else:
+            p1, alpha_h, l_h = softmax_exp((t[0],), scale, _rows_like(m_i, t[0]), _rows_like(m_new, t[0]),
+                                           _rows_like(l_i, t[0]), c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+            l_new = gl.convert_layout(l_h, l_i.type.layout)
         p = _joined(p1[0], gl.zeros_like(t[1]))
         alpha = gl.convert_layout(alpha_h, m_i.type.layout)
-        l_new = gl.convert_layout(l_h, l_i.type.layout)
     else:
         p2, alpha, l_new = softmax_exp((_joined(t[0], t[1]),), scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY,
                                        c.TREE_REDUCE, not c.ROW_SUM_BY_MMA)

@@ -1443,6 +1443,21 @@ def test_thread_release_is_deterministic(causal):
     _assert_reruns_identical(*_d128_inputs(2, 8, 2), causal, cfg)
 
 
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_sum_by_mma_is_deterministic(causal):
+    # each consumer writes its tile of ones, fences it for the tensor pipe and meets its warpgroup
+    # before the first row-sum wgmma: a warp that read the tile early would move the sums
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), **ROW_SUM_BY_MMA)
+    out1, lse1 = fwd.forward(q, k, v, causal, 64 ** -0.5, cfg)
+    for _ in range(2):
+        out2, lse2 = fwd.forward(q, k, v, causal, 64 ** -0.5, cfg)
+        assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
+
+
 # a 1 MiB LPT section puts every head (or GQA group) in its own section: the tile order changes
 # for the stride and for the balanced lists, never what a tile computes
 @pytest.mark.gpu

@@ -269,7 +269,13 @@ class HopperFwdConfig:
     # thread and K/V tile (and the quad's SHFL/FADD reduction) off the FMA pipe and the issue
     # slots for 8 m64n8k16 wgmmas (1/8 of PV's tensor work at d64, 1/16 at d128) and 4 FMULs.
     # l then sums the rounded P that multiplies V (the normalization matches the weights used).
-    # Needs one box of keys (extra_keys=0) and is the deferred sum's alternative, not its partner
+    # Needs one box of keys (extra_keys=0) and is the deferred sum's alternative, not its partner.
+    # Census (sm_90a, bf16): d64 steady trip 428 -> 369, d128 non-causal 490 -> 472 (no local
+    # memory; the d128 split-tail kernel keeps 140 B). Paired on the H200 (preheated, t_keep
+    # 1.002164): d64 B2 H32 S16384 non-causal 1.0035 / 1.0013, causal 1.0001 / 0.9970 (NULL), B4
+    # S8192 causal 1.0036 / 1.0040; d128 B2 H16 S16384 non-causal 0.9220 / 0.9238 (REVERT). ncu at
+    # d64: 13.5% fewer instructions executed, issue slots 51% -> 44% busy, cycles +1%: the loop
+    # waits on its chain, not on issue. Off
     row_sum_by_mma: bool = False
 
     @property

@@ -109,6 +109,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("mask_second_half", dict(mask_second_half=not base.mask_second_half)),
         ("single_kv_loop", dict(single_kv_loop=not base.single_kv_loop)),
         ("carry_ring_slot", dict(carry_ring_slot=not base.carry_ring_slot)),
+        ("row_sum_by_mma", dict(row_sum_by_mma=not base.row_sum_by_mma, defer_row_sum=False)),
     ]
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 

@@ -103,6 +103,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["loop"] = steady_loop(sass)
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
+            entry["clock_reads"] = sass.count("SR_CLOCKLO")
     result[label] = entry
 print(json.dumps(result))
 """
@@ -152,6 +153,8 @@ CENSUS_CONFIGS += [(f"d64-{mask}-row-sum-by-mma", 64, mask == "causal", ROW_SUM_
 _D128_WHOLE_TILES = {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}   # the S4k-S8k kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
+# the clock stamps of the step trace (trace_steps), on the same kernel
+CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 # the short-causal d64 tile exactly as select_config builds it on top of the causal default
 _FAST_DIVIDE = {"fast_divide_producer": True, "fast_divide_consumers": True}
@@ -2068,3 +2071,85 @@ def test_fast_descriptor_equals_the_validated_one():
                                    fwd._smem_layout(t.dtype, rows, 128))
             assert type(fast) is TensorDescriptor
             assert fast == ref and fast.base is t
+
+
+# --------------------------------------------------------------------------- step trace (trace_steps)
+
+
+def test_trace_steps_needs_the_overlapped_schedule_without_the_split_tail():
+    # the stamps travel in the split tail's workspace pointer and mark the overlapped step's events
+    base = fwd.default_config(128, False, 8192)
+    dataclasses.replace(base, trace_steps=64).check(128)
+    for changes in (dict(split_tail=True), dict(overlap=False, pingpong=False, rescale_threshold=0.0,
+                                                rescale_by_warp=False), dict(trace_steps=-1)):
+        with pytest.raises(ValueError, match="trace_steps"):
+            dataclasses.replace(base, **{"trace_steps": 64, **changes}).check(128)
+    with pytest.raises(ValueError, match="trace_steps > 0"):
+        fwd.traced_forward(None, None, None, False, 1.0, base)
+
+
+def test_step_trace_summary_reads_each_phase_and_the_turn_handoff():
+    # a synthetic trace whose phases have known lengths, with stamps near the 32-bit wrap
+    import numpy as np
+
+    from flashrung.evidence import step_trace
+    from flashrung.kernels.hopper.trace import EVENTS
+
+    gaps, back_edge = [5, 7, 11, 13, 17, 19, 23], 3
+    period = sum(gaps) + back_edge
+    stamps = np.full((3, 2, 10, len(EVENTS)), -1, dtype=np.int64)
+    for cta in range(3):
+        for wg in range(2):
+            for step in range(1, 10):
+                t = (1 << 31) - 500 + cta + 40 * wg + step * period
+                for e in range(len(EVENTS)):
+                    stamps[cta, wg, step, e] = t
+                    t += gaps[e] if e < len(gaps) else 0
+    wrapped = (stamps % (1 << 32)).astype(np.uint32).view(np.int32)
+    wrapped[0, 1, 9] = -1            # a step not stamped is left out, not read as a time
+    summary = step_trace.summarize(wrapped, EVENTS)
+    for wg, rows in enumerate(summary["by_warpgroup"]):
+        assert [rows[name]["median"] for name, *_ in step_trace.PHASES] == gaps
+        assert rows["period"]["median"] == period and rows["loop"]["median"] == back_edge
+    # warpgroup 1 takes the turn 40 - 23 + 12 = 29 cycles after warpgroup 0 issued; warpgroup 0 the
+    # next step's after warpgroup 1 issued
+    assert summary["by_warpgroup"][1]["handoff"]["median"] == 29
+    assert summary["by_warpgroup"][0]["handoff"]["median"] == period - 40 - 23 + 12
+    assert "turn_wait" in step_trace.table(summary)
+    with pytest.raises(ValueError, match="stamps must be"):
+        step_trace.summarize(np.zeros((2, 2, 4)), EVENTS)
+
+
+def test_trace_steps_stamps_the_clock_only_when_on(census):
+    # eight %clock reads in each steady step of the traced kernel; none in the untraced one (the
+    # stamps are constexpr-guarded: the default kernels' SASS is what it was without the switch)
+    traced, plain = census["d128-full-whole-tiles-traced"], census["d128-full-whole-tiles"]
+    assert "error" not in traced["row"], traced["row"].get("error")
+    assert plain["clock_reads"] == 0
+    # two consumer partitions, each an unmasked and a masked loop: 8 stamps in each of the four
+    assert traced["clock_reads"] >= 8 * 4
+    assert all(not census[name]["clock_reads"] for name in census if "error" not in census[name]["row"]
+               and not census[name]["row"]["config"].get("trace_steps"))
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal", [(128, False), (64, True), (256, False)])
+def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1000, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    base = dataclasses.replace(fwd.default_config(head_dim, causal, 1000), split_tail=False)
+    steps = 12
+    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
+    t_out, t_lse, stamps = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5,
+                                              dataclasses.replace(base, trace_steps=steps))
+    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    with pytest.raises(ValueError, match="traced_forward"):
+        fwd.forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, trace_steps=steps))
+    s = stamps.cpu().long() % (1 << 32)
+    assert (stamps[:, :, 0] == -1).all()           # the peeled first step is not stamped
+    whole = (stamps >= 0).all(dim=3)
+    assert whole.any()
+    # within a stamped step the events come in order and close together (no wrap misread)
+    deltas = (s[..., 1:] - s[..., :-1]) % (1 << 32)
+    assert (deltas[whole] < 10_000_000).all()

@@ -277,6 +277,11 @@ class HopperFwdConfig:
     # d64: 13.5% fewer instructions executed, issue slots 51% -> 44% busy, cycles +1%: the loop
     # waits on its chain, not on issue. Off
     row_sum_by_mma: bool = False
+    # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
+    # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
+    # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
+    # kernel as it is (census: the same SASS)
+    trace_steps: int = 0
 
     @property
     def kv_tile(self) -> int:
@@ -378,6 +383,10 @@ class HopperFwdConfig:
             raise ValueError("row_sum_by_mma sums P on the tensor pipe for one box of keys: it needs extra_keys=0 and "
                              f"defer_row_sum=False, got extra_keys={self.extra_keys}, "
                              f"defer_row_sum={self.defer_row_sum}")
+        if self.trace_steps < 0 or self.trace_steps and (not self.overlap or self.split_tail):
+            raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
+                             f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
+                             f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

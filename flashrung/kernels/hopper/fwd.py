@@ -131,6 +131,8 @@ from flashrung.kernels.hopper.schedule import (
     work_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
+from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
+                                            NUM_EVENTS, stamp, step_record)
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
@@ -303,6 +305,7 @@ class _Schedule:
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
+    TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -712,7 +715,7 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 @gluon.jit
 def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, v_idx, v_phase,
-                     turn, qk_scale_log2, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
+                     turn, qk_scale_log2, trace, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
@@ -726,8 +729,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     ``(v_idx, v_phase)`` is the ring slot of V(j-1), K(j-1)'s: with ``CARRY_RING_SLOT`` K(j)'s is the
     next slot after it, and the step returns K(j)'s for the next step to carry; without it both
     are recomputed from the ring count.
+
+    ``trace`` is this step's clock record (:func:`trace.step_record`; nothing with ``TRACE_STEPS = 0``).
     """
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    first_row = last_row - (_ROWS - 1)
+    stamp(trace, rows, first_row, E_TOP, c.TRACE_STEPS)
     if c.CARRY_RING_SLOT:
         k_idx, k_phase = next_ring_slot(v_idx, v_phase, c.NUM_KV_STAGES)
     else:
@@ -735,15 +742,19 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
     mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
+    stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+    stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
     # still run
     s = _wait_scores(s, c.PV_GROUPS)
+    stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
@@ -773,7 +784,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
+        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
+        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
@@ -796,6 +809,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
                                                         c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
                                                         c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA)
+        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         if c.ROW_SUM_BY_MMA:
@@ -805,18 +819,20 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
+        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     if not c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
+    stamp(trace, rows, first_row, E_END, c.TRACE_STEPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
 
 @gluon.jit
 def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
-                       qk_scale_log2, prev, epi, WG: gl.constexpr, c):
+                       qk_scale_log2, prev, epi, tile_iter, WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
     steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of the first tile visited,
     ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``).
@@ -861,18 +877,19 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
-                    qk_scale_log2, WG, False, c, kv_lo + j >= n_unmasked)
+                    qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, False, c,
+                    kv_lo + j >= n_unmasked)
         else:
             for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
-                    qk_scale_log2, WG, False, c)
+                    qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, False, c)
             for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
-                    qk_scale_log2, WG, True, c)
+                    qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, True, c)
         if c.CARRY_RING_SLOT:
             idx = ring_idx
             phase = ring_phase
@@ -1117,7 +1134,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             acc, m_i, l_i, turn = _attend_overlapped(
                 q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
                 kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV),
-                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), WG, c)
+                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
                 q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
@@ -1177,7 +1194,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
-                     CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr,
+                     CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1249,7 +1266,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
-                  PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0))
+                  PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1324,7 +1341,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
-        CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, CONSUMER_REGS=cfg.consumer_regs,
+        CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
+        CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 
@@ -1495,8 +1513,11 @@ def _direct_launch_default(environ=os.environ) -> bool:
 DIRECT_LAUNCH = _direct_launch_default()
 
 
-def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False):
-    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors."""
+def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
+            trace: torch.Tensor | None = None):
+    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``trace``: the
+    int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0``), in the split tail's
+    coordinate pointer, which a launch without the split tail never dereferences otherwise."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
@@ -1507,8 +1528,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         part_o, part_lse, coords = tail_workspace(plan.num_items - plan.num_full_tiles, plan.num_tiles - plan.num_full_tiles,
                                                   cfg.block_m, head_dim, q.device)
     else:
-        # never dereferenced: no work item is a split one
-        part_o, part_lse, coords = lse, lse, lse.view(torch.int32)
+        # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
+        part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index)
@@ -1569,7 +1590,7 @@ FORWARD_TAKES_PROBLEM = True
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None, problem=None):
+            lse: torch.Tensor | None = None, problem=None, _trace: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32 natural log.
@@ -1598,6 +1619,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
+    if bool(cfg.trace_steps) != (_trace is not None):
+        raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 runs through traced_forward, which "
+                         f"allocates its stamps; got trace_steps={cfg.trace_steps}")
     softmax_scale = float(softmax_scale)
 
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -1620,11 +1644,34 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         return out.zero_(), lse.fill_(float("-inf"))
 
     if q.device.index == torch.cuda.current_device():
-        _launch(q, k, v, out, lse, causal, softmax_scale, cfg)
+        _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
-            _launch(q, k, v, out, lse, causal, softmax_scale, cfg)
+            _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace)
     return out, lse
+
+
+def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+                   config: HopperFwdConfig):
+    """:func:`forward` with ``config.trace_steps > 0``: ``(out, lse, stamps)``, where ``stamps`` is
+    int32 ``[CTAs, consumer warpgroups, trace_steps, len(trace.EVENTS)]``: the SM clock at each
+    event of each overlapped K/V step of every CTA's first work item (steps counted from the
+    item's first K/V tile, whose peeled step is not stamped: row 0 stays -1, as do steps past
+    the item's last)."""
+    if config.trace_steps <= 0:
+        raise ValueError(f"traced_forward needs config.trace_steps > 0, got {config.trace_steps}")
+    from flashrung.dispatch import Problem
+
+    problem = Problem.of(q, k, v, causal)
+    config.check(problem.head_dim, q.element_size())
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
+                 float(softmax_scale) > 0, _sm_count(device_index))
+    stamps = torch.full((plan.grid, config.num_consumers, config.trace_steps, NUM_EVENTS), -1, dtype=torch.int32,
+                        device=q.device)
+    out, lse = forward(q, k, v, causal, softmax_scale, config, _trace=stamps)
+    return out, lse, stamps
 
 
 @functools.lru_cache(maxsize=None)

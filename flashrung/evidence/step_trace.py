@@ -1,0 +1,206 @@
+"""Where one K/V step of ``hopper.fwd`` spends its cycles: the clock stamps of ``trace_steps``.
+
+``hopper.fwd`` built with ``trace_steps = N`` (``flashrung/kernels/hopper/trace.py``) stamps the
+SM clock at eight events of each of the first N overlapped K/V steps of every CTA's first work
+item, for each consumer warpgroup: the step's top, its K/V tiles ready, the pingpong turn held,
+its GEMMs issued, its scores back (QK done), the softmax done (FA3's order) or the row max done
+(FA4's order), PV(j-1) waited for, and the step's end. This probe runs one traced call after
+warm-up calls and prints, per consumer warpgroup, the median [p10, p90] cycles of each phase over
+every CTA and every whole step, the step's period, and how long each warpgroup waits for the turn
+after the one before it passed it. It also times the traced kernel against the untraced one
+(CUDA events, interleaved), since the stamps add instructions to the loop; both kernels' outputs
+must be bit-identical, which it checks.
+
+``python -m flashrung.evidence.step_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
+[--causal] [--steps 64] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU. The split
+tail is switched off (its workspace pointer carries the stamps), so at d128 non-causal S ≥ 16k
+the traced kernel is the S8k one.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+# the phases between consecutive events of one step (trace.EVENTS), and what each is
+PHASES = (
+    ("kv_wait", "top", "ready", "waiting for K(j) and V(j-1) to land"),
+    ("turn_wait", "ready", "turn", "waiting for the pingpong turn"),
+    ("issue", "turn", "issued", "issuing QK(j) and PV(j-1), passing the turn"),
+    ("scores_wait", "issued", "scores", "waiting for QK(j)'s scores"),
+    ("mid", "scores", "mid", "the softmax (FA3's order) or the row max (FA4's order)"),
+    ("pv_wait", "mid", "pv", "waiting for PV(j-1)"),
+    ("tail", "pv", "end", "O's rescale and P's conversion (FA4's order: the exponentials too)"),
+)
+_WRAP = 1 << 32
+
+
+def _cycles(later, earlier):
+    """Cycles between two 32-bit clock stamps (the counter wraps)."""
+    return (later.astype("int64") - earlier.astype("int64")) % _WRAP
+
+
+def summarize(stamps, events: tuple[str, ...], first_step: int = 2) -> dict:
+    """Per consumer warpgroup: median, p10 and p90 cycles of each phase (:data:`PHASES`) and of
+    the step's period (top to the next step's top), over every CTA and every step from
+    ``first_step`` whose stamps are all present; and the turn hand-off: from one warpgroup's
+    "issued" of step j to the next warpgroup's "turn" of the same step (the last warpgroup's to
+    the first's of step j+1).
+
+    ``stamps`` is the int32 array of ``fwd.traced_forward``: [CTAs, warpgroups, steps, events],
+    -1 where nothing was stamped."""
+    import numpy as np
+
+    stamps = np.asarray(stamps)
+    if stamps.ndim != 4 or stamps.shape[3] != len(events):
+        raise ValueError(f"stamps must be [CTAs, warpgroups, steps, {len(events)}], got {stamps.shape}")
+    ev = {name: i for i, name in enumerate(events)}
+    ctas, groups, steps, _ = stamps.shape
+    whole = (stamps >= 0).all(axis=3)          # [ctas, groups, steps]
+    out = {"ctas": int(ctas), "warpgroups": int(groups), "steps": int(steps), "first_step": first_step,
+           "by_warpgroup": []}
+
+    def stats(values):
+        values = np.asarray(values, dtype="float64")
+        if values.size == 0:
+            return None
+        return {"median": float(np.median(values)), "p10": float(np.percentile(values, 10)),
+                "p90": float(np.percentile(values, 90)), "n": int(values.size)}
+
+    for g in range(groups):
+        rows = {}
+        sel = whole[:, g, first_step:]
+        rec = stamps[:, g, first_step:]
+        for name, a, b, _ in PHASES:
+            rows[name] = stats(_cycles(rec[..., ev[b]], rec[..., ev[a]])[sel])
+        nxt = whole[:, g, first_step + 1:] & whole[:, g, first_step:-1]
+        rows["period"] = stats(_cycles(stamps[:, g, first_step + 1:, ev["top"]],
+                                       stamps[:, g, first_step:-1, ev["top"]])[nxt])
+        rows["loop"] = stats(_cycles(stamps[:, g, first_step + 1:, ev["top"]],
+                                     stamps[:, g, first_step:-1, ev["end"]])[nxt])
+        # the turn: warpgroup g takes it after g-1 issued the same step (g = 0: after the last
+        # warpgroup issued the step before)
+        if groups > 1:
+            if g > 0:
+                prev_issued = stamps[:, g - 1, first_step:, ev["issued"]]
+                mine = stamps[:, g, first_step:, ev["turn"]]
+                ok = whole[:, g - 1, first_step:] & whole[:, g, first_step:]
+            else:
+                prev_issued = stamps[:, groups - 1, first_step:-1, ev["issued"]]
+                mine = stamps[:, 0, first_step + 1:, ev["turn"]]
+                ok = whole[:, groups - 1, first_step:-1] & whole[:, 0, first_step + 1:]
+            rows["handoff"] = stats(_cycles(mine, prev_issued)[ok])
+        out["by_warpgroup"].append(rows)
+    return out
+
+
+def table(summary: dict) -> str:
+    """The summary as text: one row per phase, one column per warpgroup (median [p10, p90])."""
+    names = [p[0] for p in PHASES] + ["loop", "period", "handoff"]
+    what = {p[0]: p[3] for p in PHASES}
+    what.update(loop="the loop's back edge to the next step's top", period="top to the next step's top",
+                handoff="the turn taken after the warpgroup before issued")
+    head = ["phase"] + [f"warpgroup {g}" for g in range(summary["warpgroups"])] + ["what"]
+    lines = [head]
+    for name in names:
+        cells = [name]
+        for rows in summary["by_warpgroup"]:
+            s = rows.get(name)
+            cells.append("-" if s is None else f"{s['median']:.0f} [{s['p10']:.0f}, {s['p90']:.0f}]")
+        cells.append(what[name])
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
+
+
+def _parse_set(text: str) -> dict:
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        if "=" not in item:
+            raise ValueError(f"--set takes key=value pairs separated by commas, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashrung.evidence.step_trace",
+                                description="clock stamps of hopper.fwd's K/V steps: where a step's cycles go")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seqlen", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p.add_argument("--steps", type=int, default=64, help="steps stamped per warpgroup (default 64)")
+    p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
+    p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
+    p.add_argument("--json", default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.steps < 3:
+        raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
+    import torch
+
+    from flashrung.dispatch import Problem, apply_overrides
+    from flashrung.kernels.hopper import fwd
+    from flashrung.kernels.hopper.trace import EVENTS
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("step_trace needs an sm_90 GPU")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    torch.manual_seed(0)
+    shape = (args.batch, args.seqlen, args.heads, args.headdim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    problem = Problem.of(q, k, v, args.causal)
+    base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
+    base = dataclasses.replace(base, split_tail=False)
+    traced = dataclasses.replace(base, trace_steps=args.steps)
+    scale = args.headdim ** -0.5
+
+    out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
+    for _ in range(3):
+        out, lse, stamps = fwd.traced_forward(q, k, v, args.causal, scale, traced)
+    torch.cuda.synchronize()
+    identical = bool(torch.equal(out, out_ref) and torch.equal(lse, lse_ref))
+
+    # the stamps' cost: both kernels timed in alternation, median of CUDA-event times per call
+    times = {"untraced": [], "traced": []}
+    for _ in range(args.timing_calls):
+        for name, fn in (("untraced", lambda: fwd.forward(q, k, v, args.causal, scale, base)),
+                         ("traced", lambda: fwd.traced_forward(q, k, v, args.causal, scale, traced))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+    summary = summarize(stamps.cpu().numpy(), EVENTS)
+    summary.update(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
+                              causal=args.causal, dtype=args.dtype),
+                   config={k: v for k, v in dataclasses.asdict(traced).items()},
+                   gpu=torch.cuda.get_device_name(), outputs_bit_identical=identical, median_ms=ms,
+                   evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
+                            "the untraced one's, CUDA events, interleaved)")
+    print(f"hopper.fwd step trace — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
+          f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
+          f"{summary['warpgroups']} consumer warpgroups, steps {summary['first_step']}..{args.steps - 1} of each "
+          f"CTA's first tile; cycles (SM clock), median [p10, p90]")
+    print(table(summary))
+    print(f"traced kernel {ms['traced']:.3f} ms, untraced {ms['untraced']:.3f} ms per call "
+          f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {identical}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

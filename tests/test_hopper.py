@@ -2095,26 +2095,29 @@ def test_step_trace_summary_reads_each_phase_and_the_turn_handoff():
     from flashrung.evidence import step_trace
     from flashrung.kernels.hopper.trace import EVENTS
 
-    gaps, back_edge = [5, 7, 11, 13, 17, 19, 23], 3
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT
+
+    gaps, back_edge = [6, 8, 12, 14, 18, 20, 24], 4      # cycles (even: the stamps count 2-cycle ticks)
     period = sum(gaps) + back_edge
-    stamps = np.full((3, 2, 10, len(EVENTS)), -1, dtype=np.int64)
+    clock = np.full((3, 2, 10, len(EVENTS)), -1, dtype=np.int64)
     for cta in range(3):
         for wg in range(2):
             for step in range(1, 10):
-                t = (1 << 31) - 500 + cta + 40 * wg + step * period
+                t = (1 << 32) - 500 + 2 * cta + 40 * wg + step * period     # the SM clock wraps mid-trace
                 for e in range(len(EVENTS)):
-                    stamps[cta, wg, step, e] = t
+                    clock[cta, wg, step, e] = t
                     t += gaps[e] if e < len(gaps) else 0
-    wrapped = (stamps % (1 << 32)).astype(np.uint32).view(np.int32)
-    wrapped[0, 1, 9] = -1            # a step not stamped is left out, not read as a time
-    summary = step_trace.summarize(wrapped, EVENTS)
+    stamps = np.where(clock < 0, -1, (clock % (1 << 32)) >> CLOCK_SHIFT).astype(np.int32)
+    assert (stamps[:, :, 1:] >= 0).all()           # a stamp is never negative: -1 means "not stamped"
+    stamps[0, 1, 9] = -1            # a step not stamped is left out, not read as a time
+    summary = step_trace.summarize(stamps, EVENTS)
     for wg, rows in enumerate(summary["by_warpgroup"]):
         assert [rows[name]["median"] for name, *_ in step_trace.PHASES] == gaps
         assert rows["period"]["median"] == period and rows["loop"]["median"] == back_edge
-    # warpgroup 1 takes the turn 40 - 23 + 12 = 29 cycles after warpgroup 0 issued; warpgroup 0 the
+    # warpgroup 1 takes the turn 40 - 26 + 14 = 28 cycles after warpgroup 0 issued; warpgroup 0 the
     # next step's after warpgroup 1 issued
-    assert summary["by_warpgroup"][1]["handoff"]["median"] == 29
-    assert summary["by_warpgroup"][0]["handoff"]["median"] == period - 40 - 23 + 12
+    assert summary["by_warpgroup"][1]["handoff"]["median"] == 28
+    assert summary["by_warpgroup"][0]["handoff"]["median"] == period - 40 - 26 + 14
     assert "turn_wait" in step_trace.table(summary)
     with pytest.raises(ValueError, match="stamps must be"):
         step_trace.summarize(np.zeros((2, 2, 4)), EVENTS)
@@ -2146,10 +2149,10 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
     assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
     with pytest.raises(ValueError, match="traced_forward"):
         fwd.forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, trace_steps=steps))
-    s = stamps.cpu().long() % (1 << 32)
     assert (stamps[:, :, 0] == -1).all()           # the peeled first step is not stamped
     whole = (stamps >= 0).all(dim=3)
     assert whole.any()
     # within a stamped step the events come in order and close together (no wrap misread)
-    deltas = (s[..., 1:] - s[..., :-1]) % (1 << 32)
+    s = stamps.cpu().long()
+    deltas = (s[..., 1:] - s[..., :-1]) % (1 << 31)
     assert (deltas[whole] < 10_000_000).all()

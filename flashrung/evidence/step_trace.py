@@ -33,12 +33,12 @@ PHASES = (
     ("pv_wait", "mid", "pv", "waiting for PV(j-1)"),
     ("tail", "pv", "end", "O's rescale and P's conversion (FA4's order: the exponentials too)"),
 )
-_WRAP = 1 << 32
-
-
 def _cycles(later, earlier):
-    """Cycles between two 32-bit clock stamps (the counter wraps)."""
-    return (later.astype("int64") - earlier.astype("int64")) % _WRAP
+    """Cycles between two stamps (``%clock >> CLOCK_SHIFT``: 31 bits that wrap)."""
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT
+
+    wrap = 1 << (32 - CLOCK_SHIFT)
+    return ((later.astype("int64") - earlier.astype("int64")) % wrap) << CLOCK_SHIFT
 
 
 def summarize(stamps, events: tuple[str, ...], first_step: int = 2) -> dict:

@@ -1654,8 +1654,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
 def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
                    config: HopperFwdConfig):
     """:func:`forward` with ``config.trace_steps > 0``: ``(out, lse, stamps)``, where ``stamps`` is
-    int32 ``[CTAs, consumer warpgroups, trace_steps, len(trace.EVENTS)]``: the SM clock at each
-    event of each overlapped K/V step of every CTA's first work item (steps counted from the
+    int32 ``[CTAs, consumer warpgroups, trace_steps, len(trace.EVENTS)]``: the SM clock (shifted
+    right by ``trace.CLOCK_SHIFT``) at each event of each overlapped K/V step of every CTA's first
+    work item (steps counted from the
     item's first K/V tile, whose peeled step is not stamped: row 0 stays -1, as do steps past
     the item's last)."""
     if config.trace_steps <= 0:

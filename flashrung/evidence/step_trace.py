@@ -34,11 +34,13 @@ PHASES = (
     ("tail", "pv", "end", "O's rescale and P's conversion (FA4's order: the exponentials too)"),
 )
 def _cycles(later, earlier):
-    """Cycles between two stamps (``%clock >> CLOCK_SHIFT``: 31 bits that wrap)."""
+    """Signed cycles from ``earlier`` to ``later`` (``%clock >> CLOCK_SHIFT``: 31 bits that wrap;
+    a hand-off can come before the stamp it is measured from: named turns let the next warpgroup
+    go at the ``bar.arrive``, before the passer stamps "issued")."""
     from flashrung.kernels.hopper.trace import CLOCK_SHIFT
 
     wrap = 1 << (32 - CLOCK_SHIFT)
-    return ((later.astype("int64") - earlier.astype("int64")) % wrap) << CLOCK_SHIFT
+    return (((later.astype("int64") - earlier.astype("int64") + wrap // 2) % wrap) - wrap // 2) << CLOCK_SHIFT
 
 
 def summarize(stamps, events: tuple[str, ...], first_step: int = 2) -> dict:

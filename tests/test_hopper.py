@@ -2156,3 +2156,13 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
     # within a stamped step the events come in order and close together (no wrap misread)
     deltas = (s[..., 1:] - s[..., :-1]) % (1 << 31)
     assert (deltas[whole] < 10_000_000).all()
+
+
+def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():
+    from flashrung.evidence import step_trace
+
+    with pytest.raises(SystemExit, match="--steps"):
+        step_trace.main(["--steps", "2"])
+    with pytest.raises(ValueError, match="key=value"):
+        step_trace._parse_set("pingpong")
+    assert step_trace._parse_set("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}

@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     summary = summarize(stamps.cpu().numpy(), EVENTS)
     summary.update(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
                               causal=args.causal, dtype=args.dtype),
-                   config={k: v for k, v in dataclasses.asdict(traced).items()},
+                   config=dataclasses.asdict(traced),
                    gpu=torch.cuda.get_device_name(), outputs_bit_identical=identical, median_ms=ms,
                    evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
                             "the untraced one's, CUDA events, interleaved)")

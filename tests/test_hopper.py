@@ -80,6 +80,17 @@ def kv_loops(sass):
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
+def turn_after_wait(sass):
+    # in the first steady K/V loop: is the first elected mbarrier arrive after the HGMMA issue
+    # found after the scores' wait(1) (True) or between the last HGMMA and that wait (False)
+    ins = [t.strip() for t in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    first = next((i for i, t in enumerate(ins) if re.search(r"DEPBAR.LE gsb0, 0x1", t)), None)
+    if first is None:
+        return None
+    last_mma = max(i for i in range(first) if ins[i].startswith("HGMMA"))
+    arrive = next(i for i in range(last_mma, len(ins)) if "SYNCS.ARRIVE" in ins[i])
+    return arrive > first
+
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
     found = re.findall(r"BAR\.(SYNC|ARV)\S*\s+(0x[0-9a-f]+)(?:,\s*(0x[0-9a-f]+))?", sass)
@@ -104,7 +115,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
-            entry["depbars"] = sorted({"wait" + n for n in re.findall(r"WARPGROUP.DEPBAR.LE gsb0, 0x(\d)", sass)})
+            entry["turn_after_wait"] = turn_after_wait(sass)
     result[label] = entry
 print(json.dumps(result))
 """
@@ -154,11 +165,9 @@ CENSUS_CONFIGS += [(f"d64-{mask}-row-sum-by-mma", 64, mask == "causal", ROW_SUM_
 _D128_WHOLE_TILES = {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}   # the S4k-S8k kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
-# QK's scores in two halves, the softmax started on the first (qk_halves): the S16k default (split
-# tail, retained reference, per-warp rescale) and the plain online softmax
-QK_HALVES = {"qk_halves": True}
-CENSUS_CONFIGS += [("d128-full-qk-halves", 128, False, QK_HALVES),
-                   ("d128-full-always-rescale-qk-halves", 128, False, {**_ALWAYS_RESCALE, **QK_HALVES})]
+# the pingpong turn passed after QK's scores (turn_after_scores), on the S4k-S8k kernel
+CENSUS_CONFIGS.append(("d128-full-whole-tiles-turn-after-scores", 128, False,
+                       {**_D128_WHOLE_TILES, "turn_after_scores": True}))
 # the clock stamps of the step trace (trace_steps), on the same kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
@@ -609,40 +618,23 @@ def test_row_sum_by_mma_moves_the_row_sum_onto_the_tensor_pipe(census, name, bas
         assert loop["mufu"] == b["mufu"] and loop["bar"] == b["bar"], (name, loop, b)
 
 
-@pytest.mark.parametrize("name, base", [("d128-full-qk-halves", "d128-full"),
-                                        ("d128-full-always-rescale-qk-halves", "d128-full-always-rescale")])
-def test_qk_halves_waits_for_the_first_half_alone(census, name, base):
-    # QK as two m64n64 groups per K tile: each steady step issues 8 more wgmma instructions (16 of
-    # n64 for QK's 8 of n128, PV's 8 unchanged), waits with two groups outstanding (the first
-    # half's scores, PV(j-1) and the second half pending) before the first half's softmax, and
-    # takes two more exponentials (the first half's alpha and the second half's beta); no local
-    # memory (census, sm_90a: the S16k default's steady step 493 -> 587 instructions, 32 of them
-    # the first half's rescale behind the warp's vote)
+def test_turn_after_scores_moves_the_turn_and_nothing_else(census):
+    # the same steady step (instructions, barriers, exponentials), no local memory; the turn's
+    # arrival (an elected mbarrier arrive) now follows the scores' wait(1) instead of preceding it
+    name, base = "d128-full-whole-tiles-turn-after-scores", "d128-full-whole-tiles"
     _assert_no_local_memory(census[name]["row"], name)
-    halved = 0
     for loop, b in _steady_step_pairs(census, name, base):
-        if b["fsel"] <= 4:
-            halved += 1
-            assert loop["hgmma"] == b["hgmma"] + 8, (name, loop, b)
-            assert loop["mufu"] == b["mufu"] + 2 and loop["bar"] == b["bar"], (name, loop, b)
-        else:
-            # a masked step keeps one group of scores
-            assert (loop["hgmma"], loop["mufu"], loop["bar"]) == (b["hgmma"], b["mufu"], b["bar"]), (name, loop, b)
-    assert halved == 2, "one unmasked steady loop per consumer warpgroup"
-    # the first wait of each steady step leaves two groups pending; the unhalved kernel's one
-    assert census[name]["windows"] and census[base]["windows"]
-    assert "wait2" in census[name]["depbars"] and "wait2" not in census[base]["depbars"]
+        assert abs(loop["length"] - b["length"]) <= 4, (loop, b)
+        assert (loop["bar"], loop["mufu"], loop["hgmma"]) == (b["bar"], b["mufu"], b["hgmma"]), (loop, b)
+    assert census[name]["turn_after_wait"] and not census[base]["turn_after_wait"]
 
 
-def test_qk_halves_is_checked_on_the_host():
-    # the halves split one box of keys in FA3's order of the overlapped step
-    base = fwd.default_config(128, False)
-    dataclasses.replace(base, **QK_HALVES).check(128)
-    for bad in (dict(wait_pv_early=True), dict(overlap=False, rescale_threshold=0.0, rescale_by_warp=False),
-                dict(extra_keys=64, rescale_threshold=0.0, rescale_by_warp=False), dict(block_n=16),
-                dict(single_kv_loop=True)):
-        with pytest.raises(ValueError, match="qk_halves"):
-            dataclasses.replace(base, **QK_HALVES, **bad).check(128)
+def test_turn_after_scores_is_checked_on_the_host():
+    base = fwd.default_config(128, False, 8192)
+    dataclasses.replace(base, turn_after_scores=True).check(128)
+    for bad in (dict(pingpong=False), dict(overlap=False, rescale_threshold=0.0, rescale_by_warp=False)):
+        with pytest.raises(ValueError, match="turn_after_scores"):
+            dataclasses.replace(base, turn_after_scores=True, **bad).check(128)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1966,6 +1958,11 @@ def _switches():
         dict(ROW_SUM_BY_MMA, rescale_threshold=8.0, rescale_by_warp=True),
         dict(ROW_SUM_BY_MMA, late_rescale=True, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(ROW_SUM_BY_MMA, skip_unseen_half=True, mask_second_half=True),
+        # the pingpong turn passed after QK's scores: mbarrier turns in FA3's order (the d128
+        # non-causal default's), named turns in FA4's order (the causal default's), three stages
+        dict(turn_after_scores=True, pingpong=True, wait_pv_early=False, named_turns=False),
+        dict(turn_after_scores=True, pingpong=True, wait_pv_early=True, named_turns=True),
+        dict(turn_after_scores=True, pingpong=True, named_turns=False, num_kv_stages=3, separate_o=False),
     ]
 
 
@@ -2025,46 +2022,6 @@ def test_gate_d256_softmax_levers(causal, shape):
     assert cfg.rescale_by_warp and cfg.defer_row_sum and cfg.pack_p, cfg
     _gate(functools.partial(fwd.forward, config=cfg), head_dim=256, dtype=torch.bfloat16, causal=causal,
           softmax_scale=0.5, **shape)
-
-
-# QK's scores in two halves (qk_halves): every head dim and mask in FA3's order, partial tiles,
-# GQA, S=17; scale 0.5 moves a row's reference in the second half of a tile in some warps and not
-# others (the first half's P rescaled, or left alone by its warp's vote); the plain online
-# softmax (beta applied always) and the split tail
-def _qk_halves_config(head_dim, causal, shape, **changes):
-    return dataclasses.replace(_shape_default(head_dim, causal, shape), **QK_HALVES, wait_pv_early=False,
-                               single_kv_loop=False, **changes)
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("softmax_scale", [0.5, None])
-@pytest.mark.parametrize("shape", _UNSEEN_HALF_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_qk_halves(head_dim, causal, shape, softmax_scale):
-    for changes in (dict(rescale_threshold=8.0, rescale_by_warp=True), dict(rescale_threshold=0.0,
-                                                                           rescale_by_warp=False)):
-        cfg = _qk_halves_config(head_dim, causal, shape, **changes)
-        _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-              softmax_scale=softmax_scale, **shape)
-        if not causal:
-            _gate(functools.partial(fwd.forward, config=dataclasses.replace(cfg, **SPLIT_GRID)), head_dim=head_dim,
-                  dtype=torch.bfloat16, causal=False, softmax_scale=softmax_scale, **shape)
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("softmax_scale", [0.5, None])
-def test_qk_halves_is_deterministic(softmax_scale):
-    # the second half's wait and the K release follow the first half's softmax: a release before
-    # both halves were read, or a wait that returned early, would move the result
-    q, k, v = _d128_inputs(2, 8, 8, seqlen=4097)
-    cfg = dataclasses.replace(fwd.default_config(128, False, 16384), **QK_HALVES)
-    out1, lse1 = fwd.forward(q, k, v, False, softmax_scale or 128 ** -0.5, cfg)
-    for _ in range(2):
-        out2, lse2 = fwd.forward(q, k, v, False, softmax_scale or 128 ** -0.5, cfg)
-        assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
 
 
 @pytest.mark.gpu

@@ -277,21 +277,20 @@ class HopperFwdConfig:
     # d64: 13.5% fewer instructions executed, issue slots 51% -> 44% busy, cycles +1%: the loop
     # waits on its chain, not on issue. Off
     row_sum_by_mma: bool = False
-    # QK(j) issued as two wgmma groups of block_n/2 keys each, so the softmax starts on the first
-    # half while the second is still on the tensor pipe: the first half's row max, its reference
-    # (rescale_threshold's rule, or the plain max) and its exponentials run under the second
-    # half's QK; the second half may move the reference once more, and then the first half's P is
-    # rescaled by exp2(m_first - m_new) (with rescale_by_warp behind the warp's own vote). The step
-    # trace of d128 non-causal puts the tensor pipe's idle 18% on the softmax being longer than
-    # the other warpgroup's GEMMs cover; this starts it half a QK earlier. Unmasked steps of
-    # FA3's order only (masked steps and the first tile keep one group); P is joined again for
-    # one PV group
-    qk_halves: bool = False
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
     # kernel as it is (census: the same SASS)
     trace_steps: int = 0
+    # pingpong: each consumer passes the GEMM-issue turn once its QK(j)'s scores are in (after the
+    # wait(1) of the overlapped step) instead of right after issuing PV(j-1). The step trace of d128
+    # non-causal has the warpgroup that takes the turn blocked 680-1100 cycles in wgmma issue
+    # (the pipe accepts its wgmmas as it drains) during the other's softmax, and the softmax that
+    # runs beside the longer blocked issue is the longer one (1348 against 1154 cycles; with
+    # qk_halves 1688 against 1096). Passed later, the next warpgroup's QK queues behind one PV
+    # (512 tensor cycles at d128) instead of a QK and a PV: the pipe still has work queued when it
+    # issues
+    turn_after_scores: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -397,14 +396,9 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
-        if self.qk_halves and (not self.overlap or self.wait_pv_early or self.extra_keys or self.row_sum_by_mma
-                               or self.single_kv_loop or self.block_n < 32):
-            raise ValueError("qk_halves splits the scores of one box of keys in the overlapped step of FA3's order: "
-                             "it needs overlap=True, wait_pv_early=False, extra_keys=0, row_sum_by_mma=False, "
-                             f"single_kv_loop=False and block_n >= 32, got overlap={self.overlap}, "
-                             f"wait_pv_early={self.wait_pv_early}, extra_keys={self.extra_keys}, "
-                             f"row_sum_by_mma={self.row_sum_by_mma}, single_kv_loop={self.single_kv_loop}, "
-                             f"block_n={self.block_n}")
+        if self.turn_after_scores and not (self.pingpong and self.overlap):
+            raise ValueError("turn_after_scores moves where the overlapped step passes the pingpong turn: it needs "
+                             f"pingpong=True and overlap=True, got pingpong={self.pingpong}, overlap={self.overlap}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

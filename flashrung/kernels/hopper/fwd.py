@@ -305,8 +305,8 @@ class _Schedule:
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
-    QK_HALVES: gl.constexpr      # an unmasked step's QK as two groups of BLOCK_N / 2 keys, softmax by halves
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
+    TURN_AFTER_SCORES: gl.constexpr  # the pingpong turn passed once QK(j)'s scores are in, not at PV(j-1)'s issue
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -450,19 +450,6 @@ def _qk(q, sh, idx, c):
     else:
         parts = (s,)
     return parts
-
-
-@gluon.jit
-def _qk_halves(q, sh, idx, c):
-    """Issue S = Q Kᵀ for ring slot ``idx`` as two groups, keys ``[0, BLOCK_N/2)`` and ``[BLOCK_N/2,
-    BLOCK_N)`` of the same K tile (``QK_HALVES``): the first group completes half a QK before the
-    second, and its scores can be waited for alone."""
-    HALF: gl.constexpr = c.BLOCK_N // 2
-    k = sh.k_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM])
-    s0 = gl.zeros([_ROWS, HALF], gl.float32, _acc_layout(HALF))
-    s_a = warpgroup_mma(q, k.slice(0, HALF).permute((1, 0)), s0, use_acc=False, is_async=True)
-    s_b = warpgroup_mma(q, k.slice(HALF, HALF).permute((1, 0)), s0, use_acc=False, is_async=True)
-    return s_a, s_b
 
 
 @gluon.jit
@@ -728,63 +715,6 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 
 @gluon.jit
-def _reference(m_cand, m_prev, c):
-    """The row max a step's exponentials subtract, from its candidate ``m_cand`` (the running max
-    with this tile's): the retained reference (``retained_max``) with ``RESCALE_THRESHOLD``, the
-    max itself without. Returns ``(m_new, vote)``; ``vote`` is ``retained_max``'s rescale flag, and
-    without a threshold (every row's alpha applied) a placeholder no caller reads."""
-    if c.RESCALE_THRESHOLD > 0:
-        m_new, vote = retained_max(m_cand, m_prev, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
-    else:
-        m_new = m_cand
-        vote = m_cand
-    return m_new, vote
-
-
-@gluon.jit
-def _softmax_by_halves(s, m_i, l_i, qk_scale_log2, k_empty, trace, rows, first_row, c):
-    """The online softmax of one unmasked K/V tile whose scores arrive in two groups (``QK_HALVES``,
-    :func:`_qk_halves`), with PV(j-1) still pending behind them. Returns ``(p, alpha, m, l,
-    rescale)`` like :func:`_softmax_step`, ``p`` one ``[64, BLOCK_N]`` tile again.
-
-    The first half is waited for alone: its row max gives a reference ``m_a`` and its exponentials
-    and sum are taken against it while the second half's QK runs. The second half's max may move
-    the reference again (``m_new ≥ m_a``, by the same rule); the first half's ``p`` and the sum
-    then take ``beta = exp2(m_a − m_new)``, and O takes ``alpha = exp2(m_i − m_a)·beta``. With the
-    retained reference beta is exactly 1 unless some row's max grew by more than the threshold in
-    the second half, and each warp skips the first half's multiplies on its own vote. K's slot is
-    released (``k_empty``) once both halves are in registers; ``trace``'s scores stamp is the
-    first half's."""
-    HALF: gl.constexpr = c.BLOCK_N // 2
-    s_a = warpgroup_mma_wait(c.PV_GROUPS + 1, deps=[s[0]])
-    stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
-    m_h = _rows_like(m_i, s_a)
-    t_a, scale_a, cand_a = softmax_row_max((s_a,), m_h, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
-    m_a, vote_a = _reference(cand_a, m_h, c)
-    p_a, alpha_a, l_a = softmax_exp(t_a, scale_a, m_h, m_a, _rows_like(l_i, s_a), c.EXP2_FMA_EVERY, c.TREE_REDUCE)
-    # the second half's wait in a basic block after the first half's exponentials: ptxas would
-    # otherwise drop it into the first latency bubble of the row max and wait there
-    l_a = wait_mma_after_softmax(qk_scale_log2, l_a, c.PV_GROUPS)
-    s_b = warpgroup_mma_wait(c.PV_GROUPS, deps=[s[1]])
-    if not c.LATE_K_RELEASE:
-        release(k_empty, c.THREAD_RELEASE)
-    t_b, scale_b, cand_b = softmax_row_max((s_b,), m_a, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
-    m_new, vote_b = _reference(cand_b, m_a, c)
-    p_b, beta, l_new = softmax_exp(t_b, scale_b, m_a, m_new, l_a, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
-    p_first = _rescale_acc(p_a[0], beta, vote_b, _acc_layout(HALF), c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
-    alpha = gl.convert_layout(alpha_a * beta, m_i.type.layout)
-    if c.RESCALE_THRESHOLD > 0:
-        if c.RESCALE_BY_WARP:
-            rescale = gl.convert_layout(vote_a | vote_b, m_i.type.layout)
-        else:
-            rescale = vote_a | vote_b
-    else:
-        rescale = alpha
-    return ((_joined(p_first, p_b[0]),), alpha, gl.convert_layout(m_new, m_i.type.layout),
-            gl.convert_layout(l_new, l_i.type.layout), rescale)
-
-
-@gluon.jit
 def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, v_idx, v_phase,
                      turn, qk_scale_log2, trace, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
@@ -816,25 +746,23 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
     stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS)
-    # the unmasked steps of FA3's order take their scores in two halves (QK_HALVES); masked ones
-    # keep one group
-    BY_HALVES: gl.constexpr = c.QK_HALVES and not MASK
-    if BY_HALVES:
-        s = _qk_halves(q, sh, k_idx, c)
-    else:
-        s = _qk(q, sh, k_idx, c)
+    s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    if not c.TURN_AFTER_SCORES:
+        pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS)
-    if not BY_HALVES:
-        # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV
-        # may still run
-        s = _wait_scores(s, c.PV_GROUPS)
-        stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
-        if not c.LATE_K_RELEASE:
-            release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
+    # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
+    # still run
+    s = _wait_scores(s, c.PV_GROUPS)
+    if c.TURN_AFTER_SCORES:
+        # the next warpgroup's GEMMs now queue behind this one's PV alone, not behind its QK too:
+        # its warps spend less of this warpgroup's softmax blocked in wgmma issue
+        pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
+    if not c.LATE_K_RELEASE:
+        release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
     # those whose first half every row sees mask the second half only (MASK_SECOND_HALF)
     HALVES: gl.constexpr = MASK and (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF)
@@ -879,11 +807,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             rescale = alpha
     else:
-        if BY_HALVES:
-            p, alpha, m_i, l_i, rescale = _softmax_by_halves(s, m_i, l_i, qk_scale_log2,
-                                                             sh.k_empty_bars.index(k_idx), trace, rows,
-                                                             first_row, c)
-        elif HALVES:
+        if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
             m_i = m_new
             rescale = alpha
@@ -1277,7 +1201,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
-                     QK_HALVES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     TURN_AFTER_SCORES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1349,7 +1273,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
-                  QK_HALVES=QK_HALVES)
+                  TURN_AFTER_SCORES=TURN_AFTER_SCORES)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1425,7 +1349,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
-        QK_HALVES=cfg.qk_halves, CONSUMER_REGS=cfg.consumer_regs,
+        TURN_AFTER_SCORES=cfg.turn_after_scores, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

@@ -145,8 +145,8 @@ def release(empty_bar, PER_THREAD: gl.constexpr):
 
 
 @gluon.jit
-def wait_mma_after_softmax(gate, x, NUM_OUTSTANDING: gl.constexpr = 0):
-    """``wait(NUM_OUTSTANDING)`` in a basic block of its own, so ptxas cannot hoist it above the softmax.
+def wait_mma_after_softmax(gate, x):
+    """``wait(0)`` in a basic block of its own, so ptxas cannot hoist it above the softmax.
 
     ptxas schedules within a basic block and treats a ``WARPGROUP.DEPBAR`` as always ready: it
     drops it into the first latency bubble of the softmax (the row-max shuffles), which stalls
@@ -154,10 +154,8 @@ def wait_mma_after_softmax(gate, x, NUM_OUTSTANDING: gl.constexpr = 0):
     branch on a runtime value (``gate == gate``: true unless NaN, which neither LLVM nor ptxas may
     fold) the wait stays after the exp2 block. The caller still waits unconditionally right
     after, to get its accumulator back: that second wait finds nothing outstanding. ``x`` is any
-    register tensor, passed through (the wait op needs at least one dependency). The same holds
-    for a wait that leaves groups pending (``NUM_OUTSTANDING``): the second half of QK's scores
-    waited after the first half's exponentials (``qk_halves``).
+    register tensor, passed through (the wait op needs at least one dependency).
     """
     if gate == gate:
-        x = warpgroup_mma_wait(NUM_OUTSTANDING, deps=[x])
+        x = warpgroup_mma_wait(0, deps=[x])
     return x

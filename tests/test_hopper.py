@@ -80,17 +80,6 @@ def kv_loops(sass):
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
-def turn_after_wait(sass):
-    # in the first steady K/V loop: is the first elected mbarrier arrive after the HGMMA issue
-    # found after the scores' wait(1) (True) or between the last HGMMA and that wait (False)
-    ins = [t.strip() for t in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
-    first = next((i for i, t in enumerate(ins) if re.search(r"DEPBAR.LE gsb0, 0x1", t)), None)
-    if first is None:
-        return None
-    last_mma = max(i for i in range(first) if ins[i].startswith("HGMMA"))
-    arrive = next(i for i in range(last_mma, len(ins)) if "SYNCS.ARRIVE" in ins[i])
-    return arrive > first
-
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
     found = re.findall(r"BAR\.(SYNC|ARV)\S*\s+(0x[0-9a-f]+)(?:,\s*(0x[0-9a-f]+))?", sass)
@@ -115,7 +104,6 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
-            entry["turn_after_wait"] = turn_after_wait(sass)
     result[label] = entry
 print(json.dumps(result))
 """
@@ -165,9 +153,6 @@ CENSUS_CONFIGS += [(f"d64-{mask}-row-sum-by-mma", 64, mask == "causal", ROW_SUM_
 _D128_WHOLE_TILES = {"split_tail": False, "first_mask_on_need": True, "_key_tail": False}   # the S4k-S8k kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
-# the pingpong turn passed after QK's scores (turn_after_scores), on the S4k-S8k kernel
-CENSUS_CONFIGS.append(("d128-full-whole-tiles-turn-after-scores", 128, False,
-                       {**_D128_WHOLE_TILES, "turn_after_scores": True}))
 # the clock stamps of the step trace (trace_steps), on the same kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
@@ -616,25 +601,6 @@ def test_row_sum_by_mma_moves_the_row_sum_onto_the_tensor_pipe(census, name, bas
         assert loop["fadd"] <= 4 < 60 <= b["fadd"], (name, loop, b)
         assert loop["length"] <= b["length"] - shorter, (name, loop, b)
         assert loop["mufu"] == b["mufu"] and loop["bar"] == b["bar"], (name, loop, b)
-
-
-def test_turn_after_scores_moves_the_turn_and_nothing_else(census):
-    # the same steady step (instructions, barriers, exponentials), no local memory; the turn's
-    # arrival (an elected mbarrier arrive) now follows the scores' wait(1) instead of preceding it
-    name, base = "d128-full-whole-tiles-turn-after-scores", "d128-full-whole-tiles"
-    _assert_no_local_memory(census[name]["row"], name)
-    for loop, b in _steady_step_pairs(census, name, base):
-        assert abs(loop["length"] - b["length"]) <= 4, (loop, b)
-        assert (loop["bar"], loop["mufu"], loop["hgmma"]) == (b["bar"], b["mufu"], b["hgmma"]), (loop, b)
-    assert census[name]["turn_after_wait"] and not census[base]["turn_after_wait"]
-
-
-def test_turn_after_scores_is_checked_on_the_host():
-    base = fwd.default_config(128, False, 8192)
-    dataclasses.replace(base, turn_after_scores=True).check(128)
-    for bad in (dict(pingpong=False), dict(overlap=False, rescale_threshold=0.0, rescale_by_warp=False)):
-        with pytest.raises(ValueError, match="turn_after_scores"):
-            dataclasses.replace(base, turn_after_scores=True, **bad).check(128)
 
 
 def test_mid_length_decode_defaults_keep_no_local_memory(census):
@@ -1103,7 +1069,6 @@ def test_config_check_rejects_balanced_without_a_persistent_grid():
 @pytest.mark.parametrize("changes, match", [
     (dict(extra_keys=48), "power of two"),                     # no TMA box
     (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
-    (dict(extra_keys=64, rescale_threshold=8.0), "rescale_threshold"),
     (dict(extra_keys=64, q_in_registers=True), "q_in_registers"),
     (dict(extra_keys=64, separate_o=True), "shared memory"),   # 192-key ring + Q + O > 227 KiB at d128
 ])
@@ -1111,8 +1076,9 @@ def test_config_check_rejects_extra_keys(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(), **changes)
     with pytest.raises(ValueError, match=match):
         cfg.check(128)
-    # the same tile fits with O staged in Q's buffer
+    # the same tile fits with O staged in Q's buffer, with either softmax
     dataclasses.replace(HopperFwdConfig(), extra_keys=64, separate_o=False).check(128)
+    dataclasses.replace(HopperFwdConfig(), extra_keys=64, separate_o=False, rescale_threshold=8.0).check(128)
 
 
 def test_config_with_parses_string_overrides():
@@ -1949,6 +1915,12 @@ def _switches():
         dict(extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True),
         dict(extra_keys=64, separate_o=False, overlap=False, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(extra_keys=64, separate_o=False, row_bound_mask=not base.row_bound_mask),
+        # ... with the retained reference and each warp's own O rescale (the long non-causal
+        # defaults' softmax): FA4's schedule and FA3's order
+        dict(extra_keys=64, separate_o=False, rescale_threshold=8.0, rescale_by_warp=True, pingpong=True,
+             wait_pv_early=True, named_turns=True),
+        dict(extra_keys=64, separate_o=False, rescale_threshold=8.0, rescale_by_warp=True, wait_pv_early=False,
+             named_turns=False),
         # the running sum on the tensor pipe: FA4's order (the default's), FA3's (its gated wait
         # ties another register value), the serial step, the per-warp rescale (l's alpha applied
         # always), the late rescale and the halves of a masked tile
@@ -1958,11 +1930,6 @@ def _switches():
         dict(ROW_SUM_BY_MMA, rescale_threshold=8.0, rescale_by_warp=True),
         dict(ROW_SUM_BY_MMA, late_rescale=True, pingpong=False, wait_pv_early=False, named_turns=False),
         dict(ROW_SUM_BY_MMA, skip_unseen_half=True, mask_second_half=True),
-        # the pingpong turn passed after QK's scores: mbarrier turns in FA3's order (the d128
-        # non-causal default's), named turns in FA4's order (the causal default's), three stages
-        dict(turn_after_scores=True, pingpong=True, wait_pv_early=False, named_turns=False),
-        dict(turn_after_scores=True, pingpong=True, wait_pv_early=True, named_turns=True),
-        dict(turn_after_scores=True, pingpong=True, named_turns=False, num_kv_stages=3, separate_o=False),
     ]
 
 

@@ -282,15 +282,6 @@ class HopperFwdConfig:
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
     # kernel as it is (census: the same SASS)
     trace_steps: int = 0
-    # pingpong: each consumer passes the GEMM-issue turn once its QK(j)'s scores are in (after the
-    # wait(1) of the overlapped step) instead of right after issuing PV(j-1). The step trace of d128
-    # non-causal has the warpgroup that takes the turn blocked 680-1100 cycles in wgmma issue
-    # (the pipe accepts its wgmmas as it drains) during the other's softmax, and the softmax that
-    # runs beside the longer blocked issue is the longer one (1348 against 1154 cycles; with
-    # qk_halves 1688 against 1096). Passed later, the next warpgroup's QK queues behind one PV
-    # (512 tensor cycles at d128) instead of a QK and a PV: the pipe still has work queued when it
-    # issues
-    turn_after_scores: bool = False
 
     @property
     def kv_tile(self) -> int:
@@ -343,9 +334,9 @@ class HopperFwdConfig:
         if self.extra_keys and (self.extra_keys not in (16, 32, 64, 128) or self.extra_keys >= self.block_n):
             raise ValueError(f"extra_keys must be 0 or a power of two in [16, block_n) (a TMA box and a wgmma N), "
                              f"got {self.extra_keys} with block_n={self.block_n}")
-        if self.extra_keys and (self.rescale_threshold > 0 or self.q_in_registers):
-            raise ValueError("extra_keys works on the plain online softmax with Q in shared memory: it cannot be "
-                             "combined with rescale_threshold > 0 or q_in_registers")
+        if self.extra_keys and self.q_in_registers:
+            raise ValueError("extra_keys reads Q from shared memory for its second box: it cannot be combined with "
+                             "q_in_registers")
         if not 1 <= self.l2_section_mib <= MAX_L2_SECTION_MIB:
             raise ValueError(f"l2_section_mib must be in [1, {MAX_L2_SECTION_MIB}] (MiB of K/V per LPT section), "
                              f"got {self.l2_section_mib}")
@@ -396,9 +387,6 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
-        if self.turn_after_scores and not (self.pingpong and self.overlap):
-            raise ValueError("turn_after_scores moves where the overlapped step passes the pingpong turn: it needs "
-                             f"pingpong=True and overlap=True, got pingpong={self.pingpong}, overlap={self.overlap}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

@@ -306,7 +306,6 @@ class _Schedule:
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
-    TURN_AFTER_SCORES: gl.constexpr  # the pingpong turn passed once QK(j)'s scores are in, not at PV(j-1)'s issue
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -704,10 +703,8 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
                   SUM: gl.constexpr = True):
     """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
     if RESCALE_THRESHOLD > 0:
-        # one box of keys per K/V tile (HopperFwdConfig.check)
-        p, alpha, m_i, l_i, rescale = online_softmax_retained(s[0], m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
+        p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
                                                               RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP, SUM)
-        p = (p,)
     else:
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE, SUM)
         rescale = alpha
@@ -750,16 +747,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     if c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
-    if not c.TURN_AFTER_SCORES:
-        pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
     # still run
     s = _wait_scores(s, c.PV_GROUPS)
-    if c.TURN_AFTER_SCORES:
-        # the next warpgroup's GEMMs now queue behind this one's PV alone, not behind its QK too:
-        # its warps spend less of this warpgroup's softmax blocked in wgmma issue
-        pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
@@ -1201,7 +1193,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
-                     TURN_AFTER_SCORES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1272,8 +1264,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
-                  PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
-                  TURN_AFTER_SCORES=TURN_AFTER_SCORES)
+                  PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1349,7 +1340,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
-        TURN_AFTER_SCORES=cfg.turn_after_scores, CONSUMER_REGS=cfg.consumer_regs,
+        CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
 

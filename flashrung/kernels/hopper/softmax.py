@@ -416,8 +416,8 @@ def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
                             EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
                             BY_WARP: gl.constexpr = False, SUM: gl.constexpr = True):
-    """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on one
-    tensor of scores ``s`` (one box of keys per K/V tile).
+    """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on the scores
+    ``s`` of one K/V tile (a tuple of parts, as :func:`softmax_row_max` takes them).
 
     A row moves its reference ``m`` to its running max only when that max grew by more than
     ``THRESHOLD`` (log2 units); otherwise its ``alpha`` is exactly 1. Also returns ``rescale``, a
@@ -426,10 +426,10 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     warpgroup-wide reduction; only the O rescale does. ``BY_WARP``: ``rescale`` is instead each
     row's warp's vote (:func:`warp_any`), for :func:`rescale_by_warp` — no reduction across warps.
     """
-    t, c, m_cand = softmax_row_max((s,), m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
     m_new, rescale = retained_max(m_cand, m_i, THRESHOLD, BY_WARP)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
-    return p[0], alpha, m_new, l_new, rescale
+    return p, alpha, m_new, l_new, rescale
 
 
 @gluon.jit

@@ -1,0 +1,198 @@
+"""Does a warpgroup blocked in ``wgmma`` issue slow the exponentials of the warpgroup beside it?
+
+In every step trace of ``hopper.fwd`` at d128 (docs/hopper.md, *Three changes to the d128 step*)
+the softmax of consumer warpgroup 0 is the longer one, by about what consumer warpgroup 1 spends
+blocked in ``wgmma`` issue beside it (the tensor pipe accepts a warpgroup's ``wgmma``s only as it
+drains). This probe isolates that: one CTA per SM, two 4-warp partitions — one warp of each on
+every SM sub-partition, as in the kernel. The *exponential* partition runs ``ROUNDS`` rounds of
+``ex2.approx`` over ``CHAINS`` independent chains per thread between two ``%clock64`` reads; the
+*GEMM* partition, at the same time, either
+
+* ``idle`` — returns at once;
+* ``queued`` — issues 64×128×64 ``wgmma``s from shared memory back to back, keeping up to
+  ``QUEUE`` groups outstanding, so its warps sit blocked in issue whenever the pipe's queue is full;
+* ``paced`` — the same products, each waited for before the next is issued: the tensor pipe
+  works nearly as much, but the warps never wait in issue.
+
+The exponential rate per SM cycle under ``queued`` against ``paced`` (and ``idle``) says whether a
+blocked issue costs the neighbour issue slots or MUFU throughput. The GEMM partition keeps issuing
+until the exponential partition is done (a flag in shared memory), and reports its own products
+per SM cycle, so the tensor pipe's load under both modes is known.
+
+``python -m flashrung.evidence.wgmma_neighbor [--json PATH]`` needs a Hopper GPU;
+:func:`probe_census` compiles it for sm_90a (no GPU) and counts the loops' instructions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from flashrung.evidence import census
+
+MODES = {"idle": 0, "queued": 1, "paced": 2}
+ROUNDS = 4096
+CHAINS = 8
+QUEUE = 4                       # wgmma groups a "queued" GEMM partition keeps outstanding
+M, N, K = 64, 128, 64           # one group: 4 m64n128k16 instructions, 256 tensor cycles per SM
+GEMM_REGS = 152                 # the GEMM partition's registers: a 64×128 fp32 accumulator and its loop
+
+
+@gluon.jit
+def _clock():
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAINS: gl.constexpr):
+    lay: gl.constexpr = gl.BlockedLayout([CHAINS], [32], [4], [0])
+    offs = gl.arange(0, CHAINS * 128, layout=lay)
+    x = gl.load(x_ptr + offs)
+    t0 = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [offs], dtype=gl.int64, is_pure=False, pack=1)
+    for _ in range(ROUNDS):
+        x = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32,
+                                      is_pure=True, pack=1)
+    t1 = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x.to(gl.int32, bitcast=True)],
+                                   dtype=gl.int64, is_pure=False, pack=1)
+    base = gl.program_id(0) * CHAINS * 128
+    gl.store(out_ptr + base + offs, x)
+    gl.store(cycles_ptr + base + offs, t1 - t0)
+    # tell the GEMM partition to stop: every exponential thread has read its second clock
+    done.store(gl.full([1], 1, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
+
+
+@gluon.jit
+def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, QUEUE: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                          instr_shape=[16, 128, 16])
+    if MODE > 0:
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        a = gl.load(a_ptr + gl.expand_dims(rows, 1) * 64 + gl.expand_dims(cols, 0))
+        a_smem.store(a)
+        rows_b = gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
+        b_smem.store(gl.load(a_ptr + gl.expand_dims(rows_b % 64, 1) * 64 + gl.expand_dims(cols, 0)))
+        fence_async_shared()
+        acc = gl.zeros([64, 128], gl.float32, acc_layout)
+        t0 = _clock()
+        n = 0
+        keep = 1
+        while keep != 0:
+            for _ in range(8):
+                acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), acc, is_async=True)
+                if MODE == 1:
+                    acc = warpgroup_mma_wait(QUEUE, deps=[acc])
+                else:
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+            n += 8
+            flag = done.load(gl.BlockedLayout([1], [32], [4], [0]))
+            keep = 1 - gl.max(flag, 0)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        t1 = _clock()
+        pid = gl.program_id(0)
+        gl.store(gemm_ptr + pid * 3 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
+                 gl.full([1], n, gl.int64, gl.BlockedLayout([1], [32], [4], [0])))
+        gl.store(gemm_ptr + pid * 3 + 1 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
+                 gl.full([1], 0, gl.int64, gl.BlockedLayout([1], [32], [4], [0])) + (t1 - t0))
+        # the products are used: their sum leaves the kernel
+        total = gl.sum(gl.sum(acc, 1), 0)
+        gl.store(gemm_ptr + pid * 3 + 2 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
+                 gl.full([1], 0, gl.int64, gl.BlockedLayout([1], [32], [4], [0])) + total.to(gl.int64))
+
+
+@gluon.jit
+def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, ROUNDS: gl.constexpr, CHAINS: gl.constexpr,
+                    MODE: gl.constexpr, QUEUE: gl.constexpr, GEMM_REGS: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+    b_smem = gl.allocate_shared_memory(gl.bfloat16, [128, 64],
+                                       gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16))
+    done = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    done.store(gl.full([1], 0, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
+    gl.thread_barrier()
+    gl.warp_specialize([
+        (_exp_partition, (x_ptr, out_ptr, cycles_ptr, done, ROUNDS, CHAINS)),
+        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE)),
+    ], [4], [GEMM_REGS])
+
+
+def _spec(mode: str) -> census.CensusSpec:
+    return census.CensusSpec(
+        kernel=f"probe.wgmma_neighbor.{mode}", config={"mode": mode}, fn=neighbor_kernel,
+        signature={"x_ptr": "*fp32", "a_ptr": "*bf16", "out_ptr": "*fp32", "cycles_ptr": "*i64", "gemm_ptr": "*i64"},
+        constexprs={"ROUNDS": ROUNDS, "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS},
+        num_warps=4, gluon=True)
+
+
+def probe_census(arch: str = "sm_90a") -> dict:
+    """Per mode, the probe compiled for ``arch`` (no GPU): its ``HGMMA``, ``MUFU.EX2`` and
+    ``WARPGROUP.DEPBAR`` counts and whether it spills."""
+    if census.needs_reexec():
+        raise RuntimeError("compile without TRITON_INTERPRET=1 (python -m flashrung.evidence.wgmma_neighbor --census)")
+    out = {}
+    for mode in MODES:
+        row = census.census_one(_spec(mode), arch)
+        if row.error:
+            raise RuntimeError(f"{mode}: {row.error}")
+        out[mode] = {"HGMMA": row.sass["HGMMA"], "MUFU.EX2": row.sass["MUFU.EX2"],
+                     "WARPGROUP": row.sass.get("WARPGROUP", 0), "spill_bytes": row.spill_bytes}
+    return out
+
+
+def measure(mode: str, repeats: int = 3) -> dict:
+    """The exponential partition's results per SM cycle beside a GEMM partition in ``mode``, and the
+    GEMM partition's tensor share (its products' tensor cycles over its elapsed cycles), medians
+    over the SMs."""
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = CHAINS * 128
+    x = torch.rand(n, device="cuda") * -1.0
+    a = torch.randn(64 * 64, device="cuda").to(torch.bfloat16)
+    out = torch.empty(sms * n, device="cuda")
+    cycles = torch.empty(sms * n, device="cuda", dtype=torch.int64)
+    gemm = torch.zeros(sms * 3, device="cuda", dtype=torch.int64)
+    for _ in range(repeats):
+        neighbor_kernel[(sms,)](x, a, out, cycles, gemm, ROUNDS=ROUNDS, CHAINS=CHAINS, MODE=MODES[mode], QUEUE=QUEUE,
+                                GEMM_REGS=GEMM_REGS, num_warps=4)
+    torch.cuda.synchronize()
+    per_cta = cycles.view(sms, n).max(1).values.tolist()
+    row = dict(mode=mode, exp_per_sm_cycle=ROUNDS * n / statistics.median(per_cta))
+    if mode != "idle":
+        g = gemm.view(sms, 3).tolist()
+        # one group: 4 m64n128k16 wgmmas, 2·64·128·64 FLOPs, at 4096 dense bf16 FLOPs per SM cycle
+        tensor_cycles = 2 * M * N * K / 4096
+        row["tensor_share"] = statistics.median(r[0] * tensor_cycles / r[1] for r in g if r[1] > 0)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flashrung.evidence.wgmma_neighbor", description=__doc__.split("\n")[0])
+    ap.add_argument("--census", action="store_true", help="compile the probe for sm_90a and count it (no GPU)")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    if args.census:
+        print(json.dumps(probe_census()))
+        return 0
+    import torch
+
+    rows = [measure(mode) for mode in MODES]
+    print(f"{torch.cuda.get_device_name(0)}: ex2 beside a GEMM warpgroup, one CTA per SM, {ROUNDS} rounds × {CHAINS} chains")
+    print(f"{'GEMM partition':15s} {'ex2 per SM cycle':>16s} {'tensor share':>12s}")
+    for r in rows:
+        share = f"{r['tensor_share']:.1%}" if "tensor_share" in r else "—"
+        print(f"{r['mode']:15s} {r['exp_per_sm_cycle']:16.2f} {share:>12s}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(0), rounds=ROUNDS, chains=CHAINS, queue=QUEUE, rows=rows), f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

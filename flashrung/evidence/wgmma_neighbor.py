@@ -36,10 +36,16 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from flashrung.evidence import census
 
 MODES = {"idle": 0, "queued": 1, "paced": 2}
+OPS = {"ex2": 0, "ffma": 1}
+# (operation, GEMM mode, GEMM N, A from registers): the exponentials beside each GEMM mode; beside
+# a narrower accumulator and a register A operand (PV's form); an FMA stream beside the same
+VARIANTS = [("ex2", "idle", 128, False), ("ex2", "queued", 128, False), ("ex2", "paced", 128, False),
+            ("ex2", "queued", 64, False), ("ex2", "queued", 128, True), ("ex2", "paced", 128, True),
+            ("ffma", "idle", 128, False), ("ffma", "queued", 128, False), ("ffma", "paced", 128, False)]
 ROUNDS = 4096
 CHAINS = 8
 QUEUE = 4                       # wgmma groups a "queued" GEMM partition keeps outstanding
-M, N, K = 64, 128, 64           # one group: 4 m64n128k16 instructions, 256 tensor cycles per SM
+M, K = 64, 64                   # one group: 4 m64nNk16 instructions (N = 128: 256 tensor cycles per SM)
 GEMM_REGS = 152                 # the GEMM partition's registers: a 64×128 fp32 accumulator and its loop
 
 
@@ -49,14 +55,17 @@ def _clock():
 
 
 @gluon.jit
-def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAINS: gl.constexpr):
+def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAINS: gl.constexpr, OP: gl.constexpr):
     lay: gl.constexpr = gl.BlockedLayout([CHAINS], [32], [4], [0])
     offs = gl.arange(0, CHAINS * 128, layout=lay)
     x = gl.load(x_ptr + offs)
     t0 = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [offs], dtype=gl.int64, is_pure=False, pack=1)
     for _ in range(ROUNDS):
-        x = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32,
-                                      is_pure=True, pack=1)
+        if OP == 0:
+            x = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            x = x * 0.999 + 0.0001
     t1 = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x.to(gl.int32, bitcast=True)],
                                    dtype=gl.int64, is_pure=False, pack=1)
     base = gl.program_id(0) * CHAINS * 128
@@ -67,9 +76,10 @@ def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAIN
 
 
 @gluon.jit
-def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, QUEUE: gl.constexpr):
+def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, QUEUE: gl.constexpr,
+                    GEMM_N: gl.constexpr, A_IN_REGISTERS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                          instr_shape=[16, 128, 16])
+                                                          instr_shape=[16, GEMM_N, 16])
     if MODE > 0:
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
@@ -79,13 +89,19 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
         rows_b = gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
         b_smem.store(gl.load(a_ptr + gl.expand_dims(rows_b % 64, 1) * 64 + gl.expand_dims(cols, 0)))
         fence_async_shared()
-        acc = gl.zeros([64, 128], gl.float32, acc_layout)
+        acc = gl.zeros([64, GEMM_N], gl.float32, acc_layout)
+        b_op = b_smem.slice(0, GEMM_N).permute((1, 0))
+        if A_IN_REGISTERS:
+            # P's place in PV: the A operand read from the registers of the issuing warps
+            a_op = a_smem.load(gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
+        else:
+            a_op = a_smem
         t0 = _clock()
         n = 0
         keep = 1
         while keep != 0:
             for _ in range(8):
-                acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(a_op, b_op, acc, is_async=True)
                 if MODE == 1:
                     acc = warpgroup_mma_wait(QUEUE, deps=[acc])
                 else:
@@ -108,7 +124,8 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
 
 @gluon.jit
 def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, ROUNDS: gl.constexpr, CHAINS: gl.constexpr,
-                    MODE: gl.constexpr, QUEUE: gl.constexpr, GEMM_REGS: gl.constexpr):
+                    MODE: gl.constexpr, QUEUE: gl.constexpr, GEMM_REGS: gl.constexpr, OP: gl.constexpr = 0,
+                    GEMM_N: gl.constexpr = 128, A_IN_REGISTERS: gl.constexpr = False):
     a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
     b_smem = gl.allocate_shared_memory(gl.bfloat16, [128, 64],
                                        gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16))
@@ -116,38 +133,58 @@ def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, ROUNDS: gl.cons
     done.store(gl.full([1], 0, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
     gl.thread_barrier()
     gl.warp_specialize([
-        (_exp_partition, (x_ptr, out_ptr, cycles_ptr, done, ROUNDS, CHAINS)),
-        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE)),
+        (_exp_partition, (x_ptr, out_ptr, cycles_ptr, done, ROUNDS, CHAINS, OP)),
+        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE, GEMM_N, A_IN_REGISTERS)),
     ], [4], [GEMM_REGS])
 
 
-def _spec(mode: str) -> census.CensusSpec:
+def _constexprs(op: str, mode: str, gemm_n: int, a_in_registers: bool) -> dict:
+    return {"ROUNDS": ROUNDS, "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS,
+            "OP": OPS[op], "GEMM_N": gemm_n, "A_IN_REGISTERS": a_in_registers}
+
+
+def _spec(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False) -> census.CensusSpec:
     return census.CensusSpec(
-        kernel=f"probe.wgmma_neighbor.{mode}", config={"mode": mode}, fn=neighbor_kernel,
+        kernel=f"probe.wgmma_neighbor.{op}.{mode}",
+        config={"op": op, "mode": mode, "gemm_n": gemm_n, "a_in_registers": a_in_registers}, fn=neighbor_kernel,
         signature={"x_ptr": "*fp32", "a_ptr": "*bf16", "out_ptr": "*fp32", "cycles_ptr": "*i64", "gemm_ptr": "*i64"},
-        constexprs={"ROUNDS": ROUNDS, "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS},
-        num_warps=4, gluon=True)
+        constexprs=_constexprs(op, mode, gemm_n, a_in_registers), num_warps=4, gluon=True)
 
 
 def probe_census(arch: str = "sm_90a") -> dict:
-    """Per mode, the probe compiled for ``arch`` (no GPU): its ``HGMMA``, ``MUFU.EX2`` and
-    ``WARPGROUP.DEPBAR`` counts and whether it spills."""
+    """Per variant, the probe compiled for ``arch`` (no GPU): its ``HGMMA`` (and how many take A
+    from registers), ``MUFU.EX2``, ``FFMA`` counts and whether it spills."""
     if census.needs_reexec():
         raise RuntimeError("compile without TRITON_INTERPRET=1 (python -m flashrung.evidence.wgmma_neighbor --census)")
+    import os
+    import re
+    import tempfile
+
     out = {}
-    for mode in MODES:
-        row = census.census_one(_spec(mode), arch)
+    for variant in VARIANTS:
+        spec = _spec(*variant)
+        row = census.census_one(spec, arch)
         if row.error:
-            raise RuntimeError(f"{mode}: {row.error}")
-        out[mode] = {"HGMMA": row.sass["HGMMA"], "MUFU.EX2": row.sass["MUFU.EX2"],
-                     "WARPGROUP": row.sass.get("WARPGROUP", 0), "spill_bytes": row.spill_bytes}
+            raise RuntimeError(f"{variant}: {row.error}")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(census.compile_spec(spec, arch).asm["cubin"])
+            sass = census.sass_text(path)
+        out[_label(*variant)] = {"HGMMA": row.sass["HGMMA"], "MUFU.EX2": row.sass["MUFU.EX2"], "FFMA": row.sass["FFMA"],
+                                 "hgmma_register_a": len(re.findall(r"HGMMA\S* R\d+, R\d+", sass)),
+                                 "spill_bytes": row.spill_bytes}
     return out
 
 
-def measure(mode: str, repeats: int = 3) -> dict:
-    """The exponential partition's results per SM cycle beside a GEMM partition in ``mode``, and the
-    GEMM partition's tensor share (its products' tensor cycles over its elapsed cycles), medians
-    over the SMs."""
+def _label(op, mode, gemm_n, a_in_registers) -> str:
+    return f"{op} beside {mode}" + ("" if mode == "idle" else f" n{gemm_n}{' A in registers' if a_in_registers else ''}")
+
+
+def measure(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False, repeats: int = 3) -> dict:
+    """The stream partition's results per SM cycle (``op``) beside a GEMM partition in ``mode``, and
+    the GEMM partition's tensor share (its products' tensor cycles over its elapsed cycles),
+    medians over the SMs."""
     import torch
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -158,15 +195,15 @@ def measure(mode: str, repeats: int = 3) -> dict:
     cycles = torch.empty(sms * n, device="cuda", dtype=torch.int64)
     gemm = torch.zeros(sms * 3, device="cuda", dtype=torch.int64)
     for _ in range(repeats):
-        neighbor_kernel[(sms,)](x, a, out, cycles, gemm, ROUNDS=ROUNDS, CHAINS=CHAINS, MODE=MODES[mode], QUEUE=QUEUE,
-                                GEMM_REGS=GEMM_REGS, num_warps=4)
+        neighbor_kernel[(sms,)](x, a, out, cycles, gemm, **_constexprs(op, mode, gemm_n, a_in_registers), num_warps=4)
     torch.cuda.synchronize()
     per_cta = cycles.view(sms, n).max(1).values.tolist()
-    row = dict(mode=mode, exp_per_sm_cycle=ROUNDS * n / statistics.median(per_cta))
+    row = dict(op=op, mode=mode, gemm_n=gemm_n, a_in_registers=a_in_registers, label=_label(op, mode, gemm_n, a_in_registers),
+               per_sm_cycle=ROUNDS * n / statistics.median(per_cta))
     if mode != "idle":
         g = gemm.view(sms, 3).tolist()
-        # one group: 4 m64n128k16 wgmmas, 2·64·128·64 FLOPs, at 4096 dense bf16 FLOPs per SM cycle
-        tensor_cycles = 2 * M * N * K / 4096
+        # one group: 4 m64nNk16 wgmmas, 2·64·N·64 FLOPs, at 4096 dense bf16 FLOPs per SM cycle
+        tensor_cycles = 2 * M * gemm_n * K / 4096
         row["tensor_share"] = statistics.median(r[0] * tensor_cycles / r[1] for r in g if r[1] > 0)
     return row
 
@@ -181,12 +218,13 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    rows = [measure(mode) for mode in MODES]
-    print(f"{torch.cuda.get_device_name(0)}: ex2 beside a GEMM warpgroup, one CTA per SM, {ROUNDS} rounds × {CHAINS} chains")
-    print(f"{'GEMM partition':15s} {'ex2 per SM cycle':>16s} {'tensor share':>12s}")
+    rows = [measure(*variant) for variant in VARIANTS]
+    print(f"{torch.cuda.get_device_name(0)}: a stream beside a GEMM warpgroup, one CTA per SM, {ROUNDS} rounds × "
+          f"{CHAINS} chains")
+    print(f"{'stream and GEMM partition':34s} {'per SM cycle':>12s} {'tensor share':>12s}")
     for r in rows:
         share = f"{r['tensor_share']:.1%}" if "tensor_share" in r else "—"
-        print(f"{r['mode']:15s} {r['exp_per_sm_cycle']:16.2f} {share:>12s}")
+        print(f"{r['label']:34s} {r['per_sm_cycle']:12.2f} {share:>12s}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), rounds=ROUNDS, chains=CHAINS, queue=QUEUE, rows=rows), f,

@@ -45,6 +45,7 @@ VARIANTS = [("ex2", "idle", 128, False), ("ex2", "queued", 128, False), ("ex2", 
 ROUNDS = 4096
 CHAINS = 8
 QUEUE = 4                       # wgmma groups a "queued" GEMM partition keeps outstanding
+MAX_GROUPS = 1 << 16            # a GEMM partition stops after this many groups whatever its flag says
 M, K = 64, 64                   # one group: 4 m64nNk16 instructions (N = 128: 256 tensor cycles per SM)
 GEMM_REGS = 152                 # the GEMM partition's registers: a 64×128 fp32 accumulator and its loop
 
@@ -71,13 +72,15 @@ def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAIN
     base = gl.program_id(0) * CHAINS * 128
     gl.store(out_ptr + base + offs, x)
     gl.store(cycles_ptr + base + offs, t1 - t0)
-    # tell the GEMM partition to stop: every exponential thread has read its second clock
-    done.store(gl.full([1], 1, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
+    # tell the GEMM partition to stop: every stream thread has read its second clock (an atomic on
+    # this CTA's flag in global memory: a plain load of it in the GEMM loop may be hoisted)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    gl.atomic_xchg(done + gl.program_id(0) + gl.arange(0, 1, layout=one), gl.full([1], 1, gl.int32, one))
 
 
 @gluon.jit
 def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, QUEUE: gl.constexpr,
-                    GEMM_N: gl.constexpr, A_IN_REGISTERS: gl.constexpr):
+                    GEMM_N: gl.constexpr, A_IN_REGISTERS: gl.constexpr, MAX_GROUPS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                           instr_shape=[16, GEMM_N, 16])
     if MODE > 0:
@@ -99,6 +102,7 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
         t0 = _clock()
         n = 0
         keep = 1
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         while keep != 0:
             for _ in range(8):
                 acc = warpgroup_mma(a_op, b_op, acc, is_async=True)
@@ -107,8 +111,9 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc])
             n += 8
-            flag = done.load(gl.BlockedLayout([1], [32], [4], [0]))
-            keep = 1 - gl.max(flag, 0)
+            flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=one), gl.full([1], 0, gl.int32, one))
+            # a bound as well: a stream partition that never sets the flag cannot hang the probe
+            keep = (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
         acc = warpgroup_mma_wait(0, deps=[acc])
         t1 = _clock()
         pid = gl.program_id(0)
@@ -123,31 +128,31 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
 
 
 @gluon.jit
-def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, ROUNDS: gl.constexpr, CHAINS: gl.constexpr,
+def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, flag_ptr, ROUNDS: gl.constexpr, CHAINS: gl.constexpr,
                     MODE: gl.constexpr, QUEUE: gl.constexpr, GEMM_REGS: gl.constexpr, OP: gl.constexpr = 0,
-                    GEMM_N: gl.constexpr = 128, A_IN_REGISTERS: gl.constexpr = False):
+                    GEMM_N: gl.constexpr = 128, A_IN_REGISTERS: gl.constexpr = False,
+                    MAX_GROUPS: gl.constexpr = 65536):
     a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
     b_smem = gl.allocate_shared_memory(gl.bfloat16, [128, 64],
                                        gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16))
-    done = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    done.store(gl.full([1], 0, gl.int32, gl.BlockedLayout([1], [32], [4], [0])))
-    gl.thread_barrier()
+    done = flag_ptr                            # one int32 flag per CTA, zeroed by the host
     gl.warp_specialize([
         (_exp_partition, (x_ptr, out_ptr, cycles_ptr, done, ROUNDS, CHAINS, OP)),
-        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE, GEMM_N, A_IN_REGISTERS)),
+        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE, GEMM_N, A_IN_REGISTERS, MAX_GROUPS)),
     ], [4], [GEMM_REGS])
 
 
 def _constexprs(op: str, mode: str, gemm_n: int, a_in_registers: bool) -> dict:
     return {"ROUNDS": ROUNDS, "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS,
-            "OP": OPS[op], "GEMM_N": gemm_n, "A_IN_REGISTERS": a_in_registers}
+            "OP": OPS[op], "GEMM_N": gemm_n, "A_IN_REGISTERS": a_in_registers, "MAX_GROUPS": MAX_GROUPS}
 
 
 def _spec(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False) -> census.CensusSpec:
     return census.CensusSpec(
         kernel=f"probe.wgmma_neighbor.{op}.{mode}",
         config={"op": op, "mode": mode, "gemm_n": gemm_n, "a_in_registers": a_in_registers}, fn=neighbor_kernel,
-        signature={"x_ptr": "*fp32", "a_ptr": "*bf16", "out_ptr": "*fp32", "cycles_ptr": "*i64", "gemm_ptr": "*i64"},
+        signature={"x_ptr": "*fp32", "a_ptr": "*bf16", "out_ptr": "*fp32", "cycles_ptr": "*i64", "gemm_ptr": "*i64",
+                   "flag_ptr": "*i32"},
         constexprs=_constexprs(op, mode, gemm_n, a_in_registers), num_warps=4, gluon=True)
 
 
@@ -194,8 +199,10 @@ def measure(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False,
     out = torch.empty(sms * n, device="cuda")
     cycles = torch.empty(sms * n, device="cuda", dtype=torch.int64)
     gemm = torch.zeros(sms * 3, device="cuda", dtype=torch.int64)
+    flags = torch.zeros(sms, device="cuda", dtype=torch.int32)
     for _ in range(repeats):
-        neighbor_kernel[(sms,)](x, a, out, cycles, gemm, **_constexprs(op, mode, gemm_n, a_in_registers), num_warps=4)
+        flags.zero_()
+        neighbor_kernel[(sms,)](x, a, out, cycles, gemm, flags, **_constexprs(op, mode, gemm_n, a_in_registers), num_warps=4)
     torch.cuda.synchronize()
     per_cta = cycles.view(sms, n).max(1).values.tolist()
     row = dict(op=op, mode=mode, gemm_n=gemm_n, a_in_registers=a_in_registers, label=_label(op, mode, gemm_n, a_in_registers),

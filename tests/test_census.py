@@ -78,21 +78,6 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
     assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}
 
 
-def test_unit_rate_probe_times_one_operation_per_chain_and_round():
-    # the MUFU and FMA rates (flashrung.evidence.unit_rates; docs/hopper.md) are results over
-    # cycles of a loop that must hold nothing else: compiled for sm_90a, its innermost loop is the
-    # operation (a whole number of rounds of its 8 chains, unrolled) and at most the loop's counter
-    # and branch besides
-    out = subprocess.run([sys.executable, "-m", "flashrung.evidence.unit_rates", "--census"],
-                         capture_output=True, text=True, env=census.interpreter_free_env(), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    for op, opcode, other in (("ex2", "MUFU.EX2", "FFMA"), ("ffma", "FFMA", "MUFU.EX2")):
-        loop = result[op]
-        assert loop[opcode] > 0 and loop[opcode] % 8 == 0 and loop[other] == 0, (op, loop)
-        assert loop["length"] - loop[opcode] <= 4, (op, loop)
-
-
 def test_wgmma_neighbor_probe_builds_each_variant_it_times():
     # flashrung.evidence.wgmma_neighbor (docs/hopper.md): the stream partition issues its operation
     # and nothing of the other kind; a GEMM partition issues wgmma, from registers where the

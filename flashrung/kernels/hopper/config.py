@@ -112,7 +112,10 @@ class HopperFwdConfig:
     # keys of each K/V tile in a second TMA box and a second wgmma per product, after the first
     # block_n (0: none): the tile holds block_n + extra_keys keys, so the per-tile costs of the
     # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
-    # tile has 176 keys, which a Triton block (a power of two) cannot; 128 + 64 = 192 can
+    # tile has 176 keys, which a Triton block (a power of two) cannot; 128 + 64 = 192 can. With
+    # either softmax (the retained reference's decision covers both parts). Paired on the H200 at
+    # d128 non-causal with the retained reference in FA4's order: 0.984 / 0.981 at S16k, 0.963 /
+    # 0.964 at S8k (REVERT): off
     extra_keys: int = 0
     # the persistent grid's tiles list-scheduled on the host (schedule.balanced_schedule): each CTA
     # walks its own list instead of a stride, so unequal causal tiles spread evenly (modeled

@@ -81,17 +81,19 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
 def test_wgmma_neighbor_probe_builds_each_variant_it_times():
     # flashrung.evidence.wgmma_neighbor (docs/hopper.md): the stream partition issues its operation
     # and nothing of the other kind; a GEMM partition issues wgmma, from registers where the
-    # variant says so (PV's form), and an idle one none; no variant spills
+    # variant says so (PV's form), or mma.sync (the ladder's), and an idle one neither; no variant
+    # spills
     out = subprocess.run([sys.executable, "-m", "flashrung.evidence.wgmma_neighbor", "--census"],
                          capture_output=True, text=True, env=census.interpreter_free_env(), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(result) == 9
+    assert len(result) == 11
     for label, row in result.items():
         assert row["spill_bytes"] == 0, label
         op_count, other = (row["MUFU.EX2"], row["FFMA"]) if label.startswith("ex2") else (row["FFMA"], row["MUFU.EX2"])
         assert op_count > 0 and other == 0, (label, row)
-        assert (row["HGMMA"] == 0) == label.endswith("idle"), (label, row)
+        assert (row["HGMMA"] == 0) == label.endswith(("idle", "mma.sync")), (label, row)
+        assert (row["HMMA"] > 0) == label.endswith("mma.sync"), (label, row)
         assert (row["hgmma_register_a"] == row["HGMMA"] > 0) == label.endswith("A in registers"), (label, row)
 
 

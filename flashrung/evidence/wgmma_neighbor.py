@@ -12,7 +12,9 @@ every SM sub-partition, as in the kernel. The *exponential* partition runs ``ROU
 * ``queued`` — issues 64×128×64 ``wgmma``s from shared memory back to back, keeping up to
   ``QUEUE`` groups outstanding, so its warps sit blocked in issue whenever the pipe's queue is full;
 * ``paced`` — the same products, each waited for before the next is issued: the tensor pipe
-  works nearly as much, but the warps never wait in issue.
+  works nearly as much, but the warps never wait in issue;
+* ``mma.sync`` — 64×64×64 ``mma_v2`` products from registers (``HMMA.16816``, the ladder's
+  instruction) back to back.
 
 The exponential rate per SM cycle under ``queued`` against ``paced`` (and ``idle``) says whether a
 blocked issue costs the neighbour issue slots or MUFU throughput. The GEMM partition keeps issuing
@@ -31,18 +33,20 @@ import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from flashrung.evidence import census
 
-MODES = {"idle": 0, "queued": 1, "paced": 2}
+MODES = {"idle": 0, "queued": 1, "paced": 2, "mma.sync": 3}
 OPS = {"ex2": 0, "ffma": 1}
 # (operation, GEMM mode, GEMM N, A from registers): the exponentials beside each GEMM mode; beside
 # a narrower accumulator and a register A operand (PV's form); an FMA stream beside the same
 VARIANTS = [("ex2", "idle", 128, False), ("ex2", "queued", 128, False), ("ex2", "paced", 128, False),
             ("ex2", "queued", 64, False), ("ex2", "queued", 128, True), ("ex2", "paced", 128, True),
-            ("ffma", "idle", 128, False), ("ffma", "queued", 128, False), ("ffma", "paced", 128, False)]
-ROUNDS = 4096
+            ("ffma", "idle", 128, False), ("ffma", "queued", 128, False), ("ffma", "paced", 128, False),
+            ("ex2", "mma.sync", 64, False), ("ffma", "mma.sync", 64, False)]
+ROUNDS = {"ex2": 4096, "ffma": 32768}   # per operation: both streams last ~260k cycles alone
 CHAINS = 8
 QUEUE = 4                       # wgmma groups a "queued" GEMM partition keeps outstanding
 MAX_GROUPS = 1 << 16            # a GEMM partition stops after this many groups whatever its flag says
@@ -83,7 +87,33 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
                     GEMM_N: gl.constexpr, A_IN_REGISTERS: gl.constexpr, MAX_GROUPS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                           instr_shape=[16, GEMM_N, 16])
-    if MODE > 0:
+    if MODE == 3:
+        # the ladder's instruction: mma.sync (HMMA.16816) from registers, 64×64×64 per call and warpgroup
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+        ld3: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld3))
+        cc = gl.arange(0, 64, layout=gl.SliceLayout(0, ld3))
+        tile = gl.load(a_ptr + gl.expand_dims(r, 1) * 64 + gl.expand_dims(cc, 0))
+        a_reg = gl.convert_layout(tile, gl.DotOperandLayout(0, mma, 2))
+        b_reg = gl.convert_layout(tile, gl.DotOperandLayout(1, mma, 2))
+        acc3 = gl.zeros([64, 64], gl.float32, mma)
+        t0 = _clock()
+        n = 0
+        keep = 1
+        one3: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        while keep != 0:
+            for _ in range(8):
+                acc3 = mma_v2(a_reg, b_reg, acc3)
+            n += 8
+            flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int32, one3))
+            keep = (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
+        t1 = _clock()
+        pid = gl.program_id(0)
+        gl.store(gemm_ptr + pid * 3 + gl.arange(0, 1, layout=one3), gl.full([1], n, gl.int64, one3))
+        gl.store(gemm_ptr + pid * 3 + 1 + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int64, one3) + (t1 - t0))
+        total3 = gl.sum(gl.sum(acc3, 1), 0)
+        gl.store(gemm_ptr + pid * 3 + 2 + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int64, one3) + total3.to(gl.int64))
+    elif MODE > 0:
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
         cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
@@ -143,7 +173,7 @@ def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, flag_ptr, ROUND
 
 
 def _constexprs(op: str, mode: str, gemm_n: int, a_in_registers: bool) -> dict:
-    return {"ROUNDS": ROUNDS, "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS,
+    return {"ROUNDS": ROUNDS[op], "CHAINS": CHAINS, "MODE": MODES[mode], "QUEUE": QUEUE, "GEMM_REGS": GEMM_REGS,
             "OP": OPS[op], "GEMM_N": gemm_n, "A_IN_REGISTERS": a_in_registers, "MAX_GROUPS": MAX_GROUPS}
 
 
@@ -176,14 +206,17 @@ def probe_census(arch: str = "sm_90a") -> dict:
             with open(path, "wb") as f:
                 f.write(census.compile_spec(spec, arch).asm["cubin"])
             sass = census.sass_text(path)
-        out[_label(*variant)] = {"HGMMA": row.sass["HGMMA"], "MUFU.EX2": row.sass["MUFU.EX2"], "FFMA": row.sass["FFMA"],
+        out[_label(*variant)] = {"HGMMA": row.sass["HGMMA"], "HMMA": row.sass["HMMA"], "MUFU.EX2": row.sass["MUFU.EX2"],
+                                 "FFMA": row.sass["FFMA"],
                                  "hgmma_register_a": len(re.findall(r"HGMMA\S* R\d+, R\d+", sass)),
                                  "spill_bytes": row.spill_bytes}
     return out
 
 
 def _label(op, mode, gemm_n, a_in_registers) -> str:
-    return f"{op} beside {mode}" + ("" if mode == "idle" else f" n{gemm_n}{' A in registers' if a_in_registers else ''}")
+    if mode in ("idle", "mma.sync"):
+        return f"{op} beside {mode}"
+    return f"{op} beside {mode} n{gemm_n}{' A in registers' if a_in_registers else ''}"
 
 
 def measure(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False, repeats: int = 3) -> dict:
@@ -206,12 +239,15 @@ def measure(op: str, mode: str, gemm_n: int = 128, a_in_registers: bool = False,
     torch.cuda.synchronize()
     per_cta = cycles.view(sms, n).max(1).values.tolist()
     row = dict(op=op, mode=mode, gemm_n=gemm_n, a_in_registers=a_in_registers, label=_label(op, mode, gemm_n, a_in_registers),
-               per_sm_cycle=ROUNDS * n / statistics.median(per_cta))
+               per_sm_cycle=ROUNDS[op] * n / statistics.median(per_cta))
     if mode != "idle":
         g = gemm.view(sms, 3).tolist()
-        # one group: 4 m64nNk16 wgmmas, 2·64·N·64 FLOPs, at 4096 dense bf16 FLOPs per SM cycle
-        tensor_cycles = 2 * M * gemm_n * K / 4096
-        row["tensor_share"] = statistics.median(r[0] * tensor_cycles / r[1] for r in g if r[1] > 0)
+        # one group: 2·64·N·64 FLOPs (mma.sync: N = 64)
+        flops = 2 * M * (64 if mode == "mma.sync" else gemm_n) * K
+        row["tensor_flop_per_sm_cycle"] = statistics.median(r[0] * flops / r[1] for r in g if r[1] > 0)
+        if mode != "mma.sync":
+            # wgmma's dense bf16 rate: 4096 FLOPs per SM cycle
+            row["tensor_share"] = row["tensor_flop_per_sm_cycle"] / 4096
     return row
 
 
@@ -226,12 +262,12 @@ def main(argv=None) -> int:
     import torch
 
     rows = [measure(*variant) for variant in VARIANTS]
-    print(f"{torch.cuda.get_device_name(0)}: a stream beside a GEMM warpgroup, one CTA per SM, {ROUNDS} rounds × "
-          f"{CHAINS} chains")
-    print(f"{'stream and GEMM partition':34s} {'per SM cycle':>12s} {'tensor share':>12s}")
+    print(f"{torch.cuda.get_device_name(0)}: a stream beside a GEMM warpgroup, one CTA per SM, {CHAINS} chains")
+    print(f"{'stream and GEMM partition':34s} {'per SM cycle':>12s} {'tensor FLOP/cyc':>15s} {'wgmma share':>11s}")
     for r in rows:
         share = f"{r['tensor_share']:.1%}" if "tensor_share" in r else "—"
-        print(f"{r['label']:34s} {r['per_sm_cycle']:12.2f} {share:>12s}")
+        flop = f"{r['tensor_flop_per_sm_cycle']:.0f}" if "tensor_flop_per_sm_cycle" in r else "—"
+        print(f"{r['label']:34s} {r['per_sm_cycle']:12.2f} {flop:>15s} {share:>11s}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), rounds=ROUNDS, chains=CHAINS, queue=QUEUE, rows=rows), f,

@@ -54,6 +54,9 @@ M, K = 64, 64                   # one group: 4 m64nNk16 instructions (N = 128: 2
 GEMM_REGS = 152                 # the GEMM partition's registers: a 64×128 fp32 accumulator and its loop
 
 
+_ONE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))    # one value per thread of a warpgroup
+
+
 @gluon.jit
 def _clock():
     return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
@@ -78,8 +81,7 @@ def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAIN
     gl.store(cycles_ptr + base + offs, t1 - t0)
     # tell the GEMM partition to stop: every stream thread has read its second clock (an atomic on
     # this CTA's flag in global memory: a plain load of it in the GEMM loop may be hoisted)
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    gl.atomic_xchg(done + gl.program_id(0) + gl.arange(0, 1, layout=one), gl.full([1], 1, gl.int32, one))
+    gl.atomic_xchg(done + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 1, gl.int32, _ONE))
 
 
 @gluon.jit
@@ -90,37 +92,22 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
     if MODE == 3:
         # the ladder's instruction: mma.sync (HMMA.16816) from registers, 64×64×64 per call and warpgroup
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
-        ld3: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld3))
-        cc = gl.arange(0, 64, layout=gl.SliceLayout(0, ld3))
-        tile = gl.load(a_ptr + gl.expand_dims(r, 1) * 64 + gl.expand_dims(cc, 0))
+        tile = _load_tile(a_ptr, 64)
         a_reg = gl.convert_layout(tile, gl.DotOperandLayout(0, mma, 2))
         b_reg = gl.convert_layout(tile, gl.DotOperandLayout(1, mma, 2))
         acc3 = gl.zeros([64, 64], gl.float32, mma)
         t0 = _clock()
         n = 0
         keep = 1
-        one3: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         while keep != 0:
             for _ in range(8):
                 acc3 = mma_v2(a_reg, b_reg, acc3)
             n += 8
-            flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int32, one3))
-            keep = (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
-        t1 = _clock()
-        pid = gl.program_id(0)
-        gl.store(gemm_ptr + pid * 3 + gl.arange(0, 1, layout=one3), gl.full([1], n, gl.int64, one3))
-        gl.store(gemm_ptr + pid * 3 + 1 + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int64, one3) + (t1 - t0))
-        total3 = gl.sum(gl.sum(acc3, 1), 0)
-        gl.store(gemm_ptr + pid * 3 + 2 + gl.arange(0, 1, layout=one3), gl.full([1], 0, gl.int64, one3) + total3.to(gl.int64))
+            keep = _keep_going(done, n, MAX_GROUPS)
+        _report(gemm_ptr, n, _clock() - t0, gl.sum(gl.sum(acc3, 1), 0))
     elif MODE > 0:
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        a = gl.load(a_ptr + gl.expand_dims(rows, 1) * 64 + gl.expand_dims(cols, 0))
-        a_smem.store(a)
-        rows_b = gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-        b_smem.store(gl.load(a_ptr + gl.expand_dims(rows_b % 64, 1) * 64 + gl.expand_dims(cols, 0)))
+        a_smem.store(_load_tile(a_ptr, 64))
+        b_smem.store(_load_tile(a_ptr, 128))
         fence_async_shared()
         acc = gl.zeros([64, GEMM_N], gl.float32, acc_layout)
         b_op = b_smem.slice(0, GEMM_N).permute((1, 0))
@@ -132,7 +119,6 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
         t0 = _clock()
         n = 0
         keep = 1
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         while keep != 0:
             for _ in range(8):
                 acc = warpgroup_mma(a_op, b_op, acc, is_async=True)
@@ -141,20 +127,37 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc])
             n += 8
-            flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=one), gl.full([1], 0, gl.int32, one))
-            # a bound as well: a stream partition that never sets the flag cannot hang the probe
-            keep = (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
+            keep = _keep_going(done, n, MAX_GROUPS)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        t1 = _clock()
-        pid = gl.program_id(0)
-        gl.store(gemm_ptr + pid * 3 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
-                 gl.full([1], n, gl.int64, gl.BlockedLayout([1], [32], [4], [0])))
-        gl.store(gemm_ptr + pid * 3 + 1 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
-                 gl.full([1], 0, gl.int64, gl.BlockedLayout([1], [32], [4], [0])) + (t1 - t0))
-        # the products are used: their sum leaves the kernel
-        total = gl.sum(gl.sum(acc, 1), 0)
-        gl.store(gemm_ptr + pid * 3 + 2 + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0])),
-                 gl.full([1], 0, gl.int64, gl.BlockedLayout([1], [32], [4], [0])) + total.to(gl.int64))
+        _report(gemm_ptr, n, _clock() - t0, gl.sum(gl.sum(acc, 1), 0))
+
+
+@gluon.jit
+def _load_tile(a_ptr, ROWS: gl.constexpr):
+    """``ROWS`` × 64 bf16 operand values from the 64 × 64 input (rows repeat past 64)."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ld))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    return gl.load(a_ptr + gl.expand_dims(rows % 64, 1) * 64 + gl.expand_dims(cols, 0))
+
+
+@gluon.jit
+def _keep_going(done, n, MAX_GROUPS: gl.constexpr):
+    """1 while this CTA's stream runs (its flag, read by an atomic: a plain load may be hoisted out
+    of the loop) and fewer than ``MAX_GROUPS`` groups were issued (a stream that never sets the
+    flag cannot hang the probe); else 0."""
+    flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 0, gl.int32, _ONE))
+    return (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
+
+
+@gluon.jit
+def _report(gemm_ptr, n, cycles, total):
+    """This CTA's GEMM row: groups issued, their cycles, and the products' sum (so they are used)."""
+    base = gemm_ptr + gl.program_id(0) * 3 + gl.arange(0, 1, layout=_ONE)
+    zero = gl.full([1], 0, gl.int64, _ONE)
+    gl.store(base, zero + n)
+    gl.store(base + 1, zero + cycles)
+    gl.store(base + 2, zero + total.to(gl.int64))
 
 
 @gluon.jit

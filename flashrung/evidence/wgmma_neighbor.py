@@ -1,28 +1,29 @@
-"""Does a warpgroup blocked in ``wgmma`` issue slow the exponentials of the warpgroup beside it?
+"""How fast do the exponentials run beside a warpgroup that keeps the tensor cores busy?
 
-In every step trace of ``hopper.fwd`` at d128 (docs/hopper.md, *Three changes to the d128 step*)
-the softmax of consumer warpgroup 0 is the longer one, by about what consumer warpgroup 1 spends
-blocked in ``wgmma`` issue beside it (the tensor pipe accepts a warpgroup's ``wgmma``s only as it
-drains). This probe isolates that: one CTA per SM, two 4-warp partitions — one warp of each on
-every SM sub-partition, as in the kernel. The *exponential* partition runs ``ROUNDS`` rounds of
-``ex2.approx`` over ``CHAINS`` independent chains per thread between two ``%clock64`` reads; the
+``hopper.fwd``'s softmax (docs/hopper.md, *Three changes to the d128 step*) runs its
+``MUFU.EX2`` stream while the other consumer warpgroup's ``wgmma``s occupy the tensor pipe. This
+probe isolates that pairing: one CTA per SM, two 4-warp partitions — one warp of each on every SM
+sub-partition, as in the kernel. The *stream* partition runs ``ROUNDS`` rounds of ``ex2.approx``
+(or an FFMA) over ``CHAINS`` independent chains per thread between two ``%clock64`` reads; the
 *GEMM* partition, at the same time, either
 
 * ``idle`` — returns at once;
-* ``queued`` — issues 64×128×64 ``wgmma``s from shared memory back to back, keeping up to
-  ``QUEUE`` groups outstanding, so its warps sit blocked in issue whenever the pipe's queue is full;
+* ``queued`` — issues 64×N×64 ``wgmma``s (N = 128 or 64; A from shared memory or registers) back
+  to back, keeping up to ``QUEUE`` groups outstanding, so its warps sit blocked in issue whenever
+  the pipe's queue is full;
 * ``paced`` — the same products, each waited for before the next is issued: the tensor pipe
   works nearly as much, but the warps never wait in issue;
 * ``mma.sync`` — 64×64×64 ``mma_v2`` products from registers (``HMMA.16816``, the ladder's
   instruction) back to back.
 
-The exponential rate per SM cycle under ``queued`` against ``paced`` (and ``idle``) says whether a
-blocked issue costs the neighbour issue slots or MUFU throughput. The GEMM partition keeps issuing
-until the exponential partition is done (a flag in shared memory), and reports its own products
-per SM cycle, so the tensor pipe's load under both modes is known.
+The GEMM partition keeps issuing until the stream partition has read its last clock (a per-CTA
+flag in global memory, set and read by atomics; at most ``MAX_GROUPS`` groups), and reports its
+own FLOPs per SM cycle, so the tensor pipe's load beside each reading is known. Measured on the
+H200: ``ex2`` falls by about 25% × the pipe's busy share, queued or paced alike (``queued``
+against ``paced`` separates a blocked issue from the tensor work itself).
 
-``python -m flashrung.evidence.wgmma_neighbor [--json PATH]`` needs a Hopper GPU;
-:func:`probe_census` compiles it for sm_90a (no GPU) and counts the loops' instructions.
+``python -m flashrung.evidence.wgmma_neighbor [--json PATH]`` needs a Hopper (sm_90) GPU;
+``--census`` (:func:`probe_census`) compiles every variant for sm_90a without one.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _clock():
 
 
 @gluon.jit
-def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAINS: gl.constexpr, OP: gl.constexpr):
+def _exp_partition(x_ptr, out_ptr, cycles_ptr, flag_ptr, ROUNDS: gl.constexpr, CHAINS: gl.constexpr, OP: gl.constexpr):
     lay: gl.constexpr = gl.BlockedLayout([CHAINS], [32], [4], [0])
     offs = gl.arange(0, CHAINS * 128, layout=lay)
     x = gl.load(x_ptr + offs)
@@ -81,11 +82,11 @@ def _exp_partition(x_ptr, out_ptr, cycles_ptr, done, ROUNDS: gl.constexpr, CHAIN
     gl.store(cycles_ptr + base + offs, t1 - t0)
     # tell the GEMM partition to stop: every stream thread has read its second clock (an atomic on
     # this CTA's flag in global memory: a plain load of it in the GEMM loop may be hoisted)
-    gl.atomic_xchg(done + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 1, gl.int32, _ONE))
+    gl.atomic_xchg(flag_ptr + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 1, gl.int32, _ONE))
 
 
 @gluon.jit
-def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, QUEUE: gl.constexpr,
+def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, flag_ptr, MODE: gl.constexpr, QUEUE: gl.constexpr,
                     GEMM_N: gl.constexpr, A_IN_REGISTERS: gl.constexpr, MAX_GROUPS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                           instr_shape=[16, GEMM_N, 16])
@@ -103,7 +104,7 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
             for _ in range(8):
                 acc3 = mma_v2(a_reg, b_reg, acc3)
             n += 8
-            keep = _keep_going(done, n, MAX_GROUPS)
+            keep = _keep_going(flag_ptr, n, MAX_GROUPS)
         _report(gemm_ptr, n, _clock() - t0, gl.sum(gl.sum(acc3, 1), 0))
     elif MODE > 0:
         a_smem.store(_load_tile(a_ptr, 64))
@@ -127,7 +128,7 @@ def _gemm_partition(a_ptr, gemm_ptr, a_smem, b_smem, done, MODE: gl.constexpr, Q
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc])
             n += 8
-            keep = _keep_going(done, n, MAX_GROUPS)
+            keep = _keep_going(flag_ptr, n, MAX_GROUPS)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _report(gemm_ptr, n, _clock() - t0, gl.sum(gl.sum(acc, 1), 0))
 
@@ -142,11 +143,11 @@ def _load_tile(a_ptr, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _keep_going(done, n, MAX_GROUPS: gl.constexpr):
+def _keep_going(flag_ptr, n, MAX_GROUPS: gl.constexpr):
     """1 while this CTA's stream runs (its flag, read by an atomic: a plain load may be hoisted out
     of the loop) and fewer than ``MAX_GROUPS`` groups were issued (a stream that never sets the
     flag cannot hang the probe); else 0."""
-    flag = gl.atomic_add(done + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 0, gl.int32, _ONE))
+    flag = gl.atomic_add(flag_ptr + gl.program_id(0) + gl.arange(0, 1, layout=_ONE), gl.full([1], 0, gl.int32, _ONE))
     return (1 - gl.max(flag, 0)) * (n < MAX_GROUPS).to(gl.int32)
 
 
@@ -168,10 +169,9 @@ def neighbor_kernel(x_ptr, a_ptr, out_ptr, cycles_ptr, gemm_ptr, flag_ptr, ROUND
     a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
     b_smem = gl.allocate_shared_memory(gl.bfloat16, [128, 64],
                                        gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16))
-    done = flag_ptr                            # one int32 flag per CTA, zeroed by the host
     gl.warp_specialize([
-        (_exp_partition, (x_ptr, out_ptr, cycles_ptr, done, ROUNDS, CHAINS, OP)),
-        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, done, MODE, QUEUE, GEMM_N, A_IN_REGISTERS, MAX_GROUPS)),
+        (_exp_partition, (x_ptr, out_ptr, cycles_ptr, flag_ptr, ROUNDS, CHAINS, OP)),
+        (_gemm_partition, (a_ptr, gemm_ptr, a_smem, b_smem, flag_ptr, MODE, QUEUE, GEMM_N, A_IN_REGISTERS, MAX_GROUPS)),
     ], [4], [GEMM_REGS])
 
 
@@ -264,6 +264,11 @@ def main(argv=None) -> int:
         return 0
     import torch
 
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        found = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
+        print(f"wgmma_neighbor: the probe issues wgmma, which needs a Hopper (sm_90) GPU; found {found}. "
+              "Use --census to compile it without one.", file=sys.stderr)
+        return 2
     rows = [measure(*variant) for variant in VARIANTS]
     print(f"{torch.cuda.get_device_name(0)}: a stream beside a GEMM warpgroup, one CTA per SM, {CHAINS} chains")
     print(f"{'stream and GEMM partition':34s} {'per SM cycle':>12s} {'tensor FLOP/cyc':>15s} {'wgmma share':>11s}")

@@ -136,9 +136,11 @@ def _redo_by_warp_asm(pack: int) -> str:
     branch on the warp's vote (operand ``6·pack``). They come in tied to the outputs
     (:func:`_redo_by_warp_constraints`), taken against the old reference; the warp that keeps them
     moves each register onto itself, which compiles to nothing. The warp that moves multiplies
-    each in place by ``a = 2^(m_old − m_new)`` (operand ``4·pack + i``), except one that overflowed
-    (+inf: the reference moved by more than 128), which it takes again as ``2^(t·c − m_new)`` —
-    ``fma.rn`` and ``ex2.approx.ftz``, the pair the default step compiles to — under a predicate.
+    each in place by ``a = 2^(m_old − m_new)`` (operand ``5·pack + i``), except one above 2^64,
+    which it takes again as ``2^(t·c − m_new)`` — ``fma.rn`` and ``ex2.approx.ftz``, the pair the
+    default step compiles to — under a predicate: above 2^64 the product could meet an ``a`` that
+    flushed to 0 (a reference that moved by more than 126) or an exponential that overflowed to
+    +inf (by more than 128); below it, an ``a`` flushed to 0 stands for a product under 2^-62.
 
     Every path writes each exponential back into its own register (a multiply in place, a
     predicated write): a path that computed its result afresh (from ``t``) would leave it in
@@ -146,7 +148,7 @@ def _redo_by_warp_asm(pack: int) -> str:
     ``IMAD.MOV`` a step on the path that keeps them, census)."""
     t0, c0, m0, a0, vote0 = 2 * pack, 3 * pack, 4 * pack, 5 * pack, 6 * pack
     keep = " ".join(f"mov.f32 ${i}, ${pack + i};" for i in range(pack))
-    move = " ".join(f"setp.eq.f32 q, ${i}, 0f7F800000; mul.f32 ${i}, ${i}, ${a0 + i}; "
+    move = " ".join(f"setp.gt.f32 q, ${i}, 0f5F800000; mul.f32 ${i}, ${i}, ${a0 + i}; "
                     f"@q fma.rn.f32 x, ${t0 + i}, ${c0 + i}, ${m0 + i}; @q ex2.approx.ftz.f32 ${i}, x;"
                     for i in range(pack))
     return ("{ .reg .pred p, q; .reg .f32 x; setp.ne.b32 p, $" + str(vote0) + ", 0; @p bra.uni MOVE_P; " + keep

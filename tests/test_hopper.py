@@ -75,12 +75,9 @@ def steady_loop(sass):
 def kv_loops(sass):
     # every innermost loop of 151+ instructions that issues a wgmma (the K/V loops of each consumer
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
-    first = lambda seq, op: seq.index(op) if op in seq else -1
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
-                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"],
-                 first_mufu=first(loop["sequence"].split(), "MUFU"), first_shfl=first(loop["sequence"].split(), "SHFL"),
-                 imad=loop["IMAD"])
+                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def named_barriers(sass):
@@ -240,9 +237,6 @@ CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release"
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True,
                "skip_empty_rows": False, **_ALWAYS_RESCALE}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
-# the exponentials against each row's kept reference, beside the row max (exp_first), on d128 S16k's
-# default: the decision read from the scores' max (1) and from the exponentials' (2)
-CENSUS_CONFIGS += [(f"d128-full-exp-first-{mode}", 128, False, {"exp_first": mode}) for mode in (1, 2)]
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -558,46 +552,6 @@ def test_rescale_by_warp_skips_o_rescale_behind_one_branch(census):
             assert loop["forward_skip"] >= d // 2, (name, loop)
             assert loop["bar"] == b["bar"], (name, loop, b)
             assert loop["length"] - loop["forward_skip"] <= b["length"] - d // 2 + 16, (name, loop, b)
-
-
-def test_exp_first_takes_the_exponentials_before_the_row_max_is_known(census):
-    # exp_first: the step's exponentials against each row's kept reference, the vote beside them,
-    # and a warp that moves its reference rescales them behind one branch. Read from the scores'
-    # max (1), ptxas still issues most exponentials after the quad shuffles of the max; read from
-    # the exponentials' (2), the first MUFU comes before the first shuffle. Either way the path a
-    # warp takes when no row moves carries no register copies of P (the rescale in place: a
-    # recomputation from the scores left 43 IMAD.MOV there)
-    for mode in (1, 2):
-        name = f"d128-full-exp-first-{mode}"
-        assert census[name]["row"]["config"]["exp_first"] == mode, name
-        # the steady loops, unmasked and masked, of both consumers (a second set of exponentials
-        # behind the branch makes them longer than _steady_steps takes)
-        loops = [loop for loop in census[name]["kv_loops"] if loop["mufu"] >= 64 and loop["length"] < 1300]
-        base_loops = _steady_steps(census["d128-full"])
-        assert len(loops) == len(base_loops) == 4, (name, loops, base_loops)
-        for loop, b in zip(loops, base_loops):
-            assert loop["mufu"] == 2 * b["mufu"] - 2, (name, loop, b)        # a second set behind the branch
-            assert loop["imad"] <= b["imad"] + 8, (name, loop, b)     # a few on the taken path
-            # census, sm_90a: the path that keeps the exponentials and skips O's rescale is 436 / 637
-            # (mode 1, unmasked / masked) and 506 / 709 (mode 2: the exponentials' max) instructions
-            # against 429 / 627
-            kept = loop["length"] - loop["forward_skip"] - b["forward_skip"]
-            assert kept <= b["length"] - b["forward_skip"] + (16 if mode == 1 else 90), (name, kept, b)
-            if mode == 2:
-                assert 0 <= loop["first_mufu"] < loop["first_shfl"], (name, loop)
-        for loop in census[name]["kv_loops"]:
-            assert loop["forward_skip"] >= 128, (name, loop)
-
-
-def test_exp_first_needs_each_warps_vote_on_fa3s_overlapped_step():
-    base = fwd.default_config(128, False, 16384)
-    dataclasses.replace(base, exp_first=2).check(128)
-    for changes in (dict(rescale_by_warp=False), dict(rescale_by_warp=False, rescale_threshold=0.0),
-                    dict(wait_pv_early=True), dict(extra_keys=64, separate_o=False), dict(exp2_fma_every=4)):
-        with pytest.raises(ValueError, match="exp_first"):
-            dataclasses.replace(base, exp_first=2, **changes).check(128)
-    with pytest.raises(ValueError, match="exp_first must be"):
-        dataclasses.replace(base, exp_first=3).check(128)
 
 
 def test_d256_softmax_levers_shorten_the_skipping_trip_without_local_memory(census):
@@ -2023,32 +1977,11 @@ def test_gate_rescale_by_warp(head_dim, causal, shape, softmax_scale):
           softmax_scale=softmax_scale, **shape)
 
 
-# exp_first in FA3's order on each head dim's kernel (FA4's order elsewhere is turned off for it):
-# scale 0.5 moves some rows' references in early tiles and not others', so both of a warp's paths run
-_EXP_FIRST = dict(exp_first=2, rescale_threshold=8.0, rescale_by_warp=True, wait_pv_early=False, named_turns=False,
-                  extra_keys=0)
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("softmax_scale", [0.5, None])
-@pytest.mark.parametrize("shape", [_UNSEEN_HALF_SHAPES[i] for i in (0, 2, 3)], ids=_shape_id)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_exp_first(head_dim, causal, shape, softmax_scale):
-    cfg = dataclasses.replace(_shape_default(head_dim, causal, shape), **_EXP_FIRST)
-    _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
-          softmax_scale=softmax_scale, **shape)
-    if not causal and head_dim != 256:
-        _gate(functools.partial(fwd.forward, config=dataclasses.replace(cfg, **SPLIT_GRID)), head_dim=head_dim,
-              dtype=torch.bfloat16, causal=False, softmax_scale=softmax_scale, **shape)
-
-
 def _rising_maxima_inputs(head_dim, seqlen_q=1000, seqlen_k=4097, seed=0):
     """q, k, v whose rows' maxima keep rising along the keys (each key's scale grows with its
     position, so references move by more than τ in late tiles too, not only the first ones), with
     four spike keys late in the sequence whose scores jump by more than 128 in log2 units over
-    most rows' references: an exponential taken against the old reference overflows there."""
+    most rows' references."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, seqlen_q, 2, head_dim, generator=g)
     k = torch.randn(1, seqlen_k, 2, head_dim, generator=g) * torch.linspace(0.5, 4.0, seqlen_k)[None, :, None, None]
@@ -2060,38 +1993,20 @@ def _rising_maxima_inputs(head_dim, seqlen_q=1000, seqlen_k=4097, seed=0):
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_exp_first_where_references_move_late_and_exponentials_overflow(head_dim, causal, mode):
-    # the two taken paths of a warp whose rows move their references: the rescale in place of
-    # exponentials taken against the old reference, and the recomputation of those that overflowed
-    # (+inf); the default with the retained reference passes the same inputs
+def test_gate_retained_reference_where_maxima_rise_late_and_jump(head_dim, causal):
+    # FA4's retained reference with each warp's own rescale, in each head dim's default order:
+    # references that move in late tiles, and by more than 128 in log2 units at the spike keys
+    # (an exponential against the old reference would overflow there; the default takes its
+    # exponentials against the new one). Fresh Gaussians at the default scale move a reference in
+    # the first tiles only
     from flashrung.gate import check_forward_inputs
 
     q, k, v = _rising_maxima_inputs(head_dim)
-    base = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), rescale_threshold=8.0,
-                               rescale_by_warp=True, wait_pv_early=False, named_turns=False)
-    for cfg in (base, dataclasses.replace(base, exp_first=mode)):
-        result = check_forward_inputs(functools.partial(fwd.forward, config=cfg), q, k, v, causal)
-        assert result.passed, (cfg.exp_first, str(result))
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("causal", [False, True])
-def test_exp_first_is_deterministic_and_keeps_the_defaults_bits_where_no_reference_moves(causal):
-    # a moving result is a race; and where no warp moves a reference after its first tile (Gaussian
-    # inputs at the default scale: a row's max rarely grows by 8 in log2 units) the exponentials
-    # are the ones the default takes, so the outputs agree bit for bit with it
-    q, k, v = _d128_inputs(2, 8, 2, seqlen=4096)
-    base = dataclasses.replace(fwd.default_config(128, causal, 4096), rescale_threshold=8.0, rescale_by_warp=True,
-                               wait_pv_early=False, named_turns=False)
-    cfg = dataclasses.replace(base, exp_first=2)
-    _assert_reruns_identical(q, k, v, causal, cfg)
-    out0, lse0 = fwd.forward(q, k, v, causal, 128 ** -0.5, base)
-    out1, lse1 = fwd.forward(q, k, v, causal, 128 ** -0.5, cfg)
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), rescale_threshold=8.0, rescale_by_warp=True)
+    result = check_forward_inputs(functools.partial(fwd.forward, config=cfg), q, k, v, causal)
+    assert result.passed, str(result)
 
 
 @pytest.mark.gpu

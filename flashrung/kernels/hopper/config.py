@@ -65,12 +65,6 @@ class HopperFwdConfig:
     # branch over its whole accumulator, inline PTX (FA4's per-warp skip) — where the warpgroup-wide
     # decision pays 2 STS/LDS and 3 bar.sync per step (it lost 1.8-6.4%, unpaired, and 13% paired at d64)
     rescale_by_warp: bool = False
-    # with rescale_by_warp: each step's exponentials taken first, against each row's reference as
-    # it stands, beside the row max instead of after it (softmax.online_softmax_exp_first); a warp
-    # some row of which moves its reference takes them again behind a warp-uniform branch. Once the
-    # references settle that branch is never taken, and the row max (a serial FMNMX chain over each
-    # thread's scores), its quad shuffles and the vote leave the exponentials' path
-    exp_first: int = 0
     # the consumers' K/V ring slot and phase carried through the K/V loop and advanced by an add, a
     # compare and a select (FA4's pipeline state, pipeline.next_ring_slot) instead of recomputed from
     # the ring count as ``count % S`` and ``(count // S) & 1`` twice per step (K(j) and V(j-1)):
@@ -396,16 +390,6 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
-        if self.exp_first not in (0, 1, 2):
-            raise ValueError(f"exp_first must be 0 (off), 1 (decided from the scores' max) or 2 (from the "
-                             f"exponentials'), got {self.exp_first}")
-        if self.exp_first and not (self.rescale_by_warp and self.overlap and not self.wait_pv_early
-                                   and not self.extra_keys and not self.exp2_fma_every):
-            raise ValueError("exp_first takes the exponentials of the overlapped step in FA3's order against the "
-                             "reference each warp keeps: it needs rescale_by_warp=True, overlap=True, "
-                             f"wait_pv_early=False, extra_keys=0 and exp2_fma_every=0, got rescale_by_warp="
-                             f"{self.rescale_by_warp}, overlap={self.overlap}, wait_pv_early={self.wait_pv_early}, "
-                             f"extra_keys={self.extra_keys}, exp2_fma_every={self.exp2_fma_every}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

@@ -141,7 +141,6 @@ from flashrung.kernels.hopper.softmax import (
     mask_scores,
     mask_scores_by_bound,
     online_softmax,
-    online_softmax_exp_first,
     online_softmax_retained,
     rescale_by_warp,
     retained_max,
@@ -303,7 +302,6 @@ class _Schedule:
     MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
-    EXP_FIRST: gl.constexpr      # with RESCALE_BY_WARP: the exponentials against the kept reference, beside the max
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
@@ -702,14 +700,9 @@ def _sum_total(l_i, c):
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                   EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr, BY_WARP: gl.constexpr = False,
-                  SUM: gl.constexpr = True, EXP_FIRST: gl.constexpr = False):
-    """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha).
-    ``EXP_FIRST`` (with ``BY_WARP``; the overlapped steps only: a tile's first step moves every
-    row's reference, so its exponentials would always be taken twice)."""
-    if EXP_FIRST:
-        p, alpha, m_i, l_i, rescale = online_softmax_exp_first(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                               RESCALE_THRESHOLD, TREE, SUM, EXP_FIRST == 2)
-    elif RESCALE_THRESHOLD > 0:
+                  SUM: gl.constexpr = True):
+    """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
+    if RESCALE_THRESHOLD > 0:
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
                                                               RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP, SUM)
     else:
@@ -813,7 +806,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
                                                         c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
-                                                        c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA, c.EXP_FIRST)
+                                                        c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA)
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
@@ -1199,7 +1192,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
-                     EXP_FIRST: gl.constexpr, CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1269,7 +1262,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
-                  SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP, EXP_FIRST=EXP_FIRST,
+                  SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS)
 
@@ -1346,7 +1339,6 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
-        EXP_FIRST=cfg.exp_first,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,

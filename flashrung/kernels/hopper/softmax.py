@@ -131,44 +131,12 @@ def _rescale_by_warp_constraints(pack: int) -> str:
     return ",".join(["=f"] * pack + [str(i) for i in range(pack)] + ["f"] * pack + ["r"] * pack)
 
 
-def _redo_by_warp_asm(pack: int) -> str:
-    """A thread's ``pack`` exponentials moved to the row's new reference, behind one warp-uniform
-    branch on the warp's vote (operand ``6·pack``). They come in tied to the outputs
-    (:func:`_redo_by_warp_constraints`), taken against the old reference; the warp that keeps them
-    moves each register onto itself, which compiles to nothing. The warp that moves multiplies
-    each in place by ``a = 2^(m_old − m_new)`` (operand ``5·pack + i``), except one above 2^64,
-    which it takes again as ``2^(t·c − m_new)`` — ``fma.rn`` and ``ex2.approx.ftz``, the pair the
-    default step compiles to — under a predicate: above 2^64 the product could meet an ``a`` that
-    flushed to 0 (a reference that moved by more than 126) or an exponential that overflowed to
-    +inf (by more than 128); below it, an ``a`` flushed to 0 stands for a product under 2^-62.
-
-    Every path writes each exponential back into its own register (a multiply in place, a
-    predicated write): a path that computed its result afresh (from ``t``) would leave it in
-    another register, and ptxas would then copy the common path's exponentials there (43
-    ``IMAD.MOV`` a step on the path that keeps them, census)."""
-    t0, c0, m0, a0, vote0 = 2 * pack, 3 * pack, 4 * pack, 5 * pack, 6 * pack
-    keep = " ".join(f"mov.f32 ${i}, ${pack + i};" for i in range(pack))
-    move = " ".join(f"setp.gt.f32 q, ${i}, 0f5F800000; mul.f32 ${i}, ${i}, ${a0 + i}; "
-                    f"@q fma.rn.f32 x, ${t0 + i}, ${c0 + i}, ${m0 + i}; @q ex2.approx.ftz.f32 ${i}, x;"
-                    for i in range(pack))
-    return ("{ .reg .pred p, q; .reg .f32 x; setp.ne.b32 p, $" + str(vote0) + ", 0; @p bra.uni MOVE_P; " + keep
-            + " bra.uni MOVED_P; MOVE_P: " + move + " MOVED_P: }")
-
-
-def _redo_by_warp_constraints(pack: int) -> str:
-    # the exponentials tied in place, as O is in _rescale_by_warp_constraints: no second copy of P
-    return ",".join(["=f"] * pack + [str(i) for i in range(pack)] + ["f"] * (4 * pack) + ["r"] * pack)
-
-
 # one variant per accumulator size: head_dim / 2 fp32 elements per thread (64 rows × d over 128 threads)
 _WARP_ANY_ASM, _WARP_ANY_CON = gl.constexpr(_warp_any_asm()), gl.constexpr("=r,=r,r,r")
 _RESCALE32_ASM, _RESCALE32_CON = gl.constexpr(_rescale_by_warp_asm(32)), gl.constexpr(_rescale_by_warp_constraints(32))
 _RESCALE64_ASM, _RESCALE64_CON = gl.constexpr(_rescale_by_warp_asm(64)), gl.constexpr(_rescale_by_warp_constraints(64))
 _RESCALE128_ASM, _RESCALE128_CON = (gl.constexpr(_rescale_by_warp_asm(128)),
                                     gl.constexpr(_rescale_by_warp_constraints(128)))
-# one variant per score tile: BLOCK_N / 2 fp32 scores per thread
-_REDO32_ASM, _REDO32_CON = gl.constexpr(_redo_by_warp_asm(32)), gl.constexpr(_redo_by_warp_constraints(32))
-_REDO64_ASM, _REDO64_CON = gl.constexpr(_redo_by_warp_asm(64)), gl.constexpr(_redo_by_warp_constraints(64))
 
 
 @gluon.jit
@@ -198,28 +166,6 @@ def rescale_by_warp(acc, alpha, vote):
     else:
         out = gl.inline_asm_elementwise(_RESCALE128_ASM, _RESCALE128_CON, [acc, a, v], dtype=gl.float32,
                                         is_pure=True, pack=128)
-    return out
-
-
-@gluon.jit
-def redo_by_warp(p_ref, t, c, m_new, a, vote):
-    """``2^(t·c − m_new)`` (``m_new`` per row) where the warp's ``vote`` (per row, from
-    :func:`warp_any`) is set, as ``p_ref · a`` from ``p_ref = 2^(t·c − m_old)`` and ``a =
-    2^(m_old − m_new)`` (per row); ``p_ref`` as it is elsewhere. One inline-PTX block over a
-    thread's whole score tile, so the branch is taken once per warp and step."""
-    gl.static_assert(t.shape[0] == 64 and gl.num_warps() == 4, "redo_by_warp: a 64-row, 4-warp score tile")
-    neg_m = gl.broadcast(gl.expand_dims(-m_new, 1), t)[0]
-    ab = gl.broadcast(gl.expand_dims(a, 1), t)[0]
-    v = gl.broadcast(gl.expand_dims(vote, 1), t)[0]
-    cb = gl.full(t.shape, c, gl.float32, t.type.layout)
-    PACK: gl.constexpr = t.shape[1] // 2
-    if PACK == 32:
-        out = gl.inline_asm_elementwise(_REDO32_ASM, _REDO32_CON, [p_ref, t, cb, neg_m, ab, v], dtype=gl.float32,
-                                        is_pure=True, pack=32)
-    else:
-        gl.static_assert(PACK == 64, "redo_by_warp: 64 or 128 keys per tile")
-        out = gl.inline_asm_elementwise(_REDO64_ASM, _REDO64_CON, [p_ref, t, cb, neg_m, ab, v], dtype=gl.float32,
-                                        is_pure=True, pack=64)
     return out
 
 
@@ -426,16 +372,6 @@ def _sum_into(l_i, p, TREE: gl.constexpr):
 
 
 @gluon.jit
-def _rescaled_sum(l_i, alpha):
-    """The running sum (per-thread partials or rows) times its rows' ``alpha``."""
-    if len(l_i.shape) == 2:
-        out = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
-    else:
-        out = l_i * alpha
-    return out
-
-
-@gluon.jit
 def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
                 SUM: gl.constexpr = True):
     """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``; ``p`` is a
@@ -445,7 +381,11 @@ def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: g
     p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
     if SUM:
-        l_new = _rescaled_sum(l_i, alpha) + _sum_into(l_i, p0, TREE)
+        if len(l_i.shape) == 2:
+            l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        else:
+            l_new = l_i * alpha
+        l_new = l_new + _sum_into(l_i, p0, TREE)
     else:
         l_new = l_i
     if len(t) == 2:
@@ -490,52 +430,6 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     m_new, rescale = retained_max(m_cand, m_i, THRESHOLD, BY_WARP)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
     return p, alpha, m_new, l_new, rescale
-
-
-@gluon.constexpr_function
-def _exp2_const(x):
-    return 2.0 ** float(x)
-
-
-@gluon.jit
-def online_softmax_exp_first(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
-                             TREE: gl.constexpr = False, SUM: gl.constexpr = True,
-                             FROM_EXPONENTIALS: gl.constexpr = True):
-    """:func:`online_softmax_retained` with each warp's own decision (``BY_WARP``), its
-    exponentials taken first, against each row's reference as it stands, beside the row max
-    rather than after it: where no row of a warp moves its reference (every step of a row once its
-    reference has settled) those are the step's exponentials, and the row max, its quad shuffles
-    and the vote leave the exponentials' path. A warp some row of which moves its reference
-    rescales them to the new one (:func:`redo_by_warp`). Where no row of a warp moves, the same
-    bits as :func:`online_softmax_retained` with ``BY_WARP``; where one does, the same values
-    within the rounding of one more multiply. One box of keys, all exponentials on MUFU."""
-    gl.static_assert(len(s) == 1, "online_softmax_exp_first: one box of keys")
-    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
-    # a row that has seen no key yet holds -inf: its exponentials go against 0 and it moves as
-    # soon as it sees one
-    m_ref = gl.where(m_i == float("-inf"), 0.0, m_i)
-    p_ref = _exp_part(t[0], c, m_ref, 0)
-    # the decision reads the exponentials, not the max: their largest exceeds 2^τ exactly when the
-    # max grew by more than τ (to the exponential's rounding, either side of which is a valid
-    # reference). Read from the scores, ptxas schedules the max's serial chain, its shuffles and
-    # the vote before the exponentials, which depend on none of them (census); read from the
-    # exponentials, it cannot
-    if FROM_EXPONENTIALS:
-        moved = gl.where(m_i == float("-inf"), m_cand > m_i, row_max(p_ref, TREE) > _exp2_const(THRESHOLD))
-        m_new = gl.where(moved, m_cand, m_i)
-        vote = warp_any(moved.to(gl.int32))
-    else:
-        m_new, vote = retained_max(m_cand, m_i, THRESHOLD, True)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    a = gl.exp2(m_ref - m_safe)
-    p0 = redo_by_warp(p_ref, t[0], c, _to_rows_of(m_safe, t[0]), _to_rows_of(a, t[0]), _to_rows_of(vote, t[0]))
-    # O and l hold nothing yet where m_i is -inf: alpha 0 there, as online_softmax has it
-    alpha = gl.where(m_i == float("-inf"), 0.0, a)
-    if SUM:
-        l_new = _rescaled_sum(l_i, alpha) + _sum_into(l_i, p0, TREE)
-    else:
-        l_new = l_i
-    return (p0,), alpha, m_new, l_new, vote
 
 
 @gluon.jit

@@ -120,3 +120,17 @@ def test_check_reports_why_a_kernel_declined_cases(capsys):
     assert check_command(args) == 1          # nothing could run on the CPU
     out = capsys.readouterr().out
     assert "hopper.fwd fwd declined" in out and "CUDA" in out
+
+
+def test_given_inputs_are_judged_by_the_same_rule():
+    # check_forward_inputs: the gate's rule on inputs a test builds (here a spike key, which fresh
+    # Gaussians never draw); a kernel that loses the spike fails it, the portable kernel passes
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 40, 2, 32, generator=g).to(DEVICE, torch.float16) for _ in range(3))
+    k[:, 37] *= 20.0
+
+    def drops_last_keys(q, k, v, causal, scale, out=None, lse=None):
+        return fwd.forward(q, k[:, :36].contiguous(), v[:, :36].contiguous(), causal, scale, out=out, lse=lse)
+    result = gate.check_forward_inputs(fwd.forward, q, k, v, False)
+    assert result.passed and result.case.seqlen_k == 40, str(result)
+    assert not gate.check_forward_inputs(drops_last_keys, q, k, v, False).passed

@@ -139,3 +139,46 @@ def test_ledger_is_frozen():
     led = L.forward(B200, L.Tile(128, 128, 128))
     with pytest.raises(dataclasses.FrozenInstanceError):
         led.mma_cycles = 0
+
+
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 128, 256])
+def test_coupled_bound_is_the_self_consistent_time(d):
+    # beside a pipe busy T_MMA/T of the time the exponentials run at R_exp·(1 − k·T_MMA/T): where
+    # they bind, the coupled bound T finishes exactly the tile's M·N of them; where the MMAs bind,
+    # the exponentials at β = 1 fit inside T_MMA
+    table = R.TABLES["h200"]
+    k, r_exp = table.exp_mma_coupling.value, table.exp.value
+    led = L.forward(table, L.Tile(128, 128, d))
+    c = led.to_json()["coupled"]
+    assert c["k"] == k and c["exp_cycles"] == pytest.approx(led.exp_cycles + k * led.mma_cycles)
+    t = c["bound"]
+    if c["bound_resources"] == ["exp"]:
+        assert r_exp * (1 - k * led.mma_cycles / t) * t == pytest.approx(led.exps)
+    else:
+        assert led.exps / (r_exp * (1 - k * led.mma_cycles / t)) <= t * (1 + 1e-9)
+    assert t >= led.bound
+
+
+def test_coupled_crossover_moves_d_star_and_ties_there():
+    table = R.TABLES["h200"]
+    d_star = L.coupled_crossover_headdim(table)
+    assert d_star == pytest.approx(L.crossover_headdim(table) / (1 - table.exp_mma_coupling.value))
+    assert 85 < d_star < 86                       # 64 at the uncoupled rate
+    # at 128 x 128: d64 binds on the exponentials by ~25%, d128 stays on the MMAs
+    d64 = L.forward(table, L.Tile(128, 128, 64)).to_json()["coupled"]
+    assert d64["bound_resources"] == ["exp"] and d64["bound"] == pytest.approx(1.25 * 1024, rel=0.01)
+    assert L.forward(table, L.Tile(128, 128, 128)).to_json()["coupled"]["bound_resources"] == ["mma"]
+    # the tie: at d* the coupled exponential time equals the MMA time (a non-integer d, so by formula)
+    tile = L.Tile(128, 128, 96)
+    led = L.forward(table, tile)
+    scale = d_star / 96
+    assert led.exp_cycles + table.exp_mma_coupling.value * led.mma_cycles * scale == pytest.approx(
+        led.mma_cycles * scale)
+
+
+def test_tables_without_a_coupling_report_none():
+    for name in ("b200", "h100", "rtx5090"):
+        table = R.TABLES[name]
+        assert L.forward(table, L.Tile(128, 128, 128)).to_json()["coupled"] is None
+        assert L.backward(table, L.Tile(128, 128, 128)).to_json()["coupled"] is None
+        assert L.coupled_crossover_headdim(table) is None

@@ -1,5 +1,6 @@
 """Rate tables: every figure labelled, JSON round trip, measured figures overlaid on quoted ones."""
 import json
+import os
 
 import pytest
 
@@ -17,8 +18,30 @@ def test_every_figure_has_provenance_and_source(name):
 
 
 def test_no_stored_table_claims_a_measurement_it_did_not_make():
+    # rates are measured by `flashrung model --measure` into measured/; the one measured figure a
+    # stored table carries is the H200's exponential-tensor coupling, refitted below from its run
     for table in R.TABLES.values():
         assert all(f.provenance != R.MEASURED for f in table.figures().values())
+    assert [n for n, t in R.TABLES.items() if t.exp_mma_coupling is not None] == ["h200"]
+
+
+def _probe_rows(commit):
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", f"h200-wgmma-neighbor-{commit}.json")
+    with open(path) as f:
+        return json.load(f)["rows"]
+
+
+def test_the_h200_coupling_refits_from_its_stored_probe_run():
+    # k of R_exp·(1 − k·busy share), the least-squares slope of the probe's five ex2-beside-wgmma
+    # rows; the two earlier runs of the same probe give the same k within 0.001
+    k, n = R.fit_exp_mma_coupling(_probe_rows("f8c8015"))
+    fig = R.TABLES["h200"].exp_mma_coupling
+    assert n == 5 and k == pytest.approx(fig.value, abs=5e-5)
+    assert fig.provenance == R.MEASURED and "h200-wgmma-neighbor-f8c8015.json" in fig.source
+    for commit in ("216ee7f", "beeb232"):
+        assert R.fit_exp_mma_coupling(_probe_rows(commit))[0] == pytest.approx(k, abs=1e-3)
+    with pytest.raises(ValueError, match="idle"):
+        R.fit_exp_mma_coupling([r for r in _probe_rows("f8c8015") if r["mode"] != "idle"])
 
 
 def test_derived_clocks_reproduce_their_quoted_peaks():
@@ -57,6 +80,7 @@ def test_measured_overlay(tmp_path):
     assert t.exp.value == 15.9 and t.exp.provenance == R.MEASURED
     assert t.mma_flops.value == 3900.0
     assert t.smem_bytes == base.smem_bytes          # not measured: stays quoted
+    assert t.exp_mma_coupling == base.exp_mma_coupling   # --measure does not measure it: kept
     with pytest.raises(ValueError, match="does not exist"):
         R.get_table("h200", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="gpu must be one of"):

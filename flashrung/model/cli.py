@@ -64,6 +64,9 @@ def _rates_lines(table: R.RateTable) -> list[str]:
     lines = [f"rates: {table.name} — {table.gpu}"]
     for key, fig in table.figures().items():
         lines.append(f"  {key:<11} {fig.value:>12.6g}  {fig.unit}  [{fig.provenance}] {fig.source}")
+    if table.exp_mma_coupling is not None:
+        fig = table.exp_mma_coupling
+        lines.append(f"  {'exp_mma_k':<11} {fig.value:>12.6g}  {fig.unit}  [{fig.provenance}] {fig.source}")
     return lines
 
 
@@ -76,6 +79,7 @@ def ledger_report(table: R.RateTable, tile: L.Tile, direction: str, element_byte
     out["gpu"] = table.name
     out["rates_table"] = table.to_json()
     out["d_star"] = L.crossover_headdim(table)
+    out["d_star_coupled"] = L.coupled_crossover_headdim(table)
     if direction == "fwd":
         out["sensitivity"] = [r.to_json() for r in L.sensitivity(table, tile, element_bytes)]
         phi = levers.balanced_fraction(table)
@@ -119,6 +123,16 @@ def format_ledger(rep: dict, table: R.RateTable) -> str:
         f"serial subtotal      = {_fmt(rep['serial'])} cycles (no overlap; not an upper bound)",
         f"crossover d* = R_MMA / (4·R_exp) = {rep['d_star']:.4g}: exponentials bind below it, MMA above",
     ]
+    if rep.get("coupled"):
+        c = rep["coupled"]
+        lines += [
+            "",
+            f"beside the tensor pipe the exponentials run at R_exp·(1 − k·busy share), k = {c['k']:.4g} "
+            f"[{table.exp_mma_coupling.provenance}]:",
+            f"  exp {_fmt(c['exp_cycles'])} cycles (T_exp + k·T_MMA); lower bound {_fmt(c['bound'])} cycles, bound by "
+            f"{L.describe_bound(tuple(c['bound_resources']))}; crossover d* = R_MMA / (4·R_exp·(1 − k)) = "
+            f"{rep['d_star_coupled']:.4g}",
+        ]
     if rep["direction"] == "fwd":
         lines += ["", "sensitivity (one synthetic rate change per row):",
                   f"  {'mutation':<38} {'MMA':>8} {'SMEM':>8} {'exp':>8}  largest"]

@@ -15,6 +15,13 @@ simplifies to ``3bMNd/(128 R_SMEM)``. ``max(T)`` is an optimistic lower bound (p
 ``sum(T)`` the no-overlap subtotal; neither is a runtime. The crossover head dimension where
 exponentials tie the MMAs is ``d* = R_MMA / (4 R_exp)``.
 
+Where the rate table carries the exponential unit's coupling to the tensor pipe — measured on the
+H200, the exponentials run at ``R_exp·(1 − k·β)`` beside a pipe busy a share ``β`` of the time — the
+ledger also reports the *coupled* bound. Over a tile of time ``T`` the pipe is busy ``β = T_MMA/T``;
+if the exponentials bind, ``T = M·N / (R_exp(1 − k·T_MMA/T))``, that is ``T = T_exp + k·T_MMA``; if
+the MMAs bind (``β = 1``) the exponentials take ``T_exp/(1 − k) ≤ T_MMA``, the same condition. So
+``max(T_MMA, T_SMEM, T_exp + k·T_MMA)``, and the crossover moves to ``d* = R_MMA / (4 R_exp (1 − k))``.
+
 The backward ledger follows seed 001 0x0A's one-CTA model: five MMAs (10MNd FLOPs), the MMA
 operand reads ``b(4Md + 3Nd + MN)``, the dS write ``b·MN``, the FP32 dQ staging write plus read
 ``8·M·d`` bytes, and ``M·N`` exponentials; the seed states it for divisible tiles, without
@@ -100,6 +107,28 @@ class _ResourceTotals:
     def serial(self) -> float:
         return sum(self.times().values())
 
+    @property
+    def coupled_exp_cycles(self) -> float | None:
+        """``T_exp + k·T_MMA``: the exponentials' time beside the tensor pipe (module docstring);
+        None without a measured coupling."""
+        if self.exp_mma_coupling is None:
+            return None
+        return self.exp_cycles + self.exp_mma_coupling * self.mma_cycles
+
+    def coupled_times(self) -> dict[str, float] | None:
+        if self.exp_mma_coupling is None:
+            return None
+        return {"mma": self.mma_cycles, "smem": self.smem_cycles, "exp": self.coupled_exp_cycles}
+
+    def coupled_json(self) -> dict | None:
+        """The coupled bound for ``to_json`` (None without a coupling)."""
+        times = self.coupled_times()
+        if times is None:
+            return None
+        top, names = bound_of(times)
+        return {"k": self.exp_mma_coupling, "exp_cycles": times["exp"], "bound": top,
+                "bound_resources": list(names)}
+
 
 @dataclasses.dataclass(frozen=True)
 class ForwardLedger(_ResourceTotals):
@@ -115,6 +144,7 @@ class ForwardLedger(_ResourceTotals):
     mma_cycles: float
     smem_cycles: float
     exp_cycles: float
+    exp_mma_coupling: float | None = None   # k of the rate table (None: not measured)
 
     def to_json(self) -> dict:
         return {
@@ -134,7 +164,12 @@ class ForwardLedger(_ResourceTotals):
             "bound": self.bound,
             "bound_resources": list(self.bound_resources),
             "serial": self.serial,
+            "coupled": self.coupled_json(),
         }
+
+
+def _coupling(rates: RateTable) -> float | None:
+    return None if rates.exp_mma_coupling is None else rates.exp_mma_coupling.value
 
 
 def forward(rates: RateTable, tile: Tile, element_bytes: int = 2) -> ForwardLedger:
@@ -163,6 +198,7 @@ def forward(rates: RateTable, tile: Tile, element_bytes: int = 2) -> ForwardLedg
         mma_cycles=flops / rates.mma_flops.value,
         smem_cycles=(qk_bytes + pv_bytes) / rates.smem_bytes.value,
         exp_cycles=exps / rates.exp.value,
+        exp_mma_coupling=_coupling(rates),
     )
 
 
@@ -181,6 +217,7 @@ class BackwardLedger(_ResourceTotals):
     smem_ds_cycles: float
     smem_dq_cycles: float
     exp_cycles: float
+    exp_mma_coupling: float | None = None   # k of the rate table (None: not measured)
 
     @property
     def smem_cycles(self) -> float:
@@ -206,6 +243,7 @@ class BackwardLedger(_ResourceTotals):
             "bound": self.bound,
             "bound_resources": list(self.bound_resources),
             "serial": self.serial,
+            "coupled": self.coupled_json(),
         }
 
 
@@ -234,6 +272,7 @@ def backward(rates: RateTable, tile: Tile, element_bytes: int = 2) -> BackwardLe
         smem_ds_cycles=ds_bytes / r_smem,
         smem_dq_cycles=dq_bytes / r_smem,
         exp_cycles=m * n / rates.exp.value,
+        exp_mma_coupling=_coupling(rates),
     )
 
 
@@ -243,6 +282,13 @@ def crossover_headdim(rates: RateTable) -> float:
     Below d* the exponential unit bounds the forward tile; above it the tensor path does.
     """
     return rates.mma_flops.value / (4 * rates.exp.value)
+
+
+def coupled_crossover_headdim(rates: RateTable) -> float | None:
+    """d* = R_MMA / (4 R_exp (1 − k)) with the exponential unit's measured coupling to the tensor
+    pipe (module docstring); None where the table has none."""
+    k = _coupling(rates)
+    return None if k is None else rates.mma_flops.value / (4 * rates.exp.value * (1.0 - k))
 
 
 def smem_to_mma_ratio(rates: RateTable, element_bytes: int = 2) -> float:

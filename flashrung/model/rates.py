@@ -40,6 +40,10 @@ RATE_FIELDS = {
     "clock_ghz": "GHz (SM clock)",
 }
 
+# The exponential unit's loss beside the tensor pipe: not a rate of its own, so not in RATE_FIELDS
+# (a table may lack it; the ledger then prices the exponentials at R_exp whatever the pipe does)
+COUPLING_UNIT = "fraction of the exp2 rate lost per unit of tensor-pipe busy share"
+
 MEASURED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured")
 
 
@@ -106,6 +110,9 @@ class RateTable:
     clock_ghz: Figure
     operand_tile: OperandTile
     note: str = ""
+    # k: beside a tensor pipe busy a share β of the time, the exponentials run at R_exp·(1 − k·β)
+    # (:func:`fit_exp_mma_coupling`); None where it was never measured
+    exp_mma_coupling: Figure | None = None
 
     def figures(self) -> dict[str, Figure]:
         return {k: getattr(self, k) for k in RATE_FIELDS}
@@ -117,20 +124,25 @@ class RateTable:
         return dataclasses.replace(self, name=name or self.name, **figures)
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "name": self.name,
             "gpu": self.gpu,
             "figures": {k: f.to_json() for k, f in self.figures().items()},
             "operand_tile": self.operand_tile.to_json(),
             "note": self.note,
         }
+        if self.exp_mma_coupling is not None:
+            out["exp_mma_coupling"] = self.exp_mma_coupling.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "RateTable":
         try:
             figs = {k: Figure(**d["figures"][k]) for k in RATE_FIELDS}
             tile = OperandTile(**d["operand_tile"])
-            return cls(name=d["name"], gpu=d["gpu"], operand_tile=tile, note=d.get("note", ""), **figs)
+            coupling = Figure(**d["exp_mma_coupling"]) if d.get("exp_mma_coupling") else None
+            return cls(name=d["name"], gpu=d["gpu"], operand_tile=tile, note=d.get("note", ""),
+                       exp_mma_coupling=coupling, **figs)
         except KeyError as exc:
             raise ValueError(f"rate table JSON lacks {exc}; it needs name, gpu, figures "
                              f"({', '.join(RATE_FIELDS)}) and operand_tile") from None
@@ -193,11 +205,36 @@ H100 = RateTable(
     note="Seed 001 0x04: H100 matmul/exponential throughput is about 256x (4096/16).",
 )
 
+def fit_exp_mma_coupling(rows) -> tuple[float, int]:
+    """``k`` of ``R_exp(β) = R_exp·(1 − k·β)`` from the rows of ``python -m
+    flashrung.evidence.wgmma_neighbor``: every ``ex2`` row beside ``wgmma`` (queued or paced) gives
+    the loss ``1 − rate/rate_alone`` at the pipe's busy share ``β``; ``k`` is their least-squares
+    slope through the origin. Returns ``(k, rows used)``."""
+    alone = [r["per_sm_cycle"] for r in rows if r.get("op") == "ex2" and r.get("mode") == "idle"]
+    beside = [r for r in rows if r.get("op") == "ex2" and r.get("mode") in ("queued", "paced")]
+    if len(alone) != 1 or not beside:
+        raise ValueError("the probe's rows need one ex2 row beside an idle pipe and ex2 rows beside "
+                         f"queued or paced wgmma, got {len(alone)} idle and {len(beside)} beside")
+    xs = [r["tensor_share"] for r in beside]
+    ys = [1.0 - r["per_sm_cycle"] / alone[0] for r in beside]
+    return sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), len(beside)
+
+
+# The committed probe's own run (f8c8015): five ex2 rows beside wgmma at 55-77% busy, loss
+# 0.236-0.262 per unit of busy share; the first run's 99.9%-busy row (de41376, an older schema)
+# gives 0.249. tests/test_model_rates.py refits it from the stored JSON
+H200_EXP_MMA_COUPLING = Figure(
+    0.2515, COUPLING_UNIT, MEASURED,
+    "python -m flashrung.evidence.wgmma_neighbor on NVIDIA H200 "
+    "(docs/results/h200-wgmma-neighbor-f8c8015.json): ex2 15.92/cycle/SM alone, 12.82-13.67 beside "
+    "wgmma keeping the pipe 55-77% busy; fit_exp_mma_coupling over its 5 rows")
+
 H200_QUOTED = dataclasses.replace(
     H100,
     name="h200",
     gpu="NVIDIA H200 SXM",
     sm_count=_q(132, _U["sm_count"], "project brief: the lent H200 has 132 SMs"),
+    exp_mma_coupling=H200_EXP_MMA_COUPLING,
     note="The H200 carries the H100's GH100 SM, so its per-SM rates are the H100's quoted ones until "
          "`flashrung model --measure` replaces them (HBM3e changes memory, not these rates).",
 )
@@ -241,7 +278,10 @@ def load_measured(path: str) -> RateTable:
 def overlay(base: RateTable, measured: RateTable) -> RateTable:
     """``base`` with every measured figure of ``measured`` in place of its quoted one."""
     figs = {k: f for k, f in measured.figures().items() if f.provenance == MEASURED}
-    return base.with_figures(name=base.name, **figs)
+    out = base.with_figures(name=base.name, **figs)
+    if measured.exp_mma_coupling is not None and measured.exp_mma_coupling.provenance == MEASURED:
+        out = dataclasses.replace(out, exp_mma_coupling=measured.exp_mma_coupling)
+    return out
 
 
 def get_table(name: str, rates_file: str | None = None) -> RateTable:

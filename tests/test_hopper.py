@@ -1907,6 +1907,10 @@ def _switches():
         # (d128 causal's) and FA3's
         dict(rescale_threshold=8.0, rescale_by_warp=True),
         dict(rescale_threshold=8.0, rescale_by_warp=True, pingpong=False, wait_pv_early=False, named_turns=False),
+        # P's conversions ahead of O's rescale: on the per-warp rescale in FA3's order and FA4's
+        dict(convert_before_rescale=True, rescale_threshold=8.0, rescale_by_warp=True, pingpong=False,
+             wait_pv_early=False, named_turns=False),
+        dict(convert_before_rescale=True, rescale_threshold=8.0, rescale_by_warp=True),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),

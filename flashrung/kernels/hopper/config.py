@@ -65,6 +65,9 @@ class HopperFwdConfig:
     # branch over its whole accumulator, inline PTX (FA4's per-warp skip) — where the warpgroup-wide
     # decision pays 2 STS/LDS and 3 bar.sync per step (it lost 1.8-6.4%, unpaired, and 13% paired at d64)
     rescale_by_warp: bool = False
+    # P's 16-bit conversions for the next PV issued before O's rescale in the overlapped step, not
+    # after it: with rescale_by_warp ptxas keeps them behind the rescale's branch (census)
+    convert_before_rescale: bool = False
     # the consumers' K/V ring slot and phase carried through the K/V loop and advanced by an add, a
     # compare and a select (FA4's pipeline state, pipeline.next_ring_slot) instead of recomputed from
     # the ring count as ``count % S`` and ``(count // S) & 1`` twice per step (K(j) and V(j-1)):

@@ -302,6 +302,7 @@ class _Schedule:
     MASK_SECOND_HALF: gl.constexpr  # a masked tile whose first half all 64 rows see masks its second half only
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
+    CONVERT_BEFORE_RESCALE: gl.constexpr  # P's conversions before O's rescale in the overlapped step
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
@@ -821,9 +822,14 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         release(sh.v_empty_bars.index(v_idx), c.THREAD_RELEASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars.index(k_idx), c.THREAD_RELEASE)
+    if c.CONVERT_BEFORE_RESCALE:
+        # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
+        # after the join, a block boundary they do not depend on
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
     if not c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
-    p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
+    if not c.CONVERT_BEFORE_RESCALE:
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
     stamp(trace, rows, first_row, E_END, c.TRACE_STEPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
@@ -1192,7 +1198,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
-                     CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1263,7 +1269,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
-                  CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
+                  CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS)
 
     # Argument tuples are written inline: built in a variable first they lose their
@@ -1339,6 +1345,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
+        CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,

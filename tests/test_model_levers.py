@@ -3,7 +3,7 @@ import pytest
 
 from flashrung.model import levers as LV
 from flashrung.model import rates as R
-from flashrung.model.ledger import Tile
+from flashrung.model.ledger import Tile, forward
 
 
 def test_balanced_fraction_equalises_mufu_and_fma():
@@ -40,3 +40,17 @@ def test_conditional_rescale_price():
     assert p.share_of_bound == 64 / 2048
     with pytest.raises(ValueError, match="skipped"):
         LV.price_conditional_rescale(R.TABLES["h200"], Tile(128, 128, 128), 1.5)
+
+
+def test_coupled_unbinding_fraction_is_where_the_slowed_mufu_fits_under_the_mma():
+    # with the MUFU at R_exp·(1 − k·β) beside the pipe, d64's 128 x 128 tile needs about a quarter
+    # of its exponentials emulated before the MMAs bind (uncoupled it ties at 0%); d128 needs none
+    table = R.TABLES["h200"]
+    tile = Tile(128, 128, 64)
+    phi = LV.coupled_unbinding_fraction(table, tile)
+    led = forward(table, tile)
+    k = table.exp_mma_coupling.value
+    assert 0.24 < phi < 0.26
+    assert (1 - phi) * led.exp_cycles + k * led.mma_cycles == pytest.approx(max(led.mma_cycles, led.smem_cycles))
+    assert LV.coupled_unbinding_fraction(table, Tile(128, 128, 128)) == 0.0
+    assert LV.coupled_unbinding_fraction(R.TABLES["b200"], tile) is None

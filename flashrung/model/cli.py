@@ -87,6 +87,7 @@ def ledger_report(table: R.RateTable, tile: L.Tile, direction: str, element_byte
             "exp_binds": levers.exp_binds(table, tile, element_bytes),
             "exp_split_balanced_fraction": phi,
             "exp_split_at_balance": levers.price_exp_split(table, tile, phi, element_bytes).to_json(),
+            "exp_split_coupled_unbinding_fraction": levers.coupled_unbinding_fraction(table, tile, element_bytes),
             "conditional_rescale_all_skipped": levers.price_conditional_rescale(
                 table, tile, 1.0, element_bytes).to_json(),
         }
@@ -148,6 +149,11 @@ def format_ledger(rep: dict, table: R.RateTable) -> str:
             f"  software exp2 on the FMA pipe: MUFU and FMA balance at {lv['exp_split_balanced_fraction']:.1%} "
             f"emulated -> exp {_fmt(split['exp'])}, fma {_fmt(split['fma'])} cycles; bound "
             f"{_fmt(split['bound'])} ({L.describe_bound(tuple(split['bound_resources']))})",
+        ]
+        if lv.get("exp_split_coupled_unbinding_fraction") is not None:
+            lines.append(f"  beside the tensor pipe (k above) the exponentials stop binding from "
+                         f"{lv['exp_split_coupled_unbinding_fraction']:.1%} emulated (issue slots not counted)")
+        lines += [
             f"  conditional rescale: skipping every O rescale saves {_fmt(resc['saved_cycles'])} FMA-pipe "
             f"cycles per tile ({resc['share_of_bound']:.1%} of the bound)",
         ]

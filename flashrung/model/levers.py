@@ -10,6 +10,11 @@
    which omits it). The two balance at φ* = (R_fma/R_exp - c0) / (R_fma/R_exp + k). The lever
    can only move the tile's lower bound when the exponential term is the largest one.
 
+   Beside the tensor pipe the MUFU runs at R_exp·(1 − k·β) where the rate table carries the
+   measured coupling k (:mod:`flashrung.model.ledger`): the split's exponential time is then
+   (1 − φ)·T_exp + k·T_MMA, and the exponentials stop binding a tile from
+   φ_min = 1 − (max(T_MMA, T_SMEM) − k·T_MMA) / T_exp (:func:`coupled_unbinding_fraction`).
+
 2. **Conditional rescaling.** Rescaling O costs M·dv multiplies on the FP32 pipe per K/V tile;
    skipping a share s of them (threshold τ on the base-2 max increase, warp-uniform vote) saves
    s·M·dv / R_fma cycles per tile — an FP32-pipe saving, not an MMA or MUFU one.
@@ -69,6 +74,18 @@ def price_exp_split(rates: RateTable, tile: Tile, fraction: float, element_bytes
         exp_cycles=(1.0 - fraction) * scores / rates.exp.value,
         fma_cycles=scores * (base_fma_ops_per_score + fraction * fma_ops_per_emulated) / rates.fma.value,
     )
+
+
+def coupled_unbinding_fraction(rates: RateTable, tile: Tile, element_bytes: int = 2) -> float | None:
+    """The smallest share φ of a forward tile's exponentials to emulate so that, with the MUFU
+    slowed beside the tensor pipe, they no longer exceed the tile's MMA and SMEM times: 0 where
+    they already fit, None without a measured coupling. Issue slots are not in the ledger: what
+    each emulated exp2 costs there (about ten on sm_90) is the lever's other price."""
+    led = forward(rates, tile, element_bytes)
+    if led.exp_mma_coupling is None:
+        return None
+    room = max(led.mma_cycles, led.smem_cycles) - led.exp_mma_coupling * led.mma_cycles
+    return min(1.0, max(0.0, 1.0 - room / led.exp_cycles))
 
 
 def balanced_fraction(rates: RateTable, base_fma_ops_per_score: float = 0.0,

@@ -46,6 +46,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   multiply-high with magic numbers from the host (``fast_divide_producer``,
   ``fast_divide_consumers``; ``schedule.fast_divisor``), the default up to S2k–S4k
   (``config.FAST_DIVIDE_MAX_SEQLEN``);
+* P's conversions for the next PV may be issued ahead of O's rescale (``convert_before_rescale``:
+  measured, off);
 * the running row sum may be taken by the tensor pipe (``row_sum_by_mma``: beside each PV a
   wgmma of the same P against a tile of ones, ``_pv``; measured, off);
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK

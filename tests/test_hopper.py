@@ -1446,6 +1446,38 @@ def test_thread_release_is_deterministic(causal):
     _assert_reruns_identical(*_d128_inputs(2, 8, 2), causal, cfg)
 
 
+# the consumers' elected arrivals in inline PTX with no bar.sync (asm_arrivals): every head dim and
+# mask at shapes with partial tiles and empty consumer warpgroups; on a one-slot ring with K
+# released late (each release then gates the very next load), on the split tail, and with the
+# pingpong token off and passed by named barriers (the turn's arrival then is not the inline one)
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_asm_arrivals(head_dim, shape, causal):
+    _gate_forced(head_dim, shape, causal, asm_arrivals=True)
+    _gate_forced(head_dim, shape, causal, asm_arrivals=True, late_k_release=True, num_kv_stages=1)
+    _gate_forced(head_dim, shape, causal, asm_arrivals=True, pingpong=not _shape_default(head_dim, causal, shape).pingpong,
+                 named_turns=False)
+    if not causal and head_dim != 256:
+        _gate_forced(head_dim, shape, False, asm_arrivals=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_asm_arrivals_is_deterministic(causal, head_dim):
+    # a slot released while a warp's part of the GEMM that reads it is still in flight would let
+    # the producer overwrite K or V under it: the output would move between identical runs
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4097, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), asm_arrivals=True)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, causal, cfg)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
@@ -1911,6 +1943,10 @@ def _switches():
         dict(convert_before_rescale=True, rescale_threshold=8.0, rescale_by_warp=True, pingpong=False,
              wait_pv_early=False, named_turns=False),
         dict(convert_before_rescale=True, rescale_threshold=8.0, rescale_by_warp=True),
+        # the elected arrivals in inline PTX: with the mbarrier token in FA3's order (d128
+        # non-causal's) and FA4's with named turns (d128 causal's)
+        dict(asm_arrivals=True, pingpong=True, wait_pv_early=False, named_turns=False),
+        dict(asm_arrivals=True, pingpong=True, wait_pv_early=True, named_turns=True),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),

@@ -243,6 +243,12 @@ class HopperFwdConfig:
     # MIO throttle 0.16 -> 0.32 and dispatch stalls 0.75 -> 0.91 warps per issue — the arrivals
     # cost more in the memory pipe's queue than the barriers they replace: off
     thread_release: bool = False
+    # the consumers' elected arrivals (K/V releases, the mbarrier turn) as inline PTX by the
+    # partition's thread 0 with no partition-wide ``bar.sync`` before them, as FA3 releases
+    # (pipeline.arrive_unsynced). Gluon 3.6 has no such arrive; the PTX names each barrier by its
+    # byte offset in shared memory, read from the allocation pass of a first compile
+    # (fwd.barrier_offsets)
+    asm_arrivals: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -393,6 +399,9 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
+        if self.asm_arrivals and self.thread_release:
+            raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
+                             "partition's bar.sync: choose one")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

@@ -107,13 +107,16 @@ def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: 
 
 @gluon.jit
 def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-              NAMED: gl.constexpr):
+              NAMED: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1):
     """Hand the GEMM-issue token to the next consumer warpgroup. An mbarrier takes one elected
-    arrival (Gluon 3.6 syncs the partition before it); a named barrier takes every thread's
-    ``bar.arrive``, which does not wait."""
+    arrival (Gluon 3.6 syncs the partition before it; with ``SMEM_OFFSET`` ≥ 0 an inline one that
+    does not, :func:`arrive_unsynced`); a named barrier takes every thread's ``bar.arrive``, which
+    does not wait."""
     if PINGPONG:
         if NAMED:
             named_barrier("arrive", _TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
+        elif SMEM_OFFSET >= 0:
+            arrive_unsynced((WG + 1) % NUM_CONSUMERS, SMEM_OFFSET)
         else:
             mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
 
@@ -124,24 +127,54 @@ def release_arrivals(per_thread):
     return THREADS_PER_WARPGROUP if per_thread else 1
 
 
+@gluon.constexpr_function
+def _arrive_asm(smem_offset):
+    # $1: the thread's index in its partition, $2: the barrier's slot. ``global_smem`` is the
+    # kernel's one dynamic shared-memory symbol; the barrier array sits ``smem_offset`` bytes into
+    # it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the allocation pass).
+    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; mov.u32 addr, global_smem; "
+            f"mad.lo.u32 addr, $2, 8, addr; add.u32 addr, addr, {smem_offset}; "
+            "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")
+
+
 @gluon.jit
-def release(empty_bar, PER_THREAD: gl.constexpr):
-    """A consumer warpgroup frees a K/V ring slot: its arrival on the slot's ``empty`` barrier.
+def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
+    """One arrival on barrier ``slot`` of the array at ``SMEM_OFFSET``, by the partition's thread 0,
+    with no partition-wide ``bar.sync`` in front of it (FA3's consumer release).
+
+    Inline PTX, so Triton's shared-memory barrier analysis never sees an arrive to fence. What the
+    fence would have ordered is ordered otherwise: every use this makes of it follows a
+    ``warpgroup_mma_wait``, and a ``wgmma`` group is the warpgroup's, so thread 0's wait returning
+    means every warp's part of the GEMMs that read the slot is done.
+    """
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
+    lanes = gl.arange(0, _THREADS_PER_WARPGROUP, layout=layout)
+    slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot
+    gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET), "=r,r,r", [lanes, slots], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1):
+    """A consumer warpgroup frees K/V ring slot ``idx``: its arrival on the slot's ``empty`` barrier.
 
     Elected (``PER_THREAD`` off): one thread arrives. Gluon 3.6 lowers that arrival with a
     partition-wide ``bar.sync`` in front of it (the elected thread speaks for the other 127), two
     per steady K/V step — the warpgroup's four warps meet there twice a step, where FA3 and FA4
-    meet none. Per-thread: each of the 128 threads arrives for itself through
-    ``cp.async.mbarrier.arrive.noinc`` (an arrival that fires once the thread's earlier ``cp.async``
-    copies have landed: a consumer issues none, so at once), and the barrier expects 128 arrivals
-    per consumer (:func:`release_arrivals`). No ``bar.sync``: the slot is free when the last thread
-    has arrived, and every thread arrives after its own ``warpgroup_mma_wait`` for the GEMM that
-    read the slot, so no warp can still be reading it.
+    meet none. With ``SMEM_OFFSET`` ≥ 0 (``asm_arrivals``) the elected arrival is inline PTX
+    (:func:`arrive_unsynced`) and meets no barrier. Per-thread: each of the 128 threads arrives for
+    itself through ``cp.async.mbarrier.arrive.noinc`` (an arrival that fires once the thread's
+    earlier ``cp.async`` copies have landed: a consumer issues none, so at once), and the barrier
+    expects 128 arrivals per consumer (:func:`release_arrivals`). No ``bar.sync``: the slot is free
+    when the last thread has arrived, and every thread arrives after its own
+    ``warpgroup_mma_wait`` for the GEMM that read the slot, so no warp can still be reading it.
     """
     if PER_THREAD:
-        async_copy.mbarrier_arrive(empty_bar, increment_count=False)
+        async_copy.mbarrier_arrive(empty_bars.index(idx), increment_count=False)
+    elif SMEM_OFFSET >= 0:
+        arrive_unsynced(idx, SMEM_OFFSET)
     else:
-        mbarrier.arrive(empty_bar)
+        mbarrier.arrive(empty_bars.index(idx))
 
 
 @gluon.jit
@@ -159,3 +192,40 @@ def wait_mma_after_softmax(gate, x):
     if gate == gate:
         x = warpgroup_mma_wait(0, deps=[x])
     return x
+
+
+# the barrier arrays whose shared-memory offsets an ``asm_arrivals`` build compiles in
+ARRIVAL_BARRIERS = ("k_empty_bars", "v_empty_bars", "turn_bars")
+
+
+def allocation_offsets(ttgir: str, capability: int = 90, ptx_version: int = 86) -> dict[str, int]:
+    """Byte offsets into dynamic shared memory of every named ``ttg.local_alloc`` in ``ttgir``, as
+    Triton's shared-memory allocation pass assigns them (the pass the compiler runs first when it
+    lowers TTGIR to LLVM, run here on its own).
+
+    The pass sees shapes, layouts and lifetimes, not inline PTX: a kernel that names an offset in
+    its inline PTX (``arrive_unsynced``) allocates exactly as the same kernel with any other
+    offset there, which is what makes a compile-twice build sound (``fwd.barrier_offsets`` checks
+    the second compile against the first).
+    """
+    import re
+    import tempfile
+
+    from triton._C.libtriton import ir, nvidia, passes
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
+        f.write(ttgir)
+        f.flush()
+        mod = ir.parse_mlir_module(f.name, ctx)
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, capability, ptx_version)
+    pm.run(mod, "allocation_offsets")
+    pattern = re.compile(r"%(\w+) = ttg\.local_alloc \{allocation\.offset = (\d+) : i32\}")
+    return {m.group(1): int(m.group(2)) for m in pattern.finditer(str(mod))}

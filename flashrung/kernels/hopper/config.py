@@ -712,11 +712,26 @@ _RESCALE_BY_WARP_LEVERS = {
 }
 
 
+
+# The consumers' elected arrivals in inline PTX with no partition bar.sync (asm_arrivals) for
+# max(Sq, Sk) in [first, last], per (head dim, causal). Census (sm_90a): the steady K/V loop meets
+# one bar.sync a step instead of four (d64, d128 non-causal, d256) or three instead of five (d128
+# causal, whose named turns stay); no registers or spills moved. Paired on the H200, preheated
+# 150 ms (t_keep 1.002164), bf16, H16, over the default: d128 causal B16 S2048 1.0206 / 1.0209, B8
+# S4096 1.0220 / 1.0208, B4 S8192 1.0189 / 1.0220, B2 S16384 1.0159 / 1.0202, B1 S32768 1.0134 /
+# 1.0165; d128 non-causal B8 S4096 1.0047 / 1.0071, B4 S8192 1.0047 / 1.0049; d256 non-causal B8
+# S2048 1.0099 / 1.0077, B2 S8192 1.0046 / 1.0062 (KEEP). Not taken: d128 non-causal B2 S16384
+# 1.0024 / 1.0021 and 1.0020 / 1.0027 (NULL twice, the split-tail kernel); d256 causal B2 S8192
+# 1.0010 / 1.0010; d64 B2 S16384 0.9991 / 1.0010 non-causal, 1.0002 / 1.0010 causal (NULL)
+# (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json). Shorter rows are not priced
+ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192), (256, False): (2048, 1 << 62)}
+
+
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
-            rescale_by_warp: bool) -> HopperFwdConfig:
+            rescale_by_warp: bool, asm_arrivals: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -732,7 +747,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                first_mask_on_need=base.first_mask_on_need and not split_tail,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
-                               single_kv_loop=single_kv_loop)
+                               single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -753,7 +768,8 @@ def select_config(problem) -> HopperFwdConfig:
     pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
+    aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
-                   rescale_by_warp)
+                   rescale_by_warp, aa_first <= seqlen <= aa_last)

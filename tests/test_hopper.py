@@ -37,6 +37,7 @@ import dataclasses, json, os, re, sys, tempfile
 import torch
 from flashrung.evidence.census import census_one, compile_spec, innermost_loops, sass_text
 from flashrung.kernels.hopper import fwd
+from flashrung.kernels.hopper.pipeline import BARRIER_OFFSETS, allocation_offsets
 
 def windows(sass):
     # for each wgmma wait(1) (QK done, PV pending): MUFU.EX2 count up to the next wgmma wait
@@ -80,6 +81,15 @@ def kv_loops(sass):
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
+def barrier_inits(ptx):
+    # {byte offset into global_smem: arrival count} of every mbarrier.init, and the array offsets
+    # the inline arrivals (asm_arrivals) name
+    defs = dict(re.findall(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", ptx))
+    inits = {int(defs[r]): int(n) for r, n in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[(%r\d+)\], (\d+);", ptx)
+             if r in defs}
+    arrives = sorted({int(o) for o in re.findall(r"add\.u32 addr, addr, (\d+); @leader mbarrier\.arrive", ptx)})
+    return inits, arrives
+
 def named_barriers(sass):
     # every BAR.SYNC / BAR.ARV with an immediate id: [op, id, thread count or 0 for the whole CTA]
     found = re.findall(r"BAR\.(SYNC|ARV)\S*\s+(0x[0-9a-f]+)(?:,\s*(0x[0-9a-f]+))?", sass)
@@ -96,8 +106,12 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     if row.error is None:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "k.cubin")
+            compiled = compile_spec(spec, "sm_90a")
             with open(path, "wb") as f:
-                f.write(compile_spec(spec, "sm_90a").asm["cubin"])
+                f.write(compiled.asm["cubin"])
+            entry["inits"], entry["arrives"] = barrier_inits(compiled.asm["ptx"])
+            arrays = allocation_offsets(compiled.asm["ttgir"])
+            entry["barrier_offsets"] = {k: arrays[v] for k, v in BARRIER_OFFSETS.items()}
             sass = sass_text(path)
             entry["windows"] = windows(sass)
             entry["loop"] = steady_loop(sass)
@@ -231,6 +245,10 @@ CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True})
 # d128 S16k's default; its own arrival keeps a bar.sync in the loop)
 CENSUS_CONFIGS.append(("d128-full-free", 128, False, {"pingpong": False}))
 CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True, "pingpong": False}))
+# the consumers' elected arrivals in inline PTX (asm_arrivals) on d128 non-causal's split-tail
+# kernel (where it is off by default) and d64's (three consumers, FA4's order)
+CENSUS_CONFIGS.append(("d128-full-asm-arrivals", 128, False, {"asm_arrivals": True}))
+CENSUS_CONFIGS.append(("d64-full-asm-arrivals", 64, False, {"asm_arrivals": True}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
 # memory), built as it was measured: with skip_empty_rows on top ptxas keeps 112 B in local memory
 # outside the loop (census)
@@ -781,6 +799,75 @@ def test_late_k_release_moves_one_arrive(census):
     assert late["row"]["spill_bytes"] == 0 and late["loop"]["ldl"] == 0
     assert abs(late["loop"]["length"] - base["loop"]["length"]) <= 4, (late["loop"], base["loop"])
     assert late["row"]["sass"]["SYNCS"] == base["row"]["sass"]["SYNCS"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_asm_arrivals_leave_one_barrier_in_the_steady_step_and_arrive_where_the_barriers_are(census, head_dim):
+    # Gluon's elected arrivals each bring a partition-wide BAR.SYNC; in inline PTX they bring none:
+    # the steady K/V step keeps only the loop-top barrier, with the same exponentials, registers
+    # and no local memory. The PTX names each barrier array by a byte offset read from the
+    # allocation pass: every offset it names must be one the kernel initializes, the K/V empties
+    # with one arrival per consumer (on every slot), the turn with one
+    asm, base = census[f"d{head_dim}-full-asm-arrivals"], census[f"d{head_dim}-full"]
+    assert asm["row"]["config"]["asm_arrivals"] and not base["row"]["config"]["asm_arrivals"]
+    assert "error" not in asm["row"], asm["row"]["error"]
+    assert asm["row"]["spill_bytes"] == 0 and asm["row"]["regs"] == base["row"]["regs"]
+    assert len(asm["kv_loops"]) == len(base["kv_loops"]) > 0
+    for a, b in zip(asm["kv_loops"], base["kv_loops"]):
+        assert a["bar"] < b["bar"] and a["mufu"] == b["mufu"] and a["ldl"] == 0, (a, b)
+        assert abs(a["length"] - b["length"]) <= 4, (a, b)
+    for loop in _steady_steps(asm):
+        assert loop["bar"] == 1, loop
+    cfg = fwd.default_config(head_dim, False)
+    offsets, inits = asm["barrier_offsets"], {int(k): v for k, v in asm["inits"].items()}
+    assert base["arrives"] == [] and sorted(asm["arrives"]) == sorted(offsets[k] for k in ("K_EMPTY_AT", "V_EMPTY_AT",
+                                                                                           "TURN_AT"))
+    for name in ("K_EMPTY_AT", "V_EMPTY_AT"):
+        for slot in range(cfg.num_kv_stages):
+            assert inits[offsets[name] + 8 * slot] == cfg.num_consumers, (name, slot, inits)
+    assert inits[offsets["TURN_AT"]] == 1
+
+
+def test_barrier_offsets_refuse_a_second_compile_that_moved_the_barriers(monkeypatch):
+    # the inline arrivals name their barriers by offset: if the compile that names them allocated
+    # the arrays elsewhere, building it must fail, naming the arrays, not return a kernel whose
+    # arrivals land on other barriers
+    layouts = iter([dict(k_empty_bars=64, v_empty_bars=80, turn_bars=96),
+                    dict(k_empty_bars=64, v_empty_bars=88, turn_bars=96)])
+    monkeypatch.setattr(fwd, "allocation_offsets", lambda ttgir: next(layouts))
+    seen = []
+
+    class _Compiled:
+        asm = {"ttgir": ""}
+
+    def compile_with(constexprs):
+        seen.append({k: constexprs[k] for k in ("K_EMPTY_AT", "V_EMPTY_AT", "TURN_AT")})
+        return _Compiled()
+
+    asked = dict(BLOCK_M=128, K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=0, K_READY_AT=-1, V_READY_AT=-1, TURN_WAIT_AT=-1)
+    with pytest.raises(RuntimeError, match="v_empty_bars"):
+        fwd.barrier_offsets(compile_with, asked)
+    assert seen == [dict(K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=0), dict(K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=96)]
+
+
+def test_barrier_offsets_fill_what_the_allocation_pass_gave(monkeypatch):
+    monkeypatch.setattr(fwd, "allocation_offsets",
+                        lambda ttgir: dict(k_empty_bars=64, v_empty_bars=80, turn_bars=96, k_ready_bars=0))
+
+    class _Compiled:
+        asm = {"ttgir": ""}
+
+    # only the names the build asked for (0, a placeholder) are filled; -1 stays Gluon's own
+    filled = fwd.barrier_offsets(lambda cx: _Compiled(), dict(BLOCK_M=128, K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=-1,
+                                                              K_READY_AT=0, V_READY_AT=-1, TURN_WAIT_AT=0))
+    assert filled == dict(BLOCK_M=128, K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=-1, K_READY_AT=0, V_READY_AT=-1,
+                          TURN_WAIT_AT=96)
+
+
+def test_asm_arrivals_and_thread_release_do_not_combine():
+    cfg = dataclasses.replace(fwd.default_config(128, False), asm_arrivals=True, thread_release=True)
+    with pytest.raises(ValueError, match="asm_arrivals and thread_release"):
+        cfg.check(128)
 
 
 def test_thread_release_takes_one_barrier_out_with_each_release(census):
@@ -1423,19 +1510,27 @@ def test_row_sum_by_mma_counts_its_ones_against_the_budget():
         dataclasses.replace(d64, defer_row_sum=True).check(64)
 
 
-# every consumer thread releases its K/V slots: every head dim and mask, at shapes with partial
-# last tiles and empty consumer warpgroups (S=17), with K released late and a one-slot ring (each
-# release then gates the very next load), and on the split tail
+# the K/V releases without Gluon's partition bar.sync — every consumer thread arriving for itself
+# (thread_release), or the elected arrivals in inline PTX (asm_arrivals) — at every head dim and
+# mask, at shapes with partial last tiles and empty consumer warpgroups (S=17), with K released
+# late on a one-slot ring (each release then gates the very next load), and on the split tail;
+# the inline arrivals also with the pingpong token's mode flipped (the turn's arrival is then the
+# inline one, or absent)
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_thread_release(head_dim, shape, causal):
-    _gate_forced(head_dim, shape, causal, thread_release=True)
-    _gate_forced(head_dim, shape, causal, thread_release=True, late_k_release=True, num_kv_stages=1)
+@pytest.mark.parametrize("release", ["thread_release", "asm_arrivals", "asm_arrivals+asm_waits"])
+def test_gate_release_without_bar_sync(release, head_dim, shape, causal):
+    switches = dict.fromkeys(release.split("+"), True)
+    _gate_forced(head_dim, shape, causal, **switches)
+    _gate_forced(head_dim, shape, causal, **switches, late_k_release=True, num_kv_stages=1)
+    if "asm_arrivals" in switches:
+        _gate_forced(head_dim, shape, causal, **switches, named_turns=False,
+                     pingpong=not _shape_default(head_dim, causal, shape).pingpong)
     if not causal and head_dim != 256:
-        _gate_forced(head_dim, shape, False, thread_release=True, **SPLIT_GRID)
+        _gate_forced(head_dim, shape, False, **switches, **SPLIT_GRID)
 
 
 @pytest.mark.gpu
@@ -1446,34 +1541,18 @@ def test_thread_release_is_deterministic(causal):
     _assert_reruns_identical(*_d128_inputs(2, 8, 2), causal, cfg)
 
 
-# the consumers' elected arrivals in inline PTX with no bar.sync (asm_arrivals): every head dim and
-# mask at shapes with partial tiles and empty consumer warpgroups; on a one-slot ring with K
-# released late (each release then gates the very next load), on the split tail, and with the
-# pingpong token off and passed by named barriers (the turn's arrival then is not the inline one)
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_asm_arrivals(head_dim, shape, causal):
-    _gate_forced(head_dim, shape, causal, asm_arrivals=True)
-    _gate_forced(head_dim, shape, causal, asm_arrivals=True, late_k_release=True, num_kv_stages=1)
-    _gate_forced(head_dim, shape, causal, asm_arrivals=True, pingpong=not _shape_default(head_dim, causal, shape).pingpong,
-                 named_turns=False)
-    if not causal and head_dim != 256:
-        _gate_forced(head_dim, shape, False, asm_arrivals=True, **SPLIT_GRID)
-
-
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_asm_arrivals_is_deterministic(causal, head_dim):
+@pytest.mark.parametrize("switches", ["asm_arrivals", "asm_arrivals+asm_waits"])
+def test_asm_arrivals_is_deterministic(switches, causal, head_dim):
     # a slot released while a warp's part of the GEMM that reads it is still in flight would let
-    # the producer overwrite K or V under it: the output would move between identical runs
+    # the producer overwrite K or V under it, and a wait that returned early would let a GEMM read
+    # a slot the TMA is still filling: the output would move between identical runs
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4097, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), asm_arrivals=True)
+    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), **dict.fromkeys(switches.split("+"), True))
     for _ in range(3):
         _assert_reruns_identical(q, k, v, causal, cfg)
 
@@ -1947,6 +2026,9 @@ def _switches():
         # non-causal's) and FA4's with named turns (d128 causal's)
         dict(asm_arrivals=True, pingpong=True, wait_pv_early=False, named_turns=False),
         dict(asm_arrivals=True, pingpong=True, wait_pv_early=True, named_turns=True),
+        # ... with the waits inline too (the mbarrier turn's wait among them)
+        dict(asm_arrivals=True, asm_waits=True, pingpong=True, wait_pv_early=False, named_turns=False),
+        dict(asm_arrivals=True, asm_waits=True, pingpong=True, wait_pv_early=True, named_turns=True),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),

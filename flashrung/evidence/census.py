@@ -54,6 +54,9 @@ class CensusSpec:
     gluon: bool = False
     arches: tuple[str, ...] = tuple(ARCHES)   # architectures the configuration is meant for
     extra_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # constexprs that only a first compile can decide: ``resolve(compile_with, constexprs)`` returns
+    # them filled in, ``compile_with(constexprs)`` compiling the kernel (hopper.fwd's barrier offsets)
+    resolve: Any = None
 
 
 @dataclasses.dataclass
@@ -109,9 +112,16 @@ def compile_spec(spec: CensusSpec, arch: str):
             raise RuntimeError(
                 "the census compiles real kernels: run it without TRITON_INTERPRET=1 "
                 "(`flashrung census` re-executes itself without it)")
-    src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
     options = dict(num_warps=spec.num_warps, num_stages=spec.num_stages, **spec.extra_options)
-    return triton.compile(src, target=target, options=options)
+
+    def compile_with(constexprs):
+        src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(constexprs))
+        return triton.compile(src, target=target, options=options)
+
+    constexprs = dict(spec.constexprs)
+    if spec.resolve is not None:
+        constexprs = spec.resolve(compile_with, constexprs)
+    return compile_with(constexprs)
 
 
 _RES_RE = re.compile(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)")

@@ -249,6 +249,11 @@ class HopperFwdConfig:
     # byte offset in shared memory, read from the allocation pass of a first compile
     # (fwd.barrier_offsets)
     asm_arrivals: bool = False
+    # the consumers' K/V ready waits and mbarrier turn waits as inline PTX (pipeline.wait_unsynced):
+    # Gluon 3.6 puts a partition-wide ``bar.sync`` before the first wait of every K/V step (the
+    # same array's wait a step before is a pending access to it); the PTX names each array by its
+    # offset as asm_arrivals does
+    asm_waits: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -723,8 +728,11 @@ _RESCALE_BY_WARP_LEVERS = {
 # S2048 1.0099 / 1.0077, B2 S8192 1.0046 / 1.0062 (KEEP). Not taken: d128 non-causal B2 S16384
 # 1.0024 / 1.0021 and 1.0020 / 1.0027 (NULL twice, the split-tail kernel); d256 causal B2 S8192
 # 1.0010 / 1.0010; d64 B2 S16384 0.9991 / 1.0010 non-causal, 1.0002 / 1.0010 causal (NULL)
-# (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json). Shorter rows are not priced
-ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192), (256, False): (2048, 1 << 62)}
+# (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json). d256 non-causal's KEEP is
+# not taken: its build for a launch with a key tail keeps 36 B in local memory (5 LDL, 4 STL; one access in
+# each per-tile loop), which the build without one does not. d128 causal B32 S1024: 1.0076 / 1.0031
+# (clears t_keep, not that shape's own null 1.006339; h200-compare-asm-arrivals-d128-causal-s1024-8b45a1d.json)
+ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,6 +39,11 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``single_kv_loop``: the default of d64's short-causal tile up to 2048);
 * a consumer warpgroup whose rows all lie past ``seqlen_q`` keeps the ring's and the token's
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
+* the consumers' elected arrivals (the K/V releases, the mbarrier turn) may be inline PTX by the
+  warpgroup's thread 0 with no partition-wide ``bar.sync`` before them (``asm_arrivals``,
+  ``pipeline.arrive_unsynced``: the default of d128 causal from S2k and d128 non-causal S4k–S8k);
+  the PTX names each barrier array by its shared-memory offset, which ``barrier_offsets`` reads
+  from the allocation pass of a first compile and checks against the second;
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;
@@ -111,8 +116,8 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     select_config,
 )
-from flashrung.kernels.hopper.pipeline import (ARRIVAL_BARRIERS, allocation_offsets, next_ring_slot, pass_turn,
-                                              release, release_arrivals, ring_slot, start_turns,
+from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, allocation_offsets, next_ring_slot, pass_turn,
+                                              ready_wait, release, release_arrivals, ring_slot, start_turns,
                                               wait_mma_after_softmax, wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
@@ -313,6 +318,9 @@ class _Schedule:
     K_EMPTY_AT: gl.constexpr     # asm_arrivals: byte offsets of the K/V empty and turn barrier arrays in
     V_EMPTY_AT: gl.constexpr     # shared memory (barrier_offsets), the consumers' arrivals inline PTX
     TURN_AT: gl.constexpr        # with no bar.sync (pipeline.arrive_unsynced); -1: Gluon's arrivals
+    K_READY_AT: gl.constexpr     # asm_waits: the same for the K/V ready and turn arrays, the consumers'
+    V_READY_AT: gl.constexpr     # waits inline PTX (pipeline.wait_unsynced); -1: Gluon's waits
+    TURN_WAIT_AT: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -745,10 +753,10 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     else:
         k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
         v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
-    mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
-    mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
+    ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT)
+    ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT)
     stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
     stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
@@ -853,7 +861,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
-        mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+        ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
         s = _qk(q, sh, idx, c)
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
@@ -905,7 +913,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             phase = ring_phase
         else:
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
-        mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+        ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
         if c.LATE_RESCALE:
             acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
         acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
@@ -925,8 +933,8 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     as in :func:`_overlapped_step`)."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
-    mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+    ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
     s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
     s = _wait_scores(s, 0)
@@ -937,8 +945,8 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
     p_op = _operands(p, q.dtype, False, c.HEAD_DIM)
-    mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+    ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
     acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
@@ -973,29 +981,29 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
     if c.OVERLAP:
         if n_tiles > 0:
             idx, phase = ring_slot(count, c.NUM_KV_STAGES)
-            mbarrier.wait(sh.k_ready_bars.index(idx), phase)
+            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
             release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
             for j in range(1, n_tiles):
                 k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
                 v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
-                mbarrier.wait(sh.k_ready_bars.index(k_idx), k_phase)
-                mbarrier.wait(sh.v_ready_bars.index(v_idx), v_phase)
-                turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+                ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT)
+                ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT)
+                turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
                 release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
                 release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
-            mbarrier.wait(sh.v_ready_bars.index(idx), phase)
+            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
             release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
     else:
         for j in range(0, n_tiles):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
-            mbarrier.wait(sh.k_ready_bars.index(idx), phase)
-            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
             release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
-            mbarrier.wait(sh.v_ready_bars.index(idx), phase)
-            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS)
+            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
             release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
     return turn
@@ -1206,6 +1214,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
+                     K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1278,7 +1287,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
-                  K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT)
+                  K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
+                  V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1355,8 +1365,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
-        # Gluon's own arrivals; an asm_arrivals launch puts the offsets here (barrier_offsets)
-        K_EMPTY_AT=-1, V_EMPTY_AT=-1, TURN_AT=-1,
+        # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
+        **{name: 0 if _inline_barrier(cfg, name) else -1 for name in BARRIER_OFFSETS},
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
@@ -1560,7 +1570,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), *pointers, *plan.ints, scale,
     )
     constexprs = plan.constexprs
-    if cfg.asm_arrivals:
+    if cfg.asm_arrivals or cfg.asm_waits:
         constexprs = _launch_barrier_offsets(plan.build, q.dtype, args, constexprs, plan.grid)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(plan.grid,))
@@ -1573,24 +1583,29 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         combine_tail(part_o, part_lse, coords, out, lse, plan.splits)
 
 
+def _inline_barrier(cfg: HopperFwdConfig, name: str) -> bool:
+    """Whether ``cfg`` names barrier offset ``name`` (pipeline.BARRIER_OFFSETS) in inline PTX."""
+    return cfg.asm_waits if name in ("K_READY_AT", "V_READY_AT", "TURN_WAIT_AT") else cfg.asm_arrivals
+
+
 def barrier_offsets(compile_with, constexprs) -> dict:
-    """``constexprs`` with the shared-memory offsets of an ``asm_arrivals`` build filled in.
+    """``constexprs`` with the shared-memory offsets of an ``asm_arrivals`` / ``asm_waits`` build
+    filled in: every ``pipeline.BARRIER_OFFSETS`` name not -1 (0, a placeholder, until now).
 
     ``compile_with(constexprs)`` compiles the kernel and returns the compiled object (its
     ``asm["ttgir"]``). The first compile names offset 0 in its inline PTX; the allocation pass of its
     TTGIR (``pipeline.allocation_offsets``) gives the arrays' real offsets; the second compile
     names those and must allocate them at the same offsets, or this raises rather than return a
-    kernel whose arrivals would land on the wrong barriers.
+    kernel whose arrivals or waits would land on the wrong barriers.
     """
-    names = dict(zip(("K_EMPTY_AT", "V_EMPTY_AT", "TURN_AT"), ARRIVAL_BARRIERS))
-    first = allocation_offsets(compile_with(dict(constexprs, **{k: 0 for k in names}))
-                               .asm["ttgir"])
+    names = {k: v for k, v in BARRIER_OFFSETS.items() if constexprs.get(k, -1) != -1}
+    first = allocation_offsets(compile_with(dict(constexprs, **{k: 0 for k in names})).asm["ttgir"])
     filled = dict(constexprs, **{k: first[v] for k, v in names.items()})
     second = allocation_offsets(compile_with(filled).asm["ttgir"])
     moved = {v: (first[v], second.get(v)) for v in names.values() if second.get(v) != first[v]}
     if moved:
-        raise RuntimeError(f"{KERNEL_NAME}: asm_arrivals' barrier arrays moved between compiles "
-                           f"(offset first, second): {moved}")
+        raise RuntimeError(f"{KERNEL_NAME}: the barrier arrays named in inline PTX moved between "
+                           f"compiles (offset first, second): {moved}")
     return filled
 
 
@@ -1756,17 +1771,11 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
-    spec = CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
+    return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
                       constexprs=dict(_constexprs(cfg, head_dim, causal),
                                       FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
                       num_warps=CONSUMER_WARPS, gluon=True,
-                      arches=("sm_90a",))
-    if cfg.asm_arrivals:
-        from flashrung.evidence.census import compile_spec
-
-        spec = dataclasses.replace(spec, constexprs=barrier_offsets(
-            lambda cx: compile_spec(dataclasses.replace(spec, constexprs=cx), "sm_90a"), spec.constexprs))
-    return spec
+                      arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None)
 
 
 def config_with(problem, overrides: dict) -> HopperFwdConfig:

@@ -86,18 +86,22 @@ def start_turns(WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.cons
 
 
 @gluon.jit
-def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: gl.constexpr):
+def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: gl.constexpr,
+              SMEM_OFFSET: gl.constexpr = -1):
     """Block consumer ``WG`` until it holds the GEMM-issue token (its ``turn``-th time).
 
     The token circulates WG0 → WG1 (→ WG2) → WG0 through one barrier per consumer. With
     mbarriers, WG0's first wait is for parity 1, which a fresh barrier already satisfies: that is
     the bootstrap credit; with named barriers it is ``start_turns``' arrival. Every consumer takes
     the same number of turns per tile, so the token is back at WG0 when a tile ends and the next
-    (persistent) tile starts where the ring expects it.
+    (persistent) tile starts where the ring expects it. With ``SMEM_OFFSET`` ≥ 0 (``asm_waits``) the
+    mbarrier wait is :func:`wait_unsynced`.
     """
     if PINGPONG:
         if NAMED:
             named_barrier("sync", _TURN_BARRIER_BASE + WG)
+        elif SMEM_OFFSET >= 0:
+            wait_unsynced(WG, (turn & 1) ^ (1 if WG == 0 else 0), SMEM_OFFSET)
         elif WG == 0:
             mbarrier.wait(turn_bars.index(WG), (turn & 1) ^ 1)
         else:
@@ -154,6 +158,42 @@ def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
                               is_pure=False, pack=1)
 
 
+@gluon.constexpr_function
+def _wait_asm(smem_offset):
+    # $1: the barrier's slot, $2: the phase parity waited for. The same spin as Gluon's
+    # mbarrier.wait (try_wait in a loop), on the address arrive_unsynced computes; the label is
+    # local to the braces, so the block may appear many times in one kernel
+    return ("{ .reg .pred complete; .reg .b32 addr; mov.u32 addr, global_smem; "
+            f"mad.lo.u32 addr, $1, 8, addr; add.u32 addr, addr, {smem_offset}; "
+            "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2; "
+            "@!complete bra.uni waitLoop; mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def wait_unsynced(slot, phase, SMEM_OFFSET: gl.constexpr):
+    """Wait for barrier ``slot`` of the array at ``SMEM_OFFSET`` to complete phase ``phase``, in
+    inline PTX: Triton's shared-memory barrier analysis sees no wait, and puts no ``bar.sync``
+    before it (Gluon 3.6 fences a consumer's first wait of a K/V step with one: the wait on the
+    same array a step before is a pending access to it). Every thread waits for itself, so
+    nothing a barrier would order is left: what the wait makes visible — the TMA's bytes — is
+    read only by the ``wgmma``s issued after it.
+    """
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
+    zeros = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout)
+    gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET), "=r,r,r", [zeros + slot, zeros + phase], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def ready_wait(ready_bars, idx, phase, SMEM_OFFSET: gl.constexpr = -1):
+    """A consumer waits for K/V ring slot ``idx``'s ``ready`` barrier (phase ``phase``): Gluon's
+    wait, or with ``SMEM_OFFSET`` ≥ 0 (``asm_waits``) :func:`wait_unsynced`."""
+    if SMEM_OFFSET >= 0:
+        wait_unsynced(idx, phase, SMEM_OFFSET)
+    else:
+        mbarrier.wait(ready_bars.index(idx), phase)
+
+
 @gluon.jit
 def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1):
     """A consumer warpgroup frees K/V ring slot ``idx``: its arrival on the slot's ``empty`` barrier.
@@ -194,8 +234,13 @@ def wait_mma_after_softmax(gate, x):
     return x
 
 
-# the barrier arrays whose shared-memory offsets an ``asm_arrivals`` build compiles in
-ARRIVAL_BARRIERS = ("k_empty_bars", "v_empty_bars", "turn_bars")
+# the kernel's constexprs that name a barrier array's shared-memory offset in inline PTX, and the
+# array each names: the arrivals of ``asm_arrivals``, the waits of ``asm_waits``. -1: not used;
+# 0 before the first compile (a placeholder fwd.barrier_offsets replaces)
+BARRIER_OFFSETS = {
+    "K_EMPTY_AT": "k_empty_bars", "V_EMPTY_AT": "v_empty_bars", "TURN_AT": "turn_bars",
+    "K_READY_AT": "k_ready_bars", "V_READY_AT": "v_ready_bars", "TURN_WAIT_AT": "turn_bars",
+}
 
 
 def allocation_offsets(ttgir: str, capability: int = 90, ptx_version: int = 86) -> dict[str, int]:

@@ -252,7 +252,12 @@ class HopperFwdConfig:
     # the consumers' K/V ready waits and mbarrier turn waits as inline PTX (pipeline.wait_unsynced):
     # Gluon 3.6 puts a partition-wide ``bar.sync`` before the first wait of every K/V step (the
     # same array's wait a step before is a pending access to it); the PTX names each array by its
-    # offset as asm_arrivals does
+    # offset as asm_arrivals does. Census (sm_90a, bf16) on top of asm_arrivals: the steady loop meets
+    # no bar.sync at d128 non-causal (1 before), two at d128 causal (its named turns; 3 before); alone,
+    # without asm_arrivals, it removes none and keeps 16 B in local memory at d128 non-causal S16k.
+    # Paired on the H200, preheated (t_keep 1.002164), on top of the default's asm_arrivals: d128
+    # non-causal B4 H16 S8192 0.9958 / 0.9936, causal B2 H16 S16384 0.9899 / 0.9937 (REVERT;
+    # h200-compare-asm-waits-d128-{full,causal}-s*-8f401a7.json): off
     asm_waits: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
@@ -729,10 +734,12 @@ _RESCALE_BY_WARP_LEVERS = {
 # 1.0024 / 1.0021 and 1.0020 / 1.0027 (NULL twice, the split-tail kernel); d256 causal B2 S8192
 # 1.0010 / 1.0010; d64 B2 S16384 0.9991 / 1.0010 non-causal, 1.0002 / 1.0010 causal (NULL)
 # (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json). d256 non-causal's KEEP is
-# not taken: its build for a launch with a key tail keeps 36 B in local memory (5 LDL, 4 STL; one access in
-# each per-tile loop), which the build without one does not. d128 causal B32 S1024: 1.0076 / 1.0031
+# taken only where the keys fill their K/V tiles (ASM_ARRIVALS_WHOLE_KEY_TILES, the build that was
+# priced): its build for a launch with a key tail keeps 36 B in local memory (5 LDL, 4 STL; one access
+# in each per-tile loop), which the build without one does not. d128 causal B32 S1024: 1.0076 / 1.0031
 # (clears t_keep, not that shape's own null 1.006339; h200-compare-asm-arrivals-d128-causal-s1024-8b45a1d.json)
-ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192)}
+ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192), (256, False): (2048, 1 << 62)}
+ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -777,6 +784,9 @@ def select_config(problem) -> HopperFwdConfig:
     single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
     aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
+    if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
+            and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
+        aa_first, aa_last = 1, 0
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,

@@ -1792,16 +1792,17 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     return cfg
 
 
-def default_config(head_dim: int, causal: bool, seqlen: int = 16384) -> HopperFwdConfig:
+def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False) -> HopperFwdConfig:
     """:func:`select_config` for a problem of this head dim, mask and sequence length (dtype does not
     matter). The length picks the host-side grid (``persistent``) and, for short causal problems,
     d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
-    long one."""
+    long one. ``key_tail``: a problem whose keys end one short of ``seqlen`` (its last K/V tile
+    partial), which some rules tell apart (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``)."""
     from flashrung.dispatch import Problem
 
-    return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=1, heads_kv=1, head_dim=head_dim,
-                                 head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal, device_type="cuda",
-                                 capability=(9, 0)))
+    return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen - 1 if key_tail else seqlen, heads_q=1,
+                                 heads_kv=1, head_dim=head_dim, head_dim_v=head_dim, dtype=torch.bfloat16,
+                                 causal=causal, device_type="cuda", capability=(9, 0)))
 
 
 # lengths that between them reach every compiled default: 32k (d128's split tail, the balanced
@@ -1826,6 +1827,8 @@ def census_specs():
                 if kernel not in seen:
                     seen.add(kernel)
                     tails = (True, False) if cfg.first_mask_on_need and not causal else (True,)
-                    specs += [census_spec(cfg, d, causal, dtype, key_tail=key_tail)
+                    # a launch with a key tail runs the configuration of a problem with one
+                    specs += [census_spec(default_config(d, causal, seqlen, key_tail) if key_tail else cfg, d, causal,
+                                          dtype, key_tail=key_tail)
                               for key_tail in tails for dtype in (torch.float16, torch.bfloat16)]
     return specs

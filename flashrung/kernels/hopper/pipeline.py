@@ -133,9 +133,11 @@ def release_arrivals(per_thread):
 
 @gluon.constexpr_function
 def _arrive_asm(smem_offset):
-    # $1: the thread's index in its partition, $2: the barrier's slot. ``global_smem`` is the
-    # kernel's one dynamic shared-memory symbol; the barrier array sits ``smem_offset`` bytes into
-    # it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the allocation pass).
+    # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot. The index
+    # comes in a register rather than from %tid.x in the PTX: read there, d256's kernel kept
+    # 236-264 B in local memory (census; 0-36 B this way). ``global_smem`` is the kernel's one
+    # dynamic shared-memory symbol; the barrier array sits ``smem_offset`` bytes into it, 8 bytes a
+    # slot (fwd.barrier_offsets reads the offset from the allocation pass).
     return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; mov.u32 addr, global_smem; "
             f"mad.lo.u32 addr, $2, 8, addr; add.u32 addr, addr, {smem_offset}; "
             "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")

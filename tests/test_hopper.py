@@ -169,6 +169,8 @@ CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
 # the clock stamps of the step trace (trace_steps), on the same kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
+# each work item recorded whole (trace_tiles), on d128 causal's kernel
+CENSUS_CONFIGS.append(("d128-causal-tiles-traced", 128, True, {"trace_tiles": 8, "split_tail": False}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 # the short-causal d64 tile exactly as select_config builds it on top of the causal default
 _FAST_DIVIDE = {"fast_divide_producer": True, "fast_divide_consumers": True}
@@ -2311,7 +2313,89 @@ def test_trace_steps_stamps_the_clock_only_when_on(census):
     # two consumer partitions, each an unmasked and a masked loop: 8 stamps in each of the four
     assert traced["clock_reads"] >= 8 * 4
     assert all(not census[name]["clock_reads"] for name in census if "error" not in census[name]["row"]
-               and not census[name]["row"]["config"].get("trace_steps"))
+               and not census[name]["row"]["config"].get("trace_steps")
+               and not census[name]["row"]["config"].get("trace_tiles"))
+
+
+# --------------------------------------------------------------------------- tile trace (trace_tiles)
+
+
+def test_trace_tiles_needs_the_workspace_pointer_to_itself():
+    base = fwd.default_config(128, True, 8192)
+    dataclasses.replace(base, trace_tiles=8).check(128)
+    for changes in (dict(split_tail=True, balanced=False), dict(trace_steps=16), dict(trace_tiles=-1)):
+        with pytest.raises(ValueError, match="trace_tiles"):
+            dataclasses.replace(base, **{"trace_tiles": 8, **changes}).check(128)
+    with pytest.raises(ValueError, match="exactly one"):
+        fwd.traced_forward(None, None, None, True, 1.0, base)
+
+
+def test_trace_tiles_stamps_each_item_outside_its_kv_loops(census):
+    # two stamps per work item and consumer partition (its start, its end), none inside the K/V
+    # loops: the loops keep their length, and nothing goes to local memory
+    traced, plain = census["d128-causal-tiles-traced"], census["d128-causal"]
+    assert "error" not in traced["row"], traced["row"].get("error")
+    assert traced["row"]["spill_bytes"] == 0 and traced["row"]["sass"]["LDL"] == 0
+    assert plain["clock_reads"] == 0 and traced["clock_reads"] >= 2 * 2
+    for a, b in _steady_step_pairs(census, "d128-causal-tiles-traced", "d128-causal"):
+        assert abs(a["length"] - b["length"]) <= 2 and a["mufu"] == b["mufu"], (a, b)
+
+
+def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
+    # synthetic records: cycles = 900 + 2600 per unmasked step + 3400 per masked step, stamps
+    # across the 32-bit wrap, one item per CTA missing
+    import numpy as np
+
+    from flashrung.evidence import tile_trace
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT, TILE_FIELDS
+
+    rng = np.random.default_rng(0)
+    ctas, groups, items = 16, 2, 6
+    rec = np.full((ctas, groups, items, len(TILE_FIELDS)), -1, dtype=np.int64)
+    for cta in range(ctas):
+        for g in range(groups):
+            t = (1 << 32) - 20_000 + 100 * cta
+            for i in range(items - (cta == 3)):
+                steps = int(rng.integers(2, 40))
+                masked = int(rng.integers(0, 3))
+                cycles = 900 + 2600 * (steps - masked) + 3400 * masked
+                rec[cta, g, i] = (t % (1 << 32)) >> CLOCK_SHIFT, ((t + cycles) % (1 << 32)) >> CLOCK_SHIFT, steps, masked
+                t += cycles + 50
+    summary = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS)
+    for row in summary["by_warpgroup"]:
+        assert row["n"] == ctas * items - 1
+        fit = row["fit"]
+        assert abs(fit["fixed"] - 900) < 2 and abs(fit["per_step"] - 2600) < 0.1 and abs(fit["per_masked"] - 3400) < 0.5
+    assert "per masked step" in tile_trace.table(summary)
+    # every item the same length: the fixed part and the steps' cannot be told apart
+    same = rec.copy()
+    same[..., 2], same[..., 3] = 8, 0
+    assert tile_trace.summarize(same.astype(np.int32), TILE_FIELDS)["by_warpgroup"][0]["fit"] is None
+    with pytest.raises(ValueError, match="records must be"):
+        tile_trace.summarize(np.zeros((2, 2, 4)), TILE_FIELDS)
+    with pytest.raises(SystemExit, match="--tiles"):
+        tile_trace.main(["--tiles", "0"])
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal", [(128, True), (128, False), (64, True)])
+def test_traced_tiles_change_no_output_and_record_every_item(head_dim, causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2048, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    base = dataclasses.replace(fwd.default_config(head_dim, causal, 2048), split_tail=False)
+    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
+    t_out, t_lse, rec = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5,
+                                           dataclasses.replace(base, trace_tiles=4))
+    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    r = rec.cpu().long()
+    whole = (r >= 0).all(dim=3)
+    assert whole[:, :, 0].all()                       # every CTA has a first item, every consumer records it
+    steps, masked = r[..., 2][whole], r[..., 3][whole]
+    assert (steps >= 1).all() and (masked <= steps).all()
+    assert bool((masked > 0).any()) == causal         # 2048 keys fill their tiles: only the diagonal masks
+    cycles = (r[..., 1] - r[..., 0]) % (1 << 31)
+    assert (cycles[whole] > 0).all() and (cycles[whole] < 100_000_000).all()
 
 
 @pytest.mark.gpu

@@ -304,6 +304,12 @@ class HopperFwdConfig:
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
     # kernel as it is (census: the same SASS)
     trace_steps: int = 0
+    # instrument, not a lever: every CTA's first trace_tiles work items stamp the SM clock at each
+    # consumer warpgroup's start of the item (before its Q wait) and after its epilogue, beside the
+    # item's K/V steps and masked steps (hopper/trace.py, fwd.traced_forward; read by
+    # ``python -m flashrung.evidence.tile_trace``): a tile's cost split into a fixed part and its
+    # steps'. The same workspace pointer as trace_steps: one or the other
+    trace_tiles: int = 0
 
     @property
     def kv_tile(self) -> int:
@@ -412,6 +418,11 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
+        if self.trace_tiles < 0 or self.trace_tiles and (self.split_tail or self.trace_steps):
+            raise ValueError("trace_tiles stamps each work item into the split tail's workspace pointer, as "
+                             "trace_steps does: it needs trace_tiles >= 0, split_tail=False and trace_steps=0, got "
+                             f"trace_tiles={self.trace_tiles}, split_tail={self.split_tail}, "
+                             f"trace_steps={self.trace_steps}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "
                              f"rescale_threshold > 0, got {self.rescale_threshold}")

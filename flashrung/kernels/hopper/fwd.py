@@ -140,7 +140,7 @@ from flashrung.kernels.hopper.schedule import (
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
-                                            NUM_EVENTS, stamp, step_record)
+                                            NUM_EVENTS, NUM_TILE_FIELDS, stamp, step_record, tile_end, tile_start)
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
@@ -315,6 +315,7 @@ class _Schedule:
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
+    TRACE_TILES: gl.constexpr    # work items of each CTA recorded whole, start and end stamps (trace.py); 0: none
     K_EMPTY_AT: gl.constexpr     # asm_arrivals: byte offsets of the K/V empty and turn barrier arrays in
     V_EMPTY_AT: gl.constexpr     # shared memory (barrier_offsets), the consumers' arrivals inline PTX
     TURN_AT: gl.constexpr        # with no bar.sync (pipeline.arrive_unsynced); -1: Gluon's arrivals
@@ -1124,6 +1125,8 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
+        tile_start(parts.coords_ptr, rows, my_row0, tile_iter, kv_hi - kv_lo,
+                   kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = _init_sum(s_layout, c)
         acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
@@ -1172,6 +1175,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(q_slot))
+        tile_end(parts.coords_ptr, rows, my_row0, tile_iter, WG, c)
         tile_iter += 1
     if c.OVERLAP_EPILOGUE:
         _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts),
@@ -1213,6 +1217,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr, ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
@@ -1287,6 +1292,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT, ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
+                  TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT)
 
@@ -1365,6 +1371,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
+        TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if _inline_barrier(cfg, name) else -1 for name in BARRIER_OFFSETS},
         CONSUMER_REGS=cfg.consumer_regs,
@@ -1541,7 +1548,7 @@ DIRECT_LAUNCH = _direct_launch_default()
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
             trace: torch.Tensor | None = None):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``trace``: the
-    int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0``), in the split tail's
+    int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -1687,9 +1694,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
-    if bool(cfg.trace_steps) != (_trace is not None):
-        raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 runs through traced_forward, which "
-                         f"allocates its stamps; got trace_steps={cfg.trace_steps}")
+    if bool(cfg.trace_steps or cfg.trace_tiles) != (_trace is not None):
+        raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 or trace_tiles > 0 runs through "
+                         f"traced_forward, which allocates its stamps; got trace_steps={cfg.trace_steps}, "
+                         f"trace_tiles={cfg.trace_tiles}")
     softmax_scale = float(softmax_scale)
 
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -1721,14 +1729,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
 
 def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
                    config: HopperFwdConfig):
-    """:func:`forward` with ``config.trace_steps > 0``: ``(out, lse, stamps)``, where ``stamps`` is
-    int32 ``[CTAs, consumer warpgroups, trace_steps, len(trace.EVENTS)]``: the SM clock (shifted
-    right by ``trace.CLOCK_SHIFT``) at each event of each overlapped K/V step of every CTA's first
-    work item (steps counted from the
-    item's first K/V tile, whose peeled step is not stamped: row 0 stays -1, as do steps past
-    the item's last)."""
-    if config.trace_steps <= 0:
-        raise ValueError(f"traced_forward needs config.trace_steps > 0, got {config.trace_steps}")
+    """:func:`forward` with ``config.trace_steps > 0`` or ``config.trace_tiles > 0``: ``(out, lse,
+    stamps)``. With ``trace_steps``, ``stamps`` is int32 ``[CTAs, consumer warpgroups, trace_steps,
+    len(trace.EVENTS)]``: the SM clock (shifted right by ``trace.CLOCK_SHIFT``) at each event of each
+    overlapped K/V step of every CTA's first work item (steps counted from the item's first K/V
+    tile, whose peeled step is not stamped: row 0 stays -1, as do steps past the item's last). With
+    ``trace_tiles``, int32 ``[CTAs, consumer warpgroups, trace_tiles, len(trace.TILE_FIELDS)]``:
+    each of the CTA's first work items' start and end stamps, K/V steps and masked steps (-1 for
+    items the CTA does not have)."""
+    if (config.trace_steps > 0) == (config.trace_tiles > 0):
+        raise ValueError("traced_forward needs exactly one of config.trace_steps > 0 and config.trace_tiles > 0, "
+                         f"got trace_steps={config.trace_steps}, trace_tiles={config.trace_tiles}")
     from flashrung.dispatch import Problem
 
     problem = Problem.of(q, k, v, causal)
@@ -1737,8 +1748,8 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
                  float(softmax_scale) > 0, _sm_count(device_index))
-    stamps = torch.full((plan.grid, config.num_consumers, config.trace_steps, NUM_EVENTS), -1, dtype=torch.int32,
-                        device=q.device)
+    record = (config.trace_steps, NUM_EVENTS) if config.trace_steps else (config.trace_tiles, NUM_TILE_FIELDS)
+    stamps = torch.full((plan.grid, config.num_consumers, *record), -1, dtype=torch.int32, device=q.device)
     out, lse = forward(q, k, v, causal, softmax_scale, config, _trace=stamps)
     return out, lse, stamps
 

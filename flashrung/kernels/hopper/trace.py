@@ -12,6 +12,11 @@ kernels' SASS is unchanged).
 
 The stamps go to the split tail's coordinate workspace pointer, which no launch without the split
 tail dereferences, so the kernel keeps its signature: ``trace_steps`` needs ``split_tail=False``.
+
+``trace_tiles = N`` (the same pointer, so not with ``trace_steps``) records each consumer
+warpgroup's first N work items whole: the clock at the item's start (before its Q wait) and after
+its epilogue, and the item's K/V steps and masked steps (:data:`TILE_FIELDS`) — a tile's cost, to
+be split into what every tile pays and what each of its steps pays.
 """
 from __future__ import annotations
 
@@ -27,6 +32,14 @@ _NUM_EVENTS = gl.constexpr(NUM_EVENTS)
 # stamps are %clock >> CLOCK_SHIFT: 2-cycle resolution, and the 32-bit counter's top bit (set half
 # the time) never makes a stamp negative
 CLOCK_SHIFT = 1
+_CLOCK_ASM = gl.constexpr("{ mov.u32 $0, %clock; shr.u32 $0, $0, " + str(CLOCK_SHIFT) + "; }")
+
+
+@gluon.jit
+def clock(rows):
+    """The SM clock (``>> CLOCK_SHIFT``), one value per row of ``rows``' layout; not pure, so it
+    stays where it is written."""
+    return gl.inline_asm_elementwise(_CLOCK_ASM, "=r,r", [rows], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -47,7 +60,44 @@ def stamp(trace, rows, first_row, EVENT: gl.constexpr, TRACE_STEPS: gl.constexpr
     if TRACE_STEPS > 0:
         base, on = trace
         if on:
-            # %clock read by every thread holding a row; not pure, so it stays where it is written
-            t = gl.inline_asm_elementwise("{ mov.u32 $0, %clock; shr.u32 $0, $0, 1; }", "=r,r", [rows],
-                                          dtype=gl.int32, is_pure=False, pack=1)
+            # %clock read by every thread holding a row; not pure, so it stays where it is written.
+            # Written here rather than through clock(): through the helper the trace_steps builds
+            # compiled to other SASS (census), and the traces measured before read these builds
+            t = gl.inline_asm_elementwise(_CLOCK_ASM, "=r,r", [rows], dtype=gl.int32, is_pure=False, pack=1)
             gl.store(base + EVENT + rows * 0, t, mask=rows == first_row)
+
+
+# one record per (CTA, consumer warpgroup, work item): its start and end stamps, K/V steps, masked steps
+TILE_FIELDS = ("start", "end", "steps", "masked")
+NUM_TILE_FIELDS = len(TILE_FIELDS)
+_NUM_TILE_FIELDS = gl.constexpr(NUM_TILE_FIELDS)
+
+
+@gluon.jit
+def _tile_fields(coords_ptr, rows, first_row, tile_iter, WG: gl.constexpr, c):
+    """(item ``tile_iter``'s record of this CTA's warpgroup ``WG``, the mask of the one thread that
+    stores it: the thread holding ``first_row``)."""
+    record = coords_ptr + ((gl.program_id(0) * c.NUM_CONSUMERS + WG) * c.TRACE_TILES + tile_iter) * _NUM_TILE_FIELDS
+    return record + rows * 0, rows == first_row
+
+
+@gluon.jit
+def tile_start(coords_ptr, rows, first_row, tile_iter, n_steps, n_masked, WG: gl.constexpr, c):
+    """Item ``tile_iter``'s start stamp, K/V steps and masked steps, stored at once while
+    ``tile_iter < TRACE_TILES`` (nothing with ``TRACE_TILES = 0``): a stamp held in a register
+    through the tile made the d128 kernel keep 88 B in local memory (census)."""
+    if c.TRACE_TILES > 0:
+        if tile_iter < c.TRACE_TILES:
+            record, leader = _tile_fields(coords_ptr, rows, first_row, tile_iter, WG, c)
+            gl.store(record + 0, clock(rows), mask=leader)
+            gl.store(record + 2, rows * 0 + n_steps, mask=leader)
+            gl.store(record + 3, rows * 0 + n_masked, mask=leader)
+
+
+@gluon.jit
+def tile_end(coords_ptr, rows, first_row, tile_iter, WG: gl.constexpr, c):
+    """Item ``tile_iter``'s end stamp (after its epilogue)."""
+    if c.TRACE_TILES > 0:
+        if tile_iter < c.TRACE_TILES:
+            record, leader = _tile_fields(coords_ptr, rows, first_row, tile_iter, WG, c)
+            gl.store(record + 1, clock(rows), mask=leader)

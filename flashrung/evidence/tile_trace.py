@@ -1,0 +1,174 @@
+"""What a whole work item of ``hopper.fwd`` costs: the clock stamps of ``trace_tiles``.
+
+``hopper.fwd`` built with ``trace_tiles = N`` (``flashrung/kernels/hopper/trace.py``) records, for
+each consumer warpgroup, each of every CTA's first N work items whole: the SM clock at its start
+(before its Q wait) and after its epilogue, its K/V steps and how many of them are masked. The step
+trace (``step_trace``) sees the steady steps of one item; this sees what the item pays around them
+— its first step, its masked diagonal or key-tail steps, its epilogue and the hand-over to the next
+item — by fitting, per warpgroup, ``cycles = fixed + per_step · unmasked + per_masked · masked`` over
+every recorded item (least squares; causal problems give items of many lengths, so the fit is well
+posed; a problem whose items all have the same steps gives only their mean). It times the traced
+kernel against the untraced one (CUDA events, interleaved) and checks their outputs are
+bit-identical.
+
+``python -m flashrung.evidence.tile_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
+[--causal] [--tiles 8] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU. The split tail
+is switched off (its workspace pointer carries the stamps).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from flashrung.evidence.step_trace import _cycles, _parse_set
+
+
+def summarize(records, fields: tuple[str, ...]) -> dict:
+    """Per consumer warpgroup: the items recorded, their cycles (median, p10, p90) and the fit of
+    cycles on unmasked and masked steps (``fixed``, ``per_step``, ``per_masked``; ``per_masked`` is
+    None when no item has a masked step, and the fit is None when the items' step counts do not
+    tell the terms apart) with its residuals' p10 and p90.
+
+    ``records`` is the int32 array of ``fwd.traced_forward`` with ``trace_tiles``: [CTAs,
+    warpgroups, items, fields], -1 where nothing was recorded."""
+    import numpy as np
+
+    records = np.asarray(records)
+    if records.ndim != 4 or records.shape[3] != len(fields):
+        raise ValueError(f"records must be [CTAs, warpgroups, items, {len(fields)}], got {records.shape}")
+    f = {name: i for i, name in enumerate(fields)}
+    ctas, groups, items, _ = records.shape
+    out = {"ctas": int(ctas), "warpgroups": int(groups), "items": int(items), "by_warpgroup": []}
+    for g in range(groups):
+        rec = records[:, g].reshape(-1, len(fields))
+        whole = (rec >= 0).all(axis=1)
+        rec = rec[whole]
+        cycles = _cycles(rec[:, f["end"]], rec[:, f["start"]]).astype("float64")
+        steps = rec[:, f["steps"]].astype("float64")
+        masked = rec[:, f["masked"]].astype("float64")
+        row = {"n": int(rec.shape[0])}
+        if rec.shape[0] == 0:
+            out["by_warpgroup"].append(row)
+            continue
+        row["cycles"] = {"median": float(np.median(cycles)), "p10": float(np.percentile(cycles, 10)),
+                         "p90": float(np.percentile(cycles, 90))}
+        row["steps"] = {"min": int(steps.min()), "max": int(steps.max()), "masked_max": int(masked.max())}
+        columns = [np.ones_like(cycles), steps - masked] + ([masked] if masked.any() else [])
+        design = np.stack(columns, axis=1)
+        if np.linalg.matrix_rank(design) < design.shape[1]:
+            row["fit"] = None
+        else:
+            coef, *_ = np.linalg.lstsq(design, cycles, rcond=None)
+            residual = cycles - design @ coef
+            row["fit"] = {"fixed": float(coef[0]), "per_step": float(coef[1]),
+                          "per_masked": float(coef[2]) if masked.any() else None,
+                          "residual_p10": float(np.percentile(residual, 10)),
+                          "residual_p90": float(np.percentile(residual, 90))}
+        out["by_warpgroup"].append(row)
+    return out
+
+
+def table(summary: dict) -> str:
+    """The summary as text, one row per warpgroup."""
+    head = ["warpgroup", "items", "steps", "cycles median [p10, p90]", "fixed", "per step", "per masked step",
+            "residual [p10, p90]"]
+    lines = [head]
+    for g, row in enumerate(summary["by_warpgroup"]):
+        if row["n"] == 0:
+            lines.append([str(g), "0"] + ["-"] * (len(head) - 2))
+            continue
+        c, s, fit = row["cycles"], row["steps"], row["fit"]
+        cells = [str(g), str(row["n"]), f"{s['min']}-{s['max']} ({s['masked_max']} masked at most)",
+                 f"{c['median']:.0f} [{c['p10']:.0f}, {c['p90']:.0f}]"]
+        if fit is None:
+            cells += ["-", "-", "-", "-"]
+        else:
+            cells += [f"{fit['fixed']:.0f}", f"{fit['per_step']:.0f}",
+                      "-" if fit["per_masked"] is None else f"{fit['per_masked']:.0f}",
+                      f"[{fit['residual_p10']:.0f}, {fit['residual_p90']:.0f}]"]
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashrung.evidence.tile_trace",
+                                description="clock stamps of hopper.fwd's work items: a tile's fixed cost and its steps'")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seqlen", type=int, default=16384)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p.add_argument("--tiles", type=int, default=8, help="work items recorded per CTA (default 8)")
+    p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
+    p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
+    p.add_argument("--json", default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.tiles < 1:
+        raise SystemExit("--tiles must be at least 1")
+    import torch
+
+    from flashrung.dispatch import Problem, apply_overrides
+    from flashrung.kernels.hopper import fwd
+    from flashrung.kernels.hopper.trace import TILE_FIELDS
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("tile_trace needs an sm_90 GPU")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    torch.manual_seed(0)
+    shape = (args.batch, args.seqlen, args.heads, args.headdim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    problem = Problem.of(q, k, v, args.causal)
+    base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
+    base = dataclasses.replace(base, split_tail=False)
+    traced = dataclasses.replace(base, trace_tiles=args.tiles)
+    scale = args.headdim ** -0.5
+
+    out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
+    for _ in range(3):
+        out, lse, records = fwd.traced_forward(q, k, v, args.causal, scale, traced)
+    torch.cuda.synchronize()
+    identical = bool(torch.equal(out, out_ref) and torch.equal(lse, lse_ref))
+
+    times = {"untraced": [], "traced": []}
+    for _ in range(args.timing_calls):
+        for name, fn in (("untraced", lambda: fwd.forward(q, k, v, args.causal, scale, base)),
+                         ("traced", lambda: fwd.traced_forward(q, k, v, args.causal, scale, traced))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+    summary = summarize(records.cpu().numpy(), TILE_FIELDS)
+    summary.update(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
+                              causal=args.causal, dtype=args.dtype),
+                   config=dataclasses.asdict(traced),
+                   gpu=torch.cuda.get_device_name(), outputs_bit_identical=identical, median_ms=ms,
+                   evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
+                            "the untraced one's, CUDA events, interleaved)")
+    print(f"hopper.fwd tile trace — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
+          f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
+          f"{summary['warpgroups']} consumer warpgroups, the first {args.tiles} work items of each; cycles (SM "
+          f"clock) = fixed + per step x unmasked steps + per masked step x masked steps (least squares)")
+    print(table(summary))
+    print(f"traced kernel {ms['traced']:.3f} ms, untraced {ms['untraced']:.3f} ms per call "
+          f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {identical}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -78,7 +78,8 @@ def kv_loops(sass):
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
-                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"])
+                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"],
+                 s2ur=loop["sequence"].split().count("S2UR"))
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def barrier_inits(ptx):
@@ -251,6 +252,12 @@ CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release"
 # kernel (where it is off by default) and d64's (three consumers, FA4's order)
 CENSUS_CONFIGS.append(("d128-full-asm-arrivals", 128, False, {"asm_arrivals": True}))
 CENSUS_CONFIGS.append(("d64-full-asm-arrivals", 64, False, {"asm_arrivals": True}))
+# the shared window's base read once and hoisted (hoist_smem_base), on d128 non-causal S8k's default
+CENSUS_CONFIGS.append(("d128-full-s8k", 128, False, {"split_tail": False, "first_mask_on_need": True,
+                                                     "asm_arrivals": True, "_key_tail": False}))
+CENSUS_CONFIGS.append(("d128-full-s8k-hoisted", 128, False, {"split_tail": False, "first_mask_on_need": True,
+                                                             "asm_arrivals": True, "hoist_smem_base": True,
+                                                             "_key_tail": False}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -872,6 +879,28 @@ def test_barrier_offsets_fill_what_the_allocation_pass_gave(monkeypatch):
                                                               K_READY_AT=0, V_READY_AT=-1, TURN_WAIT_AT=0))
     assert filled == dict(BLOCK_M=128, K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=-1, K_READY_AT=0, V_READY_AT=-1,
                           TURN_WAIT_AT=96)
+
+
+def test_hoisted_smem_base_takes_the_window_read_out_of_the_kv_step(census):
+    # naming global_smem inside each side-effecting arrival reads the shared window's base again in
+    # every K/V step (S2UR SR_CgaCtaId); one pure read hoisted by LLVM leaves none in the loop, the
+    # same barriers, and no local memory
+    import re
+
+    hoisted, plain = census["d128-full-s8k-hoisted"], census["d128-full-s8k"]
+    assert hoisted["row"]["config"]["hoist_smem_base"] and not plain["row"]["config"]["hoist_smem_base"]
+    assert "error" not in hoisted["row"], hoisted["row"]["error"]
+    assert hoisted["row"]["spill_bytes"] == 0 and hoisted["row"]["sass"]["LDL"] == 0
+    for a, b in _steady_step_pairs(census, "d128-full-s8k-hoisted", "d128-full-s8k"):
+        assert a["s2ur"] == 0 < b["s2ur"], (a, b)
+        assert a["bar"] == b["bar"] == 1 and a["length"] < b["length"], (a, b)
+    assert sorted(hoisted["arrives"]) == sorted(plain["arrives"])
+
+
+def test_hoist_smem_base_needs_an_inline_arrival_or_wait():
+    cfg = dataclasses.replace(fwd.default_config(64, False), hoist_smem_base=True)
+    with pytest.raises(ValueError, match="hoist_smem_base"):
+        cfg.check(64)
 
 
 def test_d256_takes_asm_arrivals_only_where_the_keys_fill_their_tiles():
@@ -1542,7 +1571,8 @@ def test_row_sum_by_mma_counts_its_ones_against_the_budget():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", STAGGER_SHAPES[1:], ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("release", ["thread_release", "asm_arrivals", "asm_arrivals+asm_waits"])
+@pytest.mark.parametrize("release", ["thread_release", "asm_arrivals", "asm_arrivals+asm_waits",
+                                     "asm_arrivals+asm_waits+hoist_smem_base"])
 def test_gate_release_without_bar_sync(release, head_dim, shape, causal):
     switches = dict.fromkeys(release.split("+"), True)
     _gate_forced(head_dim, shape, causal, **switches)
@@ -1566,7 +1596,8 @@ def test_thread_release_is_deterministic(causal):
 @on_hopper
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("switches", ["asm_arrivals", "asm_arrivals+asm_waits"])
+@pytest.mark.parametrize("switches", ["asm_arrivals", "asm_arrivals+asm_waits", "asm_arrivals+hoist_smem_base",
+                                      "asm_arrivals+asm_waits+hoist_smem_base"])
 def test_asm_arrivals_is_deterministic(switches, causal, head_dim):
     # a slot released while a warp's part of the GEMM that reads it is still in flight would let
     # the producer overwrite K or V under it, and a wait that returned early would let a GEMM read
@@ -2050,6 +2081,10 @@ def _switches():
         # ... with the waits inline too (the mbarrier turn's wait among them)
         dict(asm_arrivals=True, asm_waits=True, pingpong=True, wait_pv_early=False, named_turns=False),
         dict(asm_arrivals=True, asm_waits=True, pingpong=True, wait_pv_early=True, named_turns=True),
+        # ... with the shared window's base hoisted
+        dict(asm_arrivals=True, asm_waits=True, hoist_smem_base=True, pingpong=True, wait_pv_early=False,
+             named_turns=False),
+        dict(asm_arrivals=True, hoist_smem_base=True, pingpong=True, wait_pv_early=True, named_turns=True),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),

@@ -259,6 +259,12 @@ class HopperFwdConfig:
     # non-causal B4 H16 S8192 0.9958 / 0.9936, causal B2 H16 S16384 0.9899 / 0.9937 (REVERT;
     # h200-compare-asm-waits-d128-{full,causal}-s*-8f401a7.json): off
     asm_waits: bool = False
+    # with asm_arrivals / asm_waits: the inline PTX takes the shared window's base address as an
+    # operand from one pure read of ``global_smem`` (pipeline.smem_base), which LLVM hoists out of
+    # the K/V loop, instead of naming ``global_smem`` itself — each side-effecting block then reads
+    # it again, an ``S2UR SR_CgaCtaId`` in every step, with asm_waits at the loop's top ahead of its
+    # first wait (census)
+    hoist_smem_base: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -415,6 +421,9 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
+        if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
+            raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
+                             "of them")
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")

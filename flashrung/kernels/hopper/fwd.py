@@ -322,6 +322,7 @@ class _Schedule:
     K_READY_AT: gl.constexpr     # asm_waits: the same for the K/V ready and turn arrays, the consumers'
     V_READY_AT: gl.constexpr     # waits inline PTX (pipeline.wait_unsynced); -1: Gluon's waits
     TURN_WAIT_AT: gl.constexpr
+    HOIST_SMEM_BASE: gl.constexpr  # the inline arrivals and waits take the shared window's base from one pure read
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -754,23 +755,23 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     else:
         k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
         v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
-    ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT)
-    ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT)
+    ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
+    ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
     stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
     # still run
     s = _wait_scores(s, c.PV_GROUPS)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
     if not c.LATE_K_RELEASE:
-        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
     # those whose first half every row sees mask the second half only (MASK_SECOND_HALF)
     HALVES: gl.constexpr = MASK and (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF)
@@ -801,9 +802,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
         else:
@@ -834,9 +835,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
@@ -862,12 +863,12 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
-        ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
+        ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
         s = _qk(q, sh, idx, c)
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
         s = _wait_scores(s, 0)
-        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.FIRST_MASK_ON_NEED:
             # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
             # non-causal launch sets it only when its keys fill their tiles (_first_mask_on_need),
@@ -914,12 +915,12 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             phase = ring_phase
         else:
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
-        ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
+        ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_RESCALE:
             acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
         acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
     if c.OVERLAP_EPILOGUE:
         if kv_hi <= kv_lo:
             # no K/V tile to hide it under (rows that see no key)
@@ -934,24 +935,24 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     as in :func:`_overlapped_step`)."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
-    ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
+    ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     s = _qk(q, sh, idx, c)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     s = _wait_scores(s, 0)
-    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
     p_op = _operands(p, q.dtype, False, c.HEAD_DIM)
-    ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
-    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
+    ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
+    turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
-    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
+    pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
     return acc, m_i, l_i, turn
 
 
@@ -982,31 +983,31 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
     if c.OVERLAP:
         if n_tiles > 0:
             idx, phase = ring_slot(count, c.NUM_KV_STAGES)
-            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
+            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
             for j in range(1, n_tiles):
                 k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
                 v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
-                ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT)
-                ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT)
-                turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
-                pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
-                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
-                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+                ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
+                ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
+                turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+                pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
+                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
-            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
     else:
         for j in range(0, n_tiles):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
-            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT)
-            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
-            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT)
-            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT)
-            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT)
-            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT)
+            ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+            ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
+            turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+            pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
     return turn
 
 
@@ -1220,6 +1221,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
+                     HOIST_SMEM_BASE: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1294,7 +1296,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
-                  V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT)
+                  V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1374,6 +1376,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if _inline_barrier(cfg, name) else -1 for name in BARRIER_OFFSETS},
+        HOIST_SMEM_BASE=cfg.hoist_smem_base,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

@@ -87,7 +87,7 @@ def start_turns(WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.cons
 
 @gluon.jit
 def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: gl.constexpr,
-              SMEM_OFFSET: gl.constexpr = -1):
+              SMEM_OFFSET: gl.constexpr = -1, HOIST_BASE: gl.constexpr = False):
     """Block consumer ``WG`` until it holds the GEMM-issue token (its ``turn``-th time).
 
     The token circulates WG0 → WG1 (→ WG2) → WG0 through one barrier per consumer. With
@@ -101,7 +101,7 @@ def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: 
         if NAMED:
             named_barrier("sync", _TURN_BARRIER_BASE + WG)
         elif SMEM_OFFSET >= 0:
-            wait_unsynced(WG, (turn & 1) ^ (1 if WG == 0 else 0), SMEM_OFFSET)
+            wait_unsynced(WG, (turn & 1) ^ (1 if WG == 0 else 0), SMEM_OFFSET, HOIST_BASE)
         elif WG == 0:
             mbarrier.wait(turn_bars.index(WG), (turn & 1) ^ 1)
         else:
@@ -111,7 +111,7 @@ def wait_turn(turn_bars, turn, WG: gl.constexpr, PINGPONG: gl.constexpr, NAMED: 
 
 @gluon.jit
 def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr,
-              NAMED: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1):
+              NAMED: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1, HOIST_BASE: gl.constexpr = False):
     """Hand the GEMM-issue token to the next consumer warpgroup. An mbarrier takes one elected
     arrival (Gluon 3.6 syncs the partition before it; with ``SMEM_OFFSET`` ≥ 0 an inline one that
     does not, :func:`arrive_unsynced`); a named barrier takes every thread's ``bar.arrive``, which
@@ -120,7 +120,7 @@ def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG
         if NAMED:
             named_barrier("arrive", _TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
         elif SMEM_OFFSET >= 0:
-            arrive_unsynced((WG + 1) % NUM_CONSUMERS, SMEM_OFFSET)
+            arrive_unsynced((WG + 1) % NUM_CONSUMERS, SMEM_OFFSET, HOIST_BASE)
         else:
             mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
 
@@ -132,72 +132,96 @@ def release_arrivals(per_thread):
 
 
 @gluon.constexpr_function
-def _arrive_asm(smem_offset):
-    # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot. The index
-    # comes in a register rather than from %tid.x in the PTX: read there, d256's kernel kept
-    # 236-264 B in local memory (census; 0-36 B this way). ``global_smem`` is the kernel's one
-    # dynamic shared-memory symbol; the barrier array sits ``smem_offset`` bytes into it, 8 bytes a
-    # slot (fwd.barrier_offsets reads the offset from the allocation pass).
-    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; mov.u32 addr, global_smem; "
+def _arrive_asm(smem_offset, hoisted):
+    # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot; hoisted: $3
+    # the shared window's base (smem_base). The index comes in a register rather than from %tid.x
+    # in the PTX: read there, d256's kernel kept 236-264 B in local memory (census; 0-36 B this
+    # way). ``global_smem`` is the kernel's one dynamic shared-memory symbol; the barrier array sits
+    # ``smem_offset`` bytes into it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the
+    # allocation pass).
+    base = "mov.u32 addr, $3; " if hoisted else "mov.u32 addr, global_smem; "
+    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; " + base +
             f"mad.lo.u32 addr, $2, 8, addr; add.u32 addr, addr, {smem_offset}; "
             "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")
 
 
 @gluon.jit
-def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
+def smem_base(like):
+    """``global_smem``'s shared-window address, one per element of ``like``'s layout, in pure
+    inline PTX: LLVM may hoist and merge it, where each side-effecting arrival or wait that names
+    ``global_smem`` itself reads it again (an ``S2UR SR_CgaCtaId`` in every K/V step; census)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [like], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False):
     """One arrival on barrier ``slot`` of the array at ``SMEM_OFFSET``, by the partition's thread 0,
     with no partition-wide ``bar.sync`` in front of it (FA3's consumer release).
 
     Inline PTX, so Triton's shared-memory barrier analysis never sees an arrive to fence. What the
     fence would have ordered is ordered otherwise: every use this makes of it follows a
     ``warpgroup_mma_wait``, and a ``wgmma`` group is the warpgroup's, so thread 0's wait returning
-    means every warp's part of the GEMMs that read the slot is done.
+    means every warp's part of the GEMMs that read the slot is done. ``HOIST_BASE``: the shared
+    window's base from :func:`smem_base` (``hoist_smem_base``).
     """
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
     lanes = gl.arange(0, _THREADS_PER_WARPGROUP, layout=layout)
     slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot
-    gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET), "=r,r,r", [lanes, slots], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    if HOIST_BASE:
+        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, True), "=r,r,r,r", [lanes, slots, smem_base(lanes)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, False), "=r,r,r", [lanes, slots], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 @gluon.constexpr_function
-def _wait_asm(smem_offset):
-    # $1: the barrier's slot, $2: the phase parity waited for. The same spin as Gluon's
-    # mbarrier.wait (try_wait in a loop), on the address arrive_unsynced computes; the label is
-    # local to the braces, so the block may appear many times in one kernel
-    return ("{ .reg .pred complete; .reg .b32 addr; mov.u32 addr, global_smem; "
+def _wait_asm(smem_offset, hoisted):
+    # $1: the barrier's slot, $2: the phase parity waited for; hoisted: $3 the shared window's
+    # base. The same spin as Gluon's mbarrier.wait (try_wait in a loop), on the address
+    # arrive_unsynced computes; the label is local to the braces, so the block may appear many
+    # times in one kernel
+    base = "mov.u32 addr, $3; " if hoisted else "mov.u32 addr, global_smem; "
+    return ("{ .reg .pred complete; .reg .b32 addr; " + base +
             f"mad.lo.u32 addr, $1, 8, addr; add.u32 addr, addr, {smem_offset}; "
             "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2; "
             "@!complete bra.uni waitLoop; mov.u32 $0, 0; }")
 
 
 @gluon.jit
-def wait_unsynced(slot, phase, SMEM_OFFSET: gl.constexpr):
+def wait_unsynced(slot, phase, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False):
     """Wait for barrier ``slot`` of the array at ``SMEM_OFFSET`` to complete phase ``phase``, in
     inline PTX: Triton's shared-memory barrier analysis sees no wait, and puts no ``bar.sync``
     before it (Gluon 3.6 fences a consumer's first wait of a K/V step with one: the wait on the
     same array a step before is a pending access to it). Every thread waits for itself, so
     nothing a barrier would order is left: what the wait makes visible — the TMA's bytes — is
-    read only by the ``wgmma``s issued after it.
+    read only by the ``wgmma``s issued after it. ``HOIST_BASE`` as in :func:`arrive_unsynced`.
     """
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
     zeros = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout)
-    gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET), "=r,r,r", [zeros + slot, zeros + phase], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    if HOIST_BASE:
+        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, True), "=r,r,r,r", [zeros + slot, zeros + phase,
+                                                                             smem_base(zeros)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, False), "=r,r,r", [zeros + slot, zeros + phase],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
-def ready_wait(ready_bars, idx, phase, SMEM_OFFSET: gl.constexpr = -1):
+def ready_wait(ready_bars, idx, phase, SMEM_OFFSET: gl.constexpr = -1, HOIST_BASE: gl.constexpr = False):
     """A consumer waits for K/V ring slot ``idx``'s ``ready`` barrier (phase ``phase``): Gluon's
     wait, or with ``SMEM_OFFSET`` ≥ 0 (``asm_waits``) :func:`wait_unsynced`."""
     if SMEM_OFFSET >= 0:
-        wait_unsynced(idx, phase, SMEM_OFFSET)
+        wait_unsynced(idx, phase, SMEM_OFFSET, HOIST_BASE)
     else:
         mbarrier.wait(ready_bars.index(idx), phase)
 
 
 @gluon.jit
-def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1):
+def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1,
+            HOIST_BASE: gl.constexpr = False):
     """A consumer warpgroup frees K/V ring slot ``idx``: its arrival on the slot's ``empty`` barrier.
 
     Elected (``PER_THREAD`` off): one thread arrives. Gluon 3.6 lowers that arrival with a
@@ -214,7 +238,7 @@ def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr
     if PER_THREAD:
         async_copy.mbarrier_arrive(empty_bars.index(idx), increment_count=False)
     elif SMEM_OFFSET >= 0:
-        arrive_unsynced(idx, SMEM_OFFSET)
+        arrive_unsynced(idx, SMEM_OFFSET, HOIST_BASE)
     else:
         mbarrier.arrive(empty_bars.index(idx))
 

@@ -2412,17 +2412,24 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
         tile_trace.main(["--tiles", "0"])
 
 
+def _traced_beside_plain(head_dim, causal, shape, **trace):
+    """``(q, k, v, the untraced config, the traced call's records)`` for random bf16 inputs of
+    ``shape`` (batch, seqlen, heads), once the traced output is bit-identical to the untraced one."""
+    torch.manual_seed(0)
+    batch, seqlen, heads = shape
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    base = dataclasses.replace(fwd.default_config(head_dim, causal, seqlen), split_tail=False)
+    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
+    t_out, t_lse, records = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, **trace))
+    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    return q, k, v, base, records
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("head_dim, causal", [(128, True), (128, False), (64, True)])
 def test_traced_tiles_change_no_output_and_record_every_item(head_dim, causal):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 2048, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    base = dataclasses.replace(fwd.default_config(head_dim, causal, 2048), split_tail=False)
-    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
-    t_out, t_lse, rec = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5,
-                                           dataclasses.replace(base, trace_tiles=4))
-    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    *_, rec = _traced_beside_plain(head_dim, causal, (2, 2048, 8), trace_tiles=4)
     r = rec.cpu().long()
     whole = (r >= 0).all(dim=3)
     assert whole[:, :, 0].all()                       # every CTA has a first item, every consumer records it
@@ -2437,14 +2444,8 @@ def test_traced_tiles_change_no_output_and_record_every_item(head_dim, causal):
 @on_hopper
 @pytest.mark.parametrize("head_dim, causal", [(128, False), (64, True), (256, False)])
 def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, causal):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 1000, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    base = dataclasses.replace(fwd.default_config(head_dim, causal, 1000), split_tail=False)
     steps = 12
-    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
-    t_out, t_lse, stamps = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5,
-                                              dataclasses.replace(base, trace_steps=steps))
-    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    q, k, v, base, stamps = _traced_beside_plain(head_dim, causal, (1, 1000, 4), trace_steps=steps)
     with pytest.raises(ValueError, match="traced_forward"):
         fwd.forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, trace_steps=steps))
     s = stamps.cpu().long()

@@ -126,34 +126,40 @@ def _parse_set(text: str) -> dict:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashrung.evidence.step_trace",
-                                description="clock stamps of hopper.fwd's K/V steps: where a step's cycles go")
+def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seqlen", type=int, default=16384)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    p.add_argument("--steps", type=int, default=64, help="steps stamped per warpgroup (default 64)")
     p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
     p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
     p.add_argument("--json", default=None)
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.steps < 3:
-        raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
+def build_parser() -> argparse.ArgumentParser:
+    p = problem_parser("python -m flashrung.evidence.step_trace",
+                       "clock stamps of hopper.fwd's K/V steps: where a step's cycles go")
+    p.add_argument("--steps", type=int, default=64, help="steps stamped per warpgroup (default 64)")
+    return p
+
+
+def traced_run(args, **trace) -> dict:
+    """One traced call of ``hopper.fwd`` (``trace``: the config's trace fields) after warm-up, its
+    output checked bit-identical to the untraced kernel's, and both timed in alternation (CUDA
+    events, median per call). Returns the stamps (numpy), the traced config, the check, the times
+    and the summary's common fields. Needs an sm_90 GPU."""
     import torch
 
     from flashrung.dispatch import Problem, apply_overrides
     from flashrung.kernels.hopper import fwd
-    from flashrung.kernels.hopper.trace import EVENTS
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        raise SystemExit("step_trace needs an sm_90 GPU")
+        raise SystemExit(f"{args.prog} needs an sm_90 GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     problem = Problem.of(q, k, v, args.causal)
     base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
     base = dataclasses.replace(base, split_tail=False)
-    traced = dataclasses.replace(base, trace_steps=args.steps)
+    traced = dataclasses.replace(base, **trace)
     scale = args.headdim ** -0.5
 
     out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
@@ -182,26 +188,46 @@ def main(argv=None) -> int:
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
+                             causal=args.causal, dtype=args.dtype),
+                  config=dataclasses.asdict(traced), gpu=torch.cuda.get_device_name(),
+                  outputs_bit_identical=identical, median_ms=ms,
+                  evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
+                           "the untraced one's, CUDA events, interleaved)")
+    return dict(stamps=stamps.cpu().numpy(), identical=identical, ms=ms, common=common)
 
-    summary = summarize(stamps.cpu().numpy(), EVENTS)
-    summary.update(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
-                              causal=args.causal, dtype=args.dtype),
-                   config=dataclasses.asdict(traced),
-                   gpu=torch.cuda.get_device_name(), outputs_bit_identical=identical, median_ms=ms,
-                   evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
-                            "the untraced one's, CUDA events, interleaved)")
-    print(f"hopper.fwd step trace — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
+
+def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scope) -> int:
+    """Run :func:`traced_run` with ``trace``, summarize its stamps (``summarize_fn(stamps,
+    fields)``), print the table and the timing line, write the JSON; exit status 1 if the outputs
+    moved. ``scope(summary)``: what the stamps cover, for the heading."""
+    run = traced_run(args, **trace)
+    summary = summarize_fn(run["stamps"], fields)
+    summary.update(run["common"])
+    print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
           f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
-          f"{summary['warpgroups']} consumer warpgroups, steps {summary['first_step']}..{args.steps - 1} of each "
-          f"CTA's first tile; cycles (SM clock), median [p10, p90]")
-    print(table(summary))
+          f"{summary['warpgroups']} consumer warpgroups, {scope(summary)}")
+    print(table_fn(summary))
+    ms = run["ms"]
     print(f"traced kernel {ms['traced']:.3f} ms, untraced {ms['untraced']:.3f} ms per call "
-          f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {identical}")
+          f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {run['identical']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
         print(f"wrote {args.json}")
-    return 0 if identical else 1
+    return 0 if run["identical"] else 1
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.prog = "step_trace"
+    if args.steps < 3:
+        raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
+    from flashrung.kernels.hopper.trace import EVENTS
+
+    return run_probe(args, dict(trace_steps=args.steps), EVENTS, summarize, table, "step trace",
+                     lambda s: f"steps {s['first_step']}..{args.steps - 1} of each CTA's first tile; cycles (SM "
+                               "clock), median [p10, p90]")
 
 
 if __name__ == "__main__":

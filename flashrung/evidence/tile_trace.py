@@ -18,11 +18,9 @@ is switched off (its workspace pointer carries the stamps).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 
-from flashrung.evidence.step_trace import _cycles, _parse_set
+from flashrung.evidence.step_trace import _cycles, problem_parser, run_probe
 
 
 def summarize(records, fields: tuple[str, ...]) -> dict:
@@ -94,80 +92,22 @@ def table(summary: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashrung.evidence.tile_trace",
-                                description="clock stamps of hopper.fwd's work items: a tile's fixed cost and its steps'")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seqlen", type=int, default=16384)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
-    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p = problem_parser("python -m flashrung.evidence.tile_trace",
+                       "clock stamps of hopper.fwd's work items: a tile's fixed cost and its steps'")
     p.add_argument("--tiles", type=int, default=8, help="work items recorded per CTA (default 8)")
-    p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
-    p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
-    p.add_argument("--json", default=None)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.prog = "tile_trace"
     if args.tiles < 1:
         raise SystemExit("--tiles must be at least 1")
-    import torch
-
-    from flashrung.dispatch import Problem, apply_overrides
-    from flashrung.kernels.hopper import fwd
     from flashrung.kernels.hopper.trace import TILE_FIELDS
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        raise SystemExit("tile_trace needs an sm_90 GPU")
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    torch.manual_seed(0)
-    shape = (args.batch, args.seqlen, args.heads, args.headdim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
-    problem = Problem.of(q, k, v, args.causal)
-    base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
-    base = dataclasses.replace(base, split_tail=False)
-    traced = dataclasses.replace(base, trace_tiles=args.tiles)
-    scale = args.headdim ** -0.5
-
-    out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
-    for _ in range(3):
-        out, lse, records = fwd.traced_forward(q, k, v, args.causal, scale, traced)
-    torch.cuda.synchronize()
-    identical = bool(torch.equal(out, out_ref) and torch.equal(lse, lse_ref))
-
-    times = {"untraced": [], "traced": []}
-    for _ in range(args.timing_calls):
-        for name, fn in (("untraced", lambda: fwd.forward(q, k, v, args.causal, scale, base)),
-                         ("traced", lambda: fwd.traced_forward(q, k, v, args.causal, scale, traced))):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-
-    summary = summarize(records.cpu().numpy(), TILE_FIELDS)
-    summary.update(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
-                              causal=args.causal, dtype=args.dtype),
-                   config=dataclasses.asdict(traced),
-                   gpu=torch.cuda.get_device_name(), outputs_bit_identical=identical, median_ms=ms,
-                   evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
-                            "the untraced one's, CUDA events, interleaved)")
-    print(f"hopper.fwd tile trace — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
-          f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
-          f"{summary['warpgroups']} consumer warpgroups, the first {args.tiles} work items of each; cycles (SM "
-          f"clock) = fixed + per step x unmasked steps + per masked step x masked steps (least squares)")
-    print(table(summary))
-    print(f"traced kernel {ms['traced']:.3f} ms, untraced {ms['untraced']:.3f} ms per call "
-          f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {identical}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0 if identical else 1
+    return run_probe(args, dict(trace_tiles=args.tiles), TILE_FIELDS, summarize, table, "tile trace",
+                     lambda s: f"the first {args.tiles} work items of each; cycles (SM clock) = fixed + per step x "
+                               "unmasked steps + per masked step x masked steps (least squares)")
 
 
 if __name__ == "__main__":

@@ -912,6 +912,8 @@ def test_d256_takes_asm_arrivals_only_where_the_keys_fill_their_tiles():
     assert not fwd.default_config(256, True, 8192).asm_arrivals
     # d128's rules do not look at the key tail
     assert fwd.default_config(128, True, 8192, key_tail=True).asm_arrivals
+    with pytest.raises(ValueError, match="key tail needs seqlen >= 2"):
+        fwd.default_config(256, False, 1, key_tail=True)
 
 
 def test_asm_arrivals_and_thread_release_do_not_combine():

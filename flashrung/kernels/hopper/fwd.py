@@ -1814,6 +1814,8 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
     partial), which some rules tell apart (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``)."""
     from flashrung.dispatch import Problem
 
+    if key_tail and seqlen < 2:
+        raise ValueError(f"default_config: a key tail needs seqlen >= 2 (its keys end at seqlen - 1), got {seqlen}")
     return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen - 1 if key_tail else seqlen, heads_q=1,
                                  heads_kv=1, head_dim=head_dim, head_dim_v=head_dim, dtype=torch.bfloat16,
                                  causal=causal, device_type="cuda", capability=(9, 0)))

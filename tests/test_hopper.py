@@ -916,6 +916,17 @@ def test_d256_takes_asm_arrivals_only_where_the_keys_fill_their_tiles():
         fwd.default_config(256, False, 1, key_tail=True)
 
 
+def test_every_inline_barrier_offset_has_its_array_and_its_switch():
+    from flashrung.kernels.hopper.config import HopperFwdConfig
+    from flashrung.kernels.hopper.pipeline import BARRIER_SWITCHES
+
+    assert set(BARRIER_SWITCHES) == set(fwd.BARRIER_OFFSETS)
+    fields = {f.name for f in dataclasses.fields(HopperFwdConfig)}
+    assert set(BARRIER_SWITCHES.values()) <= fields
+    on = fwd._constexprs(dataclasses.replace(fwd.default_config(128, False), asm_waits=True), 128, False)
+    assert [on[k] for k in ("K_EMPTY_AT", "K_READY_AT", "TURN_WAIT_AT")] == [-1, 0, 0]
+
+
 def test_asm_arrivals_and_thread_release_do_not_combine():
     cfg = dataclasses.replace(fwd.default_config(128, False), asm_arrivals=True, thread_release=True)
     with pytest.raises(ValueError, match="asm_arrivals and thread_release"):

@@ -139,10 +139,17 @@ def _arrive_asm(smem_offset, hoisted):
     # way). ``global_smem`` is the kernel's one dynamic shared-memory symbol; the barrier array sits
     # ``smem_offset`` bytes into it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the
     # allocation pass).
+    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; "
+            + _slot_address("$2", smem_offset, hoisted)
+            + "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")
+
+
+@gluon.constexpr_function
+def _slot_address(slot, smem_offset, hoisted):
+    # PTX that leaves in ``addr`` the address of barrier ``slot`` (an operand) of the array at
+    # ``smem_offset``: from global_smem, or (hoisted) from the base in operand $3
     base = "mov.u32 addr, $3; " if hoisted else "mov.u32 addr, global_smem; "
-    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; " + base +
-            f"mad.lo.u32 addr, $2, 8, addr; add.u32 addr, addr, {smem_offset}; "
-            "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")
+    return base + f"mad.lo.u32 addr, {slot}, 8, addr; add.u32 addr, addr, {smem_offset}; "
 
 
 @gluon.jit
@@ -182,10 +189,8 @@ def _wait_asm(smem_offset, hoisted):
     # base. The same spin as Gluon's mbarrier.wait (try_wait in a loop), on the address
     # arrive_unsynced computes; the label is local to the braces, so the block may appear many
     # times in one kernel
-    base = "mov.u32 addr, $3; " if hoisted else "mov.u32 addr, global_smem; "
-    return ("{ .reg .pred complete; .reg .b32 addr; " + base +
-            f"mad.lo.u32 addr, $1, 8, addr; add.u32 addr, addr, {smem_offset}; "
-            "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2; "
+    return ("{ .reg .pred complete; .reg .b32 addr; " + _slot_address("$1", smem_offset, hoisted)
+            + "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2; "
             "@!complete bra.uni waitLoop; mov.u32 $0, 0; }")
 
 
@@ -267,6 +272,9 @@ BARRIER_OFFSETS = {
     "K_EMPTY_AT": "k_empty_bars", "V_EMPTY_AT": "v_empty_bars", "TURN_AT": "turn_bars",
     "K_READY_AT": "k_ready_bars", "V_READY_AT": "v_ready_bars", "TURN_WAIT_AT": "turn_bars",
 }
+# the config switch that puts each of them in inline PTX
+BARRIER_SWITCHES = {"K_EMPTY_AT": "asm_arrivals", "V_EMPTY_AT": "asm_arrivals", "TURN_AT": "asm_arrivals",
+                    "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits"}
 
 
 def allocation_offsets(ttgir: str, capability: int = 90, ptx_version: int = 86) -> dict[str, int]:

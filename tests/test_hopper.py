@@ -2419,6 +2419,21 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
     same = rec.copy()
     same[..., 2], same[..., 3] = 8, 0
     assert tile_trace.summarize(same.astype(np.int32), TILE_FIELDS)["by_warpgroup"][0]["fit"] is None
+    # one masked step in every item (a causal problem's diagonal): its cost goes into the fixed part
+    diagonal = rec.copy()
+    for cta in range(ctas):
+        for g in range(groups):
+            t = 1000 * cta
+            for i in range(items):
+                steps = 2 + (7 * cta + 3 * i + g) % 30
+                cycles = 900 + 2600 * (steps - 1) + 3400
+                diagonal[cta, g, i] = t >> CLOCK_SHIFT, (t + cycles) >> CLOCK_SHIFT, steps, 1
+                t += cycles + 50
+    row = tile_trace.summarize(diagonal.astype(np.int32), TILE_FIELDS)["by_warpgroup"][1]
+    assert row["fit"]["masked_in_fixed"] == 1 and row["fit"]["per_masked"] is None
+    assert abs(row["fit"]["fixed"] - 4300) < 2 and abs(row["fit"]["per_step"] - 2600) < 0.1
+    assert len(row["items"]) == ctas * items and row["items"][0][1:] == [3, 1]
+    assert "(with 1 masked)" in tile_trace.table({"by_warpgroup": [row]})
     with pytest.raises(ValueError, match="records must be"):
         tile_trace.summarize(np.zeros((2, 2, 4)), TILE_FIELDS)
     with pytest.raises(SystemExit, match="--tiles"):

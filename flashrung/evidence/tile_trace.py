@@ -27,7 +27,9 @@ def summarize(records, fields: tuple[str, ...]) -> dict:
     """Per consumer warpgroup: the items recorded, their cycles (median, p10, p90) and the fit of
     cycles on unmasked and masked steps (``fixed``, ``per_step``, ``per_masked``; ``per_masked`` is
     None when no item has a masked step, and the fit is None when the items' step counts do not
-    tell the terms apart) with its residuals' p10 and p90.
+    tell the terms apart) with its residuals' p10 and p90. When every item has the same number of
+    masked steps, their cost is part of ``fixed`` and ``masked_in_fixed`` says how many; ``items``
+    keeps each item's cycles, steps and masked steps.
 
     ``records`` is the int32 array of ``fwd.traced_forward`` with ``trace_tiles``: [CTAs,
     warpgroups, items, fields], -1 where nothing was recorded."""
@@ -53,7 +55,12 @@ def summarize(records, fields: tuple[str, ...]) -> dict:
         row["cycles"] = {"median": float(np.median(cycles)), "p10": float(np.percentile(cycles, 10)),
                          "p90": float(np.percentile(cycles, 90))}
         row["steps"] = {"min": int(steps.min()), "max": int(steps.max()), "masked_max": int(masked.max())}
-        columns = [np.ones_like(cycles), steps - masked] + ([masked] if masked.any() else [])
+        # every item the same number of masked steps (a causal problem on the balanced lists: one
+        # diagonal step each): the masked steps' cost cannot be told from the fixed part, so it is
+        # folded into it and the fit says so (``masked_in_fixed``) instead of giving up
+        masked_in_fixed = int(masked[0]) if masked.any() and (masked == masked[0]).all() else 0
+        separate_masked = bool(masked.any()) and not masked_in_fixed
+        columns = [np.ones_like(cycles), steps - masked] + ([masked] if separate_masked else [])
         design = np.stack(columns, axis=1)
         if np.linalg.matrix_rank(design) < design.shape[1]:
             row["fit"] = None
@@ -61,9 +68,12 @@ def summarize(records, fields: tuple[str, ...]) -> dict:
             coef, *_ = np.linalg.lstsq(design, cycles, rcond=None)
             residual = cycles - design @ coef
             row["fit"] = {"fixed": float(coef[0]), "per_step": float(coef[1]),
-                          "per_masked": float(coef[2]) if masked.any() else None,
+                          "per_masked": float(coef[2]) if separate_masked else None,
+                          "masked_in_fixed": masked_in_fixed,
                           "residual_p10": float(np.percentile(residual, 10)),
                           "residual_p90": float(np.percentile(residual, 90))}
+        # the items themselves, so that a reader can refit them (cycles, steps, masked steps)
+        row["items"] = [[int(c), int(n), int(m)] for c, n, m in zip(cycles, steps, masked)]
         out["by_warpgroup"].append(row)
     return out
 
@@ -83,7 +93,8 @@ def table(summary: dict) -> str:
         if fit is None:
             cells += ["-", "-", "-", "-"]
         else:
-            cells += [f"{fit['fixed']:.0f}", f"{fit['per_step']:.0f}",
+            fixed = f"{fit['fixed']:.0f}" + (f" (with {fit['masked_in_fixed']} masked)" if fit["masked_in_fixed"] else "")
+            cells += [fixed, f"{fit['per_step']:.0f}",
                       "-" if fit["per_masked"] is None else f"{fit['per_masked']:.0f}",
                       f"[{fit['residual_p10']:.0f}, {fit['residual_p90']:.0f}]"]
         lines.append(cells)

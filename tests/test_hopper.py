@@ -2434,6 +2434,12 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
     assert abs(row["fit"]["fixed"] - 4300) < 2 and abs(row["fit"]["per_step"] - 2600) < 0.1
     assert len(row["items"]) == ctas * items and row["items"][0][1:] == [3, 1]
     assert "(with 1 masked)" in tile_trace.table({"by_warpgroup": [row]})
+    # one item in 96 with two masked steps and faster steps (a partial last tile): left out of the fit
+    diagonal[5, 1, 2, 1] = diagonal[5, 1, 2, 0] + 1000
+    diagonal[5, 1, 2, 3] = 2
+    row = tile_trace.summarize(diagonal.astype(np.int32), TILE_FIELDS)["by_warpgroup"][1]
+    assert row["left_out"] == 1 and row["fit"]["masked_in_fixed"] == 1 and abs(row["fit"]["fixed"] - 4300) < 2
+    assert "1 items left out" in tile_trace.table({"by_warpgroup": [row]})
     with pytest.raises(ValueError, match="records must be"):
         tile_trace.summarize(np.zeros((2, 2, 4)), TILE_FIELDS)
     with pytest.raises(SystemExit, match="--tiles"):

@@ -249,8 +249,11 @@ CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True})
 CENSUS_CONFIGS.append(("d128-full-free", 128, False, {"pingpong": False}))
 CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True, "pingpong": False}))
 # the consumers' elected arrivals in inline PTX (asm_arrivals) on d128 non-causal's split-tail
-# kernel (where it is off by default) and d64's (three consumers, FA4's order)
-CENSUS_CONFIGS.append(("d128-full-asm-arrivals", 128, False, {"asm_arrivals": True}))
+# kernel in FA3's order with the mbarrier token (its default before change 35, which has it) and
+# d64's (three consumers, FA4's order)
+_D128_FA3_ORDER = {"wait_pv_early": False, "named_turns": False}
+CENSUS_CONFIGS.append(("d128-full-fa3-order", 128, False, dict(_D128_FA3_ORDER, asm_arrivals=False)))
+CENSUS_CONFIGS.append(("d128-full-asm-arrivals", 128, False, dict(_D128_FA3_ORDER, asm_arrivals=True)))
 CENSUS_CONFIGS.append(("d64-full-asm-arrivals", 64, False, {"asm_arrivals": True}))
 # the shared window's base read once and hoisted (hoist_smem_base), on d128 non-causal S8k's default
 CENSUS_CONFIGS.append(("d128-full-s8k", 128, False, {"split_tail": False, "first_mask_on_need": True,
@@ -813,7 +816,7 @@ def test_late_k_release_moves_one_arrive(census):
 
 
 @pytest.mark.parametrize("asm_label, base_label, head_dim", [
-    ("d64-full-asm-arrivals", "d64-full", 64), ("d128-full-asm-arrivals", "d128-full", 128),
+    ("d64-full-asm-arrivals", "d64-full", 64), ("d128-full-asm-arrivals", "d128-full-fa3-order", 128),
     # d256's default with whole key tiles beside its default with a key tail (ptxas schedules the
     # loops across the gone barriers: 14-19 instructions shorter)
     ("d256-full-whole-tiles", "d256-full", 256)])
@@ -1131,15 +1134,20 @@ def test_single_kv_loop_follows_the_measured_rule(head_dim, seqlen, causal_on):
             cfg.check(head_dim)
 
 
-@pytest.mark.parametrize("seqlen, on", [(1, True), (17, True), (1024, True), (1025, True), (4096, True),
-                                         (16384, True), (16385, False), (32768, False)])
-def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, on):
-    # the pingpong token (FA3's order, mbarriers) between d128's non-causal consumers only where it
-    # measured faster (config.PINGPONG_NONCAUSAL_SEQLEN: up to 16384, priced from S1024; NULL at
-    # 32768); the longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
+@pytest.mark.parametrize("seqlen, fa4_named", [(1, False), (17, False), (1024, False), (1025, False),
+                                                (4096, False), (8191, False), (8192, True), (16384, True),
+                                                (16385, True), (32768, True)])
+def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_named):
+    # the pingpong token between d128's non-causal consumers at every length, in the order that
+    # measured faster: FA3's with the token on mbarriers up to 8191 (config.PINGPONG_NONCAUSAL_SEQLEN,
+    # priced from S1024), FA4's with named turns and the inline arrivals from 8192
+    # (config.FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35: it lost at S4096); the longer of Sq and Sk
+    # decides; the other head dims and d128 causal keep theirs
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk))
-        assert cfg.pingpong is on and not cfg.wait_pv_early and not cfg.named_turns, (sq, sk)
+        assert cfg.pingpong, (sq, sk)
+        assert cfg.wait_pv_early is fa4_named and cfg.named_turns is fa4_named, (sq, sk)
+        assert not fa4_named or cfg.asm_arrivals, (sq, sk)
         cfg.check(128)
     for head_dim in (64, 256):
         assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=seqlen,
@@ -1646,6 +1654,25 @@ def test_row_sum_by_mma_is_deterministic(causal):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gate_small_lpt_section(head_dim, shape, balanced):
     _gate_forced(head_dim, shape, True, l2_section_mib=1, persistent=True, balanced=balanced, split_tail=False)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [
+    (1000, 8193),    # a key tail of one behind 64 whole tiles
+    (8193, 1000),    # the longer query length decides; a key tail of 104
+    (333, 16385),    # the split tail's kernel with a key tail
+    (8192, 8192),    # the rule's first length, whole tiles
+])
+def test_gate_fa4_order_noncausal_default(seqlen_q, seqlen_k, dtype):
+    # change 35: d128 non-causal from max(Sq, Sk) = 8192 runs FA4's order with named turns and the
+    # inline arrivals; the rule was priced on whole key tiles, so the key-tail builds are gated here
+    problem = _problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    cfg = select_config(problem)
+    assert cfg.wait_pv_early and cfg.named_turns and cfg.asm_arrivals and cfg.pingpong
+    _gate(batch=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=2, heads_kv=2, head_dim=128, dtype=dtype,
+          causal=False)
 
 
 @pytest.mark.gpu

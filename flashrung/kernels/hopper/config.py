@@ -479,6 +479,7 @@ _BY_HEAD_DIM = {
 # non-causal it did not beat the FA3 order (screening, B2 H16 S16384, interleaved CUDA events:
 # 0.989; with named turns, paired and preheated at the same shape, 1.0024 / 0.9990, NULL; again
 # on change 30's kernel 1.0060 / 1.0069, under the mbarrier token in FA3's order: PINGPONG_NONCAUSAL_SEQLEN).
+# With the arrivals inline it wins there from S8k (FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35).
 _FA4_SCHEDULE = dict(pingpong=True, wait_pv_early=True)
 # Causal masked tiles compare each score with one bound per row (`row_bound_mask`): paired with
 # each block preheated for 150 ms (t_keep 1.002164) over the two-condition mask, on each head
@@ -694,7 +695,9 @@ SKIP_UNSEEN_HALF_SEQLEN: dict = {}
 # (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json). Change 31: B32 S1024
 # 1.0124 / 1.0090 (KEEP; that shape's own null 1.006339), so the rule reaches down to the shortest
 # problems as the other short-tile rules do (h200-compare-pingpong-d128-full-s1024-df0281e.json).
-# Not taken at d128 causal S1024 (0.9998 / 0.9979, NULL: change 8's named turns stay off there)
+# Not taken at d128 causal S1024 (0.9998 / 0.9979, NULL: change 8's named turns stay off there).
+# From S8k FA4's order with named turns takes over (FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35), with
+# pingpong at every length above it, S32k included.
 PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
 
 
@@ -758,7 +761,25 @@ _RESCALE_BY_WARP_LEVERS = {
 # priced): its build for a launch with a key tail keeps 36 B in local memory (5 LDL, 4 STL; one access
 # in each per-tile loop), which the build without one does not. d128 causal B32 S1024: 1.0076 / 1.0031
 # (clears t_keep, not that shape's own null 1.006339; h200-compare-asm-arrivals-d128-causal-s1024-8b45a1d.json)
-ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 8192), (256, False): (2048, 1 << 62)}
+# Change 35 carries the non-causal d128 rule on from S8k (with FA4_ORDER_NONCAUSAL_MIN_SEQLEN, below),
+# where the two were priced together.
+ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 1 << 62), (256, False): (2048, 1 << 62)}
+
+# FA4's schedule with the token on named barriers (pingpong, wait_pv_early, named_turns) at d128
+# non-causal from this max(Sq, Sk) up, with the inline arrivals (change 35). Priced before the
+# arrivals were inline it lost or tied here (see _FA4_SCHEDULE, PINGPONG_NONCAUSAL_SEQLEN): the
+# mbarrier token's elected arrival then cost a partition bar.sync, the named token's bar.arrive
+# none, and FA3's order kept the whole softmax under PV. With the K/V releases inline as well,
+# the tile trace reads 305.0k cycles per 128-step item against 314.1k for FA3's order with the
+# mbarrier token (-2.9%; FA3's order with named turns 308.3k, FA4's order with the mbarrier
+# token 324.2k: B2 H16 S16384, split tail off, h200-tile-trace-d128-full-s16384-*-edd8b80.json).
+# Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default: B4 S8192
+# 1.0071 / 1.0079 (FA4's order with the mbarrier token 0.9787 / 0.9793, REVERT), B2 S16384 (the
+# split-tail kernel, which had neither) 1.0266 / 1.0300, B1 S32768 (which had no pingpong)
+# 1.0137 / 1.0139 (KEEP). Not taken: B8 S4096 0.9947 / 0.9924 (REVERT), B16 S2048 0.9941 /
+# 0.9986 (NULL) (h200-compare-{fa4-named,asm-fa4-named}-d128--no-causal-s*-edd8b80.json).
+FA4_ORDER_NONCAUSAL_MIN_SEQLEN = {128: 8192}
+_FA4_NAMED = dict(_FA4_SCHEDULE, named_turns=True)
 ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
 
@@ -766,7 +787,7 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
-            rescale_by_warp: bool, asm_arrivals: bool = False) -> HopperFwdConfig:
+            rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -775,6 +796,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
         base = dataclasses.replace(base, **(_SHORT_CAUSAL if causal else _SHORT_NONCAUSAL)[head_dim])
     if pingpong:
         base = dataclasses.replace(base, pingpong=True)
+    if fa4_named:
+        base = dataclasses.replace(base, **_FA4_NAMED)
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
@@ -804,10 +827,11 @@ def select_config(problem) -> HopperFwdConfig:
     single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
     rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
     aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
+    fa4_named = not problem.causal and seqlen >= FA4_ORDER_NONCAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
             and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
         aa_first, aa_last = 1, 0
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
-                   rescale_by_warp, aa_first <= seqlen <= aa_last)
+                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named)

@@ -778,15 +778,17 @@ def test_named_turns_use_their_own_hardware_barriers(census):
 
 def test_split_tail_leaves_the_kv_loop_alone(census):
     # the split tail changes which tiles and K/V ranges an item walks and where its epilogue
-    # writes; nothing spills at d128 and the steady loop keeps its softmax windows, growing by at
-    # most 4 instructions (measured: 470 → 474, six UMOV more and two compares fewer on the
-    # uniform datapath, where the loop's ring and descriptor arithmetic lives)
+    # writes; nothing spills at d128 and the steady loop keeps its exponentials, growing by at
+    # most 4 instructions (measured on FA3's order: 470 → 474, six UMOV more and two compares
+    # fewer on the uniform datapath, where the loop's ring and descriptor arithmetic lives). Since
+    # change 35 the kernel runs FA4's order, where the exponentials follow PV's wait except the
+    # dozen or so ptxas starts before it (24-30 here), a count of its scheduling, not of the split
     split, base = census["d128-full"], census["d128-full-whole"]
     assert split["row"]["config"]["split_tail"] and not base["row"]["config"]["split_tail"]
     assert "error" not in split["row"], split["row"]["error"]
     assert split["row"]["spill_bytes"] == 0 and split["loop"]["ldl"] == 0
     assert base["loop"]["length"] <= split["loop"]["length"] <= base["loop"]["length"] + 4
-    assert split["windows"] == base["windows"]
+    assert split["loop"]["mufu"] == base["loop"]["mufu"]
     assert split["loop"]["fmul"] == base["loop"]["fmul"] and split["loop"]["prmt"] == base["loop"]["prmt"]
 
 

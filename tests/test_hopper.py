@@ -127,14 +127,17 @@ CENSUS_CONFIGS = [(f"d{d}-{'causal' if c else 'full'}", d, c, {}) for d in HEAD_
 # O rescaled at every K/V step (the plain online softmax): the long defaults without FA4's retained
 # reference (config.RESCALE_BY_WARP_MIN_SEQLEN), the kernel the switches below were built and priced on
 _ALWAYS_RESCALE = {"rescale_threshold": 0.0, "rescale_by_warp": False}
+# d128 non-causal's long kernel before change 35 (FA3's order, the token on mbarriers, Gluon's
+# arrivals), the kernel the d128 switches below were built and measured on
+_D128_FA3_ORDER = {"wait_pv_early": False, "named_turns": False, "asm_arrivals": False}
 CENSUS_CONFIGS += [(f"d{d}-{'causal' if c else 'full'}-always-rescale", d, c, _ALWAYS_RESCALE)
                    for d in (128, 256) for c in (False, True)]
-CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False, **_ALWAYS_RESCALE}))
+CENSUS_CONFIGS.append(("d128-full-serial", 128, False, {"overlap": False, **_ALWAYS_RESCALE, **_D128_FA3_ORDER}))
 # (as measured, without skip_empty_rows: with it, on the split tail, ptxas keeps 16 B in local memory)
 CENSUS_CONFIGS.append(("d128-full-late-packed", 128, False, {"late_rescale": True, "pack_p": True,
-                                                             "skip_empty_rows": False}))
+                                                             "skip_empty_rows": False, **_D128_FA3_ORDER}))
 # the plain schedule, without the softmax-side levers, to show what each lever removes or moves
-CENSUS_CONFIGS.append(("d128-full-plain", 128, False, {"late_rescale": False, "pack_p": False}))
+CENSUS_CONFIGS.append(("d128-full-plain", 128, False, {"late_rescale": False, "pack_p": False, **_D128_FA3_ORDER}))
 _D64_QREG = {"block_n": 64, "q_in_registers": True}      # the 192×64 tile with Q in registers
 CENSUS_CONFIGS.append(("d64-full-threshold", 64, False, {"rescale_threshold": 8.0, "wait_pv_early": False,
                                                           "pingpong": False, **_D64_QREG}))
@@ -246,28 +249,29 @@ CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True})
 # every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
 # on the consumers without the pingpong token, as it was measured (change 30 put the token on
 # d128 S16k's default; its own arrival keeps a bar.sync in the loop)
-CENSUS_CONFIGS.append(("d128-full-free", 128, False, {"pingpong": False}))
-CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True, "pingpong": False}))
+CENSUS_CONFIGS.append(("d128-full-free", 128, False, {"pingpong": False, **_D128_FA3_ORDER}))
+CENSUS_CONFIGS.append(("d128-full-thread-release", 128, False, {"thread_release": True, "pingpong": False,
+                                                                **_D128_FA3_ORDER}))
 # the consumers' elected arrivals in inline PTX (asm_arrivals) on d128 non-causal's split-tail
 # kernel in FA3's order with the mbarrier token (its default before change 35, which has it) and
 # d64's (three consumers, FA4's order)
-_D128_FA3_ORDER = {"wait_pv_early": False, "named_turns": False}
-CENSUS_CONFIGS.append(("d128-full-fa3-order", 128, False, dict(_D128_FA3_ORDER, asm_arrivals=False)))
+CENSUS_CONFIGS.append(("d128-full-fa3-order", 128, False, _D128_FA3_ORDER))
 CENSUS_CONFIGS.append(("d128-full-asm-arrivals", 128, False, dict(_D128_FA3_ORDER, asm_arrivals=True)))
 CENSUS_CONFIGS.append(("d64-full-asm-arrivals", 64, False, {"asm_arrivals": True}))
-# the shared window's base read once and hoisted (hoist_smem_base), on d128 non-causal S8k's default
+# the shared window's base read once and hoisted (hoist_smem_base), on d128 non-causal S8k's
+# default of change 34 (FA3's order with the inline arrivals), where it was measured
 CENSUS_CONFIGS.append(("d128-full-s8k", 128, False, {"split_tail": False, "first_mask_on_need": True,
-                                                     "asm_arrivals": True, "_key_tail": False}))
+                                                     **_D128_FA3_ORDER, "asm_arrivals": True, "_key_tail": False}))
 CENSUS_CONFIGS.append(("d128-full-s8k-hoisted", 128, False, {"split_tail": False, "first_mask_on_need": True,
-                                                             "asm_arrivals": True, "hoist_smem_base": True,
-                                                             "_key_tail": False}))
+                                                             **_D128_FA3_ORDER, "asm_arrivals": True,
+                                                             "hoist_smem_base": True, "_key_tail": False}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
 # memory), built as it was measured: with skip_empty_rows on top ptxas keeps 112 B in local memory
 # outside the loop (census)
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True,
-               "skip_empty_rows": False, **_ALWAYS_RESCALE}
+               "skip_empty_rows": False, "asm_arrivals": False, **_ALWAYS_RESCALE}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 
 
@@ -928,7 +932,8 @@ def test_every_inline_barrier_offset_has_its_array_and_its_switch():
     assert set(BARRIER_SWITCHES) == set(fwd.BARRIER_OFFSETS)
     fields = {f.name for f in dataclasses.fields(HopperFwdConfig)}
     assert set(BARRIER_SWITCHES.values()) <= fields
-    on = fwd._constexprs(dataclasses.replace(fwd.default_config(128, False), asm_waits=True), 128, False)
+    on = fwd._constexprs(dataclasses.replace(fwd.default_config(128, False), asm_arrivals=False, asm_waits=True),
+                         128, False)
     assert [on[k] for k in ("K_EMPTY_AT", "K_READY_AT", "TURN_WAIT_AT")] == [-1, 0, 0]
 
 
@@ -2339,7 +2344,8 @@ def test_trace_steps_needs_the_overlapped_schedule_without_the_split_tail():
     base = fwd.default_config(128, False, 8192)
     dataclasses.replace(base, trace_steps=64).check(128)
     for changes in (dict(split_tail=True), dict(overlap=False, pingpong=False, rescale_threshold=0.0,
-                                                rescale_by_warp=False), dict(trace_steps=-1)):
+                                                rescale_by_warp=False, wait_pv_early=False, named_turns=False),
+                    dict(trace_steps=-1)):
         with pytest.raises(ValueError, match="trace_steps"):
             dataclasses.replace(base, **{"trace_steps": 64, **changes}).check(128)
     with pytest.raises(ValueError, match="trace_steps > 0"):

@@ -79,8 +79,16 @@ def kv_loops(sass):
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"],
-                 s2ur=loop["sequence"].split().count("S2UR"))
+                 s2ur=loop["sequence"].split().count("S2UR"), fmnmx=loop["sequence"].split().count("FMNMX"),
+                 fmnmx_before_last_wait=fmnmx_before_last_wait(loop["sequence"].split()))
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
+
+def fmnmx_before_last_wait(seq):
+    # the row max's FMNMX issued before the trip's last WARPGROUP instruction (PV's wait(0) in
+    # FA4's order): all of them when the row max overlaps PV(j-1), a few when ptxas hoisted the
+    # wait into the row max
+    last = max((i for i, op in enumerate(seq) if op == "WARPGROUP"), default=-1)
+    return sum(op == "FMNMX" for op in seq[:last])
 
 def barrier_inits(ptx):
     # {byte offset into global_smem: arrival count} of every mbarrier.init, and the array offsets
@@ -265,6 +273,13 @@ CENSUS_CONFIGS.append(("d128-full-s8k", 128, False, {"split_tail": False, "first
 CENSUS_CONFIGS.append(("d128-full-s8k-hoisted", 128, False, {"split_tail": False, "first_mask_on_need": True,
                                                              **_D128_FA3_ORDER, "asm_arrivals": True,
                                                              "hoist_smem_base": True, "_key_tail": False}))
+# FA4's order with PV's wait kept after the row max (gate_pv_wait): on d64's defaults (the
+# mbarrier token) and on d128 non-causal's S16k kernel with the mbarrier token instead of named turns
+CENSUS_CONFIGS += [("d64-full-gate-pv", 64, False, {"gate_pv_wait": True}),
+                   ("d64-causal-gate-pv", 64, True, {"gate_pv_wait": True}),
+                   ("d128-full-fa4-mbar", 128, False, {"named_turns": False}),
+                   ("d128-full-fa4-mbar-gate-pv", 128, False, {"named_turns": False, "gate_pv_wait": True}),
+                   ("d128-full-gate-pv", 128, False, {"gate_pv_wait": True})]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -852,6 +867,41 @@ def test_asm_arrivals_leave_one_barrier_in_the_steady_step_and_arrive_where_the_
         for slot in range(cfg.num_kv_stages):
             assert inits[offsets[name] + 8 * slot] == cfg.num_consumers, (name, slot, inits)
     assert inits[offsets["TURN_AT"]] == 1
+
+
+@pytest.mark.parametrize("gated_label, plain_label, hoisted", [
+    ("d64-full-gate-pv", "d64-full", True), ("d64-causal-gate-pv", "d64-causal", True),
+    ("d128-full-fa4-mbar-gate-pv", "d128-full-fa4-mbar", True),
+    # change 35's default (named turns): ptxas hoisted the wait in one of its steady loops only
+    ("d128-full-gate-pv", "d128-full", False)])
+def test_gate_pv_wait_keeps_the_row_max_ahead_of_pvs_wait(census, gated_label, plain_label, hoisted):
+    # FA4's order waits for PV(j-1) after the row max; ptxas treats the wait as always ready and,
+    # on the kernels with the mbarrier token, drops it into the row max's first latency bubble
+    # (measured: 13-14 of the 68 FMNMX ahead of it in d64's steady loops, 1 in d64 causal's other
+    # loop, 31 at d128 with the mbarrier token). Behind its branch every FMNMX of the trip comes
+    # first, with the same exponentials and no local memory (steady loops 2-4 instructions longer,
+    # the masked ones within 10 either way)
+    gated, plain = census[gated_label], census[plain_label]
+    assert gated["row"]["config"]["gate_pv_wait"] and not plain["row"]["config"]["gate_pv_wait"]
+    assert "error" not in gated["row"], gated["row"]["error"]
+    assert gated["row"]["spill_bytes"] == 0 and gated["row"]["regs"] == plain["row"]["regs"]
+    steps = [(a, b) for a, b in zip(gated["kv_loops"], plain["kv_loops"]) if b["mufu"] >= 32]
+    assert len(gated["kv_loops"]) == len(plain["kv_loops"]) and steps
+    for a, b in steps:
+        assert a["mufu"] == b["mufu"] and a["ldl"] == 0 and abs(a["length"] - b["length"]) <= 10, (a, b)
+        assert a["fmnmx_before_last_wait"] == a["fmnmx"] > 0, a
+    # the hazard it removes, as the census reads it on the build without it
+    hoisted_loops = [b for _, b in steps if b["fmnmx_before_last_wait"] < b["fmnmx"] // 2]
+    assert hoisted_loops if hoisted else len(hoisted_loops) <= len(steps) // 2, [b["fmnmx_before_last_wait"]
+                                                                                 for _, b in steps]
+
+
+def test_gate_pv_wait_needs_fa4s_order():
+    cfg = dataclasses.replace(fwd.default_config(128, False, 4096), gate_pv_wait=True)
+    assert not cfg.wait_pv_early
+    with pytest.raises(ValueError, match="gate_pv_wait"):
+        cfg.check(128)
+    dataclasses.replace(cfg, wait_pv_early=True).check(128)
 
 
 def test_barrier_offsets_refuse_a_second_compile_that_moved_the_barriers(monkeypatch):
@@ -1612,6 +1662,35 @@ def test_gate_release_without_bar_sync(release, head_dim, shape, causal):
         _gate_forced(head_dim, shape, False, **switches, **SPLIT_GRID)
 
 
+# PV's wait behind its branch after the row max (gate_pv_wait), in FA4's order at every head dim
+# and mask (d128 with named turns and with the mbarrier token), at the shapes with partial tiles,
+# idle warpgroups and GQA above
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_pv_wait_after_the_row_max(head_dim, shape, causal):
+    fa4 = dict(gate_pv_wait=True, wait_pv_early=True, pingpong=True)
+    _gate_forced(head_dim, shape, causal, **fa4)
+    if head_dim == 128:
+        _gate_forced(head_dim, shape, causal, **fa4, named_turns=not _shape_default(128, causal, shape).named_turns)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_pv_wait_is_deterministic(head_dim):
+    # the gated wait still waits: a PV read of P's registers overwritten by the next exponentials,
+    # or O rescaled under a running PV, would move the output between identical runs
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4097, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(head_dim, False, 4097), gate_pv_wait=True, wait_pv_early=True,
+                              pingpong=True)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, False, cfg)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
@@ -2132,6 +2211,10 @@ def _switches():
         dict(asm_arrivals=True, asm_waits=True, hoist_smem_base=True, pingpong=True, wait_pv_early=False,
              named_turns=False),
         dict(asm_arrivals=True, hoist_smem_base=True, pingpong=True, wait_pv_early=True, named_turns=True),
+        # PV's wait kept after the row max: FA4's order with named turns (d128 causal's) and with
+        # the mbarrier token
+        dict(gate_pv_wait=True),
+        dict(gate_pv_wait=True, named_turns=False),
         # the unmasked and masked steps in one loop: FA4's order (d128 causal's) and FA3's
         dict(single_kv_loop=True),
         dict(single_kv_loop=True, pingpong=False, wait_pv_early=False, named_turns=False),

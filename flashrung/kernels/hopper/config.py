@@ -265,6 +265,14 @@ class HopperFwdConfig:
     # it again, an ``S2UR SR_CgaCtaId`` in every step, with asm_waits at the loop's top ahead of its
     # first wait (census)
     hoist_smem_base: bool = False
+    # FA4's order (wait_pv_early): PV(j-1)'s wait(0) in a basic block of its own after the row max
+    # (pipeline.wait_mma_after_softmax, FA3's order's guard), so ptxas cannot hoist it into the row
+    # max's first latency bubble. Census (sm_90a, bf16): on the FA4-order kernels with the mbarrier
+    # token ptxas puts that wait 16 instructions after QK's (d64 both masks: PV's wait at trip
+    # position 88-89, the row max's FMNMX at 72-206; d128 with the mbarrier token: 127 within
+    # 94-231) — the warpgroup stalls on PV(j-1) before its row max; with named turns (d128) and at
+    # d256 the wait already follows the row max (266-276 after 218-219; 210-214 after 179-194)
+    gate_pv_wait: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -421,6 +429,9 @@ class HopperFwdConfig:
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
                              f"{self.trace_steps}, overlap={self.overlap}, split_tail={self.split_tail}")
+        if self.gate_pv_wait and not (self.overlap and self.wait_pv_early):
+            raise ValueError("gate_pv_wait keeps FA4's order's PV wait after the row max: it needs overlap=True and "
+                             f"wait_pv_early=True, got overlap={self.overlap}, wait_pv_early={self.wait_pv_early}")
         if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
             raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
                              "of them")

@@ -323,6 +323,7 @@ class _Schedule:
     V_READY_AT: gl.constexpr     # waits inline PTX (pipeline.wait_unsynced); -1: Gluon's waits
     TURN_WAIT_AT: gl.constexpr
     HOIST_SMEM_BASE: gl.constexpr  # the inline arrivals and waits take the shared window's base from one pure read
+    GATE_PV_WAIT: gl.constexpr   # FA4's order: PV's wait in a block of its own after the row max
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -800,6 +801,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
+        if c.GATE_PV_WAIT:
+            # the wait behind a branch, taking the new row max through it: ptxas otherwise hoists
+            # it into the row max's first latency bubble (census), and the row max no longer
+            # overlaps PV(j-1)
+            m_new = wait_mma_after_softmax(qk_scale_log2, m_new)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
         release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
@@ -1222,7 +1228,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
-                     HOIST_SMEM_BASE: gl.constexpr,
+                     HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1298,7 +1304,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
-                  V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE)
+                  V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
+                  GATE_PV_WAIT=GATE_PV_WAIT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1378,7 +1385,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
-        HOIST_SMEM_BASE=cfg.hoist_smem_base,
+        HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

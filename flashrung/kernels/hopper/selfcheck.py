@@ -104,6 +104,7 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("asm_arrivals", dict(asm_arrivals=not base.asm_arrivals, thread_release=False)),
         ("asm_waits", dict(asm_waits=not base.asm_waits)),
         ("hoist_smem_base", dict(hoist_smem_base=not base.hoist_smem_base)),
+        ("gate_pv_wait", dict(gate_pv_wait=not base.gate_pv_wait)),
         ("row_bound_mask", dict(row_bound_mask=not base.row_bound_mask)),
         ("skip_empty_rows", dict(skip_empty_rows=not base.skip_empty_rows)),
         ("overlap_epilogue", dict(overlap_epilogue=not base.overlap_epilogue)),

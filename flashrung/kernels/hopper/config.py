@@ -783,7 +783,9 @@ ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 1 << 6
 # none, and FA3's order kept the whole softmax under PV. With the K/V releases inline as well,
 # the tile trace reads 305.0k cycles per 128-step item against 314.1k for FA3's order with the
 # mbarrier token (-2.9%; FA3's order with named turns 308.3k, FA4's order with the mbarrier
-# token 324.2k: B2 H16 S16384, split tail off, h200-tile-trace-d128-full-s16384-*-edd8b80.json).
+# token 324.2k: B2 H16 S16384, split tail off, h200-tile-trace-d128-full-s16384-*-edd8b80.json;
+# the census since places the mbarrier token's loss: with it ptxas hoists PV's wait into the row
+# max, with named turns it does not — gate_pv_wait).
 # Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default: B4 S8192
 # 1.0071 / 1.0079 (FA4's order with the mbarrier token 0.9787 / 0.9793, REVERT), B2 S16384 (the
 # split-tail kernel, which had neither) 1.0266 / 1.0300, B1 S32768 (which had no pingpong)

@@ -258,7 +258,8 @@ def wait_mma_after_softmax(gate, x):
     branch on a runtime value (``gate == gate``: true unless NaN, which neither LLVM nor ptxas may
     fold) the wait stays after the exp2 block. The caller still waits unconditionally right
     after, to get its accumulator back: that second wait finds nothing outstanding. ``x`` is any
-    register tensor, passed through (the wait op needs at least one dependency).
+    register tensor, passed through (the wait op needs at least one dependency). FA4's order uses
+    the same guard after the row max (``gate_pv_wait``), passing the new row max through it.
     """
     if gate == gate:
         x = warpgroup_mma_wait(0, deps=[x])

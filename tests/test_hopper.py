@@ -1191,20 +1191,23 @@ def test_single_kv_loop_follows_the_measured_rule(head_dim, seqlen, causal_on):
             cfg.check(head_dim)
 
 
-@pytest.mark.parametrize("seqlen, fa4_named", [(1, False), (17, False), (1024, False), (1025, False),
-                                                (4096, False), (8191, False), (8192, True), (16384, True),
-                                                (16385, True), (32768, True)])
-def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_named):
+@pytest.mark.parametrize("seqlen, fa4_order, named", [(1, False, False), (17, False, False), (1024, False, False),
+                                                     (1025, False, False), (4095, False, False), (4096, False, True),
+                                                     (6143, False, True), (6144, False, False), (8191, False, False),
+                                                     (8192, True, True), (16384, True, True), (16385, True, True),
+                                                     (32768, True, True)])
+def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_order, named):
     # the pingpong token between d128's non-causal consumers at every length, in the order that
-    # measured faster: FA3's with the token on mbarriers up to 8191 (config.PINGPONG_NONCAUSAL_SEQLEN,
-    # priced from S1024), FA4's with named turns and the inline arrivals from 8192
-    # (config.FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35: it lost at S4096); the longer of Sq and Sk
-    # decides; the other head dims and d128 causal keep theirs
+    # measured faster: FA3's up to 8191 (config.PINGPONG_NONCAUSAL_SEQLEN, priced from S1024), the
+    # token on named barriers from S4096 to 6143 (config.FA3_NAMED_NONCAUSAL_SEQLEN, change 36: NULL
+    # at S6144, REVERT at S2048) and on mbarriers elsewhere; FA4's with named turns and the inline
+    # arrivals from 8192 (config.FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35: it lost at S4096); the
+    # longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk))
         assert cfg.pingpong, (sq, sk)
-        assert cfg.wait_pv_early is fa4_named and cfg.named_turns is fa4_named, (sq, sk)
-        assert not fa4_named or cfg.asm_arrivals, (sq, sk)
+        assert cfg.wait_pv_early is fa4_order and cfg.named_turns is named, (sq, sk)
+        assert not named or cfg.asm_arrivals, (sq, sk)
         cfg.check(128)
     for head_dim in (64, 256):
         assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=seqlen,

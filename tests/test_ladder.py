@@ -15,7 +15,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19
+from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -70,6 +70,11 @@ SELECTORS = {
     "v19": ("v19", SM90, {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4}),
     "v19_wide_causal": ("v19", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "num_warps": 8}),
     "v19_wide_d64_causal": ("v19", SM90, {"head_dim": 64, "causal": True, "num_warps": 8}),
+    "v20_causal": ("v20", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v20": ("v20", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v20_causal_apart": ("v20", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
+    "v20_d64_causal": ("v20", SM90, {"head_dim": 64, "causal": True}),
+    "v19_d64_causal": ("v19", SM90, {"head_dim": 64, "causal": True, "num_warps": 4}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
     **{f"v7_{name}": ("v7", SM90, {**D128_CAUSAL, "variant": name})
@@ -83,6 +88,7 @@ SELECTORS = {
                                               "ladder.v17": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v19": {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4},
+                                              "ladder.v20": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
@@ -521,6 +527,94 @@ def test_v19_wide_arm_halves_each_warps_copies_and_nothing_else(rows):
                                        (9, 0), 228 * 1024) == 1
 
 
+def test_v20_trip_meets_one_barrier_and_keeps_v19s_work(rows):
+    # the lever: each trip's copies leave Gluon's cp.async for inline PTX issued after the trip's
+    # one barrier, so the shared-memory analysis adds no second one; the trip's tensor, shared-load,
+    # copy and exponential work is v19's, no register spills
+    pairs = (("v20_causal", "v19_causal"), ("v20", "v19"), ("v20_d64_causal", "v19_d64_causal"))
+    for new, old in pairs:
+        a, b = rows[old]["loops"], rows[new]["loops"]
+        assert len(a) == len(b) == 2, new   # the unmasked and the masked trips
+        for la, lb in zip(a, b):
+            assert la["BAR"] == 2 and lb["BAR"] == 1, new
+            for family in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "SHFL", "LDL", "STL"):
+                assert la[family] == lb[family], (new, family)
+            # the copies' addresses are formed by hand: a few integer instructions, not a new loop body
+            assert lb["total"] - la["total"] <= 48, (new, la["total"], lb["total"])
+        assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
+        assert rows[new]["smem_bytes"] == rows[old]["smem_bytes"], new
+    # K and V laid out apart (two offsets a chunk) is the one form that keeps a little in local
+    # memory (24 B at sm_90a: 1-2 LDL a trip); the benchmarks' K and V share one row stride
+    assert [l["BAR"] for l in rows["v20_causal_apart"]["loops"]] == [1, 1]
+    assert rows["v20_causal_apart"]["spill_bytes"] <= 32
+
+
+def test_v20_ring_offsets_compile_twice_and_refuse_a_moved_ring(monkeypatch):
+    # the inline copies name the rings by byte offset: the second compile must allocate them where
+    # the first did, or building fails naming the ring, never a kernel that writes elsewhere
+    from flashrung.kernels.hopper import pipeline
+
+    layouts = iter([dict(q_smem=49152, k_smem=0, v_smem=24576), dict(q_smem=49152, k_smem=0, v_smem=24576),
+                    dict(q_smem=0, k_smem=8192, v_smem=32768), dict(q_smem=0, k_smem=8192, v_smem=40960)])
+    monkeypatch.setattr(pipeline, "allocation_offsets", lambda ttgir: next(layouts))
+    seen = []
+
+    class _Compiled:
+        asm = {"ttgir": ""}
+
+    def compile_with(constexprs):
+        seen.append((constexprs["K_RING_AT"], constexprs["V_RING_AT"]))
+        return _Compiled()
+
+    asked = dict(HEAD_DIM=64, K_RING_AT=0, V_RING_AT=0)
+    assert v20.ring_offsets(compile_with, asked) == dict(HEAD_DIM=64, K_RING_AT=0, V_RING_AT=24576)
+    with pytest.raises(RuntimeError, match="ladder.v20: .*v_smem"):
+        v20.ring_offsets(compile_with, asked)
+    assert seen == [(0, 0), (0, 24576), (0, 0), (8192, 32768)]
+
+
+_V20_OFFSETS_PROBE = """
+import dataclasses, json
+from flashrung.evidence import census
+from flashrung.kernels.hopper.pipeline import allocation_offsets
+from flashrung.kernels.ladder import v20
+
+out = []
+for spec in v20.census_specs():
+    named = {}
+
+    def resolve(compile_with, constexprs):
+        named.update(v20.ring_offsets(compile_with, constexprs))
+        return named
+
+    compiled = census.compile_spec(dataclasses.replace(spec, resolve=resolve), "sm_90a")
+    arrays = allocation_offsets(compiled.asm["ttgir"])
+    out.append(dict(config=spec.config, named=[named["K_RING_AT"], named["V_RING_AT"]],
+                    arrays=[arrays["k_smem"], arrays["v_smem"]]))
+print(json.dumps(out))
+"""
+
+
+def test_v20_ring_offsets_are_the_allocation_pass_offsets():
+    # compiled for sm_90a (in a process without the interpreter): the offsets every build's inline
+    # copies name are the final compile's rings, K's and V's a ring apart
+    import json
+    import subprocess
+    import sys
+
+    from flashrung.evidence.census import interpreter_free_env
+
+    done = subprocess.run([sys.executable, "-c", _V20_OFFSETS_PROBE], capture_output=True, text=True,
+                          env=interpreter_free_env(), timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    builds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(builds) == len(v20.census_specs())
+    for b in builds:
+        assert b["named"] == b["arrays"], b
+        ring_bytes = v14.CONFIG.kv_stages * v14.CONFIG.block_n * b["config"]["head_dim"] * 2
+        assert abs(b["arrays"][1] - b["arrays"][0]) >= ring_bytes, b
+
+
 def test_v19_config_overrides():
     h200 = types.SimpleNamespace(capability=(9, 0), head_dim=128)
     assert v19.config_with(h200, {"num_warps": "8"}) == v19.WIDE
@@ -586,7 +680,8 @@ def test_v7_switches_registers_and_spills(rows):
 def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
-        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18", "ladder.v19"):   # the three-slot ring: over the card at d128, refused there
+        if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18", "ladder.v19",
+                      "ladder.v20"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -828,6 +923,40 @@ def test_v19_wide_arm_passes_the_gate(shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES + V19_ORDER_SHAPES, ids=_shape_id)
+def test_v20_passes_the_gate_at_its_loop_split_and_order(shape):
+    # the hand-swizzled copies at every edge of v14's peeled loop and v15's split (one key, one
+    # block, the ring wrapping, Sq != Sk, tails) and in v19's order
+    _assert_gate(v20.forward, shape, "ladder.v20")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_v20_passes_the_gate_with_k_and_v_laid_out_apart(causal):
+    # K and V of different row strides: each forms its own copy offsets
+    def apart(q, k, v, causal, softmax_scale):
+        v_view = torch.cat([v, torch.zeros_like(v)], dim=-1)[..., : v.shape[-1]]
+        assert v_view.stride(1) != k.stride(1)
+        return v20.forward(q, k, v_view, causal, softmax_scale)
+
+    _assert_gate(apart, (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v20")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v20_matches_v19_bit_for_bit(head_dim):
+    """v20 moves the copies and a barrier, not the arithmetic: the same HMMA and exponentials in
+    the same order, so every bit matches v19. A chunk copied to the wrong swizzled place, or a slot
+    overwritten while read, changes bits."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(2, 3000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v19.forward(q, k, v, causal, 0.088)
+        b = v20.forward(q, k, v, causal, 0.088)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), causal
+
+
+@pytest.mark.gpu
 def test_v19_matches_v16_bit_for_bit():
     """Each tile is v16's tile with v16's instructions; only which program computes it changes, so
     a bit that differs is a tile computed twice or not at all."""
@@ -840,7 +969,7 @@ def test_v19_matches_v16_bit_for_bit():
 
 
 # every rung on the three-slot ring, and v19's 8-warp arm (eight warps share each slot)
-THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19)]
+THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19, v20)]
 THREE_SLOT_FORWARDS += [("ladder.v19@num_warps=8", functools.partial(v19.forward, config=v19.WIDE))]
 
 

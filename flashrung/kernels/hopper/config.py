@@ -793,6 +793,18 @@ ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 1 << 6
 # 0.9986 (NULL) (h200-compare-{fa4-named,asm-fa4-named}-d128--no-causal-s*-edd8b80.json).
 FA4_ORDER_NONCAUSAL_MIN_SEQLEN = {128: 8192}
 _FA4_NAMED = dict(_FA4_SCHEDULE, named_turns=True)
+
+# The pingpong token on named barriers in FA3's order at d128 non-causal, for max(Sq, Sk) in
+# [first, last] (change 36), beside the inline arrivals that run there (ASM_ARRIVALS_SEQLEN). At
+# S16k before the arrivals were inline it lost (0.9911 / 0.9908, PINGPONG_NONCAUSAL_SEQLEN); with
+# them the tile trace reads 308.3k cycles per 128-step item against 314.1k for the mbarrier token
+# (B2 H16 S16384, h200-tile-trace-d128-full-s16384-fa3-named-edd8b80.json), and FA4's order took
+# S8k and up. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default:
+# B8 S4096 1.0056 / 1.0022 (h200-compare-fa3-named-d128--no-causal-s4096-e9c85f9.json) and again
+# 1.0067 / 1.0073 (…-fa3-named-again-…-94eb3eb.json), KEEP. Not taken: B5 S6144 0.9934 / 1.0037
+# (NULL, run 2's halves disagreeing) — the rule ends below it; B16 S2048, with the arrivals inline
+# as well, 0.9921 / 0.9893 (REVERT, h200-compare-asm-fa3-named-d128--no-causal-s2048-e9c85f9.json).
+FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
 ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
 
@@ -800,7 +812,8 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
-            rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False) -> HopperFwdConfig:
+            rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
+            fa3_named: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -811,6 +824,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
         base = dataclasses.replace(base, pingpong=True)
     if fa4_named:
         base = dataclasses.replace(base, **_FA4_NAMED)
+    if fa3_named:
+        base = dataclasses.replace(base, named_turns=True)
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
@@ -841,10 +856,11 @@ def select_config(problem) -> HopperFwdConfig:
     rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
     aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     fa4_named = not problem.causal and seqlen >= FA4_ORDER_NONCAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
+    n_first, n_last = (1, 0) if problem.causal else FA3_NAMED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
             and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
         aa_first, aa_last = 1, 0
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
-                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named)
+                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last)

@@ -118,7 +118,8 @@ from flashrung.kernels.hopper.config import (
 )
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
                                               pass_turn, ready_wait, release, release_arrivals, ring_slot,
-                                              start_turns, wait_mma_after_softmax, wait_turn)
+                                              resolve_shared_offsets, start_turns, wait_mma_after_softmax,
+                                              wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
@@ -1607,20 +1608,10 @@ def barrier_offsets(compile_with, constexprs) -> dict:
     filled in: every ``pipeline.BARRIER_OFFSETS`` name not -1 (0, a placeholder, until now).
 
     ``compile_with(constexprs)`` compiles the kernel and returns the compiled object (its
-    ``asm["ttgir"]``). The first compile names offset 0 in its inline PTX; the allocation pass of its
-    TTGIR (``pipeline.allocation_offsets``) gives the arrays' real offsets; the second compile
-    names those and must allocate them at the same offsets, or this raises rather than return a
-    kernel whose arrivals or waits would land on the wrong barriers.
+    ``asm["ttgir"]``); ``pipeline.resolve_shared_offsets`` compiles twice and raises rather than
+    return a kernel whose arrivals or waits would land on the wrong barriers.
     """
-    names = {k: v for k, v in BARRIER_OFFSETS.items() if constexprs.get(k, -1) != -1}
-    first = allocation_offsets(compile_with(dict(constexprs, **{k: 0 for k in names})).asm["ttgir"])
-    filled = dict(constexprs, **{k: first[v] for k, v in names.items()})
-    second = allocation_offsets(compile_with(filled).asm["ttgir"])
-    moved = {v: (first[v], second.get(v)) for v in names.values() if second.get(v) != first[v]}
-    if moved:
-        raise RuntimeError(f"{KERNEL_NAME}: the barrier arrays named in inline PTX moved between "
-                           f"compiles (offset first, second): {moved}")
-    return filled
+    return resolve_shared_offsets(compile_with, constexprs, BARRIER_OFFSETS, KERNEL_NAME, allocation_offsets)
 
 
 # (plan.build, dtype) → the constexprs with their barrier offsets: two compiles once per build

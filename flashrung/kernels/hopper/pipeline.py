@@ -278,7 +278,31 @@ BARRIER_SWITCHES = {"K_EMPTY_AT": "asm_arrivals", "V_EMPTY_AT": "asm_arrivals", 
                     "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits"}
 
 
-def allocation_offsets(ttgir: str, capability: int = 90, ptx_version: int = 86) -> dict[str, int]:
+def resolve_shared_offsets(compile_with, constexprs: dict, names: dict[str, str], owner: str,
+                           offsets_of=None) -> dict:
+    """``constexprs`` with the shared-memory byte offsets its inline PTX names filled in: each
+    ``names`` key (a constexpr) not -1 gets the offset of the ``ttg.local_alloc`` its value names.
+
+    ``compile_with(constexprs)`` compiles the kernel and returns the compiled object (its
+    ``asm["ttgir"]``). The first compile names offset 0 in the inline PTX; the allocation pass of its
+    TTGIR (``offsets_of``, :func:`allocation_offsets` by default) gives the arrays' real offsets;
+    the second compile names those and must allocate them at the same offsets, or this raises
+    rather than return a kernel whose inline PTX would address other memory. Used by hopper.fwd's
+    barrier arrays (``fwd.barrier_offsets``) and the ladder's inline ring copies (ladder.v20).
+    """
+    offsets_of = offsets_of or allocation_offsets
+    asked = {k: v for k, v in names.items() if constexprs.get(k, -1) != -1}
+    first = offsets_of(compile_with(dict(constexprs, **{k: 0 for k in asked})).asm["ttgir"])
+    filled = dict(constexprs, **{k: first[v] for k, v in asked.items()})
+    second = offsets_of(compile_with(filled).asm["ttgir"])
+    moved = {v: (first[v], second.get(v)) for v in asked.values() if second.get(v) != first[v]}
+    if moved:
+        raise RuntimeError(f"{owner}: the shared-memory arrays named in inline PTX moved between "
+                           f"compiles (offset first, second): {moved}")
+    return filled
+
+
+def allocation_offsets(ttgir: str, capability: int | None = None, ptx_version: int = 86) -> dict[str, int]:
     """Byte offsets into dynamic shared memory of every named ``ttg.local_alloc`` in ``ttgir``, as
     Triton's shared-memory allocation pass assigns them (the pass the compiler runs first when it
     lowers TTGIR to LLVM, run here on its own).
@@ -292,6 +316,10 @@ def allocation_offsets(ttgir: str, capability: int = 90, ptx_version: int = 86) 
     import tempfile
 
     from triton._C.libtriton import ir, nvidia, passes
+
+    if capability is None:   # the target the TTGIR was lowered for (``ttg.target = "cuda:90"``)
+        target = re.search(r'"?ttg\.target"?\s*=\s*"cuda:(\d+)"', ttgir)
+        capability = int(target.group(1)) if target else 90
 
     ctx = ir.context()
     ir.load_dialects(ctx)

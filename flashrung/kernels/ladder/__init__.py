@@ -85,6 +85,9 @@ RUNGS: tuple[Rung, ...] = (
     # v16's launch ends on the last head's heaviest tiles, dispatched last in the seed's order
     Rung("ladder.v19", "flashrung.kernels.ladder.v19", "ladder.v16",
          "the grid's last batch*head row dispatched heaviest first (causal): the launch ends on light tiles"),
+    # v19's trip meets two barriers, one only because the shared-memory analysis cannot tell slots apart
+    Rung("ladder.v20", "flashrung.kernels.ladder.v20", "ladder.v19",
+         "one barrier a trip: the K/V ring's copies in inline PTX, after the barrier that frees their slot"),
 )
 
 

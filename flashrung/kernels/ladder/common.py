@@ -163,11 +163,12 @@ def host_scale(softmax_scale: float, exp2: bool) -> float:
 def launch(kernel, q, k, v, causal: bool, softmax_scale: float, *, cfg: TileConfig, exp2: bool,
            heaviest_first: bool = False, head_dims: tuple[int, ...], constexprs: dict | None = None,
            options: dict | None = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-           persistent: bool = False):
+           persistent: bool = False, resolve=None):
     """Validate, allocate (or check the caller's) ``out``/``lse`` and launch ``kernel`` with the
     ladder's argument list. ``persistent``: ``kernel`` walks work items (its argument list ends in
     ``batch_heads``) and is launched on as many programs as the GPU holds at once
-    (:func:`persistent_programs`), never more than there are items."""
+    (:func:`persistent_programs`), never more than there are items. ``resolve(compile_with,
+    kwargs)`` fills in constexprs only a first compile can decide (:func:`resolved_constexprs`)."""
     validate(q, k, v, softmax_scale, head_dims)
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -196,11 +197,35 @@ def launch(kernel, q, k, v, causal: bool, softmax_scale: float, *, cfg: TileConf
             Sq, Sk, Hq, Hq // Hkv, host_scale(float(softmax_scale), exp2))
     kwargs = dict(HEAD_DIM=D, IS_CAUSAL=bool(causal), **cfg.constexprs(), **(constexprs or {}),
                   num_warps=cfg.num_warps, num_stages=1, **(options or {}))
+    if resolve is not None:
+        kwargs = resolved_constexprs(kernel, args, kwargs, resolve)
     if persistent:
         args += (B * Hq,)
         grid = (min(n_m * B * Hq, persistent_programs(kernel, args, kwargs, q.device)),)
     kernel[grid](*args, **kwargs)
     return out, lse
+
+
+# (kernel, device, specialization, constexprs) -> the constexprs ``resolve`` filled in
+_RESOLVED: dict = {}
+
+
+def resolved_constexprs(kernel, args, kwargs, resolve) -> dict:
+    """``kwargs`` as ``resolve(compile_with, kwargs)`` fills them in (ladder.v20: its rings'
+    shared-memory offsets, read from the allocation pass of a first compile), once per kernel,
+    device and specialization: Triton specializes integers equal to 1 or divisible by 16 and
+    pointers by 16-byte alignment, so the key carries each."""
+    def spec(a):
+        if isinstance(a, torch.Tensor):
+            return (a.dtype, a.data_ptr() % 16 == 0)
+        if isinstance(a, int):
+            return (a == 1, a % 16 == 0)
+        return type(a).__name__
+    key = (kernel.fn.__qualname__ if hasattr(kernel, "fn") else id(kernel), args[0].device.index,
+           tuple(spec(a) for a in args), tuple(sorted((k, v) for k, v in kwargs.items())))
+    if key not in _RESOLVED:
+        _RESOLVED[key] = resolve(lambda cx: kernel.warmup(*args, grid=(1,), **cx), dict(kwargs))
+    return _RESOLVED[key]
 
 
 _PERSISTENT_PROGRAMS: dict = {}
@@ -270,16 +295,19 @@ def signature(dtype: str = "fp16", runtime_extra: tuple[str, ...] = ()) -> dict:
 
 def census_spec(kernel_name: str, fn, *, head_dim: int, causal: bool, cfg: TileConfig,
                 extra: dict | None = None, config_extra: dict | None = None, options: dict | None = None,
-                runtime_extra: tuple[str, ...] = ()):
-    """One :class:`CensusSpec` of a rung kernel with the shared signature (and ``runtime_extra``)."""
+                runtime_extra: tuple[str, ...] = (), resolve=None, arches: tuple[str, ...] | None = None):
+    """One :class:`CensusSpec` of a rung kernel with the shared signature (and ``runtime_extra``);
+    ``resolve`` fills in constexprs a first compile decides (``CensusSpec.resolve``), ``arches``
+    narrows the architectures it is compiled for."""
     from flashrung.evidence.census import CensusSpec
 
     constexprs = {"HEAD_DIM": head_dim, "IS_CAUSAL": causal, **cfg.constexprs(), **(extra or {})}
     config = {"head_dim": head_dim, "causal": causal, "dtype": "fp16",
               "tile": f"{cfg.block_m}x{cfg.block_n}", "num_warps": cfg.num_warps, **(config_extra or {})}
+    more = {} if arches is None else {"arches": tuple(arches)}
     return CensusSpec(kernel=kernel_name, config=config, fn=fn, signature=signature("fp16", runtime_extra),
                       constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1, gluon=True,
-                      extra_options=dict(options or {}))
+                      extra_options=dict(options or {}), resolve=resolve, **more)
 
 
 # --------------------------------------------------------------------------------------------

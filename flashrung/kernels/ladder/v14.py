@@ -253,15 +253,16 @@ def config_with(problem, overrides: dict) -> AheadConfig:
 
 
 def launch_on_ring(kernel, q, k, v, causal: bool, softmax_scale: float, *, config: AheadConfig, out=None, lse=None,
-                   constexprs: dict | None = None, needs_ahead: str | None = None):
+                   constexprs: dict | None = None, needs_ahead: str | None = None, resolve=None):
     """Launch ``kernel`` (v14's, or a rung built on its loop) with the copy form of these K and V.
-    ``needs_ahead`` names a rung built on QK one block ahead: it refuses ``qk_ahead=False``."""
+    ``needs_ahead`` names a rung built on QK one block ahead: it refuses ``qk_ahead=False``;
+    ``resolve``: constexprs a first compile decides (``common.launch``)."""
     if needs_ahead and not config.qk_ahead:
         raise ValueError(f"{needs_ahead} is built on QK one block ahead: config.qk_ahead must be True "
                          f"(v12's order on the ring is {NAME}@qk_ahead=false)")
     form = copy_form(q.shape[-1], k.dim() == v.dim() == 4 and k.stride(1) == v.stride(1))
     return common.launch(kernel, q, k, v, causal, softmax_scale, cfg=config, exp2=True, head_dims=HEAD_DIMS,
-                         out=out, lse=lse, constexprs={"KV_COPY": form, **(constexprs or {})})
+                         out=out, lse=lse, constexprs={"KV_COPY": form, **(constexprs or {})}, resolve=resolve)
 
 
 def ring_census_specs(name: str, kernel, constexprs: dict | None = None, config: AheadConfig = CONFIG) -> list:

@@ -1,0 +1,220 @@
+"""ladder.v20 — v19's trip on one barrier: the ring's copies in inline PTX.
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v19): v14's trip meets two ``bar.sync``: one after the wait for block j+1
+(every warp's copies of it are visible) and one at its end (every warp is done reading slot j
+before the next trip's copy overwrites it). With three slots one barrier can do both: trip j waits
+for block j+1, meets the barrier — past it every warp has finished trip j−1, so slot (j−1) mod 3
+is free — and only then copies block j+2 into that slot, then QK(j+1), softmax(j), PV(j). Built
+with Gluon's copies, Triton's shared-memory barrier analysis fences the copy (a write to the ring)
+from the trip's ring reads in the same barrier interval and puts the second barrier back: it cannot
+tell the slots apart (docs/ladder.md, v14's notes). Here each 16-byte ``cp.async`` is written in
+inline PTX against the ring's byte offset in shared memory, which the analysis never sees; the
+destination's swizzle is the ring's own layout (``common.xor_swizzled_layout``) computed by hand
+(:func:`ring_chunks`), and the offset comes from Triton's allocation pass through a compile-twice
+build (``hopper.pipeline.resolve_shared_offsets``, as hopper.fwd's inline barrier arrivals).
+
+What is unchanged: v19's tile order, v16's row sum, v15's split loop, v14's ring depth and the copy's
+lead (block j+2 is issued one trip before it is needed, as in v14, now after the trip's barrier
+instead of before its wait).
+
+Prediction (profile of v14 at config B after its third barrier went: barrier stalls 4.2% of
+samples; v19's trip has two ``BAR.SYNC``): one barrier a trip fewer, and a warp no longer waits at
+the end of trip j for the slowest warp's PV(j) — it runs into trip j+1's wait while the others
+finish. +1–2% at config B.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from flashrung.kernels.hopper.pipeline import resolve_shared_offsets, smem_base
+from flashrung.kernels.ladder import common, v14, v15, v16, v19
+from flashrung.kernels.ladder.common import (COPY_BYTES, ELEMENT_BYTES, SWIZZLE_PHASES, mma_scores)
+
+NAME = "ladder.v20"
+PARENT = "ladder.v19"
+LEVER = "one barrier a trip: the K/V ring's copies in inline PTX, after the barrier that frees their slot"
+HEAD_DIMS = v14.HEAD_DIMS
+CONFIG = v19.CONFIG
+ROW_SUM = v19.ROW_SUM
+
+# The constexprs that carry the ring's byte offsets in shared memory into the inline copies, and
+# the ``ttg.local_alloc`` each names (``common.ring_tile``). 0 until the first compile has run
+# the allocation pass (:func:`ring_offsets`).
+RING_OFFSETS = {"K_RING_AT": "k_smem", "V_RING_AT": "v_smem"}
+CHUNK_ELEMS = gl.constexpr(COPY_BYTES // ELEMENT_BYTES)   # one cp.async moves 16 bytes: 8 halves
+CHUNK_BYTES = gl.constexpr(COPY_BYTES)
+ELEM_BYTES = gl.constexpr(ELEMENT_BYTES)
+PHASES = gl.constexpr(SWIZZLE_PHASES)
+COPY_ONE_STRIDE_K = v14.COPY_ONE_STRIDE_K
+# cp.async with a source size: 16 copies the chunk, 0 zero-fills it without reading global memory
+# (rows past the keys), the form Gluon's masked copies compile to
+_CP_ASYNC = gl.constexpr("cp.async.cg.shared.global [$1], [$2], 16, $3; mov.u32 $0, 0;")
+
+
+@gluon.constexpr_function
+def chunk_layout(head_dim, num_warps):
+    """One 16-byte chunk per thread: a pass of the CTA's threads covers [rows_per_pass(), head_dim / 8]
+    chunks, a row's chunks on adjacent lanes (the thread-to-chunk map of
+    ``common.vector_copy_layout``)."""
+    chunks = head_dim // (COPY_BYTES // ELEMENT_BYTES)
+    lanes = min(32, chunks)
+    return gl.BlockedLayout([1, 1], [32 // lanes, lanes], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def rows_per_pass(head_dim, num_warps):
+    """Rows one pass of the CTA's threads copies, one chunk each: 8 at d128, 16 at d64 for four
+    warps — a multiple of the swizzle's 8 phases, so a thread's chunk keeps its swizzled column
+    in every pass and only the row offset moves."""
+    rows = 32 * num_warps // (head_dim // (COPY_BYTES // ELEMENT_BYTES))
+    assert rows % SWIZZLE_PHASES == 0, f"{rows} rows a pass: not a multiple of the swizzle's {SWIZZLE_PHASES} phases"
+    return rows
+
+
+@gluon.jit
+def ring_chunks(HEAD_DIM: gl.constexpr):
+    """(rows, chunks, chunk_at) of this thread's chunk in a copy's first pass: its row and column
+    chunk, and its shared-window address in a ring slot at offset 0 — the ring's XOR swizzle
+    (``common.xor_swizzled_layout``: 16-byte chunk c of row r stored at chunk c ^ (r mod 8)) plus
+    ``global_smem``. One register each, loop-invariant: K and V, every slot and every pass share
+    them (pass p's chunk is ``p * rows_per_pass`` rows further, at a constant offset)."""
+    L: gl.constexpr = chunk_layout(HEAD_DIM, gl.num_warps())
+    ROWS: gl.constexpr = rows_per_pass(HEAD_DIM, gl.num_warps())
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, L))[:, None]
+    chunks = gl.arange(0, HEAD_DIM // CHUNK_ELEMS, gl.SliceLayout(0, L))[None, :]
+    swizzled = chunks ^ (rows % PHASES)
+    chunk_at = rows * (HEAD_DIM * ELEM_BYTES) + swizzled * CHUNK_BYTES
+    return rows, chunks, chunk_at + smem_base(chunk_at)
+
+
+@gluon.jit
+def copy_chunks(dst_at, src, src_bytes):
+    # side-effecting inline PTX: kept, and invisible to the shared-memory barrier analysis
+    gl.inline_asm_elementwise(_CP_ASYNC, "=r,r,l,r", [dst_at, src, src_bytes], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def issue_kv_inline(rows, chunks, chunk_at, slot, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr,
+                    K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
+    """Block ``start_n``'s K and V into ring slot ``slot`` by inline ``cp.async``, one chunk per
+    thread per pass; rows at or past ``n_rows`` zero-filled. K and V of one row stride share each
+    chunk's offset (v14's copy form for d128); otherwise each forms its own."""
+    ROWS: gl.constexpr = rows_per_pass(HEAD_DIM, gl.num_warps())
+    PASS_BYTES: gl.constexpr = ROWS * HEAD_DIM * ELEM_BYTES
+    k_at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + K_RING_AT)
+    v_at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + V_RING_AT)
+    k_src = k_base + start_n.to(gl.int64) * stride_ks + (rows * stride_ks + chunks * CHUNK_ELEMS)
+    if KV_COPY == COPY_ONE_STRIDE_K:
+        v_src = v_base + start_n.to(gl.int64) * stride_ks + (rows * stride_ks + chunks * CHUNK_ELEMS)
+    else:
+        v_src = v_base + start_n.to(gl.int64) * stride_vs + (rows * stride_vs + chunks * CHUNK_ELEMS)
+    for p in gl.static_range(BLOCK_N // ROWS):
+        src_bytes = gl.where(rows + p * ROWS < n_rows, CHUNK_BYTES, 0) + chunks * 0
+        copy_chunks(k_at + p * PASS_BYTES, k_src + p * ROWS * stride_ks, src_bytes)
+        if KV_COPY == COPY_ONE_STRIDE_K:
+            copy_chunks(v_at + p * PASS_BYTES, v_src + p * ROWS * stride_ks, src_bytes)
+        else:
+            copy_chunks(v_at + p * PASS_BYTES, v_src + p * ROWS * stride_vs, src_bytes)
+
+
+@gluon.jit
+def one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs,
+                     rows, chunks, chunk_at, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr,
+                     IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, MASKED: gl.constexpr, ROW_SUM: gl.constexpr,
+                     K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
+    """Trip j on one barrier: wait for block j+1, the barrier, block j+KV_STAGES-1 into the slot
+    block j−1 left, S(j+1) (masked only if ``MASKED``), softmax(j) and PV(j).
+    Returns (s_next, m_i, l_i, acc)."""
+    j = start_n // BLOCK_N
+    # in flight at the top of trip j: blocks j+1 .. j+KV_STAGES-2, the newest issued a trip ago
+    async_copy.wait_group(KV_STAGES - 3)
+    # Every warp's copies of block j+1 are visible past it, and every warp has left trip j-1, so
+    # nothing reads the slot the copy below overwrites. The ring's only barrier in the trip.
+    gl.thread_barrier()
+    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
+    issue_kv_inline(rows, chunks, chunk_at, (j + KV_STAGES - 1) % KV_STAGES, k_base, v_base, ahead, hi - ahead,
+                    stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY, K_RING_AT, V_RING_AT)
+    async_copy.commit_group()
+    s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
+                        causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
+    acc, m_i, l_i = v16.softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    return s_next, m_i, l_i, acc
+
+
+@gluon.jit
+def attention_fwd_v20(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q/o (b, s_q, h, d), k/v (b, s_k, h_kv, d), lse (b, h, s_q)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale,  # qk_scale = softmax_scale * log2(e)
+    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
+    TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
+):
+    # v16's start and end (v19's tile order); the trips are this rung's
+    (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, _,
+     split, last_trip) = v16.ring_prologue(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM, TAIL_HEAVIEST_FIRST)
+    rows, chunks, chunk_at = ring_chunks(HEAD_DIM)
+    for start_n in range(0, split, BLOCK_N):
+        s, m_i, l_i, acc = one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
+                                            stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
+                                            causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
+                                            KV_STAGES, KV_COPY, False, ROW_SUM, K_RING_AT, V_RING_AT)
+    for start_n in range(split, last_trip, BLOCK_N):
+        s, m_i, l_i, acc = one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
+                                            stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
+                                            causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
+                                            KV_STAGES, KV_COPY, True, ROW_SUM, K_RING_AT, V_RING_AT)
+    # the wait in the epilogue drains the trailing zero-row copies; the analysis puts a barrier
+    # after it, ahead of any reuse of shared memory
+    v16.ring_epilogue(s, None, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q, stride_os,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, KV_STAGES, ROW_SUM)
+
+
+def unsupported_reason(problem) -> str | None:
+    return v14.unsupported_reason(problem)
+
+
+def config_with(problem, overrides: dict) -> v14.AheadConfig:
+    """:data:`CONFIG` (v19's tile and ring); this rung takes no overrides."""
+    from flashrung.dispatch import apply_overrides
+
+    return apply_overrides(NAME, CONFIG, overrides, keys=())
+
+
+def ring_offsets(compile_with, constexprs: dict) -> dict:
+    """``constexprs`` with the K and V rings' byte offsets filled in (two compiles; raises if the
+    second allocated the rings elsewhere)."""
+    return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, NAME)
+
+
+def _placeholders() -> dict:
+    return {name: 0 for name in RING_OFFSETS}
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    return v14.launch_on_ring(attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
+                              constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal), **_placeholders()},
+                              needs_ahead=NAME, resolve=ring_offsets)
+
+
+def census_specs():
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(NAME, attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
+                                      **_placeholders()},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
+                               resolve=ring_offsets)
+            for d, c, form in cases]

@@ -100,48 +100,81 @@ def copy_chunks(dst_at, src, src_bytes):
 
 
 @gluon.jit
-def issue_kv_inline(rows, chunks, chunk_at, slot, k_base, v_base, start_n, n_rows, stride_ks, stride_vs,
-                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_COPY: gl.constexpr,
-                    K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
-    """Block ``start_n``'s K and V into ring slot ``slot`` by inline ``cp.async``, one chunk per
-    thread per pass; rows at or past ``n_rows`` zero-filled. K and V of one row stride share each
-    chunk's offset (v14's copy form for d128); otherwise each forms its own."""
+def issue_block_inline(rows, chunks, chunk_at, slot, base, start_n, n_rows, stride, BLOCK_N: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, RING_AT: gl.constexpr):
+    """Rows ``start_n`` .. ``start_n + BLOCK_N`` of K or V into slot ``slot`` of the ring at byte
+    ``RING_AT`` by inline ``cp.async``, one chunk per thread per pass; rows at or past ``n_rows``
+    zero-filled."""
     ROWS: gl.constexpr = rows_per_pass(HEAD_DIM, gl.num_warps())
     PASS_BYTES: gl.constexpr = ROWS * HEAD_DIM * ELEM_BYTES
-    k_at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + K_RING_AT)
-    v_at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + V_RING_AT)
-    k_src = k_base + start_n.to(gl.int64) * stride_ks + (rows * stride_ks + chunks * CHUNK_ELEMS)
-    if KV_COPY == COPY_ONE_STRIDE_K:
-        v_src = v_base + start_n.to(gl.int64) * stride_ks + (rows * stride_ks + chunks * CHUNK_ELEMS)
-    else:
-        v_src = v_base + start_n.to(gl.int64) * stride_vs + (rows * stride_vs + chunks * CHUNK_ELEMS)
+    at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + RING_AT)
+    src = base + start_n.to(gl.int64) * stride + (rows * stride + chunks * CHUNK_ELEMS)
     for p in gl.static_range(BLOCK_N // ROWS):
         src_bytes = gl.where(rows + p * ROWS < n_rows, CHUNK_BYTES, 0) + chunks * 0
-        copy_chunks(k_at + p * PASS_BYTES, k_src + p * ROWS * stride_ks, src_bytes)
-        if KV_COPY == COPY_ONE_STRIDE_K:
-            copy_chunks(v_at + p * PASS_BYTES, v_src + p * ROWS * stride_ks, src_bytes)
-        else:
-            copy_chunks(v_at + p * PASS_BYTES, v_src + p * ROWS * stride_vs, src_bytes)
+        copy_chunks(at + p * PASS_BYTES, src + p * ROWS * stride, src_bytes)
+
+
+@gluon.jit
+def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+               stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k,
+               heads_q, group, rows, chunks, chunk_at, DOT_A: gl.constexpr, HEAD_DIM: gl.constexpr,
+               IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr,
+               KV_COPY: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr,
+               V_RING_AT: gl.constexpr):
+    """v14's start with the commit groups the trips expect: Q and block 0, then K(1), then V(1),
+    one group each (a trip's wait counts groups); Q and block 0 landed, Q's fragments loaded.
+    Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
+    q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
+        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, TAIL_HEAVIEST_FIRST)
+    first = gl.to_tensor(0)
+    v14.issue_kv(k_smem.index(0), v_smem.index(0), k_base, v_base, first, hi, stride_ks, stride_vs, BLOCK_N,
+                 HEAD_DIM, KV_COPY)
+    async_copy.commit_group()
+    second = gl.to_tensor(BLOCK_N)
+    issue_block_inline(rows, chunks, chunk_at, 1, k_base, second, hi - second, stride_ks, BLOCK_N, HEAD_DIM,
+                       K_RING_AT)
+    async_copy.commit_group()
+    issue_block_inline(rows, chunks, chunk_at, 1, v_base, second, hi - second, stride_vs, BLOCK_N, HEAD_DIM,
+                       V_RING_AT)
+    async_copy.commit_group()
+    async_copy.wait_group(2)
+    gl.thread_barrier()
+    return q_smem.load(DOT_A), k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi
 
 
 @gluon.jit
 def one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base, stride_ks, stride_vs,
                      rows, chunks, chunk_at, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, MASKED: gl.constexpr, ROW_SUM: gl.constexpr,
-                     K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
-    """Trip j on one barrier: wait for block j+1, the barrier, block j+KV_STAGES-1 into the slot
-    block j−1 left, S(j+1) (masked only if ``MASKED``), softmax(j) and PV(j).
-    Returns (s_next, m_i, l_i, acc)."""
+                     KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, MASKED: gl.constexpr,
+                     ROW_SUM: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
+    """Trip j on one barrier: K(j+2) into the K slot QK(j−1) left, the wait for K(j+1) and V(j),
+    the barrier, V(j+2) into the V slot PV(j−1) left, S(j+1) (masked only if ``MASKED``),
+    softmax(j) and PV(j). Returns (s_next, m_i, l_i, acc)."""
     j = start_n // BLOCK_N
-    # in flight at the top of trip j: blocks j+1 .. j+KV_STAGES-2, the newest issued a trip ago
-    async_copy.wait_group(KV_STAGES - 3)
-    # Every warp's copies of block j+1 are visible past it, and every warp has left trip j-1, so
-    # nothing reads the slot the copy below overwrites. The ring's only barrier in the trip.
+    ahead = start_n + 2 * BLOCK_N
+    # K and V of one row stride (v14's copy form for d128) name one stride, so the two copies
+    # share each chunk's offset: at d128 a second one spills (census)
+    if KV_COPY == COPY_ONE_STRIDE_K:
+        stride_v = stride_ks
+    else:
+        stride_v = stride_vs
+    slot = (j + 2) % KV_STAGES
+    # K(j-1) was read by QK(j-1) in trip j-2, and every warp has passed trip j-1's barrier since:
+    # the K copy goes ahead of the wait, v19's lead, so K(j+2) is in flight while a warp waits.
+    issue_block_inline(rows, chunks, chunk_at, slot, k_base, ahead, hi - ahead, stride_ks, BLOCK_N, HEAD_DIM,
+                       K_RING_AT)
+    async_copy.commit_group()
+    # groups newer than K(j+1): V(j+1) and K(j+2); V(j) is older
+    async_copy.wait_group(2)
+    # Every warp's copies of K(j+1) and V(j) are visible past it, and every warp has left trip j-1
+    # (PV(j-1) read V's slot (j-1) mod 3). The ring's only barrier in the trip.
     gl.thread_barrier()
-    ahead = start_n + (KV_STAGES - 1) * BLOCK_N
-    issue_kv_inline(rows, chunks, chunk_at, (j + KV_STAGES - 1) % KV_STAGES, k_base, v_base, ahead, hi - ahead,
-                    stride_ks, stride_vs, BLOCK_N, HEAD_DIM, KV_COPY, K_RING_AT, V_RING_AT)
+    # V(j+2) is read two trips on: it has two trips to land
+    issue_block_inline(rows, chunks, chunk_at, slot, v_base, ahead, hi - ahead, stride_v, BLOCK_N, HEAD_DIM,
+                       V_RING_AT)
     async_copy.commit_group()
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
@@ -159,13 +192,22 @@ def attention_fwd_v20(
     KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
     TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
 ):
-    # v16's start and end (v19's tile order); the trips are this rung's
-    (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi, m_i, acc, offs_m, l_i, causal_shift, s, _,
-     split, last_trip) = v16.ring_prologue(
+    gl.static_assert(KV_STAGES == 3, "one barrier a trip is this three-slot ring's schedule")
+    MMA: gl.constexpr = common.mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    rows, chunks, chunk_at = ring_chunks(HEAD_DIM)
+    q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = ring_start(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, seqlen_q, seqlen_k, heads_q, group,
-        HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY, ROW_SUM, TAIL_HEAVIEST_FIRST)
-    rows, chunks, chunk_at = ring_chunks(HEAD_DIM)
+        rows, chunks, chunk_at, DOT_A, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N, KV_STAGES, KV_COPY,
+        TAIL_HEAVIEST_FIRST, K_RING_AT, V_RING_AT)
+    # v16's flash state, S(0) and v15's split, as v16.ring_prologue forms them
+    m_i, l_row, acc, offs_m = common.flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
+    l_i = v16.init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
+    causal_shift = seqlen_k - seqlen_q
+    s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, split, BLOCK_N):
         s, m_i, l_i, acc = one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
                                             stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
@@ -176,8 +218,11 @@ def attention_fwd_v20(
                                             stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
                                             causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
                                             KV_STAGES, KV_COPY, True, ROW_SUM, K_RING_AT, V_RING_AT)
-    # the wait in the epilogue drains the trailing zero-row copies; the analysis puts a barrier
-    # after it, ahead of any reuse of shared memory
+    # The last trip waited for K(last) and V(last - 1); V(last) is older than that trip's K(last+1)
+    # and V(last+1) only (with no trip, V(0) came with Q). Then v16's end: its wait drains the
+    # trailing zero-row copies, and the analysis puts a barrier after it.
+    async_copy.wait_group(2)
+    gl.thread_barrier()
     v16.ring_epilogue(s, None, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q, stride_os,
                       HEAD_DIM, BLOCK_M, BLOCK_N, KV_STAGES, ROW_SUM)
 

@@ -274,12 +274,13 @@ CENSUS_CONFIGS.append(("d128-full-s8k-hoisted", 128, False, {"split_tail": False
                                                              **_D128_FA3_ORDER, "asm_arrivals": True,
                                                              "hoist_smem_base": True, "_key_tail": False}))
 # FA4's order with PV's wait kept after the row max (gate_pv_wait): on d64's defaults (the
-# mbarrier token) and on d128 non-causal's S16k kernel with the mbarrier token instead of named turns
+# mbarrier token) and on d128 non-causal's S16k kernel with the mbarrier token instead of named
+# turns; d128 non-causal's S16k default has it (change 37), its build without it is change 35's
 CENSUS_CONFIGS += [("d64-full-gate-pv", 64, False, {"gate_pv_wait": True}),
                    ("d64-causal-gate-pv", 64, True, {"gate_pv_wait": True}),
-                   ("d128-full-fa4-mbar", 128, False, {"named_turns": False}),
+                   ("d128-full-fa4-mbar", 128, False, {"named_turns": False, "gate_pv_wait": False}),
                    ("d128-full-fa4-mbar-gate-pv", 128, False, {"named_turns": False, "gate_pv_wait": True}),
-                   ("d128-full-gate-pv", 128, False, {"gate_pv_wait": True})]
+                   ("d128-full-ungated", 128, False, {"gate_pv_wait": False})]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -872,8 +873,9 @@ def test_asm_arrivals_leave_one_barrier_in_the_steady_step_and_arrive_where_the_
 @pytest.mark.parametrize("gated_label, plain_label, hoisted", [
     ("d64-full-gate-pv", "d64-full", True), ("d64-causal-gate-pv", "d64-causal", True),
     ("d128-full-fa4-mbar-gate-pv", "d128-full-fa4-mbar", True),
-    # change 35's default (named turns): ptxas hoisted the wait in one of its steady loops only
-    ("d128-full-gate-pv", "d128-full", False)])
+    # change 35's kernel (named turns): ptxas hoisted the wait in one of its steady loops only;
+    # change 37 made the gated build d128 non-causal's default from S16k
+    ("d128-full", "d128-full-ungated", False)])
 def test_gate_pv_wait_keeps_the_row_max_ahead_of_pvs_wait(census, gated_label, plain_label, hoisted):
     # FA4's order waits for PV(j-1) after the row max; ptxas treats the wait as always ready and,
     # on the kernels with the mbarrier token, drops it into the row max's first latency bubble
@@ -1208,10 +1210,14 @@ def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_order, na
         assert cfg.pingpong, (sq, sk)
         assert cfg.wait_pv_early is fa4_order and cfg.named_turns is named, (sq, sk)
         assert not named or cfg.asm_arrivals, (sq, sk)
+        # PV's wait kept behind the row max from S16k (config.GATE_PV_WAIT_MIN_SEQLEN, change 37:
+        # NULL at S8k)
+        assert cfg.gate_pv_wait is (seqlen >= 16384), (sq, sk)
         cfg.check(128)
     for head_dim in (64, 256):
-        assert select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=seqlen,
-                                      seqlen_k=seqlen)).pingpong      # FA4's schedule at every length
+        other = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=False, seqlen_q=seqlen,
+                                       seqlen_k=seqlen))
+        assert other.pingpong and not other.gate_pv_wait      # FA4's schedule at every length; d64 REVERT
     causal = select_config(_problem(head_dim=128, head_dim_v=128, causal=True, seqlen_q=seqlen, seqlen_k=seqlen))
     assert causal.pingpong is (seqlen > 1024)                          # change 8's rule, unchanged
 

@@ -805,6 +805,16 @@ _FA4_NAMED = dict(_FA4_SCHEDULE, named_turns=True)
 # (NULL, run 2's halves disagreeing) — the rule ends below it; B16 S2048, with the arrivals inline
 # as well, 0.9921 / 0.9893 (REVERT, h200-compare-asm-fa3-named-d128--no-causal-s2048-e9c85f9.json).
 FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
+
+# PV's wait kept behind the row max in FA4's order (gate_pv_wait) for max(Sq, Sk) from this up,
+# per (head dim, causal) (change 37). On change 35's kernel the census puts 32 of the 68 row-max
+# FMNMX ahead of PV's wait in one of its four K/V loops (68 in the other three); gated, 68 in all.
+# Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default: d128
+# non-causal B2 S16384 1.0136 / 1.0123, B1 S32768 1.0102 / 1.0161 (KEEP). Not taken: B4 S8192
+# 0.9991 / 1.0011 (NULL); d64, where ptxas hoists the wait furthest (13-14 FMNMX ahead of it):
+# non-causal B2 H32 S16384 0.9873 / 0.9874, B8 H32 S4096 0.9868 / 0.9919, causal B2 H32 S16384
+# 0.9916 / 0.9858 (REVERT) (h200-compare-gate-pv-wait-d{64,128}-*-{94eb3eb,d598e92}.json)
+GATE_PV_WAIT_MIN_SEQLEN = {(128, False): 16384}
 ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
 
@@ -813,7 +823,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
-            fa3_named: bool = False) -> HopperFwdConfig:
+            fa3_named: bool = False, gate_pv_wait: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -826,6 +836,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
         base = dataclasses.replace(base, **_FA4_NAMED)
     if fa3_named:
         base = dataclasses.replace(base, named_turns=True)
+    if gate_pv_wait:
+        base = dataclasses.replace(base, gate_pv_wait=True)
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
     # kernel keeps its first tile masked always (first_mask_on_need, below the field).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
@@ -857,10 +869,12 @@ def select_config(problem) -> HopperFwdConfig:
     aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
     fa4_named = not problem.causal and seqlen >= FA4_ORDER_NONCAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     n_first, n_last = (1, 0) if problem.causal else FA3_NAMED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    gate_pv_wait = seqlen >= GATE_PV_WAIT_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
     if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
             and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
         aa_first, aa_last = 1, 0
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
-                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last)
+                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
+                   gate_pv_wait)

@@ -835,17 +835,21 @@ def test_v16_passes_the_gate_in_both_row_sum_forms(shape, row_sum):
     _assert_gate(fwd, shape, f"ladder.v16@row_sum={row_sum}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
-    # K and V with different row strides take the per-row copy form (`v14.COPY_ROWS`): V here
-    # is the first half of a tensor twice as wide, a view with twice K's row stride
+def _with_v_apart(forward):
+    """``forward`` called with V as the first half of a tensor twice as wide: a view with twice K's
+    row stride, so K and V no longer share one."""
     def apart(q, k, v, causal, softmax_scale):
         v_view = torch.cat([v, torch.zeros_like(v)], dim=-1)[..., : v.shape[-1]]
         assert v_view.stride(1) != k.stride(1)
-        return v14.forward(q, k, v_view, causal, softmax_scale)
+        return forward(q, k, v_view, causal, softmax_scale)
+    return apart
 
-    _assert_gate(apart, (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v14")
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_v14_passes_the_gate_with_k_and_v_laid_out_apart(causal):
+    # K and V with different row strides take the per-row copy form (`v14.COPY_ROWS`)
+    _assert_gate(_with_v_apart(v14.forward), (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v14")
 
 
 @pytest.mark.gpu
@@ -934,12 +938,7 @@ def test_v20_passes_the_gate_at_its_loop_split_and_order(shape):
 @pytest.mark.parametrize("causal", [False, True])
 def test_v20_passes_the_gate_with_k_and_v_laid_out_apart(causal):
     # K and V of different row strides: each forms its own copy offsets
-    def apart(q, k, v, causal, softmax_scale):
-        v_view = torch.cat([v, torch.zeros_like(v)], dim=-1)[..., : v.shape[-1]]
-        assert v_view.stride(1) != k.stride(1)
-        return v20.forward(q, k, v_view, causal, softmax_scale)
-
-    _assert_gate(apart, (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v20")
+    _assert_gate(_with_v_apart(v20.forward), (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v20")
 
 
 @pytest.mark.gpu

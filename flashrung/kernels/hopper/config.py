@@ -271,7 +271,8 @@ class HopperFwdConfig:
     # token ptxas puts that wait 16 instructions after QK's (d64 both masks: PV's wait at trip
     # position 88-89, the row max's FMNMX at 72-206; d128 with the mbarrier token: 127 within
     # 94-231) — the warpgroup stalls on PV(j-1) before its row max; with named turns (d128) and at
-    # d256 the wait already follows the row max (266-276 after 218-219; 210-214 after 179-194)
+    # d256 the wait already follows the row max (266-276 after 218-219; 210-214 after 179-194).
+    # Default at d128 non-causal from S16k (GATE_PV_WAIT_MIN_SEQLEN, change 37); paired REVERT at d64
     gate_pv_wait: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
@@ -702,7 +703,8 @@ SKIP_UNSEEN_HALF_SEQLEN: dict = {}
 # in [first, last]. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the
 # default without it: B16 S2048 1.0430 / 1.0400, B8 S4096 1.0244 / 1.0187, B4 S8192 1.0096 /
 # 1.0154, B2 S16384 (split tail) 1.0101 / 1.0087 (KEEP); B1 S32768 1.0017 / 0.9985 (NULL, off).
-# The token on named barriers lost at S16k (0.9911 / 0.9908)
+# The token on named barriers lost at S16k (0.9911 / 0.9908; with the inline arrivals it won at S4k:
+# FA3_NAMED_NONCAUSAL_SEQLEN, change 36)
 # (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json). Change 31: B32 S1024
 # 1.0124 / 1.0090 (KEEP; that shape's own null 1.006339), so the rule reaches down to the shortest
 # problems as the other short-tile rules do (h200-compare-pingpong-d128-full-s1024-df0281e.json).
@@ -808,7 +810,9 @@ FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
 
 # PV's wait kept behind the row max in FA4's order (gate_pv_wait) for max(Sq, Sk) from this up,
 # per (head dim, causal) (change 37). On change 35's kernel the census puts 32 of the 68 row-max
-# FMNMX ahead of PV's wait in one of its four K/V loops (68 in the other three); gated, 68 in all.
+# FMNMX ahead of PV's wait in one of its four K/V loops (68 in the other three); gated, 68 in all,
+# and ptxas then takes the tile's 64 exponentials ahead of the wait's branch too (ungated 0-30):
+# the whole softmax under PV(j-1), FA3's placement inside FA4's pingpong. At d64 they stay after it.
 # Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default: d128
 # non-causal B2 S16384 1.0136 / 1.0123, B1 S32768 1.0102 / 1.0161 (KEEP). Not taken: B4 S8192
 # 0.9991 / 1.0011 (NULL); d64, where ptxas hoists the wait furthest (13-14 FMNMX ahead of it):

@@ -219,7 +219,9 @@ def build_rows(quick: bool = False, timing_only: bool = False) -> list[dict]:
                 rows.append(dict(kind="check", variant=label, cfg=_cfg_dict(d, causal, **change), d=d,
                                  causal=causal, dtype="bfloat16", shape=shape, why=why))
     # the new numerics in the paths the bf16 rows above do not take: fp16 packing, a negative scale
-    levers = dict(late_rescale=True, pack_p=True, rescale_threshold=RESCALE_THRESHOLD, wait_pv_early=False)
+    # FA3's order with the retained reference: PV's gated wait (FA4's order's, gate_pv_wait) goes with it
+    levers = dict(late_rescale=True, pack_p=True, rescale_threshold=RESCALE_THRESHOLD, wait_pv_early=False,
+                  gate_pv_wait=False)
     rows.append(dict(kind="check", variant="levers fp16", cfg=_cfg_dict(64, True, **levers), d=64, causal=True,
                      dtype="float16", shape=(2, 1000, 777, 4, 2), why="fp16 packed P, retained reference"))
     rows.append(dict(kind="check", variant="levers, scale<0", cfg=_cfg_dict(128, False, **levers), d=128,

@@ -5,25 +5,26 @@ any Sq/Sk, bottom-right causal, GQA.
 
 Lever (parent ladder.v19): v14's trip meets two ``bar.sync``: one after the wait for block j+1
 (every warp's copies of it are visible) and one at its end (every warp is done reading slot j
-before the next trip's copy overwrites it). With three slots one barrier can do both: trip j waits
-for block j+1, meets the barrier — past it every warp has finished trip j−1, so slot (j−1) mod 3
-is free — and only then copies block j+2 into that slot, then QK(j+1), softmax(j), PV(j). Built
-with Gluon's copies, Triton's shared-memory barrier analysis fences the copy (a write to the ring)
-from the trip's ring reads in the same barrier interval and puts the second barrier back: it cannot
-tell the slots apart (docs/ladder.md, v14's notes). Here each 16-byte ``cp.async`` is written in
-inline PTX against the ring's byte offset in shared memory, which the analysis never sees; the
-destination's swizzle is the ring's own layout (``common.xor_swizzled_layout``) computed by hand
-(:func:`ring_chunks`), and the offset comes from Triton's allocation pass through a compile-twice
-build (``hopper.pipeline.resolve_shared_offsets``, as hopper.fwd's inline barrier arrivals).
+before the next trip's copy overwrites it). With three slots one barrier can do both: past trip j's
+barrier every warp has left trip j−1. Built with Gluon's copies, Triton's shared-memory barrier
+analysis fences a copy (a write to the ring) from the ring reads of its barrier interval and puts
+the second barrier back: it cannot tell the slots apart (docs/ladder.md, v14's notes). Here each
+16-byte ``cp.async`` is inline PTX against the ring's byte offset in shared memory, which the
+analysis never sees; the destination's swizzle is the ring's own layout
+(``common.xor_swizzled_layout``) computed by hand (:func:`ring_chunks`), and the offset comes from
+Triton's allocation pass through a compile-twice build (``hopper.pipeline.resolve_shared_offsets``,
+as hopper.fwd's inline barrier arrivals).
 
-What is unchanged: v19's tile order, v16's row sum, v15's split loop, v14's ring depth and the copy's
-lead (block j+2 is issued one trip before it is needed, as in v14, now after the trip's barrier
-instead of before its wait).
+The schedule splits K from V. K(j−1)'s slot was last read by QK(j−1) two trips back, so K(j+2) is
+copied ahead of trip j's wait, v19's lead; V(j−1)'s slot was read by PV(j−1) a trip back, so V(j+2)
+is copied after the barrier — and has two trips to land before PV(j+2) reads it.
 
-Prediction (profile of v14 at config B after its third barrier went: barrier stalls 4.2% of
-samples; v19's trip has two ``BAR.SYNC``): one barrier a trip fewer, and a warp no longer waits at
-the end of trip j for the slowest warp's PV(j) — it runs into trip j+1's wait while the others
-finish. +1–2% at config B.
+Prediction (v14's profile at config B: barrier stalls 4.2% of samples): +1–2% at config B.
+Measured (H200, paired compare over v19, t_keep 1.002515): config B 1.0242 / 1.0243, config A
+1.0348 / 1.0352 KEEP; d64 at B's shape 0.9730 / 0.9731 REVERT. Profile at B: long-scoreboard
+stalls 7.0 -> 2.1%, barrier 5.0 -> 3.0%, tensor pipe 55.0 -> 56.3% of active cycles; 80.7% of
+the best mma.sync tile's FLOPs per cycle (v19 78.8%). The first build, with K's copy after the
+barrier too, lost at B (0.9763 / 0.9762): the K copy then no longer overlaps the wait.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.hopper.pipeline import resolve_shared_offsets, smem_base
 from flashrung.kernels.ladder import common, v14, v15, v16, v19
-from flashrung.kernels.ladder.common import (COPY_BYTES, ELEMENT_BYTES, SWIZZLE_PHASES, mma_scores)
+from flashrung.kernels.ladder.common import COPY_BYTES, ELEMENT_BYTES, SWIZZLE_PHASES, mma_scores
 
 NAME = "ladder.v20"
 PARENT = "ladder.v19"
@@ -244,13 +245,15 @@ def ring_offsets(compile_with, constexprs: dict) -> dict:
     return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, NAME)
 
 
-def _placeholders() -> dict:
+def _offsets_unresolved() -> dict:
+    # offset 0 in the first compile; ring_offsets fills in the allocation pass's
     return {name: 0 for name in RING_OFFSETS}
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
     return v14.launch_on_ring(attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
-                              constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal), **_placeholders()},
+                              constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
+                                          **_offsets_unresolved()},
                               needs_ahead=NAME, resolve=ring_offsets)
 
 
@@ -259,7 +262,7 @@ def census_specs():
     cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
     return [common.census_spec(NAME, attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
                                extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
-                                      **_placeholders()},
+                                      **_offsets_unresolved()},
                                config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
                                resolve=ring_offsets)
             for d, c, form in cases]

@@ -87,7 +87,7 @@ RUNGS: tuple[Rung, ...] = (
          "the grid's last batch*head row dispatched heaviest first (causal): the launch ends on light tiles"),
     # v19's trip meets two barriers, one only because the shared-memory analysis cannot tell slots apart
     Rung("ladder.v20", "flashrung.kernels.ladder.v20", "ladder.v19",
-         "one barrier a trip: the K/V ring's copies in inline PTX, after the barrier that frees their slot"),
+         "one barrier a trip: the K/V ring's copies in inline PTX, K's ahead of the wait, V's after the barrier"),
 )
 
 

@@ -38,7 +38,7 @@ from flashrung.kernels.ladder.common import COPY_BYTES, ELEMENT_BYTES, SWIZZLE_P
 
 NAME = "ladder.v20"
 PARENT = "ladder.v19"
-LEVER = "one barrier a trip: the K/V ring's copies in inline PTX, after the barrier that frees their slot"
+LEVER = "one barrier a trip: the K/V ring's copies in inline PTX, K's ahead of the wait, V's after the barrier"
 HEAD_DIMS = v14.HEAD_DIMS
 CONFIG = v19.CONFIG
 ROW_SUM = v19.ROW_SUM
@@ -122,8 +122,9 @@ def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride
                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr,
                KV_COPY: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr,
                V_RING_AT: gl.constexpr):
-    """v14's start with the commit groups the trips expect: Q and block 0, then K(1), then V(1),
-    one group each (a trip's wait counts groups); Q and block 0 landed, Q's fragments loaded.
+    """v14's start with the commit groups the trips expect: Q (``common.ring_tile``'s), block 0,
+    K(1), V(1), one group each (a trip's wait counts groups); Q and block 0 landed, Q's fragments
+    loaded.
     Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
     q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,

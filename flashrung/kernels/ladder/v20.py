@@ -34,7 +34,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.hopper.pipeline import resolve_shared_offsets, smem_base
 from flashrung.kernels.ladder import common, v14, v15, v16, v19
-from flashrung.kernels.ladder.common import COPY_BYTES, ELEMENT_BYTES, SWIZZLE_PHASES, mma_scores
+from flashrung.kernels.ladder.common import (COPY_BYTES, COPY_BYTES_K, ELEMENT_BYTES, ELEMENT_BYTES_K,
+                                             SWIZZLE_PHASES, mma_scores)
 
 NAME = "ladder.v20"
 PARENT = "ladder.v19"
@@ -48,8 +49,6 @@ ROW_SUM = v19.ROW_SUM
 # the allocation pass (:func:`ring_offsets`).
 RING_OFFSETS = {"K_RING_AT": "k_smem", "V_RING_AT": "v_smem"}
 CHUNK_ELEMS = gl.constexpr(COPY_BYTES // ELEMENT_BYTES)   # one cp.async moves 16 bytes: 8 halves
-CHUNK_BYTES = gl.constexpr(COPY_BYTES)
-ELEM_BYTES = gl.constexpr(ELEMENT_BYTES)
 PHASES = gl.constexpr(SWIZZLE_PHASES)
 COPY_ONE_STRIDE_K = v14.COPY_ONE_STRIDE_K
 # cp.async with a source size: 16 copies the chunk, 0 zero-fills it without reading global memory
@@ -89,7 +88,7 @@ def ring_chunks(HEAD_DIM: gl.constexpr):
     rows = gl.arange(0, ROWS, gl.SliceLayout(1, L))[:, None]
     chunks = gl.arange(0, HEAD_DIM // CHUNK_ELEMS, gl.SliceLayout(0, L))[None, :]
     swizzled = chunks ^ (rows % PHASES)
-    chunk_at = rows * (HEAD_DIM * ELEM_BYTES) + swizzled * CHUNK_BYTES
+    chunk_at = rows * (HEAD_DIM * ELEMENT_BYTES_K) + swizzled * COPY_BYTES_K
     return rows, chunks, chunk_at + smem_base(chunk_at)
 
 
@@ -107,11 +106,11 @@ def issue_block_inline(rows, chunks, chunk_at, slot, base, start_n, n_rows, stri
     ``RING_AT`` by inline ``cp.async``, one chunk per thread per pass; rows at or past ``n_rows``
     zero-filled."""
     ROWS: gl.constexpr = rows_per_pass(HEAD_DIM, gl.num_warps())
-    PASS_BYTES: gl.constexpr = ROWS * HEAD_DIM * ELEM_BYTES
-    at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEM_BYTES) + RING_AT)
+    PASS_BYTES: gl.constexpr = ROWS * HEAD_DIM * ELEMENT_BYTES_K
+    at = chunk_at + (slot * (BLOCK_N * HEAD_DIM * ELEMENT_BYTES_K) + RING_AT)
     src = base + start_n.to(gl.int64) * stride + (rows * stride + chunks * CHUNK_ELEMS)
     for p in gl.static_range(BLOCK_N // ROWS):
-        src_bytes = gl.where(rows + p * ROWS < n_rows, CHUNK_BYTES, 0) + chunks * 0
+        src_bytes = gl.where(rows + p * ROWS < n_rows, COPY_BYTES_K, 0) + chunks * 0
         copy_chunks(at + p * PASS_BYTES, src + p * ROWS * stride, src_bytes)
 
 

@@ -105,6 +105,7 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v18", "flashrung.kernels.ladder.v18", "fwd", auto=False),
     Backend("ladder.v19", "flashrung.kernels.ladder.v19", "fwd", auto=False),
     Backend("ladder.v20", "flashrung.kernels.ladder.v20", "fwd", auto=False),
+    Backend("ladder.v21", "flashrung.kernels.ladder.v21", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

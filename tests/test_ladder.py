@@ -15,7 +15,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20
+from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20, v21
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -74,6 +74,9 @@ SELECTORS = {
     "v20": ("v20", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v20_causal_apart": ("v20", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
     "v20_d64_causal": ("v20", SM90, {"head_dim": 64, "causal": True}),
+    "v21_causal": ("v21", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v21": ("v21", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v21_d64_causal": ("v21", SM90, {"head_dim": 64, "causal": True}),
     "v19_d64_causal": ("v19", SM90, {"head_dim": 64, "causal": True, "num_warps": 4}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
@@ -89,6 +92,7 @@ SELECTORS = {
                                               "ladder.v18": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v19": {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4},
                                               "ladder.v20": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v21": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
@@ -549,6 +553,35 @@ def test_v20_trip_meets_one_barrier_and_keeps_v19s_work(rows):
     assert rows["v20_causal_apart"]["spill_bytes"] <= 64
 
 
+def test_v21_row_max_is_a_tree_of_the_same_instructions(rows):
+    # the lever: the trip's row max folds a thread's 16 scores of a row as a tree, so its longest
+    # dependent FMNMX chain (across the quad's two shuffles, the running max included) falls from
+    # 17 to 6 — 64-key blocks at either head dim — with the same FMNMX, SHFL and everything else as
+    # v20's trip
+    for new, old, depth in (("v21_causal", "v20_causal", 6), ("v21", "v20", 6), ("v21_d64_causal", "v20_d64_causal", 6)):
+        a, b = rows[old]["loops"], rows[new]["loops"]
+        assert len(a) == len(b) == 2, new
+        for la, lb in zip(a, b):
+            assert lb["FMNMX_chain"] == depth < la["FMNMX_chain"], (new, la["FMNMX_chain"], lb["FMNMX_chain"])
+            for family in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "SHFL", "FMNMX", "BAR", "LDL", "STL"):
+                assert la[family] == lb[family], (new, family)
+            assert abs(lb["total"] - la["total"]) <= 16, (new, la["total"], lb["total"])
+        assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
+
+
+def test_dependent_chain_follows_registers_not_issue_order():
+    from flashrung.evidence.census import dependent_chain
+
+    chain = ["FMNMX R1, R2, R3, !PT", "FADD R9, R9, R9", "FMNMX R1, R1, R4, !PT", "FMNMX R1, R1, R5, !PT"]
+    tree = ["FMNMX R1, R2, R3, !PT", "FMNMX R6, R4, R5, !PT", "FMNMX R1, R1, R6, !PT"]
+    # a register written by another family ends the chain through it
+    cut = ["FMNMX R1, R2, R3, !PT", "FADD R1, R1, R2", "FMNMX R1, R1, R4, !PT"]
+    predicated = ["@P0 FMNMX R1, R2, R3, !PT", "@!P1 FMNMX R7, R1, R3, !PT"]
+    assert [dependent_chain(x, "FMNMX") for x in (chain, tree, cut, predicated)] == [3, 2, 1, 2]
+    # a store's first operand is its address: it writes no register
+    assert dependent_chain(["FMNMX R1, R2, R3, !PT", "STS [R1], R4", "FMNMX R5, R1, R1, !PT"], "FMNMX") == 2
+
+
 def test_v20_ring_offsets_compile_twice_and_refuse_a_moved_ring(monkeypatch):
     # the inline copies name the rings by byte offset: the second compile must allocate them where
     # the first did, or building fails naming the ring, never a kernel that writes elsewhere
@@ -681,7 +714,7 @@ def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
         if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18", "ladder.v19",
-                      "ladder.v20"):   # the three-slot ring: over the card at d128, refused there
+                      "ladder.v20", "ladder.v21"):   # the three-slot ring: over the card at d128, refused there
             assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
@@ -956,6 +989,26 @@ def test_v20_matches_v19_bit_for_bit(head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES + V19_ORDER_SHAPES, ids=_shape_id)
+def test_v21_passes_the_gate_at_its_loop_split_and_order(shape):
+    _assert_gate(v21.forward, shape, "ladder.v21")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v21_matches_v20_bit_for_bit(head_dim):
+    """A maximum is exact in any order, so the tree's row max is the chain's, bit for bit, and so is
+    everything computed from it: a bit that differs is a score left out of (or counted twice in)
+    the tree."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, 3000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = v20.forward(q, k, v, causal, 0.088)
+        b = v21.forward(q, k, v, causal, 0.088)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), causal
+
+
+@pytest.mark.gpu
 def test_v19_matches_v16_bit_for_bit():
     """Each tile is v16's tile with v16's instructions; only which program computes it changes, so
     a bit that differs is a tile computed twice or not at all."""
@@ -968,7 +1021,7 @@ def test_v19_matches_v16_bit_for_bit():
 
 
 # every rung on the three-slot ring, and v19's 8-warp arm (eight warps share each slot)
-THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19, v20)]
+THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19, v20, v21)]
 THREE_SLOT_FORWARDS += [("ladder.v19@num_warps=8", functools.partial(v19.forward, config=v19.WIDE))]
 
 

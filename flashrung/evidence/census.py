@@ -193,6 +193,35 @@ _SASS_ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")    # a branch and its target: backward when the target is not after it
 
 
+_REGISTER = re.compile(r"\bR(\d+)\b")
+# opcodes whose first operand is an address or nothing, not a register they write
+_NO_DESTINATION = ("ST", "LDGSTS", "RED", "BAR", "BRA", "DEPBAR", "LDGDEPBAR", "MEMBAR", "EXIT", "NOP", "WARPSYNC")
+
+
+def dependent_chain(instructions: list[str], family: str) -> int:
+    """The longest chain of ``family`` instructions (``FMNMX``, ``FADD``, ...) in which each one reads
+    a register the one before it wrote, in one pass over ``instructions`` (SASS text, issue order:
+    a loop body read as one trip). A row reduction folded one value after another has a chain as
+    long as its values; folded as a tree, its depth."""
+    depth_of_register: dict[int, int] = {}
+    longest = 0
+    for text in instructions:
+        text = text.strip()
+        if text.startswith("@"):
+            text = text.split(None, 1)[1]
+        op, _, operands = text.partition(" ")
+        regs = [int(r) for r in _REGISTER.findall(operands)]
+        writes = bool(regs) and not op.startswith(_NO_DESTINATION) and operands.lstrip().startswith("R")
+        sources = regs[1:] if writes else regs
+        depth = 0
+        if op.split(".")[0] == family:
+            depth = 1 + max((depth_of_register.get(r, 0) for r in sources), default=0)
+            longest = max(longest, depth)
+        if writes:
+            depth_of_register[regs[0]] = depth
+    return longest
+
+
 def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
     """:func:`count_sass` (families, ``length`` and ``sequence``, no per-opcode table) of every
     innermost loop of the listing of at least ``min_length`` instructions — a backward branch
@@ -220,6 +249,8 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
         counts["sequence"] = " ".join(op.split(".")[0] for op in _SASS_LINE.findall(body))
         del counts["opcodes"]
         counts["length"] = hi - lo + 1
+        # the row max's dependency depth: a tree-shaped max shortens it, the count stays
+        counts["FMNMX_chain"] = dependent_chain([text for _, text in ins[lo:hi + 1]], "FMNMX")
         # the longest path a conditional forward branch inside the loop jumps over: a step whose
         # work sits behind a branch (a mask taken only on some trips) runs that many fewer
         # instructions on the trips that skip it

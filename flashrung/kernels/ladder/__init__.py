@@ -88,6 +88,9 @@ RUNGS: tuple[Rung, ...] = (
     # v19's trip meets two barriers, one only because the shared-memory analysis cannot tell slots apart
     Rung("ladder.v20", "flashrung.kernels.ladder.v20", "ladder.v19",
          "one barrier a trip: the K/V ring's copies in inline PTX, K's ahead of the wait, V's after the barrier"),
+    # v20's trip folds each row's 16 in-thread scores into its max one after another
+    Rung("ladder.v21", "flashrung.kernels.ladder.v21", "ladder.v20",
+         "each block's row max as a tree: the row halved inside the thread, depth 5 instead of 15"),
 )
 
 

@@ -33,6 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flashrung.kernels.hopper.pipeline import resolve_shared_offsets, smem_base
+from flashrung.kernels.hopper.softmax import row_max
 from flashrung.kernels.ladder import common, v14, v15, v16, v19
 from flashrung.kernels.ladder.common import (COPY_BYTES, COPY_BYTES_K, ELEMENT_BYTES, ELEMENT_BYTES_K,
                                              SWIZZLE_PHASES, mma_scores)
@@ -150,7 +151,8 @@ def one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v
                      rows, chunks, chunk_at, offs_m, seqlen_k, causal_shift, qk_scale, HEAD_DIM: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, MASKED: gl.constexpr,
-                     ROW_SUM: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr):
+                     ROW_SUM: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
+                     ROW_MAX_TREE: gl.constexpr = False):
     """Trip j on one barrier: K(j+2) into the K slot QK(j−1) left, the wait for K(j+1) and V(j),
     the barrier, V(j+2) into the V slot PV(j−1) left, S(j+1) (masked only if ``MASKED``),
     softmax(j) and PV(j). Returns (s_next, m_i, l_i, acc)."""
@@ -179,7 +181,9 @@ def one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v
     async_copy.commit_group()
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
-    acc, m_i, l_i = v16.softmax_pv(s, gl.max(s, 1), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES), ROW_SUM)
+    # ladder.v21 forms the row max as a tree (``softmax.row_max``); v20 keeps Triton's chain
+    acc, m_i, l_i = v16.softmax_pv(s, row_max(s, ROW_MAX_TREE), m_i, l_i, acc, qk_scale, v_smem.index(j % KV_STAGES),
+                                   ROW_SUM)
     return s_next, m_i, l_i, acc
 
 
@@ -192,6 +196,7 @@ def attention_fwd_v20(
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
     TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
+    ROW_MAX_TREE: gl.constexpr = False,
 ):
     gl.static_assert(KV_STAGES == 3, "one barrier a trip is this three-slot ring's schedule")
     MMA: gl.constexpr = common.mma_layout(gl.num_warps())
@@ -213,12 +218,14 @@ def attention_fwd_v20(
         s, m_i, l_i, acc = one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
                                             stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
                                             causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
-                                            KV_STAGES, KV_COPY, False, ROW_SUM, K_RING_AT, V_RING_AT)
+                                            KV_STAGES, KV_COPY, False, ROW_SUM, K_RING_AT, V_RING_AT,
+                                            ROW_MAX_TREE)
     for start_n in range(split, last_trip, BLOCK_N):
         s, m_i, l_i, acc = one_barrier_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
                                             stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
                                             causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
-                                            KV_STAGES, KV_COPY, True, ROW_SUM, K_RING_AT, V_RING_AT)
+                                            KV_STAGES, KV_COPY, True, ROW_SUM, K_RING_AT, V_RING_AT,
+                                            ROW_MAX_TREE)
     # The last trip waited for K(last) and V(last - 1); V(last) is older than that trip's K(last+1)
     # and V(last+1) only (with no trip, V(0) came with Q). Then v16's end: its wait drains the
     # trailing zero-row copies, and the analysis puts a barrier after it.

@@ -1,0 +1,58 @@
+"""ladder.v21 — v20's trip with each block's row max formed as a tree.
+
+Computes exact attention forward (out, natural-log LSE) for fp16/bf16, head_dim 64 or 128,
+any Sq/Sk, bottom-right causal, GQA.
+
+Lever (parent ladder.v20): a thread holds 16 of a row's 64 scores (two per n8 group of the
+mma.sync accumulator, eight groups), and Triton folds them one after another: 15 dependent
+``FMNMX`` per row before the quad's two shuffles, for each of the thread's two rows (v20's SASS at
+d128: the first row's chain runs under the wait for block j+1, the second after the barrier,
+ahead of that row's exponentials). Every column bit above the n8 group is a register bit, so the
+row can be halved inside the thread (``hopper.softmax.row_max``, shared with hopper.fwd's
+``tree_reduce``): the same 15 ``FMNMX`` per row, a dependency depth of 4 + 1 instead of 15, no
+data moved between threads. The kernel is v20's (its ``ROW_MAX_TREE`` switch); only the trip's
+max changes, not the peeled first block's or the epilogue's.
+
+Prediction: at 8 warps per SM (two per scheduler) the other warp hides part of the chain; the
+second row's 11 saved latencies (≈ 50 cycles of a ≈ 1,360-cycle trip per warp, derived from
+v20's profile at config B) bound the gain: +0.5–2% at config B.
+"""
+from __future__ import annotations
+
+from flashrung.kernels.ladder import common, v14, v20
+
+NAME = "ladder.v21"
+PARENT = "ladder.v20"
+LEVER = "each block's row max as a tree: the row halved inside the thread, depth 5 instead of 15"
+HEAD_DIMS = v20.HEAD_DIMS
+CONFIG = v20.CONFIG
+ROW_SUM = v20.ROW_SUM
+
+
+def unsupported_reason(problem) -> str | None:
+    return v20.unsupported_reason(problem)
+
+
+def config_with(problem, overrides: dict) -> v14.AheadConfig:
+    """:data:`CONFIG` (v20's tile and ring); this rung takes no overrides."""
+    from flashrung.dispatch import apply_overrides
+
+    return apply_overrides(NAME, CONFIG, overrides, keys=())
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    return v14.launch_on_ring(v20.attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out,
+                              lse=lse, constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
+                                                   "ROW_MAX_TREE": True, **v20._offsets_unresolved()},
+                              needs_ahead=NAME, resolve=v20.ring_offsets)
+
+
+def census_specs():
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(NAME, v20.attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
+                                      "ROW_MAX_TREE": True, **v20._offsets_unresolved()},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
+                               resolve=v20.ring_offsets)
+            for d, c, form in cases]

@@ -11,7 +11,8 @@ two-slab tile, ``v14`` from ``v12`` with the next block's scores issued under th
 softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v16`` from ``v15``
 with the running row sum off the softmax's path, ``v17`` from ``v16`` with the next block's row
 max formed a trip early, ``v18`` from ``v16`` with its prefetches of whole blocks unpredicated, ``v19`` from ``v16`` with
-the grid's last batch*head row run heaviest first. Each rung
+the grid's last batch*head row run heaviest first, ``v20`` from ``v19`` with one barrier a trip (the
+ring's copies in inline PTX), ``v21`` from ``v20`` with each block's row max as a tree. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """

@@ -16,6 +16,14 @@ max changes, not the peeled first block's or the epilogue's.
 Prediction: at 8 warps per SM (two per scheduler) the other warp hides part of the chain; the
 second row's 11 saved latencies (≈ 50 cycles of a ≈ 1,360-cycle trip per warp, derived from
 v20's profile at config B) bound the gain: +0.5–2% at config B.
+Measured (H200, paired compare over v20, t_keep 1.002515): config B 0.9836 / 0.9837 REVERT, config A
+0.9989 / 0.9992 NULL, d64 at B's shape 1.0408 / 1.0408 KEEP. The census explains the sign: with the
+chain short, ptxas lifts the first row's exponentials and O-rescale multiplies over the trip's
+barrier (d128: 5 MUFU and 9 FMUL ahead of it, none in v20), so each warp reaches the barrier later;
+profile at B (one launch each): barrier stalls 3.0 -> 5.9% of samples, math-pipe throttle 5.9 ->
+10.1%, short scoreboard 25.1 -> 19.6%, 12.12 -> 12.31 ms. At d64, where the trip has half the MMAs
+to hide the chain behind, FMNMX samples fall 19.3 -> 9.3% and the launch 7.05 -> 6.79 ms. Not the top
+rung at config B: v20 stays.
 """
 from __future__ import annotations
 

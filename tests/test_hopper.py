@@ -171,6 +171,9 @@ CENSUS_CONFIGS += [(f"{name}-carry-ring-slot", d, c, {"carry_ring_slot": True})
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
+# FA4's four interleaved chains for the row max, on d64's long non-causal kernel (the rows it was
+# priced at)
+CENSUS_CONFIGS.append(("d64-full-four-max-chains", 64, False, {"four_max_chains": True}))
 # the running sum on the tensor pipe (row_sum_by_mma) on d64's two long kernels and on d128's
 # non-causal one without the split tail (S4k-S8k), beside that kernel as the default builds it (on
 # the split-tail kernel, S16k+, ptxas keeps 140 B in local memory outside the K/V loops)
@@ -1047,6 +1050,18 @@ def test_tree_reduce_moves_no_data(census):
         assert tree["sass"]["opcodes"].get(op, 0) == base["sass"]["opcodes"].get(op, 0), op
 
 
+def test_four_max_chains_shorten_the_max_not_the_sum(census):
+    # FA4's form: the same FMNMX, FADD and shuffles as the chain, nothing through shared memory; the
+    # longest dependent FMNMX chain of each K/V loop 33 -> 11 at N = 128 (7 per running maximum,
+    # two in-thread steps, the quad's two shuffles; the tree's is 7)
+    base, four = census["d64-full"]["row"], census["d64-full-four-max-chains"]["row"]
+    assert four["spill_bytes"] == 0
+    for op in ("FMNMX", "FADD", "SHFL.BFLY", "STS", "LDS"):
+        assert four["sass"]["opcodes"].get(op, 0) == base["sass"]["opcodes"].get(op, 0), op
+    chains = lambda row: {l["FMNMX_chain"] for l in row["loops"] if l["HGMMA"] and l["FMNMX"]}
+    assert chains(base) == {33} and chains(four) == {11}
+
+
 def test_serial_schedule_has_no_overlap_window(census):
     entry = census["d128-full-serial"]
     assert "error" not in entry["row"] and entry["windows"] == []
@@ -1283,6 +1298,7 @@ def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
     (dict(num_q_stages=0), "num_q_stages"),
     (dict(num_q_stages=2), "separate_o"),                         # d256: O staged in Q's buffer
     (dict(num_q_stages=2, separate_o=True), "shared memory"),     # d256: 2 × 32 KiB Q + O + ring
+    (dict(four_max_chains=True, tree_reduce=True), "at most one"),  # two forms of one row max
 ])
 def test_config_check_rejects(changes, match):
     cfg = dataclasses.replace(HopperFwdConfig(block_n=64), **changes)
@@ -1731,6 +1747,28 @@ def test_asm_arrivals_is_deterministic(switches, causal, head_dim):
     cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), **dict.fromkeys(switches.split("+"), True))
     for _ in range(3):
         _assert_reruns_identical(q, k, v, causal, cfg)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (17, 17), (1000, 777), (4097, 4097)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_four_max_chains_match_the_chain_bit_for_bit(head_dim, causal, seqlen_q, seqlen_k):
+    """A maximum is exact in any order and the row sum stays a chain, so FA4's four running maxima
+    give the default's outputs bit for bit (each shape's default kernel, the switch on); a score
+    left out of a chain, or a chain read before it is complete, changes bits."""
+    torch.manual_seed(0)
+    q = torch.randn(2, seqlen_q, 6, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    base = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=seqlen_q,
+                                  seqlen_k=seqlen_k, heads_q=6, heads_kv=2))
+    cfg = dataclasses.replace(base, four_max_chains=True, tree_reduce=False)
+    a = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
+    b = fwd.forward(q, k, v, causal, head_dim ** -0.5, cfg)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=6,
+          heads_kv=2, head_dim=head_dim, dtype=torch.bfloat16, causal=causal)
 
 
 @pytest.mark.gpu
@@ -2185,6 +2223,7 @@ def _switches():
         dict(late_rescale=True, pack_p=True, rescale_threshold=8.0, pingpong=True, wait_pv_early=False),
         dict(separate_o=not base.separate_o),
         dict(tree_reduce=True),
+        dict(four_max_chains=True),
         dict(defer_row_sum=True),
         dict(defer_row_sum=True, rescale_threshold=8.0, wait_pv_early=False),
         dict(pingpong=True, named_turns=True),

@@ -93,6 +93,11 @@ class HopperFwdConfig:
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
     # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128
     tree_reduce: bool = False
+    # the row max as FA4's four interleaved chains (its sm90 ``fmax_reduce``): each thread folds
+    # its scores of a row into four running maxima, one per (register pair, n8-group parity),
+    # then two in-thread steps and the quad's shuffles — depth N/16 + 3 instead of N/4 + 1, the
+    # row sum left a chain; an alternative to ``tree_reduce``'s halving (not both)
+    four_max_chains: bool = False
     # O staged in its own shared buffer instead of Q's: Q is released when the tile's K/V loop is
     # done, before the epilogue (the next tile's Q loads under this tile's epilogue), and the O
     # store is waited only before the buffer is written again (it runs under the next tile's
@@ -377,6 +382,8 @@ class HopperFwdConfig:
         if self.extra_keys and (self.extra_keys not in (16, 32, 64, 128) or self.extra_keys >= self.block_n):
             raise ValueError(f"extra_keys must be 0 or a power of two in [16, block_n) (a TMA box and a wgmma N), "
                              f"got {self.extra_keys} with block_n={self.block_n}")
+        if self.four_max_chains and self.tree_reduce:
+            raise ValueError("four_max_chains and tree_reduce are two forms of the row max: set at most one")
         if self.extra_keys and self.q_in_registers:
             raise ValueError("extra_keys reads Q from shared memory for its second box: it cannot be combined with "
                              "q_in_registers")

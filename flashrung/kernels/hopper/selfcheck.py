@@ -91,7 +91,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("wait_pv_early", dict(wait_pv_early=not base.wait_pv_early)),
         ("q_in_registers", dict(q_in_registers=not base.q_in_registers)),
         ("exp2_fma_every", dict(exp2_fma_every=4 if base.exp2_fma_every == 0 else 0)),
-        ("tree_reduce", dict(tree_reduce=not base.tree_reduce)),
+        ("tree_reduce", dict(tree_reduce=not base.tree_reduce, four_max_chains=False)),
+        ("four_max_chains", dict(four_max_chains=not base.four_max_chains, tree_reduce=False)),
         ("separate_o", dict(separate_o=not base.separate_o)),
         ("defer_row_sum", dict(defer_row_sum=not base.defer_row_sum)),
         # the token's carrier is a switch of pingpong: where pingpong is off, both go on together

@@ -259,16 +259,47 @@ def _row_reduce(x, TREE: gl.constexpr, MAX: gl.constexpr):
     return out
 
 
+# The ``TREE`` constexpr of the reductions below: Triton's chain, the halving tree (max and sum),
+# or FA4's four interleaved chains (max only; the sum stays a chain)
+REDUCE_CHAIN = 0
+REDUCE_TREE = 1
+REDUCE_FOUR_MAX_CHAINS = 2
+_REDUCE_TREE = gl.constexpr(REDUCE_TREE)
+_REDUCE_FOUR_MAX_CHAINS = gl.constexpr(REDUCE_FOUR_MAX_CHAINS)
+
+
+def softmax_reduce_form(cfg) -> int:
+    """The ``TREE`` constexpr for a configuration's ``tree_reduce`` / ``four_max_chains``."""
+    if cfg.four_max_chains:
+        return REDUCE_FOUR_MAX_CHAINS
+    return REDUCE_TREE if cfg.tree_reduce else REDUCE_CHAIN
+
+
+@gluon.jit
+def _four_chain_max(x):
+    """FA4's sm90 row max: column ``16h + 8g + 2t + r`` of the accumulator is register pair ``r`` of
+    n8 group ``2h + g`` in lane ``t``, so folding over ``h`` leaves four independent running maxima
+    per thread and row (one per ``g, r``), then two in-thread steps and the quad's shuffles."""
+    rows_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
+    parts = x.reshape([x.shape[0], x.shape[1] // (2 * _N8_COLS), 2, _QUAD_LANES, _PAIR])
+    chains = gl.max(parts, 1)
+    return gl.convert_layout(gl.max(gl.max(gl.max(chains, 3), 1), 1), rows_layout)
+
+
 @gluon.jit
 def row_max(x, TREE: gl.constexpr):
-    """``max(x, 1)``; with ``TREE`` by halving (:func:`_row_reduce`)."""
-    return _row_reduce(x, TREE, True)
+    """``max(x, 1)``: a chain, by halving (:func:`_row_reduce`), or FA4's four chains."""
+    if TREE == _REDUCE_FOUR_MAX_CHAINS:
+        out = _four_chain_max(x)
+    else:
+        out = _row_reduce(x, TREE == _REDUCE_TREE, True)
+    return out
 
 
 @gluon.jit
 def row_sum(x, TREE: gl.constexpr):
-    """``sum(x, 1)``; with ``TREE`` pairwise by halving (:func:`_row_reduce`)."""
-    return _row_reduce(x, TREE, False)
+    """``sum(x, 1)``; pairwise by halving only for the tree form (:func:`_row_reduce`)."""
+    return _row_reduce(x, TREE == _REDUCE_TREE, False)
 
 
 # Lanes of the quad that share one accumulator row (the n8 group's 8 columns: 2 registers × 4 lanes)

@@ -25,7 +25,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``pack_p``), FA4's conditional rescaling with a retained reference (``rescale_threshold``;
   with ``rescale_by_warp`` each warp skips O's rescale on its own vote, in either order),
   FA4's exp2 split onto the FMA pipe (``exp2_fma_every``), tree-shaped row reductions
-  (``tree_reduce``) and FA4's deferred row sum (``defer_row_sum``); ``config_with`` applies
+  (``tree_reduce``) or FA4's four interleaved row-max chains (``four_max_chains``) and FA4's
+  deferred row sum (``defer_row_sum``); ``config_with`` applies
   ``impl="hopper.fwd@key=value"`` overrides;
 * causal: K/V tiles above the diagonal are never loaded and only diagonal/tail tiles are masked,
   each score against one bound per row (``row_bound_mask``, the causal default); a work item's

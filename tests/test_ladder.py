@@ -974,18 +974,23 @@ def test_v20_passes_the_gate_with_k_and_v_laid_out_apart(causal):
     _assert_gate(_with_v_apart(v20.forward), (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v20")
 
 
+def _assert_bit_equal(parent, rung, head_dim, seed):
+    """``rung`` and ``parent`` give the same out and LSE, bit for bit, at B2 S3000 H4, both masks."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(2, 3000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        a = parent(q, k, v, causal, 0.088)
+        b = rung(q, k, v, causal, 0.088)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), causal
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_v20_matches_v19_bit_for_bit(head_dim):
     """v20 moves the copies and a barrier, not the arithmetic: the same HMMA and exponentials in
     the same order, so every bit matches v19. A chunk copied to the wrong swizzled place, or a slot
     overwritten while read, changes bits."""
-    g = torch.Generator(device="cuda").manual_seed(4)
-    q, k, v = (torch.randn(2, 3000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    for causal in (False, True):
-        a = v19.forward(q, k, v, causal, 0.088)
-        b = v20.forward(q, k, v, causal, 0.088)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), causal
+    _assert_bit_equal(v19.forward, v20.forward, head_dim, seed=4)
 
 
 @pytest.mark.gpu
@@ -1000,24 +1005,14 @@ def test_v21_matches_v20_bit_for_bit(head_dim):
     """A maximum is exact in any order, so the tree's row max is the chain's, bit for bit, and so is
     everything computed from it: a bit that differs is a score left out of (or counted twice in)
     the tree."""
-    g = torch.Generator(device="cuda").manual_seed(5)
-    q, k, v = (torch.randn(2, 3000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    for causal in (False, True):
-        a = v20.forward(q, k, v, causal, 0.088)
-        b = v21.forward(q, k, v, causal, 0.088)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), causal
+    _assert_bit_equal(v20.forward, v21.forward, head_dim, seed=5)
 
 
 @pytest.mark.gpu
 def test_v19_matches_v16_bit_for_bit():
     """Each tile is v16's tile with v16's instructions; only which program computes it changes, so
     a bit that differs is a tile computed twice or not at all."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    for causal in (False, True):
-        a = v16.forward(q, k, v, causal, 0.088)
-        b = v19.forward(q, k, v, causal, 0.088)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    _assert_bit_equal(v16.forward, v19.forward, 128, seed=3)
 
 
 # every rung on the three-slot ring, and v19's 8-warp arm (eight warps share each slot)

@@ -28,6 +28,8 @@ barrier too, lost at B (0.9763 / 0.9762): the K copy then no longer overlaps the
 """
 from __future__ import annotations
 
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -246,10 +248,10 @@ def config_with(problem, overrides: dict) -> v14.AheadConfig:
     return apply_overrides(NAME, CONFIG, overrides, keys=())
 
 
-def ring_offsets(compile_with, constexprs: dict) -> dict:
-    """``constexprs`` with the K and V rings' byte offsets filled in (two compiles; raises if the
-    second allocated the rings elsewhere)."""
-    return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, NAME)
+def ring_offsets(compile_with, constexprs: dict, name: str = NAME) -> dict:
+    """``constexprs`` with the K and V rings' byte offsets filled in (two compiles; raises, naming
+    the rung ``name``, if the second allocated the rings elsewhere)."""
+    return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, name)
 
 
 def _offsets_unresolved() -> dict:
@@ -257,19 +259,32 @@ def _offsets_unresolved() -> dict:
     return {name: 0 for name in RING_OFFSETS}
 
 
-def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+def launch(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG, name: str = NAME,
+           row_max_tree: bool = False):
+    """This kernel on these tensors, as the rung ``name`` builds it: v20 with Triton's row max, ladder.v21
+    with the tree (``row_max_tree``)."""
     return v14.launch_on_ring(attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
                               constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
-                                          **_offsets_unresolved()},
-                              needs_ahead=NAME, resolve=ring_offsets)
+                                          "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
+                              needs_ahead=name, resolve=functools.partial(ring_offsets, name=name))
+
+
+def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
+    return launch(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
+
+
+def kernel_census_specs(name: str = NAME, row_max_tree: bool = False):
+    """The census of this kernel as the rung ``name`` builds it (see :func:`launch`): each head dim
+    and mask with K and V of one row stride, then d128's copy form for K and V laid out apart."""
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(name, attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
+                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
+                                      "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
+                               resolve=functools.partial(ring_offsets, name=name))
+            for d, c, form in cases]
 
 
 def census_specs():
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(NAME, attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
-                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
-                                      **_offsets_unresolved()},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
-                               resolve=ring_offsets)
-            for d, c, form in cases]
+    return kernel_census_specs()

@@ -27,7 +27,7 @@ rung at config B: v20 stays.
 """
 from __future__ import annotations
 
-from flashrung.kernels.ladder import common, v14, v20
+from flashrung.kernels.ladder import v14, v20
 
 NAME = "ladder.v21"
 PARENT = "ladder.v20"
@@ -49,18 +49,8 @@ def config_with(problem, overrides: dict) -> v14.AheadConfig:
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
-    return v14.launch_on_ring(v20.attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out,
-                              lse=lse, constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
-                                                   "ROW_MAX_TREE": True, **v20._offsets_unresolved()},
-                              needs_ahead=NAME, resolve=v20.ring_offsets)
+    return v20.launch(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config, name=NAME, row_max_tree=True)
 
 
 def census_specs():
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(NAME, v20.attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
-                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
-                                      "ROW_MAX_TREE": True, **v20._offsets_unresolved()},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
-                               resolve=v20.ring_offsets)
-            for d, c, form in cases]
+    return v20.kernel_census_specs(NAME, row_max_tree=True)

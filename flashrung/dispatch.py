@@ -106,6 +106,8 @@ EXTRA_FORWARD_BACKENDS: tuple[Backend, ...] = (
     Backend("ladder.v19", "flashrung.kernels.ladder.v19", "fwd", auto=False),
     Backend("ladder.v20", "flashrung.kernels.ladder.v20", "fwd", auto=False),
     Backend("ladder.v21", "flashrung.kernels.ladder.v21", "fwd", auto=False),
+    Backend("ladder.v22", "flashrung.kernels.ladder.v22", "fwd", auto=False),
+    Backend("ladder.v23", "flashrung.kernels.ladder.v23", "fwd", auto=False),
 )
 BACKWARD_BACKENDS = (
     Backend("portable.bwd", "flashrung.kernels.portable.bwd", "bwd"),

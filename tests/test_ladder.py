@@ -15,7 +15,7 @@ import torch
 
 from flashrung import dispatch
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20, v21
+from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20, v21, v22, v23
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -77,6 +77,14 @@ SELECTORS = {
     "v21_causal": ("v21", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
     "v21": ("v21", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
     "v21_d64_causal": ("v21", SM90, {"head_dim": 64, "causal": True}),
+    "v22_causal": ("v22", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "wait_before_pv": True}),
+    "v22": ("v22", SM90, {**D128_FULL, "kv_copy": "one_stride", "wait_before_pv": True}),
+    "v22_causal_apart": ("v22", SM90, {**D128_CAUSAL, "kv_copy": "rows"}),
+    "v22_d64_causal": ("v22", SM90, {"head_dim": 64, "causal": True, "wait_before_pv": True}),
+    "v22_end_causal": ("v22", SM90, {**D128_CAUSAL, "kv_copy": "one_stride", "wait_before_pv": False}),
+    "v23_causal": ("v23", SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}),
+    "v23": ("v23", SM90, {**D128_FULL, "kv_copy": "one_stride"}),
+    "v23_d64_causal": ("v23", SM90, {"head_dim": 64, "causal": True}),
     "v19_d64_causal": ("v19", SM90, {"head_dim": 64, "causal": True, "num_warps": 4}),
     "v1_sm80": ("v1", "sm_80", D128_FULL),
     "v3_sm80": ("v3", "sm_80", {**D128_FULL, "kv_stages": 1}),
@@ -93,6 +101,9 @@ SELECTORS = {
                                               "ladder.v19": {**D128_FULL, "kv_copy": "one_stride", "num_warps": 4},
                                               "ladder.v20": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v21": {**D128_FULL, "kv_copy": "one_stride"},
+                                              "ladder.v22": {**D128_FULL, "kv_copy": "one_stride",
+                                                             "wait_before_pv": True},
+                                              "ladder.v23": {**D128_FULL, "kv_copy": "one_stride"},
                                               "ladder.v5": {**D128_FULL, "persistent": False},
                                               }.get(r.name, D128_FULL))
        for r in ladder.RUNGS},
@@ -569,6 +580,83 @@ def test_v21_row_max_is_a_tree_of_the_same_instructions(rows):
         assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
 
 
+def _trips(row):
+    """The unmasked and the masked trip of a rung on v14's ring. An mbarrier spin's retry block sits
+    after the kernel's exit and branches back into the body: that span holds an ``EXIT`` and is not
+    a loop the kernel iterates."""
+    return [l for l in row["loops"] if l["EXIT"] == 0]
+
+
+def test_v22_trip_meets_no_barrier_and_keeps_v20s_work(rows):
+    # the lever: no bar.sync in either trip — one mbarrier wait (its try_wait, and the spin's
+    # branch) and one arrival of the trip's copies instead — with v20's tensor, shared-load, copy,
+    # exponential, shuffle and max work, no register spills, and the copy barriers' 24 bytes beside
+    # v20's shared memory (still two CTAs per SM)
+    pairs = (("v22_causal", "v20_causal"), ("v22", "v20"), ("v22_d64_causal", "v20_d64_causal"),
+             ("v22_end_causal", "v20_causal"))
+    for new, old in pairs:
+        a, b = _trips(rows[old]), _trips(rows[new])
+        assert len(a) == len(b) == 2, new
+        for la, lb in zip(a, b):
+            assert la["BAR"] == 1 and lb["BAR"] == 0, new
+            assert lb["SYNCS"] == 1 and lb["sequence"].split().count("ARRIVES") == 1, new
+            for family in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "SHFL", "FMNMX", "LDL", "STL"):
+                assert la[family] == lb[family], (new, family)
+        assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
+        assert rows[new]["smem_bytes"] == rows[old]["smem_bytes"] + 3 * 8 == v22.CONFIG.smem_bytes(
+            rows[new]["config"]["head_dim"]), new
+        assert common.resident_ctas_per_sm(rows[new]["regs"], 4, rows[new]["smem_bytes"], (9, 0), 228 * 1024) == 2, new
+    # where the wait sits: before PV the trips stay within a few instructions of v20's (V(j+1)'s
+    # own row predicates, the wait's and the arrival's addresses); at the trip's end ptxas runs the
+    # last PV block's LDSM/HMMA pairs through one register set ahead of the spin, NOPs between
+    for new, old in (("v22_causal", "v20_causal"), ("v22", "v20"), ("v22_d64_causal", "v20_d64_causal")):
+        for la, lb in zip(_trips(rows[old]), _trips(rows[new])):
+            assert lb["total"] - la["total"] <= 16, (new, la["total"], lb["total"])
+    before, end = _trips(rows["v22_causal"]), _trips(rows["v22_end_causal"])
+    assert end[0]["total"] - before[0]["total"] >= 16, (before[0]["total"], end[0]["total"])
+    assert end[0]["sequence"].split().count("NOP") > before[0]["sequence"].split().count("NOP")
+    # K and V laid out apart: v20 keeps 48 B in local memory there, v22 none
+    assert [l["BAR"] for l in _trips(rows["v22_causal_apart"])] == [0, 0]
+    assert rows["v22_causal_apart"]["spill_bytes"] <= rows["v20_causal_apart"]["spill_bytes"]
+
+
+def test_v23_row_max_is_a_tree_of_v22s_instructions(rows):
+    # v21's lever on v22's trip: the FMNMX chain 17 -> 6, the same work, still no barrier
+    for new, old in (("v23_causal", "v22_causal"), ("v23", "v22"), ("v23_d64_causal", "v22_d64_causal")):
+        a, b = _trips(rows[old]), _trips(rows[new])
+        assert len(a) == len(b) == 2, new
+        for la, lb in zip(a, b):
+            assert lb["FMNMX_chain"] == 6 < la["FMNMX_chain"], (new, la["FMNMX_chain"], lb["FMNMX_chain"])
+            for family in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "SHFL", "FMNMX", "BAR", "SYNCS", "LDL", "STL"):
+                assert la[family] == lb[family], (new, family)
+            assert abs(lb["total"] - la["total"]) <= 16, (new, la["total"], lb["total"])
+        assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
+
+
+def test_v22_refuses_devices_without_try_wait():
+    base = dict(interpreter=False, device_type="cuda", dtype=torch.bfloat16, head_dim=64, head_dim_v=64,
+                heads_q=2, heads_kv=1, batch=1)
+    ampere = types.SimpleNamespace(capability=(8, 0), **base)
+    hopper = types.SimpleNamespace(capability=(9, 0), **base)
+    for rung in (v22, v23):
+        assert "sm_90 or newer (mbarrier.try_wait)" in rung.unsupported_reason(ampere)
+        assert rung.unsupported_reason(hopper) is None
+    assert all("sm_80" not in spec.arches for spec in v22.census_specs() + v23.census_specs())
+
+
+def test_v22_wait_placement_is_its_one_override():
+    h200 = types.SimpleNamespace(capability=(9, 0), head_dim=128)
+    assert v22.config_with(h200, {}) == v22.CONFIG and v22.CONFIG.wait_before_pv
+    assert v22.config_with(h200, {"wait_before_pv": "false"}) == v22.WAIT_AT_END
+    # v20's tile and ring, field for field; the arm reaches the kernel as a constexpr
+    assert {k: getattr(v22.CONFIG, k) for k in dataclasses.asdict(v20.CONFIG)} == dataclasses.asdict(v20.CONFIG)
+    assert v22.WAIT_AT_END.constexprs()["WAIT_BEFORE_PV"] is False
+    with pytest.raises(ValueError, match="unknown ladder.v22 config key 'kv_stages'"):
+        v22.config_with(h200, {"kv_stages": "4"})
+    with pytest.raises(ValueError, match="unknown ladder.v23 config key 'wait_before_pv'"):
+        v23.config_with(h200, {"wait_before_pv": "false"})
+
+
 def test_dependent_chain_follows_registers_not_issue_order():
     from flashrung.evidence.census import dependent_chain
 
@@ -606,46 +694,53 @@ def test_v20_ring_offsets_compile_twice_and_refuse_a_moved_ring(monkeypatch):
     assert seen == [(0, 0), (0, 24576), (0, 0), (8192, 32768)]
 
 
-_V20_OFFSETS_PROBE = """
-import dataclasses, json
+_RING_OFFSETS_PROBE = """
+import dataclasses, json, sys
 from flashrung.evidence import census
 from flashrung.kernels.hopper.pipeline import allocation_offsets
-from flashrung.kernels.ladder import v20
+from flashrung.kernels.ladder import rung
 
+mod = rung(sys.argv[1]).load()
 out = []
-for spec in v20.census_specs():
+for spec in mod.census_specs():
     named = {}
 
     def resolve(compile_with, constexprs):
-        named.update(v20.ring_offsets(compile_with, constexprs))
+        named.update(mod.ring_offsets(compile_with, constexprs))
         return named
 
     compiled = census.compile_spec(dataclasses.replace(spec, resolve=resolve), "sm_90a")
     arrays = allocation_offsets(compiled.asm["ttgir"])
-    out.append(dict(config=spec.config, named=[named["K_RING_AT"], named["V_RING_AT"]],
-                    arrays=[arrays["k_smem"], arrays["v_smem"]]))
+    out.append(dict(config=spec.config, named={k: named[k] for k in mod.RING_OFFSETS},
+                    arrays={k: arrays[a] for k, a in mod.RING_OFFSETS.items()}))
 print(json.dumps(out))
 """
 
 
-def test_v20_ring_offsets_are_the_allocation_pass_offsets():
+@pytest.mark.parametrize("module", [v20, v22], ids=lambda m: m.NAME)
+def test_inline_ring_offsets_are_the_allocation_pass_offsets(module):
     # compiled for sm_90a (in a process without the interpreter): the offsets every build's inline
-    # copies name are the final compile's rings, K's and V's a ring apart
+    # PTX names (v20's copies; v22's copies and copy barriers) are the final compile's arrays, K's
+    # and V's rings a ring apart, the barriers outside both
     import json
     import subprocess
     import sys
 
     from flashrung.evidence.census import interpreter_free_env
 
-    done = subprocess.run([sys.executable, "-c", _V20_OFFSETS_PROBE], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _RING_OFFSETS_PROBE, module.NAME], capture_output=True, text=True,
                           env=interpreter_free_env(), timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     builds = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(builds) == len(v20.census_specs())
+    assert len(builds) == len(module.census_specs())
     for b in builds:
         assert b["named"] == b["arrays"], b
         ring_bytes = v14.CONFIG.kv_stages * v14.CONFIG.block_n * b["config"]["head_dim"] * 2
-        assert abs(b["arrays"][1] - b["arrays"][0]) >= ring_bytes, b
+        k_at, v_at = b["arrays"]["K_RING_AT"], b["arrays"]["V_RING_AT"]
+        assert abs(v_at - k_at) >= ring_bytes, b
+        bars_at = b["arrays"].get("COPY_BARS_AT")
+        if bars_at is not None:
+            assert all(not (at <= bars_at < at + ring_bytes) for at in (k_at, v_at)), b
 
 
 def test_v19_config_overrides():
@@ -714,8 +809,9 @@ def test_every_rung_fits_the_sm120_shared_memory_card(rows):
     for r in ladder.RUNGS:
         row = rows[f"{r.name}_sm120"]
         if r.name in ("ladder.v14", "ladder.v15", "ladder.v16", "ladder.v17", "ladder.v18", "ladder.v19",
-                      "ladder.v20", "ladder.v21"):   # the three-slot ring: over the card at d128, refused there
-            assert row["smem_bytes"] == v14.CONFIG.smem_bytes(128) == 112 * 1024 > SM120_SMEM_LIMIT
+                      "ladder.v20", "ladder.v21", "ladder.v22",
+                      "ladder.v23"):   # the three-slot ring: over the card at d128, refused there
+            assert row["smem_bytes"] == r.load().CONFIG.smem_bytes(128) >= 112 * 1024 > SM120_SMEM_LIMIT
             continue
         assert 0 < row["smem_bytes"] <= SM120_SMEM_LIMIT, r.name
     assert rows["v3_kv2_sm120"]["smem_bytes"] == (64 + 2 * 2 * 64) * 128 * 2 <= SM120_SMEM_LIMIT
@@ -1015,9 +1111,57 @@ def test_v19_matches_v16_bit_for_bit():
     _assert_bit_equal(v16.forward, v19.forward, 128, seed=3)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES + V19_ORDER_SHAPES, ids=_shape_id)
+def test_v22_passes_the_gate_at_its_loop_split_and_order(shape):
+    # the copy barriers' phases at every edge of the trip count: no trip (one block), one, the ring
+    # wrapping, v15's split, v19's order, Sq != Sk, tails
+    _assert_gate(v22.forward, shape, "ladder.v22")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_v22_passes_the_gate_with_k_and_v_laid_out_apart(causal):
+    _assert_gate(_with_v_apart(v22.forward), (2, 300, 1000, 4, 2, 128, torch.bfloat16, causal), "ladder.v22")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v22_matches_v20_bit_for_bit(head_dim):
+    """v22 replaces the trip's barrier with mbarrier waits and moves V's copy a trip later; the
+    arithmetic is v20's, so every bit matches. A slot read before its copy landed, or refilled
+    while a slower warp still reads it, changes bits."""
+    _assert_bit_equal(v20.forward, v22.forward, head_dim, seed=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES[:2] + V19_ORDER_SHAPES[:2], ids=_shape_id)
+def test_v22_wait_at_end_arm_passes_the_gate(shape):
+    _assert_gate(functools.partial(v22.forward, config=v22.WAIT_AT_END), shape, "ladder.v22@wait_before_pv=false")
+
+
+@pytest.mark.gpu
+def test_v22_wait_at_end_arm_matches_v20_bit_for_bit():
+    _assert_bit_equal(v20.forward, functools.partial(v22.forward, config=v22.WAIT_AT_END), 128, seed=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", V15_SPLIT_SHAPES + V19_ORDER_SHAPES, ids=_shape_id)
+def test_v23_passes_the_gate_at_its_loop_split_and_order(shape):
+    _assert_gate(v23.forward, shape, "ladder.v23")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v23_matches_v22_bit_for_bit(head_dim):
+    """v21's tree on v22's trip: the same maximum, so the same bits."""
+    _assert_bit_equal(v22.forward, v23.forward, head_dim, seed=7)
+
+
 # every rung on the three-slot ring, and v19's 8-warp arm (eight warps share each slot)
-THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19, v20, v21)]
-THREE_SLOT_FORWARDS += [("ladder.v19@num_warps=8", functools.partial(v19.forward, config=v19.WIDE))]
+THREE_SLOT_FORWARDS = [(m.NAME, m.forward) for m in (v14, v15, v16, v17, v18, v19, v20, v21, v22, v23)]
+THREE_SLOT_FORWARDS += [("ladder.v19@num_warps=8", functools.partial(v19.forward, config=v19.WIDE)),
+                        ("ladder.v22@wait_before_pv=false", functools.partial(v22.forward, config=v22.WAIT_AT_END))]
 
 
 @pytest.mark.gpu

@@ -145,10 +145,10 @@ def _arrive_asm(smem_offset, hoisted):
 
 
 @gluon.constexpr_function
-def _slot_address(slot, smem_offset, hoisted):
+def _slot_address(slot, smem_offset, hoisted, base_operand="$3"):
     # PTX that leaves in ``addr`` the address of barrier ``slot`` (an operand) of the array at
-    # ``smem_offset``: from global_smem, or (hoisted) from the base in operand $3
-    base = "mov.u32 addr, $3; " if hoisted else "mov.u32 addr, global_smem; "
+    # ``smem_offset``: from global_smem, or (hoisted) from the base in operand ``base_operand``
+    base = f"mov.u32 addr, {base_operand}; " if hoisted else "mov.u32 addr, global_smem; "
     return base + f"mad.lo.u32 addr, {slot}, 8, addr; add.u32 addr, addr, {smem_offset}; "
 
 
@@ -181,6 +181,30 @@ def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = 
     else:
         gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, False), "=r,r,r", [lanes, slots], dtype=gl.int32,
                                   is_pure=False, pack=1)
+
+
+@gluon.constexpr_function
+def _copies_arrive_asm(smem_offset):
+    # $1: the barrier's slot, $2: the shared window's base (smem_base). ``.noinc``: the barrier's
+    # expected count already holds this arrival (one per thread, :func:`copies_arrive_unsynced`)
+    return ("{ .reg .b32 addr; " + _slot_address("$1", smem_offset, True, "$2")
+            + "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [addr]; mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def copies_arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
+    """Every thread's arrival on barrier ``slot`` of the array at ``SMEM_OFFSET``, fired once the
+    ``cp.async`` copies the thread issued before it have landed (``cp.async.mbarrier.arrive.noinc``;
+    the barrier counts one arrival per thread, 128 for four warps).
+
+    Inline PTX, as :func:`arrive_unsynced`: Gluon's own form of this arrival writes the barrier
+    array, and Triton's shared-memory barrier analysis would fence one trip's arrival from the
+    last with a ``bar.sync`` — the barrier a ring on mbarriers exists to remove (ladder.v22).
+    """
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
+    slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot
+    gl.inline_asm_elementwise(_copies_arrive_asm(SMEM_OFFSET), "=r,r,r", [slots, smem_base(slots)],
+                              dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.constexpr_function

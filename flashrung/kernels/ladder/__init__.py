@@ -12,7 +12,9 @@ softmax, ``v15`` from ``v14`` with its key loop split where the mask begins, ``v
 with the running row sum off the softmax's path, ``v17`` from ``v16`` with the next block's row
 max formed a trip early, ``v18`` from ``v16`` with its prefetches of whole blocks unpredicated, ``v19`` from ``v16`` with
 the grid's last batch*head row run heaviest first, ``v20`` from ``v19`` with one barrier a trip (the
-ring's copies in inline PTX), ``v21`` from ``v20`` with each block's row max as a tree. Each rung
+ring's copies in inline PTX), ``v21`` from ``v20`` with each block's row max as a tree, ``v22`` from
+``v20`` with no barrier a trip (the ring's copies counted by mbarriers), ``v23`` from ``v22`` with
+v21's tree. Each rung
 module provides ``unsupported_reason(problem)``, ``forward(q, k, v, causal, softmax_scale)`` and
 ``census_specs()``; shared pieces live in :mod:`flashrung.kernels.ladder.common`.
 """
@@ -92,6 +94,12 @@ RUNGS: tuple[Rung, ...] = (
     # v20's trip folds each row's 16 in-thread scores into its max one after another
     Rung("ladder.v21", "flashrung.kernels.ladder.v21", "ladder.v20",
          "each block's row max as a tree: the row halved inside the thread, depth 5 instead of 15"),
+    # v20's one barrier makes every warp wait for the CTA's slowest each trip; copies need no such wait
+    Rung("ladder.v22", "flashrung.kernels.ladder.v22", "ladder.v20",
+         "no barrier a trip: the K/V ring's copies counted by mbarriers, each warp waits for the copies alone"),
+    # v21's tree lost at config B to the barrier v22 removes
+    Rung("ladder.v23", "flashrung.kernels.ladder.v23", "ladder.v22",
+         "v21's tree-shaped row max on v22's barrier-free trip"),
 )
 
 

@@ -74,22 +74,36 @@ def softmax_pv(s, tile_max, m_i, l_i, acc, qk_scale, v_smem, ROW_SUM: gl.constex
     ``l_i`` is the quad's per-thread partials ([rows, 4]), added to in-thread and reduced once
     per tile (:func:`row_sum`). ``tile_max`` is ``s``'s row max, formed by the caller (v16 here,
     ladder.v17 a trip early)."""
-    MMA: gl.constexpr = acc.type.layout
+    p16, alpha, m_new, l_i = softmax_p(s, tile_max, m_i, l_i, qk_scale, v_smem.dtype, ROW_SUM)
+    return pv(p16, alpha, acc, v_smem), m_new, l_i
+
+
+@gluon.jit
+def softmax_p(s, tile_max, m_i, l_i, qk_scale, DTYPE: gl.constexpr, ROW_SUM: gl.constexpr):
+    """:func:`softmax_pv` up to its PV: (P in ``DTYPE`` as mma.sync's A operand, the rescale
+    ``alpha``, the new running max, the updated row sum). ladder.v22 waits between the two halves."""
+    MMA: gl.constexpr = s.type.layout
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
     m_new = gl.maximum(m_i, tile_max * qk_scale)
     m_eff = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - m_eff[:, None])
     alpha = gl.exp2(m_i - m_eff)
-    p16 = gl.convert_layout(p.to(v_smem.dtype), DOT_A)
+    p16 = gl.convert_layout(p.to(DTYPE), DOT_A)
     if ROW_SUM == SUM_MMA_K:
-        ones = gl.full([s.shape[1], ROW_SUM_COLS], 1.0, v_smem.dtype, DOT_B)
+        ones = gl.full([s.shape[1], ROW_SUM_COLS], 1.0, DTYPE, DOT_B)
         l_i = mma_v2(p16, ones, l_i * alpha[:, None])
     else:
         l_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout))
         l_i = l_i * l_alpha[:, None] + gl.convert_layout(thread_partial_sum(p), l_i.type.layout)
-    acc = mma_v2(p16, v_smem.load(DOT_B), acc * alpha[:, None])
-    return acc, m_new, l_i
+    return p16, alpha, m_new, l_i
+
+
+@gluon.jit
+def pv(p16, alpha, acc, v_smem):
+    """O = O·alpha + P V for one block, V's fragments loaded from ``v_smem``."""
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, acc.type.layout, 2)
+    return mma_v2(p16, v_smem.load(DOT_B), acc * alpha[:, None])
 
 
 @gluon.jit

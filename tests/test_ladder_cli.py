@@ -261,7 +261,7 @@ COST_MS = {"ladder.v0": 10.0, "ladder.v1": 2.0, "ladder.v2": 1.6, "ladder.v3": 1
            "ladder.v9": 0.75, "ladder.v10": 0.7, "ladder.v11": 0.72, "ladder.v12": 0.78,
            "ladder.v13": 0.76, "ladder.v14": 0.74, "ladder.v15": 0.72,
            "ladder.v16": 0.71, "ladder.v17": 0.70, "ladder.v18": 0.69, "ladder.v19": 0.70,
-           "ladder.v20": 0.69, "ladder.v21": 0.68}
+           "ladder.v20": 0.69, "ladder.v21": 0.68, "ladder.v22": 0.67, "ladder.v23": 0.66}
 
 
 class VirtualClock:

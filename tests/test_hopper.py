@@ -1585,6 +1585,27 @@ def test_gate_split_tail(head_dim, shape, persistent):
     _gate_config(cfg, head_dim, False, shape)
 
 
+# split_tail_rounds: the modeled count puts the split items in several rounds (96 tiles at d128 and
+# d256 and 88 at d64 on 132 SMs: 384 and 264 items), on the per-item grid and the persistent one
+MULTI_ROUND_SPLIT_SHAPES = {128: dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=3, heads_kv=3),
+                            256: dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=3, heads_kv=1),
+                            64: dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=4, heads_kv=2)}
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_split_tail_over_several_rounds(head_dim, persistent):
+    shape = MULTI_ROUND_SPLIT_SHAPES[head_dim]
+    cfg = dataclasses.replace(_shape_default(head_dim, False, shape), split_tail=True, split_tail_rounds=True,
+                              persistent=persistent, balanced=False)
+    plan = fwd._plan(cfg, shape["batch"], shape["seqlen_q"], shape["seqlen_k"], shape["heads_q"], shape["heads_kv"],
+                     head_dim, 2, False, True, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert plan.num_items - plan.num_full_tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    _gate_config(cfg, head_dim, False, shape)
+
+
 def _shape_default(head_dim, causal, shape):
     """The default configuration of a gate shape (its length picks the grid and short tiles)."""
     return fwd.default_config(head_dim, causal, max(shape["seqlen_q"], shape["seqlen_k"]))
@@ -2166,6 +2187,32 @@ def test_balanced_grid_refuses_to_build_its_table_inside_a_capture():
             fwd.forward(q, k, v, True, 128 ** -0.5, cfg)
     torch.cuda.synchronize()
     _assert_reruns_identical(q, k, v, True, cfg)      # and the same shape runs once out of the capture
+
+
+def test_split_tail_rounds_is_the_split_tails_count_and_off_by_default():
+    from flashrung.kernels.hopper.config import WORK_ITEM_FIXED_KV_TILES
+
+    with pytest.raises(ValueError, match="split_tail_rounds .* needs split_tail=True"):
+        dataclasses.replace(fwd.default_config(256, False), split_tail_rounds=True).check(256)
+    # d256 non-causal B2 H16 S8192 on 132 SMs: the one-round rule leaves the last 68 tiles whole,
+    # the modeled count splits them five ways (three rounds of split items)
+    base = dataclasses.replace(fwd.default_config(256, False, 8192), split_tail=True)
+    whole = fwd._plan(base, 2, 8192, 8192, 16, 16, 256, 2, False, True, 132)
+    rounds = fwd._plan(dataclasses.replace(base, split_tail_rounds=True), 2, 8192, 8192, 16, 16, 256, 2, False,
+                       True, 132)
+    assert (whole.num_full_tiles, whole.splits) == (2048, 1) and not whole.constexprs["SPLIT_TAIL"]
+    assert (rounds.num_full_tiles, rounds.splits, rounds.num_items) == (1980, 5, 1980 + 68 * 5)
+    assert rounds.constexprs["SPLIT_TAIL"]
+    # the measured d128 default keeps its count: one round of 4 x 33
+    d128 = fwd.default_config(128, False, 16384)
+    assert d128.split_tail and not d128.split_tail_rounds
+    plan = fwd._plan(dataclasses.replace(d128, split_tail_rounds=True), 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
+    assert (plan.num_full_tiles, plan.splits) == (4092, 33)
+    assert set(WORK_ITEM_FIXED_KV_TILES) == set(HEAD_DIMS)
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in (1024, 4096, 16384, 32768):
+                assert not fwd.default_config(d, causal, seqlen).split_tail_rounds
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@ from flashrung.kernels.hopper.schedule import (
     fast_divisor,
     last_section_width,
     tail_split,
+    tail_step_times,
     tile_m_blocks,
     tile_position,
 )
@@ -61,8 +62,47 @@ def test_tail_split_examples():
     assert tail_split(100, 132, 8) == (100, 1)       # 132 // 100 = 1
 
 
+@pytest.mark.parametrize("num_tiles, resident, n_kv, fixed", [
+    (4096, 132, 128, 1),   # the suite's d128 rows: 4 tiles left over
+    (2048, 132, 128, 3),   # d256 non-causal B2 H16 S8192: 68 left over, a step-time of 131 each
+    (5504, 132, 128, 1),   # d64's 192-row tiles at B2 H32 S16384: 92 left over
+    (96, 132, 32, 1),      # fewer tiles than SMs, long keys
+    (131, 132, 64, 1),     # one SM idle
+    (264, 132, 8, 1),      # full rounds only
+])
+def test_modeled_tail_split_ends_no_later_than_either_rule(num_tiles, resident, n_kv, fixed):
+    # the modeled count's last rounds are never longer than one round of whole tiles, nor than
+    # the one-round rule's split; where it splits, strictly shorter than whole tiles
+    full, splits = tail_split(num_tiles, resident, n_kv, fixed)
+    tail = num_tiles % resident
+    assert 1 <= splits <= n_kv and (full == num_tiles - tail if splits > 1 else full == num_tiles)
+    whole = tail_step_times(tail, resident, n_kv, 1, fixed) if tail else 0
+    _, one_round = tail_split(num_tiles, resident, n_kv)
+    modeled = tail_step_times(tail, resident, n_kv, splits, fixed) if tail else 0
+    assert modeled <= whole and modeled <= (tail_step_times(tail, resident, n_kv, one_round, fixed) if tail else 0)
+    assert splits == 1 or modeled < whole
+
+
+def test_modeled_tail_split_examples():
+    # where one round holds the split, the modeled count is the one-round rule's (the measured
+    # d128 default: 4 tiles x 33)
+    assert tail_split(4096, 132, 128, 1) == tail_split(4096, 132, 128) == (4092, 33)
+    assert tail_split(4096, 132, 32, 1) == tail_split(4096, 132, 32) == (4092, 32)
+    assert tail_split(24, 132, 8, 1) == tail_split(24, 132, 8) == (0, 5)
+    # d256 B2 H16 S8192: 68 tiles in five splits, three rounds of 26 + 3 step-times against one
+    # round of 131 whole (the one-round rule cannot split: 132 // 68 = 1)
+    assert tail_split(2048, 132, 128) == (2048, 1)
+    assert tail_split(2048, 132, 128, 3) == (1980, 5)
+    assert tail_step_times(68, 132, 128, 5, 3) == 3 * (26 + 3) < tail_step_times(68, 132, 128, 1, 3) == 131
+    # a larger fixed cost splits less
+    assert tail_split(2048, 132, 128, 40)[1] < 5
+    assert tail_split(131, 132, 64, 1) == (131, 1)
+
+
 @pytest.mark.parametrize("args, name", [((-1, 132, 8), "num_tiles"), ((10, 0, 8), "resident_ctas"),
-                                        ((10, 132, 0), "num_kv_tiles"), ((10.0, 132, 8), "num_tiles")])
+                                        ((10, 132, 0), "num_kv_tiles"), ((10.0, 132, 8), "num_tiles"),
+                                        ((10, 132, 8, -1), "item_fixed_kv_tiles"),
+                                        ((10, 132, 8, 1.5), "item_fixed_kv_tiles")])
 def test_tail_split_rejects_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         tail_split(*args)

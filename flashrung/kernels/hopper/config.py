@@ -117,6 +117,12 @@ class HopperFwdConfig:
     # split along the keys over every SM and merged by ``tail_combine``; non-causal only (a
     # causal grid runs heaviest first and already ends on its lightest tiles)
     split_tail: bool = False
+    # the split tail's count chosen by its modeled length (schedule.tail_split with the work
+    # item's fixed cost, WORK_ITEM_FIXED_KV_TILES): the split items may take more than one round,
+    # where one round of whole tiles would end later — d256's last round of 68 tiles of 132 in five
+    # splits each, three rounds of 26 + 3 K/V step-times against one of 131 (modeled −2.1% at
+    # B2 H16 S8192). Host-side only: the kernel splits whatever tiles the launch plan names
+    split_tail_rounds: bool = False
     # keys of each K/V tile in a second TMA box and a second wgmma per product, after the first
     # block_n (0: none): the tile holds block_n + extra_keys keys, so the per-tile costs of the
     # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
@@ -398,6 +404,8 @@ class HopperFwdConfig:
         if not self.overlap and (self.late_rescale or self.rescale_threshold > 0 or self.wait_pv_early):
             raise ValueError("late_rescale, rescale_threshold and wait_pv_early are levers of the overlapped "
                              "schedule: they need overlap=True")
+        if self.split_tail_rounds and not self.split_tail:
+            raise ValueError("split_tail_rounds chooses the split tail's count: it needs split_tail=True")
         if self.balanced and (not self.persistent or self.split_tail):
             raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
                              "split_tail=False")
@@ -617,6 +625,11 @@ _SHORT_NONCAUSAL = {
 # d256 rows of the suite leave tails too full to split (one split per tile), and d256's split code
 # spills (census).
 SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
+# A work item's fixed cost beyond its K/V steps, in steps (the tile trace, H200, default kernels:
+# 2226 cycles against 2377 a step at d128, 2410 against 2495 at d64, 5870 against 2051 at d256 —
+# its peeled first step, drain and epilogue; profile, h200-tile-trace-*-0298876.json): what
+# split_tail_rounds weighs each split item's range against
+WORK_ITEM_FIXED_KV_TILES = {64: 1, 128: 1, 256: 3}
 
 
 # Staggered K/V sweeps (`stagger_kv`) from this max(Sq, Sk) up. Paired on the H200 (bf16, d64

@@ -114,6 +114,7 @@ from flashrung.kernels.hopper.config import (
     ROWS_PER_CONSUMER_WARPGROUP,
     ROW_SUM_COLS,
     SUPPORTED_HEAD_DIMS,
+    WORK_ITEM_FIXED_KV_TILES,
     HopperFwdConfig,
     select_config,
 )
@@ -1516,7 +1517,8 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     if sm_count is not None:
         resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes)
         if cfg.split_tail:
-            num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile))
+            fixed = WORK_ITEM_FIXED_KV_TILES[head_dim] if cfg.split_tail_rounds else None
+            num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile), fixed)
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
     if num_items >= 1 << DIVIDEND_BITS:
         # every dividend of the work-item decode is below num_items (schedule.fast_divisor)

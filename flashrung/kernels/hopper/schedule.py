@@ -63,20 +63,43 @@ def head_section(seqlen_k: int, heads_q: int, heads_kv: int, head_dim: int, elem
     return group * kv_heads
 
 
-def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int) -> tuple[int, int]:
+def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int,
+               item_fixed_kv_tiles: int | None = None) -> tuple[int, int]:
     """``(num_full_tiles, tail_splits)``: tiles ``[0, num_full_tiles)`` run whole, each of the
     remaining ``num_tiles % resident_ctas`` tiles becomes ``tail_splits`` work items over disjoint
     K/V ranges (at least one K/V tile each). ``tail_splits == 1``: nothing is split (the last
-    round is full, or too full to gain from splitting)."""
+    round is full, or too full to gain from splitting).
+
+    ``item_fixed_kv_tiles`` None: as many splits as one round holds, so the last round never grows.
+    An integer (a work item's fixed cost, in K/V steps: its peeled first step, drain and
+    epilogue): the split count that minimizes :func:`tail_step_times` — the split items may take
+    several rounds of shorter items when that ends sooner than one round of whole tiles."""
     for name, value in (("num_tiles", num_tiles), ("resident_ctas", resident_ctas), ("num_kv_tiles", num_kv_tiles)):
         if not isinstance(value, int) or value < 0 or (name != "num_tiles" and value == 0):
             raise ValueError(f"{name} must be a {'non-negative' if name == 'num_tiles' else 'positive'} "
                              f"integer, got {value!r}")
+    if item_fixed_kv_tiles is not None and (not isinstance(item_fixed_kv_tiles, int) or item_fixed_kv_tiles < 0):
+        raise ValueError(f"item_fixed_kv_tiles must be None or a non-negative integer, got {item_fixed_kv_tiles!r}")
     rem = num_tiles % resident_ctas
-    splits = min(resident_ctas // rem, num_kv_tiles) if rem else 1
+    if not rem:
+        return num_tiles, 1
+    if item_fixed_kv_tiles is None:
+        splits = min(resident_ctas // rem, num_kv_tiles)
+    else:
+        # fewest step-times; on a tie the most splits (the one-round rule's choice where it is one)
+        splits = min(range(1, num_kv_tiles + 1),
+                     key=lambda s: (tail_step_times(rem, resident_ctas, num_kv_tiles, s, item_fixed_kv_tiles), -s))
     if splits < 2:
         return num_tiles, 1
     return num_tiles - rem, splits
+
+
+def tail_step_times(tail_tiles: int, resident_ctas: int, num_kv_tiles: int, splits: int, item_fixed_kv_tiles: int) -> int:
+    """The modeled length of the last round(s), in K/V step-times: ``tail_tiles`` tiles, each cut
+    into ``splits`` items, run in rounds of ``resident_ctas``, each round as long as its longest
+    item's K/V range plus an item's fixed cost. With ``splits`` 1, the whole tiles' round."""
+    rounds = -(-tail_tiles * splits // resident_ctas)
+    return rounds * (-(-num_kv_tiles // splits) + item_fixed_kv_tiles)
 
 
 # every dividend of the work-item decode is a non-negative int32

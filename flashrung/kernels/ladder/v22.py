@@ -8,24 +8,24 @@ does two jobs — every warp's copies of the block are visible past it, and ever
 trip j−1, so the slots trip j refills are no longer read — and it makes each warp wait for the
 slowest of the CTA's four every trip. Here each thread's copies of a trip arrive on one of three
 mbarriers (``cp.async.mbarrier.arrive.noinc``: the arrival fires when the thread's copies have
-landed, 128 arrivals a phase), and each trip waits for its own copies before its PV
-(``try_wait.parity`` on a spin; :class:`BarrierFreeConfig` says why there). Both are inline PTX, as hopper.fwd's: Triton's shared-memory
-barrier analysis sees neither, so it adds no ``bar.sync``. That one wait does both of the
-barrier's jobs: the phase completes once every thread has issued trip j's copies — so every warp
-has left trip j−1 — and they have landed. So trip j refills only slots trip j−2 read last: K(j+2)
-into K(j−1)'s slot (QK(j−1) ran in trip j−2) and V(j+1) into V(j−2)'s (PV(j−2), trip j−2). A warp
-may run up to a trip ahead of the slowest; nothing waits for a warp that is merely slower.
+landed, 128 arrivals a phase), and trip j, between its softmax and its PV, waits for the copies
+trip j−1 issued at that same point (``try_wait.parity`` on a spin), then issues its own. Both are
+inline PTX, as hopper.fwd's: Triton's shared-memory barrier analysis sees neither, so it adds no
+``bar.sync``. That one wait does both of the barrier's jobs: its phase completes once every thread
+has issued trip j−1's copies — so every warp is past trip j−1's softmax, its QK(j) done — and they
+have landed. So trip j refills only slots read no later than that: K(j+3) into K(j)'s slot (QK(j)
+ran in trip j−1) and V(j+1) into V(j−2)'s (PV(j−2), trip j−2). A warp may run up to a trip ahead of
+the slowest; nothing waits for a warp that is merely slower.
 
-What it gives up: v20 copies K(j+2) ahead of its wait, with a trip to land, and V(j+2) two trips
-ahead of PV(j+2). Here both copies open the trip and must have landed by PV(j), about half a trip
-later — the landing time v20's first build lost when K's copy followed the barrier (0.976× v19 at
-config B). The arm with the wait at the trip's end gives them a whole trip.
+Every copy has a trip to land before the wait that needs it (v20: K a trip, V two), and K(j+3) a
+trip and a half before QK(j+3) reads it. The wait's spin is a branch, and the copies' address
+arithmetic issues after it, beside PV's loads and MMAs, not beside the softmax's chain.
 
 Evidence: census (sm_90a): no ``BAR`` in either trip, one ``SYNCS`` try-wait and one ``ARRIVES`` a
-trip; HMMA, LDSM, LDGSTS, MUFU.EX2, SHFL and FMNMX per trip equal v20's; the d128 causal trips 562
-and 708 instructions (v20 552 and 704). The arithmetic is v20's, so the output must be bit-identical
+trip; HMMA, LDSM, LDGSTS, MUFU.EX2, SHFL and FMNMX per trip equal v20's; the d128 causal trips 567
+and 712 instructions (v20 552 and 704). The arithmetic is v20's, so the output must be bit-identical
 to v20's (tests/test_ladder.py, on a GPU). Prediction: +1–3% at configs A and B (v20's barrier
-stalls, 3.0% of its samples at B), if the copies land within half a trip. Not yet measured.
+stalls, 3.0% of its samples at B). Not yet measured.
 """
 from __future__ import annotations
 
@@ -52,20 +52,7 @@ ROW_SUM = v20.ROW_SUM
 
 @dataclasses.dataclass(frozen=True)
 class BarrierFreeConfig(v14.AheadConfig):
-    """v20's tile and ring, and where trip j waits for its own copies (``wait_before_pv``).
-
-    The wait can sit anywhere after the copies and before trip j+1's: its phase is what makes
-    trip j+1's refills safe, and the data it waits for is read only in trip j+1. Before PV(j) (the
-    default) the copies have the trip's QK and softmax to land — about half a trip; at the trip's
-    end (``impl="ladder.v22@wait_before_pv=false"``, :data:`WAIT_AT_END`) nearly a whole one. What
-    decided the default is the census: the spin's branch ends a basic block, and at the trip's end
-    ptxas serializes the last PV block's ``LDSM``/``HMMA`` pairs through one register set ahead of
-    it (d128 causal trips 587 / 809 instructions, 10–13 ``NOP``s; before PV: 564 / 709, 2)."""
-
-    wait_before_pv: bool = True
-
-    def constexprs(self) -> dict:
-        return {**super().constexprs(), "WAIT_BEFORE_PV": self.wait_before_pv}
+    """v20's tile and ring; its shared memory counts the three copy barriers too."""
 
     def smem_bytes(self, head_dim: int) -> int:
         """v20's Q tile and K/V ring, and one 8-byte copy barrier per slot."""
@@ -73,7 +60,6 @@ class BarrierFreeConfig(v14.AheadConfig):
 
 
 CONFIG = BarrierFreeConfig(**dataclasses.asdict(v20.CONFIG))
-WAIT_AT_END = dataclasses.replace(CONFIG, wait_before_pv=False)
 # mbarrier.try_wait (the wait's suspend-and-retry form) is sm_90's: the census skips sm_80
 MIN_CAPABILITY = (9, 0)
 CENSUS_ARCHES = ("sm_90a", "sm_120")
@@ -89,8 +75,8 @@ _THREADS = gl.constexpr(THREADS)
 
 @gluon.jit
 def copy_barrier(n, KV_STAGES: gl.constexpr):
-    """(slot, phase parity) of the barrier that counts the ``n``-th trip's copies: trip j's are
-    ``n = j + 1``, the start's K(1) ``n = 0`` (a fresh barrier passes a wait for parity 1 at once,
+    """(slot, phase parity) of the barrier that counts the ``n``-th issue of copies: trip j's are
+    ``n = j + 1``, the start's K(2) ``n = 0`` (a fresh barrier passes a wait for parity 1 at once,
     so numbering from 0 is what makes slot 0's first wait a real one)."""
     return n % KV_STAGES, (n // KV_STAGES) & 1
 
@@ -102,8 +88,9 @@ def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride
                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_STAGES: gl.constexpr,
                KV_COPY: gl.constexpr, TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr,
                COPY_BARS_AT: gl.constexpr):
-    """v20's start on copy barriers: the barriers initialized, Q and block 0 as one commit group
-    each, K(1) counted by copy barrier 0; all three waited, Q's fragments loaded.
+    """v20's start on copy barriers: the barriers initialized; Q, then block 0 and K(1), as one
+    commit group each, both waited; K(2) counted by copy barrier 0 (trip 0 waits for it); Q's
+    fragments loaded.
     Returns (q, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi)."""
     q_smem, k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi = common.ring_tile(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh,
@@ -121,12 +108,16 @@ def ring_start(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_qb, stride_qs, stride
     second = gl.to_tensor(BLOCK_N)
     v20.issue_block_inline(rows, chunks, chunk_at, 1, k_base, second, hi - second, stride_ks, BLOCK_N, HEAD_DIM,
                            K_RING_AT)
-    slot, phase = copy_barrier(0, KV_STAGES)
+    # K(1) joins block 0's group (a commit takes every earlier uncommitted copy, inline ones too):
+    # trip 0's QK reads it before trip 0's wait
+    async_copy.commit_group()
+    third = gl.to_tensor(2 * BLOCK_N)
+    v20.issue_block_inline(rows, chunks, chunk_at, 2, k_base, third, hi - third, stride_ks, BLOCK_N, HEAD_DIM,
+                           K_RING_AT)
+    slot, _ = copy_barrier(0, KV_STAGES)
     copies_arrive_unsynced(slot, COPY_BARS_AT)
-    # Q and block 0 (committed groups; K(1) is in none), then K(1): trip 0 reads it
     async_copy.wait_group(0)
     gl.thread_barrier()
-    wait_unsynced(slot, phase, COPY_BARS_AT, True)
     return q_smem.load(DOT_A), k_smem, v_smem, k_base, v_base, o_base, lse_base, start_m, hi
 
 
@@ -136,37 +127,34 @@ def barrier_free_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, 
                       IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       KV_STAGES: gl.constexpr, KV_COPY: gl.constexpr, MASKED: gl.constexpr,
                       ROW_SUM: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
-                      COPY_BARS_AT: gl.constexpr, WAIT_BEFORE_PV: gl.constexpr, ROW_MAX_TREE: gl.constexpr = False):
-    """Trip j with no barrier: K(j+2) and V(j+1) into the slots trip j−2 read last and their
-    arrival, S(j+1) (masked only if ``MASKED``), softmax(j), PV(j), and — before PV(j) or after it
-    (``WAIT_BEFORE_PV``) — the wait for this trip's copies, which trip j+1 reads and whose phase lets
-    trip j+1 refill. Entered with trip j−1's copies waited (the start's K(1) for trip 0).
-    Returns (s_next, m_i, l_i, acc)."""
+                      COPY_BARS_AT: gl.constexpr, ROW_MAX_TREE: gl.constexpr = False):
+    """Trip j with no barrier: S(j+1) (masked only if ``MASKED``) and softmax(j); the wait for trip
+    j−1's copies (K(j+2), V(j)); K(j+3) and V(j+1) into the slots of K(j) and V(j−2) and their
+    arrival; PV(j). Returns (s_next, m_i, l_i, acc)."""
     j = start_n // BLOCK_N
     # K and V of one row stride share each chunk's offset, as in v20
     if KV_COPY == v20.COPY_ONE_STRIDE_K:
         stride_v = stride_ks
     else:
         stride_v = stride_vs
-    ahead_k = start_n + 2 * BLOCK_N
-    ahead_v = start_n + BLOCK_N
-    v20.issue_block_inline(rows, chunks, chunk_at, (j + 2) % KV_STAGES, k_base, ahead_k, hi - ahead_k, stride_ks,
-                           BLOCK_N, HEAD_DIM, K_RING_AT)
-    v20.issue_block_inline(rows, chunks, chunk_at, (j + 1) % KV_STAGES, v_base, ahead_v, hi - ahead_v, stride_v,
-                           BLOCK_N, HEAD_DIM, V_RING_AT)
-    counted, phase = copy_barrier(j + 1, KV_STAGES)
-    copies_arrive_unsynced(counted, COPY_BARS_AT)
+    # K(j+1) landed before trip j-1's wait (the start's group for trip 0)
     s_next = mma_scores(q, k_smem.index((j + 1) % KV_STAGES), start_n + BLOCK_N, offs_m, seqlen_k,
                         causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL, MASKED)
     p16, alpha, m_i, l_i = v16.softmax_p(s, row_max(s, ROW_MAX_TREE), m_i, l_i, qk_scale, v_smem.dtype, ROW_SUM)
-    # Past this phase every thread has issued this trip's copies — so every warp has left trip
-    # j-1 — and they have landed: K(j+2) and V(j+1) are readable in trip j+1, and the slots it
-    # refills (K(j)'s, V(j-1)'s) are read by no one.
-    if WAIT_BEFORE_PV:
-        wait_unsynced(counted, phase, COPY_BARS_AT, True)
+    # Past this phase every thread has issued trip j-1's copies here — so every warp is past
+    # trip j-1's softmax, its QK(j) done, and PV(j-2) before it — and they have landed: V(j) is
+    # readable below, K(j+2) in trip j+1, and K(j)'s and V(j-2)'s slots are read by no one.
+    waited, phase = copy_barrier(j, KV_STAGES)
+    wait_unsynced(waited, phase, COPY_BARS_AT, True)
+    ahead_k = start_n + 3 * BLOCK_N
+    ahead_v = start_n + BLOCK_N
+    v20.issue_block_inline(rows, chunks, chunk_at, j % KV_STAGES, k_base, ahead_k, hi - ahead_k, stride_ks,
+                           BLOCK_N, HEAD_DIM, K_RING_AT)
+    v20.issue_block_inline(rows, chunks, chunk_at, (j + 1) % KV_STAGES, v_base, ahead_v, hi - ahead_v, stride_v,
+                           BLOCK_N, HEAD_DIM, V_RING_AT)
+    counted, _ = copy_barrier(j + 1, KV_STAGES)
+    copies_arrive_unsynced(counted, COPY_BARS_AT)
     acc = v16.pv(p16, alpha, acc, v_smem.index(j % KV_STAGES))
-    if not WAIT_BEFORE_PV:
-        wait_unsynced(counted, phase, COPY_BARS_AT, True)
     return s_next, m_i, l_i, acc
 
 
@@ -179,7 +167,7 @@ def attention_fwd_v22(
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_STAGES: gl.constexpr, QK_AHEAD: gl.constexpr, KV_COPY: gl.constexpr, ROW_SUM: gl.constexpr,
     TAIL_HEAVIEST_FIRST: gl.constexpr, K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr,
-    COPY_BARS_AT: gl.constexpr, WAIT_BEFORE_PV: gl.constexpr = True, ROW_MAX_TREE: gl.constexpr = False,
+    COPY_BARS_AT: gl.constexpr, ROW_MAX_TREE: gl.constexpr = False,
 ):
     gl.static_assert(KV_STAGES == 3, "the copy barriers' trip distance is this three-slot ring's")
     gl.static_assert(gl.num_warps() * 32 == _THREADS, "one arrival per thread: four warps")
@@ -202,16 +190,19 @@ def attention_fwd_v22(
                                              stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
                                              causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
                                              KV_STAGES, KV_COPY, False, ROW_SUM, K_RING_AT, V_RING_AT,
-                                             COPY_BARS_AT, WAIT_BEFORE_PV, ROW_MAX_TREE)
+                                             COPY_BARS_AT, ROW_MAX_TREE)
     for start_n in range(split, last_trip, BLOCK_N):
         s, m_i, l_i, acc = barrier_free_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, v_base,
                                              stride_ks, stride_vs, rows, chunks, chunk_at, offs_m, seqlen_k,
                                              causal_shift, qk_scale, HEAD_DIM, IS_CAUSAL, BLOCK_M, BLOCK_N,
                                              KV_STAGES, KV_COPY, True, ROW_SUM, K_RING_AT, V_RING_AT,
-                                             COPY_BARS_AT, WAIT_BEFORE_PV, ROW_MAX_TREE)
-    # Every copy the CTA issued has landed, and every arrival fired, before it reads V(last) and
-    # before it exits: the last trip waited for its own copies (V(last), the trailing zero-row
-    # K(last+1)), and with no trip the start waited for K(1).
+                                             COPY_BARS_AT, ROW_MAX_TREE)
+    # The last trip's copies (V(last), which the last PV reads, and the trailing zero-row K(last+2);
+    # with no trip, the start's K(2)): waited here, so every copy the CTA issued has landed — and
+    # every arrival fired — before it reads V(last) and before it exits.
+    last = gl.maximum(gl.cdiv(hi, BLOCK_N), 1) - 1
+    waited, phase = copy_barrier(last, KV_STAGES)
+    wait_unsynced(waited, phase, COPY_BARS_AT, True)
     v16.ring_epilogue(s, None, m_i, l_i, acc, qk_scale, v_smem, hi, o_base, lse_base, start_m, seqlen_q, stride_os,
                       HEAD_DIM, BLOCK_M, BLOCK_N, KV_STAGES, ROW_SUM)
 
@@ -224,11 +215,10 @@ def unsupported_reason(problem) -> str | None:
 
 
 def config_with(problem, overrides: dict) -> BarrierFreeConfig:
-    """:data:`CONFIG` with ``overrides`` applied: ``{"wait_before_pv": "false"}`` is the measured arm
-    :data:`WAIT_AT_END`; any other key raises ``ValueError`` naming it."""
+    """:data:`CONFIG` (v20's tile and ring); this rung takes no overrides."""
     from flashrung.dispatch import apply_overrides
 
-    return apply_overrides(NAME, CONFIG, overrides, keys=("wait_before_pv",))
+    return apply_overrides(NAME, CONFIG, overrides, keys=())
 
 
 def ring_offsets(compile_with, constexprs: dict, name: str = NAME) -> dict:
@@ -255,22 +245,18 @@ def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, 
     return launch(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
 
 
-def kernel_census_specs(name: str = NAME, row_max_tree: bool = False, arms: bool = False):
+def kernel_census_specs(name: str = NAME, row_max_tree: bool = False):
     """v20's census cases (each head dim and mask with K and V of one row stride, then d128's copy
-    form for K and V laid out apart), for the architectures with mbarrier.try_wait; ``arms`` adds
-    :data:`WAIT_AT_END` at each head dim and mask."""
-    cases = [(CONFIG, d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(CONFIG, 128, c, v14.copy_form(128, False)) for c in (False, True)]
-    if arms:
-        cases += [(WAIT_AT_END, d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    return [common.census_spec(name, attention_fwd_v22, head_dim=d, causal=c, cfg=cfg,
+    form for K and V laid out apart), for the architectures with mbarrier.try_wait."""
+    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
+    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
+    return [common.census_spec(name, attention_fwd_v22, head_dim=d, causal=c, cfg=CONFIG,
                                extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
                                       "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
-                               config_extra={"kv_stages": cfg.kv_stages, "kv_copy": v14.COPY_NAMES[form],
-                                             "wait_before_pv": cfg.wait_before_pv},
+                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
                                resolve=functools.partial(ring_offsets, name=name), arches=CENSUS_ARCHES)
-            for cfg, d, c, form in cases]
+            for d, c, form in cases]
 
 
 def census_specs():
-    return kernel_census_specs(arms=True)
+    return kernel_census_specs()

@@ -197,9 +197,10 @@ def copies_arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
     ``cp.async`` copies the thread issued before it have landed (``cp.async.mbarrier.arrive.noinc``;
     the barrier counts one arrival per thread, 128 for four warps).
 
-    Inline PTX, as :func:`arrive_unsynced`: Gluon's own form of this arrival writes the barrier
-    array, and Triton's shared-memory barrier analysis would fence one trip's arrival from the
-    last with a ``bar.sync`` — the barrier a ring on mbarriers exists to remove (ladder.v22).
+    Inline PTX, as :func:`arrive_unsynced`: Triton's shared-memory barrier analysis never sees
+    it, so it has no access to the barrier array to fence with a ``bar.sync`` — the barrier a ring
+    on mbarriers exists to remove (ladder.v22). ``SMEM_OFFSET`` comes from the allocation pass
+    (:func:`resolve_shared_offsets`).
     """
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
     slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot

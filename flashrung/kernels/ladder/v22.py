@@ -183,6 +183,8 @@ def attention_fwd_v22(
     m_i, l_row, acc, offs_m = common.flash_state(start_m, BLOCK_M, HEAD_DIM, ROW, MMA)
     l_i = v16.init_row_sum(BLOCK_M, BLOCK_N, MMA, ROW_SUM)
     causal_shift = seqlen_k - seqlen_q
+    # S(0) reads K(0)'s slot, which trip 0 refills with K(3); the start's copy barrier was armed
+    # before S(0), so its phase does not say S(0) is done everywhere — first_scores' fence does
     s = v14.first_scores(q, k_smem, offs_m, seqlen_k, causal_shift, BLOCK_M, BLOCK_N, IS_CAUSAL)
     split, last_trip = v15.split_trips(start_m, seqlen_q, seqlen_k, hi, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, split, BLOCK_N):

@@ -646,6 +646,112 @@ def test_v22_takes_v20s_tile_and_no_overrides():
             rung.config_with(h200, {"kv_stages": "4"})
 
 
+def _replay_copy_ring(trips, rng, k_ahead, v_ahead, warps=4, stages=3):
+    """One random interleaving of v22's ring protocol across ``warps`` warps: each warp's reads of
+    K and V slots, its copies (landing at random later times), its arrivals on the three copy
+    barriers and its waits, a wait judged by the hardware's parity rule. Returns the hazards seen:
+    a read of a slot that does not hold its block landed, a copy issued into a slot a warp has yet
+    to read, a wait passed on a lapped phase, an arrival landing in another phase, a deadlock."""
+    # the start: Q, block 0 and K(1) landed (waited and fenced); K(2) is copy issue 0
+    content = {(t, s): None for t in "KV" for s in range(stages)}
+    content[("K", 0)], content[("V", 0)], content[("K", 1)] = (0, warps), (0, warps), (1, warps)
+    reads = {}                               # (tensor, block) -> the warps that have read it
+    phase, arrived = [0] * stages, [0] * stages
+    inflight, at_fence, hazards = [], set(), []
+
+    def program():
+        yield ("issue", 0, [("K", 2)])
+        yield ("read", "K", 0)               # S(0), then first_scores' fence
+        yield ("fence",)
+        for j in range(trips):
+            yield ("read", "K", j + 1)       # QK(j+1), then softmax(j)
+            yield ("wait", j)
+            yield ("issue", j + 1, [("K", j + k_ahead), ("V", j + v_ahead)])
+            yield ("read", "V", j)           # PV(j)
+        yield ("wait", trips)
+        yield ("read", "V", trips)           # the last PV
+
+    def land():
+        n, copies = inflight.pop(rng.randrange(len(inflight)))
+        slot = n % stages
+        if phase[slot] != n // stages:
+            hazards.append(f"an arrival of copy issue {n} landed in phase {phase[slot]} of barrier {slot}")
+        for tensor, block in copies:
+            held, landed = content[(tensor, block % stages)]
+            if held == block:
+                content[(tensor, block % stages)] = (block, landed + 1)
+        arrived[slot] += 1
+        if arrived[slot] == warps:
+            arrived[slot], phase[slot] = 0, phase[slot] + 1
+
+    def passes(n):
+        slot, use = n % stages, n // stages
+        parity_passes = phase[slot] % 2 != use % 2     # try_wait.parity on the barrier's phase
+        if parity_passes and phase[slot] < use:
+            hazards.append(f"wait {n} passed on a lapped phase of barrier {slot}")
+        return parity_passes
+
+    def step(w, op):
+        if op[0] == "read":
+            _, tensor, block = op
+            if content[(tensor, block % stages)] != (block, warps):
+                hazards.append(f"warp {w} read {tensor}({block}): the slot holds {content[(tensor, block % stages)]}")
+            reads.setdefault((tensor, block), set()).add(w)
+        elif op[0] == "issue":
+            _, n, copies = op
+            for tensor, block in copies:
+                old = content[(tensor, block % stages)]
+                if old is not None and old[0] != block:
+                    if len(reads.get((tensor, old[0]), ())) < warps:
+                        hazards.append(f"warp {w} refilled {tensor}({old[0]})'s slot with {tensor}({block}) "
+                                       f"before every warp read it")
+                    content[(tensor, block % stages)] = (block, 0)
+                elif old is None:
+                    content[(tensor, block % stages)] = (block, 0)
+            inflight.append((n, copies))
+        elif op[0] == "wait":
+            return passes(op[1])
+        elif op[0] == "fence":
+            at_fence.add(w)
+            return len(at_fence) == warps
+        return True
+
+    progs = [program() for _ in range(warps)]
+    pending = [next(p) for p in progs]
+    while any(op is not None for op in pending) and not hazards:
+        if inflight and rng.random() < 0.5:
+            land()
+            continue
+        order = [w for w in range(warps) if pending[w] is not None]
+        rng.shuffle(order)
+        moved = next((w for w in order if step(w, pending[w])), None)
+        if moved is not None:
+            pending[moved] = next(progs[moved], None)
+        elif inflight:
+            land()
+        else:
+            hazards.append("deadlock")
+    return hazards
+
+
+def test_v22_copy_protocol_is_safe_under_any_warp_order():
+    """The ring's schedule as the kernel runs it (v22.K_REFILL_AHEAD, V_REFILL_AHEAD, three slots,
+    three barriers numbered by copy issue), replayed over random interleavings of four warps and
+    random copy latencies: no read of an unlanded or wrong block, no refill of a slot a warp has yet
+    to read, no wait passed on a lapped phase, no deadlock. One block further ahead for K or for V
+    must be caught: that is the replay's own check."""
+    import random
+
+    k_ahead, v_ahead = v22.K_REFILL_AHEAD.value, v22.V_REFILL_AHEAD.value
+    rng = random.Random(0)
+    for trial in range(300):
+        hazards = _replay_copy_ring(rng.randrange(1, 9), rng, k_ahead, v_ahead)
+        assert not hazards, (trial, hazards[:3])
+    for bad in ((k_ahead + 1, v_ahead), (k_ahead, v_ahead + 1)):
+        rng = random.Random(1)
+        assert any(_replay_copy_ring(8, rng, *bad) for _ in range(300)), bad
+
+
 def test_dependent_chain_follows_registers_not_issue_order():
     from flashrung.evidence.census import dependent_chain
 

@@ -68,6 +68,11 @@ CENSUS_ARCHES = ("sm_90a", "sm_120")
 # (``ring_start``'s ``copy_bars``). 0 until the first compile has run the allocation pass.
 RING_OFFSETS = {**v20.RING_OFFSETS, "COPY_BARS_AT": "copy_bars"}
 MBARRIER_BYTES = 8
+# Trip j refills K(j + K_REFILL_AHEAD) and V(j + V_REFILL_AHEAD) after waiting for trip j-1's copies:
+# the furthest ahead the three-slot ring allows once every warp is past trip j-1's softmax
+# (tests/test_ladder.py replays the schedule under every warp order it draws)
+K_REFILL_AHEAD = gl.constexpr(3)
+V_REFILL_AHEAD = gl.constexpr(1)
 # one arrival per thread of the CTA's four warps: the barrier helpers' one-warpgroup layout
 THREADS = THREADS_PER_WARPGROUP
 _THREADS = gl.constexpr(THREADS)
@@ -146,12 +151,15 @@ def barrier_free_trip(q, k_smem, v_smem, s, m_i, l_i, acc, start_n, hi, k_base, 
     # readable below, K(j+2) in trip j+1, and K(j)'s and V(j-2)'s slots are read by no one.
     waited, phase = copy_barrier(j, KV_STAGES)
     wait_unsynced(waited, phase, COPY_BARS_AT, True)
-    ahead_k = start_n + 3 * BLOCK_N
-    ahead_v = start_n + BLOCK_N
-    v20.issue_block_inline(rows, chunks, chunk_at, j % KV_STAGES, k_base, ahead_k, hi - ahead_k, stride_ks,
-                           BLOCK_N, HEAD_DIM, K_RING_AT)
-    v20.issue_block_inline(rows, chunks, chunk_at, (j + 1) % KV_STAGES, v_base, ahead_v, hi - ahead_v, stride_v,
-                           BLOCK_N, HEAD_DIM, V_RING_AT)
+    ahead_k = start_n + K_REFILL_AHEAD * BLOCK_N
+    ahead_v = start_n + V_REFILL_AHEAD * BLOCK_N
+    # the ahead counts reduced first: (j + 3) % 3 is not folded to j % 3 (7 instructions a trip)
+    k_slot = (j + K_REFILL_AHEAD % KV_STAGES) % KV_STAGES
+    v_slot = (j + V_REFILL_AHEAD % KV_STAGES) % KV_STAGES
+    v20.issue_block_inline(rows, chunks, chunk_at, k_slot, k_base, ahead_k, hi - ahead_k, stride_ks, BLOCK_N,
+                           HEAD_DIM, K_RING_AT)
+    v20.issue_block_inline(rows, chunks, chunk_at, v_slot, v_base, ahead_v, hi - ahead_v, stride_v, BLOCK_N,
+                           HEAD_DIM, V_RING_AT)
     counted, _ = copy_barrier(j + 1, KV_STAGES)
     copies_arrive_unsynced(counted, COPY_BARS_AT)
     acc = v16.pv(p16, alpha, acc, v_smem.index(j % KV_STAGES))

@@ -578,11 +578,19 @@ def test_v21_row_max_is_a_tree_of_the_same_instructions(rows):
         assert rows[new]["spill_bytes"] == 0 and rows[new]["regs"] <= 255, new
 
 
-def _trips(row):
-    """The unmasked and the masked trip of a rung on v14's ring. An mbarrier spin's retry block sits
-    after the kernel's exit and branches back into the body: that span holds an ``EXIT`` and is not
-    a loop the kernel iterates."""
-    return [l for l in row["loops"] if l["EXIT"] == 0]
+def test_key_loops_leave_out_a_spin_retry_that_spans_the_exit(rows):
+    # v22's copy wait: ptxas parks the spin's retry after EXIT and branches back into the trip, a
+    # span census.innermost_loops reports as a loop; the key loops (and the CLI's "loop instr")
+    # are the two trips alone, and no other rung's are touched
+    from flashrung.kernels.ladder.cli import loop_lengths
+
+    spans = rows["v22_causal"]["loops"]
+    assert len(spans) > 2 and all(loop["EXIT"] for loop in spans[2:])
+    assert len(evidence.key_loops(rows["v22_causal"])) == 2
+    assert loop_lengths(rows["v22_causal"]).count("/") == 1
+    for key in ("v20_causal", "v19_causal", "v15_causal", "v7_all_keeps"):
+        assert evidence.key_loops(rows[key]) == rows[key]["loops"], key
+    assert evidence.key_loops({"loops": None}) == [] and loop_lengths({}) == "-"
 
 
 def test_v22_trip_meets_no_barrier_and_keeps_v20s_work(rows):
@@ -592,7 +600,7 @@ def test_v22_trip_meets_no_barrier_and_keeps_v20s_work(rows):
     # v20's shared memory (still two CTAs per SM)
     pairs = (("v22_causal", "v20_causal"), ("v22", "v20"), ("v22_d64_causal", "v20_d64_causal"))
     for new, old in pairs:
-        a, b = _trips(rows[old]), _trips(rows[new])
+        a, b = evidence.key_loops(rows[old]), evidence.key_loops(rows[new])
         assert len(a) == len(b) == 2, new
         for la, lb in zip(a, b):
             assert la["BAR"] == 1 and lb["BAR"] == 0, new
@@ -607,14 +615,14 @@ def test_v22_trip_meets_no_barrier_and_keeps_v20s_work(rows):
             rows[new]["config"]["head_dim"]), new
         assert common.resident_ctas_per_sm(rows[new]["regs"], 4, rows[new]["smem_bytes"], (9, 0), 228 * 1024) == 2, new
     # K and V laid out apart: v20 keeps 48 B in local memory there, v22 none
-    assert [l["BAR"] for l in _trips(rows["v22_causal_apart"])] == [0, 0]
+    assert [l["BAR"] for l in evidence.key_loops(rows["v22_causal_apart"])] == [0, 0]
     assert rows["v22_causal_apart"]["spill_bytes"] <= rows["v20_causal_apart"]["spill_bytes"]
 
 
 def test_v23_row_max_is_a_tree_of_v22s_instructions(rows):
     # v21's lever on v22's trip: the FMNMX chain 17 -> 6, the same work, still no barrier
     for new, old in (("v23_causal", "v22_causal"), ("v23", "v22"), ("v23_d64_causal", "v22_d64_causal")):
-        a, b = _trips(rows[old]), _trips(rows[new])
+        a, b = evidence.key_loops(rows[old]), evidence.key_loops(rows[new])
         assert len(a) == len(b) == 2, new
         for la, lb in zip(a, b):
             # 6 deep, 7 on d64's masked trip (its mask's select joins the first level)

@@ -45,7 +45,7 @@ import time
 
 from flashrung.bench import numerators, report, stats, suites, timing
 from flashrung.kernels import ladder
-from flashrung.kernels.ladder.evidence import ARCHES
+from flashrung.kernels.ladder.evidence import ARCHES, key_loops
 
 DEFAULT_ARCH = "sm_90a"
 SEED_CARD_ARCH = "sm_120"     # the seed's RTX 5090: its 99 KB budget set the seed's occupancy cliffs
@@ -275,10 +275,10 @@ def format_census(rows: list[dict], arch: str, no_gpu: str | None = None) -> str
 
 
 def loop_lengths(row: dict) -> str:
-    """Instructions per trip of each innermost loop (``census.innermost_loops``), in listing order:
-    "563/738" is a kernel with an unmasked and a masked key loop; "-" for rows without loops
-    (or recorded before the census read them)."""
-    return "/".join(str(loop["length"]) for loop in row.get("loops") or []) or "-"
+    """Instructions per trip of each key loop (``evidence.key_loops``), in listing order: "563/738"
+    is a kernel with an unmasked and a masked key loop; "-" for rows without loops (or recorded
+    before the census read them)."""
+    return "/".join(str(loop["length"]) for loop in key_loops(row)) or "-"
 
 
 def budget_line(rows: list[dict], arch: str) -> str:

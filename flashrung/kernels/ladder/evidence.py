@@ -81,6 +81,15 @@ def rows_in_subprocess(selectors: list[dict], jobs: int = 1, timeout: float = 90
 # Derived quantities
 # --------------------------------------------------------------------------------------------
 
+def key_loops(row: dict) -> list[dict]:
+    """The key loops of a rung's census row (``census.innermost_loops``): its trips, unmasked then
+    masked. A span that holds an ``EXIT`` is not one: ptxas places an mbarrier spin's retry block
+    after the kernel's exit and branches back into the trip from there (ladder.v22's copy wait),
+    and no rung's key loop holds the exit (one tile per CTA; v5's persistent arm walks its tiles in
+    a loop around the key loop, never innermost)."""
+    return [loop for loop in row.get("loops") or [] if not loop.get("EXIT")]
+
+
 def opcode_count(row: dict, *prefixes: str) -> int:
     """Static count of the opcodes of ``row`` that start with any of ``prefixes``."""
     return sum(n for op, n in row["sass"]["opcodes"].items() if op.startswith(prefixes))

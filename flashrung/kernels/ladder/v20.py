@@ -248,41 +248,44 @@ def config_with(problem, overrides: dict) -> v14.AheadConfig:
     return apply_overrides(NAME, CONFIG, overrides, keys=())
 
 
-def ring_offsets(compile_with, constexprs: dict, name: str = NAME) -> dict:
-    """``constexprs`` with the K and V rings' byte offsets filled in (two compiles; raises, naming
-    the rung ``name``, if the second allocated the rings elsewhere)."""
-    return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, name)
+def ring_offsets(compile_with, constexprs: dict, name: str = NAME, offsets: dict = RING_OFFSETS) -> dict:
+    """``constexprs`` with the byte offsets its inline PTX names filled in (``offsets``: v20's K and
+    V rings; ladder.v22 adds its copy barriers) — two compiles; raises, naming the rung ``name``, if
+    the second allocated them elsewhere."""
+    return resolve_shared_offsets(compile_with, constexprs, offsets, name)
 
 
-def _offsets_unresolved() -> dict:
+def _offsets_unresolved(offsets: dict = RING_OFFSETS) -> dict:
     # offset 0 in the first compile; ring_offsets fills in the allocation pass's
-    return {name: 0 for name in RING_OFFSETS}
+    return {name: 0 for name in offsets}
 
 
 def launch(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG, name: str = NAME,
-           row_max_tree: bool = False):
+           row_max_tree: bool = False, kernel=attention_fwd_v20, offsets: dict = RING_OFFSETS):
     """This kernel on these tensors, as the rung ``name`` builds it: v20 with Triton's row max, ladder.v21
-    with the tree (``row_max_tree``)."""
-    return v14.launch_on_ring(attention_fwd_v20, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
+    with the tree (``row_max_tree``); ladder.v22 and v23 pass their ``kernel`` and its ``offsets``."""
+    return v14.launch_on_ring(kernel, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
                               constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
-                                          "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
-                              needs_ahead=name, resolve=functools.partial(ring_offsets, name=name))
+                                          "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved(offsets)},
+                              needs_ahead=name, resolve=functools.partial(ring_offsets, name=name, offsets=offsets))
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
     return launch(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config)
 
 
-def kernel_census_specs(name: str = NAME, row_max_tree: bool = False):
+def kernel_census_specs(name: str = NAME, row_max_tree: bool = False, kernel=attention_fwd_v20,
+                        offsets: dict = RING_OFFSETS, config=CONFIG, arches: tuple[str, ...] | None = None):
     """The census of this kernel as the rung ``name`` builds it (see :func:`launch`): each head dim
-    and mask with K and V of one row stride, then d128's copy form for K and V laid out apart."""
+    and mask with K and V of one row stride, then d128's copy form for K and V laid out apart;
+    ``arches`` narrows the architectures (ladder.v22's wait is sm_90's)."""
     cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
     cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(name, attention_fwd_v20, head_dim=d, causal=c, cfg=CONFIG,
+    return [common.census_spec(name, kernel, head_dim=d, causal=c, cfg=config,
                                extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
-                                      "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
-                               resolve=functools.partial(ring_offsets, name=name))
+                                      "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved(offsets)},
+                               config_extra={"kv_stages": config.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
+                               resolve=functools.partial(ring_offsets, name=name, offsets=offsets), arches=arches)
             for d, c, form in cases]
 
 

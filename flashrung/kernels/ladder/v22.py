@@ -30,15 +30,13 @@ stalls, 3.0% of its samples at B). Not yet measured.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from flashrung.kernels.hopper.pipeline import (THREADS_PER_WARPGROUP, copies_arrive_unsynced, resolve_shared_offsets,
-                                               wait_unsynced)
+from flashrung.kernels.hopper.pipeline import THREADS_PER_WARPGROUP, copies_arrive_unsynced, wait_unsynced
 from flashrung.kernels.hopper.softmax import row_max
 from flashrung.kernels.ladder import common, v14, v15, v16, v20
 from flashrung.kernels.ladder.common import mma_scores
@@ -232,23 +230,16 @@ def config_with(problem, overrides: dict) -> BarrierFreeConfig:
 
 
 def ring_offsets(compile_with, constexprs: dict, name: str = NAME) -> dict:
-    """``constexprs`` with the rings' and the copy barriers' byte offsets filled in (two compiles;
-    raises, naming the rung ``name``, if the second allocated them elsewhere)."""
-    return resolve_shared_offsets(compile_with, constexprs, RING_OFFSETS, name)
-
-
-def _offsets_unresolved() -> dict:
-    return {name: 0 for name in RING_OFFSETS}
+    """``constexprs`` with the rings' and the copy barriers' byte offsets filled in (v20's build)."""
+    return v20.ring_offsets(compile_with, constexprs, name, RING_OFFSETS)
 
 
 def launch(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG, name: str = NAME,
            row_max_tree: bool = False):
-    """This kernel on these tensors, as the rung ``name`` builds it (``row_max_tree``: each block's
-    row max as ``softmax.row_max``'s tree, v21's lever)."""
-    return v14.launch_on_ring(attention_fwd_v22, q, k, v, causal, softmax_scale, config=config, out=out, lse=lse,
-                              constexprs={"ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": bool(causal),
-                                          "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
-                              needs_ahead=name, resolve=functools.partial(ring_offsets, name=name))
+    """This kernel on these tensors through v20's launch, as the rung ``name`` builds it
+    (``row_max_tree``: each block's row max as ``softmax.row_max``'s tree, v21's lever)."""
+    return v20.launch(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config, name=name,
+                      row_max_tree=row_max_tree, kernel=attention_fwd_v22, offsets=RING_OFFSETS)
 
 
 def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, config=CONFIG):
@@ -256,16 +247,9 @@ def forward(q, k, v, causal: bool, softmax_scale: float, *, out=None, lse=None, 
 
 
 def kernel_census_specs(name: str = NAME, row_max_tree: bool = False):
-    """v20's census cases (each head dim and mask with K and V of one row stride, then d128's copy
-    form for K and V laid out apart), for the architectures with mbarrier.try_wait."""
-    cases = [(d, c, v14.copy_form(d, True)) for d in HEAD_DIMS for c in (False, True)]
-    cases += [(128, c, v14.copy_form(128, False)) for c in (False, True)]
-    return [common.census_spec(name, attention_fwd_v22, head_dim=d, causal=c, cfg=CONFIG,
-                               extra={"KV_COPY": form, "ROW_SUM": ROW_SUM, "TAIL_HEAVIEST_FIRST": c,
-                                      "ROW_MAX_TREE": row_max_tree, **_offsets_unresolved()},
-                               config_extra={"kv_stages": CONFIG.kv_stages, "kv_copy": v14.COPY_NAMES[form]},
-                               resolve=functools.partial(ring_offsets, name=name), arches=CENSUS_ARCHES)
-            for d, c, form in cases]
+    """v20's census cases for this kernel, on the architectures with mbarrier.try_wait."""
+    return v20.kernel_census_specs(name, row_max_tree, kernel=attention_fwd_v22, offsets=RING_OFFSETS,
+                                   config=CONFIG, arches=CENSUS_ARCHES)
 
 
 def census_specs():

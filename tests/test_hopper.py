@@ -108,7 +108,9 @@ result = {}
 for label, d, causal, changes in json.loads(sys.argv[1]):
     # "_key_tail": False builds a launch whose keys fill their K/V tiles (fwd.census_spec)
     key_tail = changes.pop("_key_tail", True)
-    cfg = dataclasses.replace(fwd.default_config(d, causal, key_tail=key_tail), **changes)
+    # "_seqlen": the default of a problem this long (fwd.default_config), 16k unless given
+    seqlen = changes.pop("_seqlen", 16384)
+    cfg = dataclasses.replace(fwd.default_config(d, causal, seqlen, key_tail=key_tail), **changes)
     spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
@@ -286,6 +288,12 @@ CENSUS_CONFIGS += [("d64-full-gate-pv", 64, False, {"gate_pv_wait": True}),
                    ("d128-full-fa4-mbar", 128, False, {"named_turns": False, "gate_pv_wait": False}),
                    ("d128-full-fa4-mbar-gate-pv", 128, False, {"named_turns": False, "gate_pv_wait": True}),
                    ("d128-full-ungated", 128, False, {"gate_pv_wait": False})]
+# d128 non-causal's split-tail defaults below 16k (change 38), built for keys that fill their
+# tiles (the first tile unmasked) and for a key tail
+CENSUS_CONFIGS += [(f"d128-full-s{s // 1024}k-split{'' if tail else '-no-tail'}", 128, False,
+                    {"_seqlen": s, "_key_tail": tail}) for s in (4096, 8192) for tail in (True, False)]
+CENSUS_CONFIGS.append(("d128-full-s8k-whole-no-tail", 128, False, {"_seqlen": 8192, "_key_tail": False,
+                                                                   "split_tail": False}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -685,6 +693,27 @@ def test_mid_length_decode_defaults_keep_no_local_memory(census):
             assert abs(a["length"] - b["length"]) <= 8, (name, a["length"], b["length"])
     row = census["d64-full-mid-no-tail"]["row"]
     assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["config"]["first_mask_on_need"]
+
+
+def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
+    # d128 non-causal's split tail from 4k (change 38) on FA3's and FA4's named orders: the split
+    # items' bookkeeping and partial stores keep no local memory, with the first tile masked on
+    # need (no key tail: no mask built at all) or always (a key tail), and the K/V loops are the
+    # whole-tile kernels' within a few instructions (the split only changes each item's range)
+    for s in (4, 8):
+        for suffix in ("", "-no-tail"):
+            name = f"d128-full-s{s}k-split{suffix}"
+            row = census[name]["row"]
+            _assert_no_local_memory(row, name)
+            assert row["config"]["split_tail"] and row["config"]["first_mask_on_need"]
+            assert all(loop["ldl"] == 0 for loop in census[name]["kv_loops"])
+    # S8k's build against the same default without the split (change 35's S8k kernel)
+    # (the K/V steps: the census's longer loops wrap a whole work item, and the split changes those)
+    split, whole = ([loop for loop in census[name]["kv_loops"] if loop["length"] < 800 and loop["mufu"] >= 32]
+                    for name in ("d128-full-s8k-split-no-tail", "d128-full-s8k-whole-no-tail"))
+    assert len(split) == len(whole) >= 2
+    for a, b in zip(split, whole):
+        assert abs(a["length"] - b["length"]) <= 8, (a["length"], b["length"])
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -1273,16 +1302,17 @@ def test_balanced_grid_follows_the_measured_rule(head_dim, seqlen, balanced):
 
 
 @pytest.mark.parametrize("head_dim, seqlen, split", [
-    (128, 16384, True), (128, 32768, True), (128, 16383, False), (128, 8192, False), (128, 1024, False),
-    (64, 32768, False), (256, 32768, False)])
+    (128, 16384, True), (128, 32768, True), (128, 16383, True), (128, 8192, True), (128, 4096, True),
+    (128, 4095, False), (128, 1024, False), (64, 32768, False), (256, 32768, False)])
 def test_split_tail_follows_the_measured_rule(head_dim, seqlen, split):
-    # the split tail only where it measured faster: d128 non-causal from 16k (the longer of Sq and
+    # the split tail only where it measured faster: d128 non-causal from 4k (the longer of Sq and
     # Sk decides, config.SPLIT_TAIL_MIN_SEQLEN); never causal, where forward refuses it
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, seqlen_q=sq, seqlen_k=sk))
         assert cfg.split_tail is split, (head_dim, sq, sk)
-        # the split-tail kernel keeps its first tile masked (first_mask_on_need lost there, paired)
-        assert cfg.first_mask_on_need is not split, (head_dim, sq, sk)
+        # from 16k the split-tail kernel keeps its first tile masked (first_mask_on_need lost
+        # there, paired); below it the split tail was priced with first_mask_on_need on
+        assert cfg.first_mask_on_need is not (split and seqlen >= 16384), (head_dim, sq, sk)
         causal = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=True, seqlen_q=sq, seqlen_k=sk))
         assert causal.split_tail is False and causal.first_mask_on_need
 
@@ -1854,12 +1884,14 @@ def test_gate_fa4_order_noncausal_default(seqlen_q, seqlen_k, dtype):
     dict(batch=3, seqlen_q=1000, heads_q=12, heads_kv=4),     # 264 whole tiles, then 24 split 5 ways
     dict(batch=1, seqlen_q=333, heads_q=4, heads_kv=1),       # 12 tiles split 11 ways, GQA
 ], ids=lambda s: "B{batch}-Sq{seqlen_q}-H{heads_q}:{heads_kv}".format(**s))
-def test_gate_default_split_tail(shape):
-    # the default path that takes the split tail (a 16k key length), at query lengths the
-    # reference can afford
-    problem = _problem(seqlen_k=16384, **shape)
-    assert select_config(problem).split_tail
-    _gate(seqlen_k=16384, head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
+@pytest.mark.parametrize("seqlen_k", [4096, 8192, 16384])
+def test_gate_default_split_tail(shape, seqlen_k):
+    # the default paths that take the split tail (key lengths from 4k), at query lengths the
+    # reference can afford: below 16k with the first tile unmasked (whole key tiles), from 16k
+    # with it masked always (config.SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN)
+    cfg = select_config(_problem(seqlen_k=seqlen_k, **shape))
+    assert cfg.split_tail and cfg.first_mask_on_need is (seqlen_k < 16384)
+    _gate(seqlen_k=seqlen_k, head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
 
 
 @pytest.mark.gpu

@@ -621,10 +621,18 @@ _SHORT_NONCAUSAL = {
 # lasts as long as its K/V loop, against a fixed cost (the split items' prologues and partial
 # stores, the merge launch). Paired on the H200 (d128 bf16 H16, split ÷ whole tiles; 4096 tiles
 # on 132 SMs leave 4 for a 32nd round): B2 S16384 1.0138 / 1.0136, B1 S32768 1.0181 / 1.0185.
-# Screening (interleaved CUDA events): S8192 1.003, S4096 1.002, S2048 0.990, S1024 0.956; d64 and
-# d256 rows of the suite leave tails too full to split (one split per tile), and d256's split code
-# spills (census).
-SPLIT_TAIL_MIN_SEQLEN = {128: 16384}
+# Screening (interleaved CUDA events, on older defaults): S8192 1.003, S4096 1.002, S2048 0.990,
+# S1024 0.956. Change 38 priced it paired, preheated 150 ms, over today's defaults (FA4's named
+# order from S8192, FA3's named order at S4096, inline arrivals): B4 S8192 1.0351 / 1.0389, B8
+# S4096 1.0212 / 1.0193 (KEEP, t_keep 1.002164; h200-compare-split-tail-d128-full-s{8192,4096}-
+# 93f2fae.json), with the first tile masked only where needed (below). d64 and d256 rows of the
+# suite leave tails too full to split (one split per tile); d256 with split_tail_rounds lost,
+# B2 H16 S8192 0.9609 / 0.9543 (REVERT, h200-compare-split-tail-rounds-d256-full-s8192-93f2fae.json).
+SPLIT_TAIL_MIN_SEQLEN = {128: 4096}
+# From this max(Sq, Sk) up the split-tail kernel masks its first tile always: first_mask_on_need
+# lost on it at B2 H16 S16384, 0.9935 / 0.9936 (change 23). Below it the split tail was priced
+# with first_mask_on_need on (change 38), which is what the rule runs there.
+SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN = {128: 16384}
 # A work item's fixed cost beyond its K/V steps, in steps (the tile trace, H200, default kernels:
 # 2226 cycles against 2377 a step at d128, 2410 against 2495 at d64, 5870 against 2051 at d256 —
 # its peeled first step, drain and epilogue; profile, h200-tile-trace-*-0298876.json): what
@@ -847,7 +855,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             balanced: bool, stagger_kv: bool, l2_section_mib: int, num_q_stages: int,
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
-            fa3_named: bool = False, gate_pv_wait: bool = False) -> HopperFwdConfig:
+            fa3_named: bool = False, gate_pv_wait: bool = False,
+            mask_first_always: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -862,11 +871,11 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
         base = dataclasses.replace(base, named_turns=True)
     if gate_pv_wait:
         base = dataclasses.replace(base, gate_pv_wait=True)
-    # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The split-tail
-    # kernel keeps its first tile masked always (first_mask_on_need, below the field).
+    # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The long split-tail
+    # kernel keeps its first tile masked always (SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
                                balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
-                               first_mask_on_need=base.first_mask_on_need and not split_tail,
+                               first_mask_on_need=base.first_mask_on_need and not mask_first_always,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals)
@@ -881,6 +890,7 @@ def select_config(problem) -> HopperFwdConfig:
     short_max = SHORT_CAUSAL_MAX_SEQLEN if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN
     short = seqlen <= short_max.get(problem.head_dim, 0)
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
+    mask_first_always = split_tail and seqlen >= SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
     small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
@@ -901,4 +911,4 @@ def select_config(problem) -> HopperFwdConfig:
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait)
+                   gate_pv_wait, mask_first_always)

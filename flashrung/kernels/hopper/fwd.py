@@ -1820,8 +1820,9 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
                                  causal=causal, device_type="cuda", capability=(9, 0)))
 
 
-# lengths that between them reach every compiled default: 32k (d128's split tail, the balanced
-# causal grids), 8k (d128 non-causal without the split tail), 4k and 2k (the multiply-high decode
+# lengths that between them reach every compiled default: 32k (d128's split tail masking its first
+# tile always, the balanced causal grids), 8k and 4k (d128 non-causal's split tail in FA4's and
+# FA3's named orders, first tile masked on need), 4k and 2k (the multiply-high decode
 # with two Q buffers on d64's 192-row tile and d128 causal), 1k (the short-causal configurations
 # of d64 and d128, on the balanced lists like every causal d64 and d128 problem)
 _CENSUS_SEQLENS = (32768, 8192, 4096, 2048, 1024)

@@ -7,6 +7,7 @@ TRITON_INTERPRET=1, which the CPU suite sets), as tests/test_census.py does.
 import argparse
 import json
 import math
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -605,3 +606,116 @@ def test_profile_on_the_gpu(tmp_path):
     fa2 = rows["peer flash"]
     assert fa2["status"] == "ok" and fa2["kind"] == "peer", fa2
     assert rows["ladder.v1"]["percent_of_mma_sync_per_cycle"] < fa2["percent_of_mma_sync_per_cycle"] < 100
+
+
+# ------------------------------------------------------------------------------------------
+# --processes: the climb repeated in fresh processes, read as a median and range per rung
+# ------------------------------------------------------------------------------------------
+
+def _climb_with(pcts: dict[tuple[str, str], float], mma_sync: float = 370.0, gate_ok: bool = True) -> dict:
+    # one process's climb: rows whose share of the mma.sync ceiling is given, in ladder order
+    rows = []
+    for (config, rung), pct in pcts.items():
+        r = cli.new_row(config, ladder.rung(rung))
+        r.update(status="ok", tflops=pct * mma_sync / 100, percent_of_mma_sync_ceiling=pct,
+                 margin=_summary(1.03, 1.02, 1.04, 1.03, 1.03) if r["parent"] else None,
+                 gate=_gate(gate_ok, 0.3))
+        rows.append(r)
+    return {"mode": "climb", "rows": rows, "ceilings": {"mma_sync:bfloat16": {"value": mma_sync}},
+            "manifest": {"environment": {"gpu": "NVIDIA H200"}}}
+
+
+def test_readings_report_the_median_the_range_and_the_readings_at_target():
+    # the property: a share near the target is read over processes — the median, the range and how
+    # many processes reached 90% — not from whichever process ran last
+    climbs = [_climb_with({("B", "ladder.v20"): 88.1, ("B", "ladder.v22"): p}, mma_sync=c)
+              for p, c in ((89.8, 378.8), (91.2, 366.3), (90.4, 370.0))]
+    summary = cli.summarize_readings(climbs)
+    rows = {r["rung"]: r for r in summary["rows"]}
+    v22 = rows["ladder.v22"]
+    assert v22["readings"] == 3 and v22["at_or_above_target"] == 2
+    assert v22["percent_of_mma_sync_ceiling"]["median"] == pytest.approx(90.4)
+    assert (v22["percent_of_mma_sync_ceiling"]["min"], v22["percent_of_mma_sync_ceiling"]["max"]) == (89.8, 91.2)
+    assert v22["margin"]["median"] == pytest.approx(1.03) and rows["ladder.v20"]["at_or_above_target"] == 0
+    assert summary["ceilings"]["mma_sync:bfloat16"]["min"] == 366.3
+    doc = {"mode": "readings", "processes": 4, "protocol": "default", "gated": True,
+           "summary": summary, "wall_s": 200.0,
+           "runs": [{"process": i + 1, "returncode": 0, "climb": c, "error": None} for i, c in enumerate(climbs)]
+           + [{"process": 4, "returncode": 1, "climb": None, "error": "CUDA error: out of memory"}]}
+    text = cli.format_readings(doc)
+    assert "3 of 4 fresh processes read" in text and "NVIDIA H200" in text
+    assert "90.4% [89.8,91.2]" in text and "2 of 3" in text
+    assert "process 4: exit 1: CUDA error: out of memory" in text
+
+
+def test_readings_count_failed_gates_and_unmeasured_rows():
+    climbs = [_climb_with({("B", "ladder.v22"): 90.0}, gate_ok=False), _climb_with({("B", "ladder.v22"): 90.0})]
+    skipped = cli.new_row("B", ladder.rung("v0"))
+    skipped.update(status="skipped")
+    climbs[0]["rows"].append(skipped)
+    summary = cli.summarize_readings(climbs)
+    rows = {r["rung"]: r for r in summary["rows"]}
+    assert rows["ladder.v22"]["gate_failed"] == 1 and rows["ladder.v22"]["at_or_above_target"] == 2
+    assert rows["ladder.v0"]["readings"] == 0 and rows["ladder.v0"]["not_measured"] == ["skipped"]
+    text = cli.format_readings({"mode": "readings", "processes": 2, "protocol": "quick", "gated": True,
+                                "summary": summary, "wall_s": 1.0,
+                                "runs": [{"process": 1, "returncode": 1, "climb": climbs[0], "error": None}]})
+    assert "FAIL x1" in text and "skipped" in text
+
+
+def test_processes_run_the_same_climb_in_fresh_processes(monkeypatch, tmp_path, capsys):
+    # each child is this climb's command (rungs, config, protocol, seed) writing its own JSON; the
+    # readings document keeps every child's climb and renders again from --from-json
+    monkeypatch.setattr(bench_cli, "gpu_available", lambda: (True, "Virtual GPU"))
+    seen = []
+
+    def fake_child(argv):
+        seen.append(argv)
+        path = pathlib.Path(argv[argv.index("--json") + 1])
+        if len(seen) == 2:                                      # the second process dies before writing
+            return subprocess.CompletedProcess(argv, -9, "", "Killed")
+        path.write_text(json.dumps(_climb_with({("B", "ladder.v20"): 88.0, ("B", "ladder.v22"): 89.0 + len(seen)})))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(cli, "run_child", fake_child)
+    out = tmp_path / "readings.json"
+    args = parse("--processes", "3", "--only", "v20,v22", "--config", "b", "--quick", "--seed", "7",
+                 "--no-progress", "--json", str(out))
+    rc = args.func(args)
+    assert rc == 1                                               # one process wrote nothing
+    assert len(seen) == 3
+    for argv in seen:
+        assert argv[1:4] == ["-m", "flashrung.cli", "ladder"] and "--processes" not in argv
+        assert argv[argv.index("--only") + 1] == "v20,v22" and argv[argv.index("--config") + 1] == "b"
+        assert "--quick" in argv and argv[argv.index("--seed") + 1] == "7"
+    assert len({a[a.index("--json") + 1] for a in seen}) == 3   # a file of its own each
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "readings" and [r["returncode"] for r in doc["runs"]] == [0, -9, 0]
+    v22 = next(r for r in doc["summary"]["rows"] if r["rung"] == "ladder.v22")
+    assert v22["percent_of_mma_sync_ceiling"]["values"] == [90.0, 92.0] and v22["at_or_above_target"] == 2
+    printed = capsys.readouterr().out
+    assert "process 2: exit -9: Killed" in printed
+    args = parse("--from-json", str(out), "--plot", str(tmp_path / "again.png"))
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == printed.strip()
+
+
+def test_processes_refuse_the_census_the_profile_and_a_machine_without_a_gpu(monkeypatch, capsys):
+    for extra in (["--census"], ["--profile"]):
+        args = parse("--processes", "2", *extra)
+        assert args.func(args) == 2
+    monkeypatch.setattr(bench_cli, "gpu_available", lambda: (False, "no CUDA device"))
+    args = parse("--processes", "2")
+    assert args.func(args) == 2
+    assert "needs a GPU (no CUDA device)" in capsys.readouterr().err
+    for bad in ("0", "21", "x"):
+        with pytest.raises(SystemExit):
+            parse("--processes", bad)
+
+
+def test_plot_of_the_readings(tmp_path):
+    pytest.importorskip("matplotlib")
+    climbs = [_climb_with({("B", "ladder.v20"): 88.0, ("B", "ladder.v22"): p}) for p in (89.8, 90.6)]
+    doc = {"processes": 2, "summary": cli.summarize_readings(climbs)}
+    out = cli.plot_readings(doc, tmp_path / "readings.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -24,6 +24,12 @@ Three modes, one command:
   A or B itself with ``--config a|b``: tensor-pipe activity, shared-memory bank conflicts and
   wavefronts per ldmatrix, long-scoreboard / barrier / MIO stall shares, achieved occupancy, SM
   active share, L2 hit rate and traffic, HBM reads. Evidence level: profile.
+- **readings** (``--processes N``, a GPU): the climb N times, each in a fresh process, and per
+  rung and configuration the median and range of its TFLOP/s, of its share of the mma.sync
+  ceiling (timed in that process's rounds) and of its in-process margin, with how many readings
+  reach the ladder's target (``TARGET_MMA_SYNC_PERCENT``). One process's share moves with its
+  own ceiling reading (on the H200 the in-round mma.sync ceiling has moved 366–379 TFLOP/s between
+  processes), so a share near the target is read over several processes, not one.
 
 ``python -m flashrung.kernels.ladder.cli --profile-target ladder.vN ...`` is the child the
 profiler launches: it runs one rung twice at the profile shape and nothing else.
@@ -65,6 +71,11 @@ SKIPS = {("ladder.v0", "B"): "CUDA-core FMA at S=32768 is too slow for this tabl
 # divisibility Triton specialises integer arguments on, so the gate runs the binary that was timed.
 GATE_SEQLEN = 1008
 GATE_MAX_BATCH = 2
+
+# Seed 000's target for the ladder's top rung at config B: this share of the mma.sync ceiling,
+# each kernel timed at the clock it sustains
+TARGET_MMA_SYNC_PERCENT = 90.0
+MAX_PROCESSES = 20            # --processes: each process is a whole climb (about a minute at two rungs)
 
 GEMM_SIZE = 8192              # M = N = K of both GEMM ceilings
 GEMM_MAX_REL_ERR = 1e-2       # a tile whose GEMM is wrong cannot be a ceiling
@@ -130,6 +141,17 @@ def _only(text: str) -> tuple[str, ...]:
     return tuple(r.name for r in ladder.RUNGS if r.name in chosen)
 
 
+def _processes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"expected a number of fresh processes from 1 to {MAX_PROCESSES}, "
+                                         f"got {text!r}")
+    return value
+
+
 def _jobs(text: str) -> int:
     try:
         value = int(text)
@@ -170,6 +192,10 @@ def register(subparsers) -> None:
     p.add_argument("--no-gate", action="store_true", help="skip the correctness gate")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="input seed")
+    p.add_argument("--processes", type=_processes, default=1, metavar="N",
+                   help="the climb in N fresh processes, one after another: per rung the median and range "
+                        "of TFLOP/s, of the share of the mma.sync ceiling and of the margin, and how many "
+                        f"readings reach {TARGET_MMA_SYNC_PERCENT:g}%% (default 1: one climb in this process)")
     p.add_argument("--peer", action="append", choices=sorted(PROFILE_PEERS), default=[],
                    help="with --profile: a peer profiled beside the rungs, read per cycle against the same "
                         "ceiling (flash: torch SDPA's flash backend, FlashAttention-2 on the same mma.sync "
@@ -191,16 +217,31 @@ def cmd_ladder(args) -> int:
         mode = doc.get("mode")
         if mode == "census":
             print(format_census(doc["rows"], doc["arch"], doc.get("no_gpu_reason")))
+        elif mode == "readings":
+            print(format_readings(doc))
+            _plot_readings(doc, args)
         elif mode == "profile":
             print(format_profile(doc))
         else:
             print(format_table(doc))
             _plot(doc, args)
         return 0
+    if args.processes > 1 and (args.profile or args.census):
+        print("flashrung ladder: --processes repeats the climb (timing); the census and the profile are "
+              "one reading each", file=sys.stderr)
+        return 2
     if args.profile:
         return cmd_profile(args)
     from flashrung.bench.cli import gpu_available
     ok, what = gpu_available()
+    if args.processes > 1 and not ok:
+        print(f"flashrung ladder: --processes repeats the climb, which needs a GPU ({what})", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        if args.arch:
+            print("flashrung ladder: --arch selects the census target, not a climb's", file=sys.stderr)
+            return 2
+        return cmd_readings(args, what)
     if args.census or not ok:
         return cmd_census(args, None if ok else what)
     if args.arch:
@@ -722,6 +763,185 @@ def cmd_climb(args, gpu: str) -> int:
     failed = [r for r in rows if r["status"] in ("error", "unsupported")
               or (r.get("gate") is not None and not r["gate"]["passed"])]
     return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Readings over fresh processes (GPU): the climb repeated, each in its own process
+
+
+def child_argv(args, json_path) -> list[str]:
+    """The command line of one fresh climb: this one's rungs, configurations, protocol, gate and
+    seed, its JSON to ``json_path`` (its plot lands beside it), no progress bar."""
+    argv = [sys.executable, "-m", "flashrung.cli", "ladder", "--config", args.config, "--seed", str(args.seed),
+            "--no-progress", "--json", str(json_path)]
+    if args.only:
+        argv += ["--only", ",".join(name.split(".", 1)[1] for name in args.only)]
+    if args.quick:
+        argv.append("--quick")
+    if args.no_gate:
+        argv.append("--no-gate")
+    return argv
+
+
+def run_child(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def spread(values: list[float]) -> dict | None:
+    """Median, min and max of a reading over processes (None without a reading)."""
+    import statistics
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": list(values)}
+
+
+def summarize_readings(docs: list[dict]) -> dict:
+    """Per (configuration, rung), over the climbs in ``docs`` (each one process's JSON): TFLOP/s,
+    the share of the mma.sync ceiling, the in-process margin over the parent, readings at or above
+    ``TARGET_MMA_SYNC_PERCENT``, failed gates and statuses other than ok; and each ceiling's
+    spread. Pure."""
+    cells: dict[tuple[str, str], dict] = {}
+    for doc in docs:
+        for r in doc["rows"]:
+            cell = cells.setdefault((r["config"], r["rung"]), {
+                "config": r["config"], "rung": r["rung"], "parent": r["parent"], "lever": r["lever"],
+                "tflops": [], "pct": [], "margin": [], "gate_failed": 0, "not_measured": []})
+            if r["status"] != "ok":
+                cell["not_measured"].append(r["status"])
+                continue
+            cell["tflops"].append(r["tflops"])
+            if r.get("percent_of_mma_sync_ceiling") is not None:
+                cell["pct"].append(r["percent_of_mma_sync_ceiling"])
+            if r.get("margin"):
+                cell["margin"].append(r["margin"]["margin"])
+            if r.get("gate") is not None and not r["gate"]["passed"]:
+                cell["gate_failed"] += 1
+    rows = [{"config": c["config"], "rung": c["rung"], "parent": c["parent"], "lever": c["lever"],
+             "readings": len(c["tflops"]), "tflops": spread(c["tflops"]),
+             "percent_of_mma_sync_ceiling": spread(c["pct"]),
+             "at_or_above_target": sum(p >= TARGET_MMA_SYNC_PERCENT for p in c["pct"]),
+             "margin": spread(c["margin"]), "gate_failed": c["gate_failed"], "not_measured": c["not_measured"]}
+            for c in cells.values()]
+    ceilings: dict[str, list[float]] = {}
+    for doc in docs:
+        for key, c in doc.get("ceilings", {}).items():
+            if c.get("value"):
+                ceilings.setdefault(key, []).append(c["value"])
+    return {"rows": rows, "ceilings": {k: spread(v) for k, v in ceilings.items()}}
+
+
+def _spread_cell(x: dict | None, fmt: str, unit: str = "") -> str:
+    if not x:
+        return "-"
+    if x["n"] == 1:
+        return f"{x['median']:{fmt}}{unit}"
+    return f"{x['median']:{fmt}}{unit} [{x['min']:{fmt}},{x['max']:{fmt}}]"
+
+
+def format_readings(doc: dict) -> str:
+    """The readings as a person reads them; pure (the JSON document in, text out)."""
+    runs = doc["runs"]
+    ok = [run for run in runs if run.get("climb")]
+    gpu = next(((run["climb"].get("manifest") or {}).get("environment", {}).get("gpu") for run in ok), None) or "?"
+    out = [f"flashrung ladder on {gpu}: {len(ok)} of {len(runs)} fresh processes read, each a whole climb "
+           f"({doc['protocol']} protocol); per rung the median [min, max] over the processes",
+           f"%mma.sync: the share of the mma.sync ceiling timed in that process's rounds; target "
+           f"{TARGET_MMA_SYNC_PERCENT:g}% (seed 000, config B)",
+           "vs parent: each process's in-process paired margin (the keep verdict stays with `flashrung compare`)"]
+    parts = [f"{key.replace(':', ' ')} {_spread_cell(v, '.1f')}" for key, v in sorted(doc["summary"]["ceilings"].items())]
+    if parts:
+        out.append("ceilings per process, TFLOP/s: " + ", ".join(parts))
+    header = ["config", "rung", "n", "TFLOP/s [min,max]", "%mma.sync [min,max]", f">={TARGET_MMA_SYNC_PERCENT:g}%",
+              "vs parent [min,max]", "gate", "lever"]
+    lines = []
+    for r in doc["summary"]["rows"]:
+        gate = "-" if not doc.get("gated", True) else ("PASS" if not r["gate_failed"] else f"FAIL x{r['gate_failed']}")
+        if not r["readings"]:
+            lines.append([r["config"], r["rung"].split(".", 1)[1], 0, ", ".join(sorted(set(r["not_measured"]))),
+                          "-", "-", "-", "-", r["lever"]])
+            continue
+        pct = r["percent_of_mma_sync_ceiling"]
+        lines.append([r["config"], r["rung"].split(".", 1)[1], r["readings"], _spread_cell(r["tflops"], ".1f"),
+                      _spread_cell(pct, ".1f", "%"), f"{r['at_or_above_target']} of {pct['n']}" if pct else "-",
+                      _spread_cell(r["margin"], ".3f", "x"), gate, r["lever"]])
+    out += ["", _aligned(header, lines, left={0, 1, len(header) - 1})]
+    failed = [run for run in runs if not run.get("climb")]
+    if failed:
+        out += ["", "processes that wrote no climb:"]
+        out += [f"  process {run['process']}: exit {run['returncode']}: {run['error']}" for run in failed]
+    out.append(f"wall time {doc['wall_s']:.0f} s")
+    return "\n".join(out)
+
+
+def cmd_readings(args, gpu: str) -> int:
+    import tempfile
+    from flashrung.bench import manifest as manifest_mod
+
+    started = time.perf_counter()
+    print(f"flashrung ladder on {gpu}: the climb in {args.processes} fresh processes", file=sys.stderr)
+    manifest = manifest_mod.start(list(sys.argv))
+    runs = []
+    progress = _Progress(args.processes, enabled=not args.no_progress)
+    try:
+        with tempfile.TemporaryDirectory(prefix="flashrung-ladder-") as tmp:
+            for i in range(args.processes):
+                progress.step(f"process {i + 1} of {args.processes}")
+                path = pathlib.Path(tmp) / f"climb-{i}.json"
+                done = run_child(child_argv(args, path))
+                run = {"process": i + 1, "returncode": done.returncode, "climb": None, "error": None}
+                if path.exists():
+                    run["climb"] = json.loads(path.read_text())
+                else:
+                    tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
+                    run["error"] = " / ".join(tail) or "no output"
+                runs.append(run)
+    finally:
+        progress.close()
+    manifest_mod.finish(manifest)
+    doc = {"mode": "readings", "processes": args.processes, "protocol": "quick" if args.quick else "default",
+           "gated": not args.no_gate, "target_mma_sync_percent": TARGET_MMA_SYNC_PERCENT,
+           "summary": summarize_readings([run["climb"] for run in runs if run["climb"]]),
+           "runs": runs, "manifest": manifest, "wall_s": time.perf_counter() - started}
+    print(format_readings(doc), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        _emit_json(doc, args.json)
+    _plot_readings(doc, args)
+    bad = [run for run in runs if run["climb"] is None or run["returncode"] != 0]
+    return 1 if bad else 0
+
+
+def plot_readings(doc: dict, path) -> pathlib.Path:
+    """Each process's share of the mma.sync ceiling per rung (one dot each, the median as a bar),
+    one panel per configuration, the target as a line."""
+    from flashrung.bench import plot
+    plt = plot.pyplot("ladder")
+    rows = doc["summary"]["rows"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(1, max(1, len(configs)), figsize=(5.6 * max(1, len(configs)), 4.2), squeeze=False)
+    for ax, cname in zip(axes[0], configs):
+        mine = [r for r in rows if r["config"] == cname and r["percent_of_mma_sync_ceiling"]]
+        for i, r in enumerate(mine):
+            pct = r["percent_of_mma_sync_ceiling"]
+            ax.scatter([i] * pct["n"], pct["values"], s=18, alpha=0.7, color="C0", zorder=3)
+            ax.hlines(pct["median"], i - 0.3, i + 0.3, color="C1", lw=2.2, zorder=4)
+        ax.axhline(TARGET_MMA_SYNC_PERCENT, ls="--", color="0.35", lw=1.2,
+                   label=f"target {TARGET_MMA_SYNC_PERCENT:g}%")
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([r["rung"].split(".", 1)[1] for r in mine])
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"config {cname}", fontsize=9)
+        ax.set_ylabel("% of the mma.sync ceiling (each process)")
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"flashrung ladder: {doc['processes']} fresh processes; dots: one process each, bar: the "
+                 "median; ceilings timed in each process's rounds", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return plot.save(fig, path)
+
+
+def _plot_readings(doc: dict, args) -> None:
+    from flashrung.bench import plot
+    plot.write_for_cli(plot_readings, doc, args.plot, args.json)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -129,6 +129,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
+            entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
     result[label] = entry
 print(json.dumps(result))
 """
@@ -190,6 +191,8 @@ CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
 # each work item recorded whole (trace_tiles), on d128 causal's kernel
 CENSUS_CONFIGS.append(("d128-causal-tiles-traced", 128, True, {"trace_tiles": 8, "split_tail": False}))
+# ... and on the split-tail kernel (d128 non-causal S16k's default), the records in the table pointer
+CENSUS_CONFIGS.append(("d128-full-tiles-traced", 128, False, {"trace_tiles": 8}))
 CENSUS_CONFIGS.append(("d128-full-summed", 128, False, {"defer_row_sum": False}))
 # the short-causal d64 tile exactly as select_config builds it on top of the causal default
 _FAST_DIVIDE = {"fast_divide_producer": True, "fast_divide_consumers": True}
@@ -996,8 +999,6 @@ def test_hoisted_smem_base_takes_the_window_read_out_of_the_kv_step(census):
     # naming global_smem inside each side-effecting arrival reads the shared window's base again in
     # every K/V step (S2UR SR_CgaCtaId); one pure read hoisted by LLVM leaves none in the loop, the
     # same barriers, and no local memory
-    import re
-
     hoisted, plain = census["d128-full-s8k-hoisted"], census["d128-full-s8k"]
     assert hoisted["row"]["config"]["hoist_smem_base"] and not plain["row"]["config"]["hoist_smem_base"]
     assert "error" not in hoisted["row"], hoisted["row"]["error"]
@@ -1615,6 +1616,49 @@ def test_gate_split_tail(head_dim, shape, persistent):
     _gate_config(cfg, head_dim, False, shape)
 
 
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_split_tail_merge_loads_first(head_dim, shape):
+    # the merge's loads_first variant behind the split tail: the gate, and (every shape here splits
+    # at most SPLITS_PER_LOAD ways) the same output and LSE as the default merge, bit for bit
+    cfg = dataclasses.replace(_shape_default(head_dim, False, shape), split_tail=True)
+    _gate_config(dataclasses.replace(cfg, merge_loads_first=True), head_dim, False, shape)
+    torch.manual_seed(0)
+    q = torch.randn(shape["batch"], shape["seqlen_q"], shape["heads_q"], head_dim, device="cuda",
+                    dtype=torch.bfloat16)
+    k, v = (torch.randn(shape["batch"], shape["seqlen_k"], shape["heads_kv"], head_dim, device="cuda",
+                        dtype=torch.bfloat16) for _ in range(2))
+    base = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
+    first = fwd.forward(q, k, v, False, head_dim ** -0.5, dataclasses.replace(cfg, merge_loads_first=True))
+    assert torch.equal(base[0], first[0]) and torch.equal(base[1], first[1])
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_merge_loads_first_at_the_suites_split_is_deterministic():
+    # d128 non-causal B2 H16 S16384 on 132 SMs: the last 4 tiles split 33 ways, one [64, 64] load a
+    # program — past SPLITS_PER_LOAD, so its sums group differently from the default merge's (close,
+    # not bit-equal), and a rerun is bit-identical
+    from flashrung.kernels.hopper.tail_combine import SPLITS_PER_LOAD
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 16384, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = fwd.default_config(128, False, 16384)
+    assert cfg.split_tail
+    plan = fwd._plan(cfg, 2, 16384, 16384, 16, 16, 128, 2, False, True,
+                     torch.cuda.get_device_properties(0).multi_processor_count)
+    if plan.splits <= SPLITS_PER_LOAD:
+        pytest.skip(f"this GPU splits the tail {plan.splits} ways, not past {SPLITS_PER_LOAD}")
+    first = dataclasses.replace(cfg, merge_loads_first=True)
+    _assert_reruns_identical(q, k, v, False, first)
+    out, lse = fwd.forward(q, k, v, False, 128 ** -0.5, first)
+    ref_out, ref_lse = fwd.forward(q, k, v, False, 128 ** -0.5, cfg)
+    torch.testing.assert_close(out, ref_out, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-6)
+
+
 # split_tail_rounds: the modeled count puts the split items in several rounds (96 tiles at d128 and
 # d256 and 88 at d64 on 132 SMs: 384 and 264 items), on the per-item grid and the persistent one
 MULTI_ROUND_SPLIT_SHAPES = {128: dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=3, heads_kv=3),
@@ -2221,6 +2265,17 @@ def test_balanced_grid_refuses_to_build_its_table_inside_a_capture():
     _assert_reruns_identical(q, k, v, True, cfg)      # and the same shape runs once out of the capture
 
 
+def test_merge_loads_first_needs_the_split_tail_and_is_off_by_default():
+    with pytest.raises(ValueError, match="merge_loads_first .* needs split_tail=True"):
+        dataclasses.replace(fwd.default_config(128, False, 1024), split_tail=False,
+                            merge_loads_first=True).check(128)
+    dataclasses.replace(fwd.default_config(128, False, 16384), merge_loads_first=True).check(128)
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in (1024, 4096, 16384, 32768):
+                assert not fwd.default_config(d, causal, seqlen).merge_loads_first
+
+
 def test_split_tail_rounds_is_the_split_tails_count_and_off_by_default():
     from flashrung.kernels.hopper.config import WORK_ITEM_FIXED_KV_TILES
 
@@ -2571,7 +2626,8 @@ def test_fast_descriptor_equals_the_validated_one():
 
 def test_trace_steps_needs_the_overlapped_schedule_without_the_split_tail():
     # the stamps travel in the split tail's workspace pointer and mark the overlapped step's events
-    base = fwd.default_config(128, False, 8192)
+    # (S8k's kernel as the whole-tile launch builds it: its default splits the tail since change 38)
+    base = dataclasses.replace(fwd.default_config(128, False, 8192), split_tail=False)
     dataclasses.replace(base, trace_steps=64).check(128)
     for changes in (dict(split_tail=True), dict(overlap=False, pingpong=False, rescale_threshold=0.0,
                                                 rescale_by_warp=False, wait_pv_early=False, named_turns=False),
@@ -2636,11 +2692,28 @@ def test_trace_steps_stamps_the_clock_only_when_on(census):
 def test_trace_tiles_needs_the_workspace_pointer_to_itself():
     base = fwd.default_config(128, True, 8192)
     dataclasses.replace(base, trace_tiles=8).check(128)
-    for changes in (dict(split_tail=True, balanced=False), dict(trace_steps=16), dict(trace_tiles=-1)):
+    # the split tail takes the coordinate pointer: the records go to the table pointer instead
+    dataclasses.replace(fwd.default_config(128, False, 16384), trace_tiles=8).check(128)
+    for changes in (dict(trace_steps=16), dict(trace_tiles=-1)):
         with pytest.raises(ValueError, match="trace_tiles"):
             dataclasses.replace(base, **{"trace_tiles": 8, **changes}).check(128)
     with pytest.raises(ValueError, match="exactly one"):
         fwd.traced_forward(None, None, None, True, 1.0, base)
+
+
+def test_trace_tiles_on_the_split_tail_kernel_records_outside_its_kv_loops(census):
+    # the split-tail kernel traced: each partition stamps the SM clock and the global timer at an
+    # item's start and end, its K/V loops keep their length and touch no local memory (ptxas keeps
+    # one value on the stack from the kernel's entry: one 4-byte STL and three LDL outside them)
+    traced, plain = census["d128-full-tiles-traced"], census["d128-full"]
+    assert "error" not in traced["row"], traced["row"].get("error")
+    assert plain["row"]["config"]["split_tail"] and traced["row"]["config"]["split_tail"]
+    assert traced["row"]["spill_bytes"] <= plain["row"]["spill_bytes"] + 16
+    assert all(loop["ldl"] == 0 for loop in traced["kv_loops"])
+    assert plain["global_timer_reads"] == 0 and traced["global_timer_reads"] >= 2 * 2
+    assert traced["clock_reads"] >= 2 * 2
+    for a, b in _steady_step_pairs(census, "d128-full-tiles-traced", "d128-full"):
+        assert abs(a["length"] - b["length"]) <= 2 and a["mufu"] == b["mufu"], (a, b)
 
 
 def test_trace_tiles_stamps_each_item_outside_its_kv_loops(census):
@@ -2672,7 +2745,7 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
                 steps = int(rng.integers(2, 40))
                 masked = int(rng.integers(0, 3))
                 cycles = 900 + 2600 * (steps - masked) + 3400 * masked
-                rec[cta, g, i] = (t % (1 << 32)) >> CLOCK_SHIFT, ((t + cycles) % (1 << 32)) >> CLOCK_SHIFT, steps, masked
+                rec[cta, g, i, :4] = (t % (1 << 32)) >> CLOCK_SHIFT, ((t + cycles) % (1 << 32)) >> CLOCK_SHIFT, steps, masked
                 t += cycles + 50
     summary = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS)
     for row in summary["by_warpgroup"]:
@@ -2692,7 +2765,7 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
             for i in range(items):
                 steps = 2 + (7 * cta + 3 * i + g) % 30
                 cycles = 900 + 2600 * (steps - 1) + 3400
-                diagonal[cta, g, i] = t >> CLOCK_SHIFT, (t + cycles) >> CLOCK_SHIFT, steps, 1
+                diagonal[cta, g, i, :4] = t >> CLOCK_SHIFT, (t + cycles) >> CLOCK_SHIFT, steps, 1
                 t += cycles + 50
     row = tile_trace.summarize(diagonal.astype(np.int32), TILE_FIELDS)["by_warpgroup"][1]
     assert row["fit"]["masked_in_fixed"] == 1 and row["fit"]["per_masked"] is None
@@ -2709,6 +2782,111 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
         tile_trace.summarize(np.zeros((2, 2, 4)), TILE_FIELDS)
     with pytest.raises(SystemExit, match="--tiles"):
         tile_trace.main(["--tiles", "0"])
+
+
+def test_tile_trace_lays_a_split_tail_out_on_the_global_timer():
+    # synthetic launch on 4 CTAs of one warpgroup: 8 whole tiles of 10 µs (two rounds), then tile 8
+    # split into 4 items of 3 µs, one per CTA; CTA 3 starts 1 µs late and its whole tiles end at
+    # 21 µs. Global-timer stamps in 32 ns units, across the timer's wrap
+    import numpy as np
+
+    from flashrung.evidence import tile_trace
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT, GLOBAL_TIMER_SHIFT, TILE_FIELDS
+
+    f = {name: i for i, name in enumerate(TILE_FIELDS)}
+    wrap, unit = 1 << (32 - GLOBAL_TIMER_SHIFT), (1 << GLOBAL_TIMER_SHIFT) / 1000.0   # µs per unit
+    origin = wrap - 100                              # 3.2 µs before the wrap
+    rec = np.full((4, 1, 4, len(TILE_FIELDS)), -1, dtype=np.int64)
+
+    def put(cta, it, item, t0_us, t1_us, steps):
+        r = rec[cta, 0, it]
+        r[f["start"]], r[f["end"]] = int(t0_us * 1700) >> CLOCK_SHIFT, int(t1_us * 1700) >> CLOCK_SHIFT
+        r[f["steps"]], r[f["masked"]], r[f["item"]] = steps, 0, item
+        r[f["start_ns"]] = (origin + round(t0_us / unit)) % wrap
+        r[f["end_ns"]] = (origin + round(t1_us / unit)) % wrap
+
+    for cta in range(4):
+        late = 1.0 if cta == 3 else 0.0
+        put(cta, 0, cta, late, late + 10, 16)
+        put(cta, 1, cta + 4, late + 10, late + 20, 16)
+        put(cta, 2, 8 + cta, late + 20, late + 23, 1)
+    tail = {"num_full_tiles": 8, "num_items": 12}
+    summary = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS, tail=tail)
+    kinds = summary["by_kind"]
+    assert (kinds["whole"]["n"], kinds["split"]["n"]) == (8, 4)
+    assert kinds["split"]["steps_max"] == 1 and abs(kinds["split"]["cycles_median"] - 3 * 1700) < 4
+    t = summary["timeline"]
+    assert t["complete"] and t["items"] == 12
+    assert abs(t["span_us"] - 24) < 0.1 and abs(t["first_idle_us"] - 23) < 0.1 and abs(t["tail_us"] - 1) < 0.1
+    assert abs(t["idle_share"] - 3 * 1 / (4 * 24)) < 0.01
+    assert abs(t["split_window_us"][0] - 20) < 0.1 and abs(t["split_window_us"][1] - 24) < 0.1
+    assert abs(t["whole_end_us"] - 21) < 0.1
+    text = tile_trace.table(summary)
+    assert "split items: 4" in text and "span 24.0 µs" in text and "split items run 20.0-24.0 µs" in text
+    # an item left unrecorded: the timeline says it is partial
+    rec[2, 0, 2] = -1
+    partial = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS, tail=tail)["timeline"]
+    assert partial["complete"] is False and "raise --tiles" in tile_trace.table(
+        {"by_warpgroup": [], "timeline": partial})
+
+
+def test_step_trace_probe_summarizes_what_it_traced(monkeypatch, capsys):
+    # the step-trace probe end to end with the traced call replaced by synthetic stamps (every
+    # event 100 cycles after the one before): run_probe hands its summarizer the stamps alone
+    import numpy as np
+
+    from flashrung.evidence import step_trace
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT, EVENTS
+
+    steps = 6
+    t = np.arange(2 * 2 * steps * len(EVENTS), dtype=np.int64).reshape(2, 2, steps, len(EVENTS)) * 100
+    stamps = (t >> CLOCK_SHIFT).astype(np.int32)
+    stamps[:, :, 0] = -1
+
+    def fake_traced_run(args, **trace):
+        assert trace == {"trace_steps": steps} and not getattr(args, "split_tail", False)
+        common = dict(shape={}, config={}, gpu="synthetic", outputs_bit_identical=True, median_ms={},
+                      evidence="synthetic", tail=dict(num_items=1, num_full_tiles=1, splits=1))
+        return dict(stamps=stamps, identical=True, ms={"traced": 1.0, "untraced": 1.0}, common=common)
+
+    monkeypatch.setattr(step_trace, "traced_run", fake_traced_run)
+    assert step_trace.main(["--steps", str(steps)]) == 0
+    assert "step trace" in capsys.readouterr().out
+
+
+def test_tile_trace_probe_reports_the_timeline_of_what_it_traced(monkeypatch, tmp_path, capsys):
+    # the probe end to end with the traced call replaced by synthetic records: the launch plan it
+    # carries reaches the summary (whole and split items apart), the table and the JSON
+    import json
+
+    import numpy as np
+
+    from flashrung.evidence import step_trace, tile_trace
+    from flashrung.kernels.hopper.trace import TILE_FIELDS
+
+    f = {name: i for i, name in enumerate(TILE_FIELDS)}
+    rec = np.full((2, 1, 3, len(TILE_FIELDS)), -1, dtype=np.int32)
+    for cta in range(2):
+        for it, (item, steps) in enumerate([(cta, 16), (2 + cta, 16), (4 + cta, 1)]):
+            t0 = 1000 * it + 10 * cta
+            rec[cta, 0, it, [f["start"], f["end"], f["steps"], f["masked"], f["item"], f["start_ns"], f["end_ns"]]] = (
+                t0 * 50, (t0 + 900) * 50, steps, 0, item, t0, t0 + 900)
+    seen = {}
+
+    def fake_traced_run(args, **trace):
+        seen.update(trace, split_tail=args.split_tail)
+        common = dict(shape={}, config={}, gpu="synthetic", outputs_bit_identical=True, median_ms={},
+                      evidence="synthetic", tail=dict(num_items=6, num_full_tiles=4, splits=2))
+        return dict(stamps=rec, identical=True, ms={"traced": 1.0, "untraced": 1.0}, common=common)
+
+    monkeypatch.setattr(step_trace, "traced_run", fake_traced_run)
+    path = tmp_path / "tiles.json"
+    assert tile_trace.main(["--tiles", "3", "--split-tail", "--json", str(path)]) == 0
+    assert seen == {"trace_tiles": 3, "split_tail": True}
+    summary = json.loads(path.read_text())
+    assert summary["by_kind"]["split"]["n"] == 2 and summary["by_kind"]["whole"]["n"] == 4
+    assert summary["timeline"]["complete"] and summary["timeline"]["split_window_us"][0] > 0
+    assert "split items: 2" in capsys.readouterr().out
 
 
 def _traced_beside_plain(head_dim, causal, shape, **trace):
@@ -2737,6 +2915,32 @@ def test_traced_tiles_change_no_output_and_record_every_item(head_dim, causal):
     assert bool((masked > 0).any()) == causal         # 2048 keys fill their tiles: only the diagonal masks
     cycles = (r[..., 1] - r[..., 0]) % (1 << 31)
     assert (cycles[whole] > 0).all() and (cycles[whole] < 100_000_000).all()
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_traced_split_tail_changes_no_output_and_records_its_split_items():
+    # the split tail traced (d128 non-causal B3 H12 S1000: 264 whole tiles and 24 tail tiles split
+    # 5 ways on 132 SMs): the output is the untraced kernel's bit for bit, every item is recorded
+    # once per consumer, split items by their index, with their share of the K/V steps
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 1000, 12, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(128, False, 1000), split_tail=True)
+    plan = fwd._plan(cfg, 3, 1000, 1000, 12, 12, 128, 2, False, True,
+                     torch.cuda.get_device_properties(0).multi_processor_count)
+    assert plan.splits > 1
+    out, lse = fwd.forward(q, k, v, False, 128 ** -0.5, cfg)
+    t_out, t_lse, rec = fwd.traced_forward(q, k, v, False, 128 ** -0.5, dataclasses.replace(cfg, trace_tiles=8))
+    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    r = rec.cpu().long()
+    done = (r >= 0).all(dim=3)
+    items = r[..., 4][done]
+    assert sorted(items.tolist()) == sorted(list(range(plan.num_items)) * cfg.num_consumers)
+    steps = r[..., 2][done]
+    split = items >= plan.num_full_tiles
+    assert (steps[~split] == 8).all() and (steps[split] < 8).all() and (steps[split] >= 1).all()
+    span = (r[..., 6] - r[..., 5])[done]          # global timer, 32 ns units: a positive, short item
+    assert (span > 0).all() and (span < 1_000_000).all()
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from flashrung.kernels.hopper.schedule import (
     tile_m_blocks,
     tile_position,
 )
-from flashrung.kernels.hopper.tail_combine import combine_tail, workspace
+from flashrung.kernels.hopper.tail_combine import LOADS_FIRST_COLS, SPLITS_PER_LOAD, combine_tail, workspace
 from flashrung.model.schedule import causal_costs, list_schedule, live_blocks
 from flashrung.reference import oracle
 
@@ -132,8 +132,10 @@ def _partials(q, k, v, coords, splits, block_m, key_ranges, scale):
     return part_o, part_lse
 
 
-@pytest.mark.parametrize("seqlen_q, splits, empty_split", [(40, 3, False), (17, 2, False), (64, 4, True)])
-def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, device):
+@pytest.mark.parametrize("loads_first", [False, True])
+@pytest.mark.parametrize("seqlen_q, splits, empty_split", [(40, 3, False), (17, 2, False), (64, 4, True),
+                                                           (40, 33, False)])
+def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, loads_first, device):
     # property: merging the splits' normalized partials by their LSE is attention over every key,
     # written only into the tail tiles' rows of out/lse (the rest stays poisoned)
     torch.manual_seed(0)
@@ -152,7 +154,7 @@ def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, 
     out = torch.full((batch, seqlen_q, heads, d), float("nan"), dtype=torch.float16)
     lse = torch.full((batch, heads, seqlen_q), float("nan"))
     on = [t.to(device) for t in (part_o, part_lse, torch.tensor(coords, dtype=torch.int32), out, lse)]
-    combine_tail(*on, splits)
+    combine_tail(*on, splits, loads_first=loads_first)
     out, lse = on[3].cpu(), on[4].cpu()
 
     keys = torch.cat([torch.arange(lo, hi) for lo, hi in ranges])
@@ -164,6 +166,37 @@ def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, 
     torch.testing.assert_close(out[written].float(), want_o.float()[written], atol=2e-3, rtol=0)
     torch.testing.assert_close(lse.transpose(1, 2)[written], want_lse.float().transpose(1, 2)[written],
                                atol=1e-5, rtol=1e-5)
+
+
+def test_combine_with_loads_first_is_the_same_merge(device):
+    # loads_first only moves the loads ahead of the coordinates and widens them: rows past Sq are
+    # still never written (out is a view of a longer buffer whose extra rows must stay poisoned;
+    # their partials hold garbage), and up to SPLITS_PER_LOAD splits the sums are the same, bit for
+    # bit; at d128 each row is merged by two programs of LOADS_FIRST_COLS columns
+    torch.manual_seed(1)
+    block_m, d, tiles, seqlen_q = 16, 128, 3, 20
+    assert d // LOADS_FIRST_COLS == 2
+    coords = torch.tensor([[0, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.int32)
+    for splits in (5, 33):
+        part_o = torch.randn(tiles * splits, block_m, d)
+        part_lse = torch.randn(tiles * splits, block_m) * 4
+        results = []
+        for loads_first in (False, True):
+            base = torch.full((2, 32, 2, d), float("nan"), dtype=torch.float16, device=device)
+            lse = torch.full((2, 2, seqlen_q), float("nan"), device=device)
+            combine_tail(part_o.to(device), part_lse.to(device), coords.to(device), base[:, :seqlen_q], lse, splits,
+                         loads_first=loads_first)
+            base = base.cpu()
+            assert base[:, seqlen_q:].isnan().all(), "a row past Sq was written"
+            results.append((base[:, :seqlen_q], lse.cpu()))
+        (o0, l0), (o1, l1) = results
+        written = ~o0.isnan()
+        assert torch.equal(written, ~o1.isnan()) and int(written[..., 0].sum()) == 4 + 16 + 4
+        torch.testing.assert_close(o1, o0, atol=1e-3, rtol=0, equal_nan=True)
+        torch.testing.assert_close(l1, l0, atol=1e-6, rtol=1e-6, equal_nan=True)
+        if splits <= SPLITS_PER_LOAD:
+            assert torch.equal(o0[written], o1[written])
+            assert torch.equal(l0.nan_to_num(), l1.nan_to_num())
 
 
 def test_combine_writes_through_strided_out_and_keeps_rows_that_saw_no_key_empty(device):

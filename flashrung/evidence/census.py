@@ -57,6 +57,10 @@ class CensusSpec:
     # constexprs that only a first compile can decide: ``resolve(compile_with, constexprs)`` returns
     # them filled in, ``compile_with(constexprs)`` compiling the kernel (hopper.fwd's barrier offsets)
     resolve: Any = None
+    # pointer arguments compiled as 16-byte aligned, as Triton specializes a launch whose tensors
+    # are (``tt.divisibility`` 16): without it a census compiles a binary no aligned launch runs
+    # (hopper.fwd's split-tail partial stores: 4-byte `STG.E` in place of the launch's `STG.E.64`)
+    aligned: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -114,8 +118,13 @@ def compile_spec(spec: CensusSpec, arch: str):
                 "(`flashrung census` re-executes itself without it)")
     options = dict(num_warps=spec.num_warps, num_stages=spec.num_stages, **spec.extra_options)
 
+    unknown = [name for name in spec.aligned if spec.signature.get(name, "")[:1] != "*"]
+    if unknown:
+        raise ValueError(f"aligned names pointer arguments of the signature; not pointers: {unknown}")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec.aligned} or None
+
     def compile_with(constexprs):
-        src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(constexprs))
+        src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(constexprs), attrs=attrs)
         return triton.compile(src, target=target, options=options)
 
     constexprs = dict(spec.constexprs)

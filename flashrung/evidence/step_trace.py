@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 
 # the phases between consecutive events of one step (trace.EVENTS), and what each is
@@ -166,8 +165,11 @@ def traced_run(args, **trace) -> dict:
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     problem = Problem.of(q, k, v, args.causal)
     base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
-    base = dataclasses.replace(base, split_tail=False)
+    if not getattr(args, "split_tail", False):
+        base = dataclasses.replace(base, split_tail=False)
     traced = dataclasses.replace(base, **trace)
+    plan = fwd._plan(traced, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim,
+                     q.element_size(), bool(args.causal), True, torch.cuda.get_device_properties(0).multi_processor_count)
     scale = args.headdim ** -0.5
 
     out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
@@ -191,6 +193,7 @@ def traced_run(args, **trace) -> dict:
     common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
                              causal=args.causal, dtype=args.dtype),
                   config=dataclasses.asdict(traced), gpu=torch.cuda.get_device_name(),
+                  tail=dict(num_items=plan.num_items, num_full_tiles=plan.num_full_tiles, splits=plan.splits),
                   outputs_bit_identical=identical, median_ms=ms,
                   evidence="profile (SM clock stamps of one traced launch; the traced kernel's time beside "
                            "the untraced one's, CUDA events, interleaved)")
@@ -199,10 +202,11 @@ def traced_run(args, **trace) -> dict:
 
 def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scope) -> int:
     """Run :func:`traced_run` with ``trace``, summarize its stamps (``summarize_fn(stamps,
-    fields)``), print the table and the timing line, write the JSON; exit status 1 if the outputs
-    moved. ``scope(summary)``: what the stamps cover, for the heading."""
+    fields, common)``, ``common`` the run's shape, configuration and launch plan), print the table
+    and the timing line, write the JSON; exit status 1 if the outputs moved. ``scope(summary)``:
+    what the stamps cover, for the heading."""
     run = traced_run(args, **trace)
-    summary = summarize_fn(run["stamps"], fields)
+    summary = summarize_fn(run["stamps"], fields, run["common"])
     summary.update(run["common"])
     print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
           f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
@@ -212,9 +216,9 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     print(f"traced kernel {ms['traced']:.3f} ms, untraced {ms['untraced']:.3f} ms per call "
           f"(x{ms['traced'] / ms['untraced']:.3f}); outputs bit-identical: {run['identical']}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-        print(f"wrote {args.json}")
+        from flashrung.bench.report import write_json
+
+        print(f"wrote {write_json(summary, args.json)}")
     return 0 if run["identical"] else 1
 
 
@@ -225,7 +229,8 @@ def main(argv=None) -> int:
         raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
     from flashrung.kernels.hopper.trace import EVENTS
 
-    return run_probe(args, dict(trace_steps=args.steps), EVENTS, summarize, table, "step trace",
+    return run_probe(args, dict(trace_steps=args.steps), EVENTS, lambda stamps, events, common: summarize(stamps, events),
+                     table, "step trace",
                      lambda s: f"steps {s['first_step']}..{args.steps - 1} of each CTA's first tile; cycles (SM "
                                "clock), median [p10, p90]")
 

@@ -123,6 +123,11 @@ class HopperFwdConfig:
     # splits each, three rounds of 26 + 3 K/V step-times against one of 131 (modeled −2.1% at
     # B2 H16 S8192). Host-side only: the kernel splits whatever tiles the launch plan names
     split_tail_rounds: bool = False
+    # the split tail's merge with each program's loads issued ahead of its tile's coordinates and
+    # every split's O slice in one load (tail_combine, ``loads_first``): three dependent memory
+    # latencies a program instead of five. Host-side choice of the merge kernel's variant; the
+    # attention kernel is untouched
+    merge_loads_first: bool = False
     # keys of each K/V tile in a second TMA box and a second wgmma per product, after the first
     # block_n (0: none): the tile holds block_n + extra_keys keys, so the per-tile costs of the
     # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
@@ -334,7 +339,9 @@ class HopperFwdConfig:
     # consumer warpgroup's start of the item (before its Q wait) and after its epilogue, beside the
     # item's K/V steps and masked steps (hopper/trace.py, fwd.traced_forward; read by
     # ``python -m flashrung.evidence.tile_trace``): a tile's cost split into a fixed part and its
-    # steps'. The same workspace pointer as trace_steps: one or the other
+    # steps'. The same workspace pointer as trace_steps: one or the other. With the split tail the
+    # records go to the balanced grid's table pointer (a split-tail launch reads no table), so the
+    # last round's split items are recorded too
     trace_tiles: int = 0
 
     @property
@@ -406,6 +413,8 @@ class HopperFwdConfig:
                              "schedule: they need overlap=True")
         if self.split_tail_rounds and not self.split_tail:
             raise ValueError("split_tail_rounds chooses the split tail's count: it needs split_tail=True")
+        if self.merge_loads_first and not self.split_tail:
+            raise ValueError("merge_loads_first chooses the split tail's merge: it needs split_tail=True")
         if self.balanced and (not self.persistent or self.split_tail):
             raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
                              "split_tail=False")
@@ -454,10 +463,9 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
-        if self.trace_tiles < 0 or self.trace_tiles and (self.split_tail or self.trace_steps):
-            raise ValueError("trace_tiles stamps each work item into the split tail's workspace pointer, as "
-                             "trace_steps does: it needs trace_tiles >= 0, split_tail=False and trace_steps=0, got "
-                             f"trace_tiles={self.trace_tiles}, split_tail={self.split_tail}, "
+        if self.trace_tiles < 0 or self.trace_tiles and self.trace_steps:
+            raise ValueError("trace_tiles records each work item into the pointer trace_steps stamps into: it needs "
+                             f"trace_tiles >= 0 and trace_steps=0, got trace_tiles={self.trace_tiles}, "
                              f"trace_steps={self.trace_steps}")
         if self.rescale_by_warp and not self.rescale_threshold > 0:
             raise ValueError("rescale_by_warp decides per warp when rescale_threshold skips O's rescale: it needs "

@@ -337,6 +337,19 @@ class _Schedule:
 
 
 @gluon.jit
+def _tile_trace_ptr(sz, parts, c):
+    """Where ``trace_tiles`` records go: the split tail's coordinate pointer, which a launch with no
+    split item never dereferences, or — when the launch splits its tail and needs that pointer —
+    the balanced grid's table pointer, which a split-tail launch never reads (the two exclude each
+    other: ``HopperFwdConfig.check``)."""
+    if c.SPLIT_TAIL:
+        ptr = sz.sched_ptr
+    else:
+        ptr = parts.coords_ptr
+    return ptr
+
+
+@gluon.jit
 def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
     """(tile_id, split, batch, q_head, m_block) of work item ``item`` (schedule.work_item and
     tile_coords), its divisions by multiply-high with ``FAST_DIV``."""
@@ -1136,7 +1149,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
         n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
         rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
-        tile_start(parts.coords_ptr, rows, my_row0, tile_iter, kv_hi - kv_lo,
+        tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
                    kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
         m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = _init_sum(s_layout, c)
@@ -1186,7 +1199,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
             _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
         if not c.SEPARATE_O:
             mbarrier.arrive(sh.q_empty_bars.index(q_slot))
-        tile_end(parts.coords_ptr, rows, my_row0, tile_iter, WG, c)
+        tile_end(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, WG, c)
         tile_iter += 1
     if c.OVERLAP_EPILOGUE:
         _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts),
@@ -1566,7 +1579,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
             trace: torch.Tensor | None = None):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``trace``: the
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
-    coordinate pointer, which a launch without the split tail never dereferences otherwise."""
+    coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
+    ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
@@ -1582,6 +1596,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index)
+    elif trace is not None and plan.splits > 1:
+        sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
         sched = coords          # never dereferenced: the stride needs no table
     k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
@@ -1604,7 +1620,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         _attn_fwd_kernel[(plan.grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
     if plan.splits > 1:
-        combine_tail(part_o, part_lse, coords, out, lse, plan.splits)
+        combine_tail(part_o, part_lse, coords, out, lse, plan.splits, loads_first=cfg.merge_loads_first)
 
 
 def barrier_offsets(compile_with, constexprs) -> dict:
@@ -1788,7 +1804,11 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
                       constexprs=dict(_constexprs(cfg, head_dim, causal),
                                       FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
                       num_warps=CONSUMER_WARPS, gluon=True,
-                      arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None)
+                      arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,
+                      # as forward launches them: LSE, workspace and table from torch allocations
+                      # (a caller's lse at an odd offset compiles without it: the launch key has
+                      # each pointer's alignment)
+                      aligned=tuple(name for name, kind in signature.items() if kind.startswith("*")))
 
 
 def config_with(problem, overrides: dict) -> HopperFwdConfig:

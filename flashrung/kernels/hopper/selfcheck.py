@@ -55,7 +55,6 @@ def _default(head_dim: int, causal: bool):
 
 def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     """Single-switch ablations of the default at (head_dim, causal) that fit the budgets."""
-    from flashrung.kernels.hopper.config import HopperFwdConfig
     from flashrung.kernels.hopper.fwd import default_config
 
     base = default_config(head_dim, causal)

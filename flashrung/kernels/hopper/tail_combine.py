@@ -21,42 +21,89 @@ import triton.language as tl
 
 # One program per row of a tail tile: every split's O row is loaded at once (a [splits, D] block,
 # SPLITS_PER_LOAD splits per load), so the merge pays one or two memory latencies instead of one
-# per split (the suite's d128 rows split 4 tiles 33 ways: 512 programs, one load each).
+# per split (the suite's d128 rows split 4 tiles 33 ways: 512 programs, two loads each).
 SPLITS_PER_LOAD = 32
+# With ``loads_first`` a program issues its partials' loads before it reads its tile's coordinates
+# back (the row's bound masks the stores instead of a branch around the loads), and loads up to
+# this many splits at once: the 33-way split is one [64, COLS] load. Census (sm_90a, d128, 33
+# splits, pointers 16-byte aligned as a launch specializes them): the dependent memory latencies
+# per program drop from five (the coordinates, then the LSEs behind the row's branch, two O
+# chunks of the loop, the stores) to three (the coordinates with the LSEs, every O load, the
+# stores: ptxas issues the O loads after the LSE max's first shuffle, not with the LSEs). Derived:
+# at about 1 µs a latency, 2 µs of the merge's 8.7 µs at d128 S16k (ncu): 0.2% of a d128 S2k call
+# (0.93 ms, fa4-protocol bench), 0.1% at S4k (1.71 ms) — under the paired protocol's keep
+# threshold on a whole call, so it is priced on the merge alone (flashrung.evidence.merge_timing)
+SPLITS_PER_LOAD_FIRST = 64
+# ... over this many of a row's columns per program (a second grid axis over the rest): 64
+# registers at 4 warps, so d128's 512 tail rows run as 1024 programs, eight CTAs an SM, one wave
+# on 132 SMs; a whole [64, 128] row takes 109 registers (four CTAs an SM, two waves) — census
+LOADS_FIRST_COLS = 64
+
+
+@triton.jit
+def _merge_row(part_o_ptr, part_lse_ptr, tile, row, splits, col0,
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr, CHUNK: tl.constexpr,
+               ONE_LOAD: tl.constexpr, COLS: tl.constexpr):
+    # one tail row's merge over its columns [col0, col0 + COLS): (Σ_s w_s · O_s / Σ_s w_s, the
+    # row's LSE), w_s = exp(lse_s − the largest)
+    first = tile * splits                                    # work item of split 0
+    s = tl.arange(0, SPLITS_POW2)
+    items = (first + s).to(tl.int64) * BLOCK_M + row
+    cols = col0 + tl.arange(0, COLS)
+    lse_s = tl.load(part_lse_ptr + items, mask=s < splits, other=float("-inf"))
+    if ONE_LOAD:
+        # every split's O row in the same load as the LSEs: nothing waits between them (the loop
+        # below reloads the LSEs and cannot start its loads before the max is known)
+        o = tl.load(part_o_ptr + items[:, None] * HEAD_DIM + cols[None, :], mask=(s < splits)[:, None], other=0.0)
+    lse_max = tl.max(lse_s, 0)
+    ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)   # a row no split saw: weights 0
+    total = tl.sum(tl.exp(lse_s - ref), 0)
+    if ONE_LOAD:
+        acc = tl.sum(tl.exp(lse_s - ref)[:, None] * o, 0)
+    else:
+        acc = tl.zeros([COLS], tl.float32)
+        for s0 in range(0, splits, CHUNK):
+            c = s0 + tl.arange(0, CHUNK)
+            chunk = (first + c).to(tl.int64) * BLOCK_M + row
+            w = tl.exp(tl.load(part_lse_ptr + chunk, mask=c < splits, other=float("-inf")) - ref)
+            o = tl.load(part_o_ptr + chunk[:, None] * HEAD_DIM + cols[None, :], mask=(c < splits)[:, None],
+                        other=0.0)
+            acc += tl.sum(w[:, None] * o, 0)
+    safe = tl.where(total == 0.0, 1.0, total)
+    lse = tl.where(total == 0.0, float("-inf"), ref + tl.log(safe))
+    return acc / safe, lse
 
 
 @triton.jit
 def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
                     seqlen_q, heads_q, splits, stride_ob, stride_os, stride_oh,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                    CHUNK: tl.constexpr):
+                    CHUNK: tl.constexpr, LOADS_FIRST: tl.constexpr, COLS: tl.constexpr):
     tile = tl.program_id(0) // BLOCK_M
     row = tl.program_id(0) % BLOCK_M
     b = tl.load(coords_ptr + tile * 3 + 0)
     h = tl.load(coords_ptr + tile * 3 + 1)
     m_block = tl.load(coords_ptr + tile * 3 + 2)
     q_row = m_block * BLOCK_M + row
-    if q_row < seqlen_q:
-        first = tile * splits                                # work item of split 0
-        s = tl.arange(0, SPLITS_POW2)
-        lse_s = tl.load(part_lse_ptr + (first + s).to(tl.int64) * BLOCK_M + row, mask=s < splits,
-                        other=float("-inf"))
-        lse_max = tl.max(lse_s, 0)
-        ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)   # a row no split saw: weights 0
-        total = tl.sum(tl.exp(lse_s - ref), 0)
-        cols = tl.arange(0, HEAD_DIM)
-        acc = tl.zeros([HEAD_DIM], tl.float32)
-        for s0 in range(0, splits, CHUNK):
-            c = s0 + tl.arange(0, CHUNK)
-            items = (first + c).to(tl.int64) * BLOCK_M + row
-            w = tl.exp(tl.load(part_lse_ptr + items, mask=c < splits, other=float("-inf")) - ref)
-            o = tl.load(part_o_ptr + items[:, None] * HEAD_DIM + cols[None, :], mask=(c < splits)[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * o, 0)
-        safe = tl.where(total == 0.0, 1.0, total)
-        lse = tl.where(total == 0.0, float("-inf"), ref + tl.log(safe))
+    if LOADS_FIRST:
+        # rows past Sq merge whatever their partials hold (finite garbage or -inf) and are not
+        # stored: the loads need not wait for the coordinates. Each program takes COLS of the
+        # row's columns (grid axis 1), so every split's slice of O fits one load without spilling
+        col0 = tl.program_id(1) * COLS
+        o, lse = _merge_row(part_o_ptr, part_lse_ptr, tile, row, splits, col0, BLOCK_M, HEAD_DIM, SPLITS_POW2,
+                            CHUNK, CHUNK >= SPLITS_POW2, COLS)
+        inside = q_row < seqlen_q
         o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
-        tl.store(out_ptr + o_offs + cols, (acc / safe).to(out_ptr.dtype.element_ty))
-        tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_row, lse)
+        lse_offs = (b * heads_q + h).to(tl.int64) * seqlen_q + q_row
+        tl.store(out_ptr + o_offs + col0 + tl.arange(0, COLS), o.to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(lse_ptr + lse_offs, lse, mask=inside & (col0 == 0))
+    else:
+        if q_row < seqlen_q:
+            o, lse = _merge_row(part_o_ptr, part_lse_ptr, tile, row, splits, 0, BLOCK_M, HEAD_DIM, SPLITS_POW2,
+                                CHUNK, False, HEAD_DIM)
+            o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+            tl.store(out_ptr + o_offs + tl.arange(0, HEAD_DIM), o.to(out_ptr.dtype.element_ty))
+            tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_row, lse)
 
 
 def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tuple[torch.Tensor, ...]:
@@ -69,12 +116,15 @@ def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tu
 
 
 def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, splits: int) -> None:
+                 lse: torch.Tensor, splits: int, loads_first: bool = False) -> None:
     """Write the merged rows of every tail tile into ``out`` (B, Sq, Hq, D) and ``lse`` (B, Hq, Sq).
 
     ``part_o`` fp32 ``[tiles · splits, BLOCK_M, D]`` and ``part_lse`` fp32 ``[tiles · splits,
     BLOCK_M]`` hold work item ``tile · splits + s`` at index ``tile · splits + s``; ``coords``
-    int32 ``[tiles, 3]`` holds each tail tile's (batch, q_head, m_block).
+    int32 ``[tiles, 3]`` holds each tail tile's (batch, q_head, m_block). ``loads_first``: each
+    program's loads issued ahead of its coordinates, up to ``SPLITS_PER_LOAD_FIRST`` splits a load
+    (deterministic too; with more than ``SPLITS_PER_LOAD`` splits its sum is grouped differently,
+    so the last bits may differ from the default's).
     """
     if part_o.dim() != 3 or part_o.dtype != torch.float32 or not part_o.is_contiguous():
         raise ValueError(f"part_o must be a contiguous fp32 [items, BLOCK_M, D] tensor, got "
@@ -97,10 +147,13 @@ def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Ten
         raise ValueError(f"lse must be a contiguous fp32 {(batch, heads_q, seqlen_q)} tensor")
     if head_dim & (head_dim - 1):
         raise ValueError(f"D must be a power of two, got {head_dim}")
+    if not isinstance(loads_first, bool):
+        raise ValueError(f"loads_first must be a bool, got {loads_first!r}")
     if tiles == 0:
         return
-    _combine_kernel[(tiles * block_m,)](part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits,
-                                         out.stride(0), out.stride(1), out.stride(2),
-                                         BLOCK_M=block_m, HEAD_DIM=head_dim,
-                                         SPLITS_POW2=triton.next_power_of_2(splits),
-                                         CHUNK=min(SPLITS_PER_LOAD, triton.next_power_of_2(splits)))
+    per_load = SPLITS_PER_LOAD_FIRST if loads_first else SPLITS_PER_LOAD
+    cols = min(head_dim, LOADS_FIRST_COLS) if loads_first else head_dim
+    _combine_kernel[(tiles * block_m, head_dim // cols)](
+        part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits, out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=block_m, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
+        CHUNK=min(per_load, triton.next_power_of_2(splits)), LOADS_FIRST=loads_first, COLS=cols)

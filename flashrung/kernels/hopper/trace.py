@@ -13,10 +13,14 @@ kernels' SASS is unchanged).
 The stamps go to the split tail's coordinate workspace pointer, which no launch without the split
 tail dereferences, so the kernel keeps its signature: ``trace_steps`` needs ``split_tail=False``.
 
-``trace_tiles = N`` (the same pointer, so not with ``trace_steps``) records each consumer
-warpgroup's first N work items whole: the clock at the item's start (before its Q wait) and after
-its epilogue, and the item's K/V steps and masked steps (:data:`TILE_FIELDS`) — a tile's cost, to
-be split into what every tile pays and what each of its steps pays.
+``trace_tiles = N`` (the same pointer, so not with ``trace_steps``; on a launch that splits its
+tail, the balanced grid's table pointer instead, which such a launch never reads) records each
+consumer warpgroup's first N work items whole: the clock at the item's start (before its Q wait)
+and after its epilogue, the item's K/V steps and masked steps, the item's index, and the GPU's
+global timer at its start and end (:data:`TILE_FIELDS`) — a tile's cost, to be split into what
+every tile pays and what each of its steps pays, and, since every SM reads the same global timer,
+when each item ran on one time axis: the last round, and the split items of a split tail, in
+place.
 """
 from __future__ import annotations
 
@@ -67,10 +71,23 @@ def stamp(trace, rows, first_row, EVENT: gl.constexpr, TRACE_STEPS: gl.constexpr
             gl.store(base + EVENT + rows * 0, t, mask=rows == first_row)
 
 
-# one record per (CTA, consumer warpgroup, work item): its start and end stamps, K/V steps, masked steps
-TILE_FIELDS = ("start", "end", "steps", "masked")
+# one record per (CTA, consumer warpgroup, work item): its start and end stamps (SM clock), K/V
+# steps, masked steps, the item's index, its start and end on the global timer
+TILE_FIELDS = ("start", "end", "steps", "masked", "item", "start_ns", "end_ns")
 NUM_TILE_FIELDS = len(TILE_FIELDS)
 _NUM_TILE_FIELDS = gl.constexpr(NUM_TILE_FIELDS)
+# global-timer stamps are its low word >> GLOBAL_TIMER_SHIFT: units of 2**GLOBAL_TIMER_SHIFT ns
+# (32 ns, about the timer's own resolution), never negative, wrapping every 2**32 ns (4.3 s), far
+# beyond a launch
+GLOBAL_TIMER_SHIFT = 5
+_GLOBAL_TIMER_ASM = gl.constexpr("{ mov.u32 $0, %globaltimer_lo; shr.u32 $0, $0, " + str(GLOBAL_TIMER_SHIFT) + "; }")
+
+
+@gluon.jit
+def global_time(rows):
+    """The GPU's global timer (ns ``>> GLOBAL_TIMER_SHIFT``), one value per row of ``rows``'
+    layout: the same clock on every SM, unlike ``%clock``."""
+    return gl.inline_asm_elementwise(_GLOBAL_TIMER_ASM, "=r,r", [rows], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -82,22 +99,25 @@ def _tile_fields(coords_ptr, rows, first_row, tile_iter, WG: gl.constexpr, c):
 
 
 @gluon.jit
-def tile_start(coords_ptr, rows, first_row, tile_iter, n_steps, n_masked, WG: gl.constexpr, c):
-    """Item ``tile_iter``'s start stamp, K/V steps and masked steps, stored at once while
+def tile_start(coords_ptr, rows, first_row, tile_iter, item, n_steps, n_masked, WG: gl.constexpr, c):
+    """Item ``tile_iter``'s start stamps, K/V steps, masked steps and index, stored at once while
     ``tile_iter < TRACE_TILES`` (nothing with ``TRACE_TILES = 0``): a stamp held in a register
     through the tile made the d128 kernel keep 88 B in local memory (census)."""
     if c.TRACE_TILES > 0:
         if tile_iter < c.TRACE_TILES:
             record, leader = _tile_fields(coords_ptr, rows, first_row, tile_iter, WG, c)
             gl.store(record + 0, clock(rows), mask=leader)
+            gl.store(record + 5, global_time(rows), mask=leader)
             gl.store(record + 2, rows * 0 + n_steps, mask=leader)
             gl.store(record + 3, rows * 0 + n_masked, mask=leader)
+            gl.store(record + 4, rows * 0 + item, mask=leader)
 
 
 @gluon.jit
 def tile_end(coords_ptr, rows, first_row, tile_iter, WG: gl.constexpr, c):
-    """Item ``tile_iter``'s end stamp (after its epilogue)."""
+    """Item ``tile_iter``'s end stamps (after its epilogue)."""
     if c.TRACE_TILES > 0:
         if tile_iter < c.TRACE_TILES:
             record, leader = _tile_fields(coords_ptr, rows, first_row, tile_iter, WG, c)
             gl.store(record + 1, clock(rows), mask=leader)
+            gl.store(record + 6, global_time(rows), mask=leader)

@@ -219,7 +219,7 @@ def cmd_ladder(args) -> int:
             print(format_census(doc["rows"], doc["arch"], doc.get("no_gpu_reason")))
         elif mode == "readings":
             print(format_readings(doc))
-            _plot_readings(doc, args)
+            _plot(doc, args, plot_readings)
         elif mode == "profile":
             print(format_profile(doc))
         else:
@@ -906,7 +906,7 @@ def cmd_readings(args, gpu: str) -> int:
     print(format_readings(doc), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         _emit_json(doc, args.json)
-    _plot_readings(doc, args)
+    _plot(doc, args, plot_readings)
     bad = [run for run in runs if run["climb"] is None or run["returncode"] != 0]
     return 1 if bad else 0
 
@@ -937,11 +937,6 @@ def plot_readings(doc: dict, path) -> pathlib.Path:
                  "median; ceilings timed in each process's rounds", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return plot.save(fig, path)
-
-
-def _plot_readings(doc: dict, args) -> None:
-    from flashrung.bench import plot
-    plot.write_for_cli(plot_readings, doc, args.plot, args.json)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -985,9 +980,10 @@ def plot_climb(doc: dict, path) -> pathlib.Path:
     return plot.save(fig, path)
 
 
-def _plot(doc: dict, args) -> None:
+def _plot(doc: dict, args, draw=None) -> None:
+    """``--plot``: the climb (``plot_climb``), or what ``draw`` draws (``plot_readings``)."""
     from flashrung.bench import plot
-    plot.write_for_cli(plot_climb, doc, args.plot, args.json)
+    plot.write_for_cli(draw or plot_climb, doc, args.plot, args.json)
 
 
 # ----------------------------------------------------------------------------------------------

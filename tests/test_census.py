@@ -133,3 +133,25 @@ def test_a_key_loop_with_an_mbarrier_spin_inside_is_still_innermost():
     (loop,) = census.innermost_loops(listing, min_length=4)
     assert loop["length"] == 6 and loop["HGMMA"] == 1 and loop["MUFU.EX2"] == 1
     assert [x["length"] for x in census.innermost_loops(listing, min_length=1)] == [2]
+
+
+def test_as_launched_specializes_as_a_launch_does():
+    # property: the census of a launch is compiled on what Triton specializes that launch on — an
+    # integer equal to 1 a constexpr, one divisible by 16 and every pointer "divisible by 16" —
+    # and nothing it does not: an integer left out of the values, or declared do_not_specialize
+    import types
+
+    from flashrung.evidence.census import CensusSpec, as_launched
+
+    fn = types.SimpleNamespace(arg_names=["x_ptr", "n", "stride", "group", "odd", "free", "scale"],
+                               do_not_specialize=["free"])
+    spec = CensusSpec(kernel="k", config={"d": 1}, fn=fn,
+                      signature={"x_ptr": "*fp16", "n": "i32", "stride": "i32", "group": "i32", "odd": "i32",
+                                 "free": "i32", "scale": "fp32"}, constexprs={"BLOCK": 64})
+    out = as_launched(spec, {"n": 4096, "stride": 128, "group": 1, "odd": 17, "free": 32}, "B")
+    assert out.signature["group"] == "constexpr" and out.constexprs == {"BLOCK": 64, "group": 1}
+    assert set(out.aligned) == {"x_ptr", "n", "stride"}
+    assert out.signature["odd"] == "i32" and out.config == {"d": 1, "launch": "B"}
+    assert spec.aligned == () and spec.signature["group"] == "i32"      # the spec itself untouched
+    with pytest.raises(ValueError, match="values names integer arguments"):
+        as_launched(spec, {"scale": 16}, "B")

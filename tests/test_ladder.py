@@ -108,14 +108,18 @@ SELECTORS = {
     "v3_kv2_sm120": ("v3", "sm_120", {**D128_FULL, "kv_stages": 2}),
 }
 BF16 = {"v7_bf16": ("v7", SM90, {**D128_CAUSAL, "variant": "all_keeps"})}
+# the top rungs as a launch at config B (B1 H16 S32768 d128 bf16 causal) specializes them: the
+# binary the ladder times there
+LAUNCHED_B = {f"{r}_at_b": (r, SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}) for r in ("v20", "v22", "v23")}
 
 
 @pytest.fixture(scope="module")
 def rows():
     selectors = [{"rung": r, "arch": a, "match": m} for r, a, m in SELECTORS.values()]
     selectors += [{"rung": r, "arch": a, "match": m, "dtype": "bf16"} for r, a, m in BF16.values()]
+    selectors += [{"rung": r, "arch": a, "match": m, "dtype": "bf16", "launch": "B"} for r, a, m in LAUNCHED_B.values()]
     got = evidence.rows_in_subprocess(selectors, jobs=2)
-    keys = list(SELECTORS) + list(BF16)
+    keys = list(SELECTORS) + list(BF16) + list(LAUNCHED_B)
     out = dict(zip(keys, got))
     for key, row in out.items():
         assert not row.get("error"), (key, row.get("error"))
@@ -617,6 +621,27 @@ def test_v22_trip_meets_no_barrier_and_keeps_v20s_work(rows):
     # K and V laid out apart: v20 keeps 48 B in local memory there, v22 none
     assert [l["BAR"] for l in evidence.key_loops(rows["v22_causal_apart"])] == [0, 0]
     assert rows["v22_causal_apart"]["spill_bytes"] <= rows["v20_causal_apart"]["spill_bytes"]
+
+
+def test_the_timed_binary_at_config_b_keeps_each_levers_census(rows):
+    # the census compiles the rungs unspecialized; a launch at config B specializes strides,
+    # lengths and heads (all divisible by 16), group = 1 and aligned pointers. That binary keeps
+    # each lever as the census reads it — v22's trips without the barrier, v23's tree-shaped max,
+    # v20's work in both — and its trips stay within 4% of the census's
+    for r in ("v20", "v22", "v23"):
+        launched, census = rows[f"{r}_at_b"], rows[f"{r}_causal"]
+        assert launched["config"]["launch"] == "B" and launched["spill_bytes"] == 0
+        a, b = evidence.key_loops(census), evidence.key_loops(launched)
+        assert len(a) == len(b) == 2, r
+        for la, lb in zip(a, b):
+            for family in ("HMMA", "LDSM", "LDGSTS", "MUFU.EX2", "SHFL", "FMNMX", "BAR", "SYNCS", "LDL", "STL"):
+                assert la[family] == lb[family], (r, family)
+            assert abs(lb["total"] - la["total"]) <= 0.04 * la["total"], (r, la["total"], lb["total"])
+    for v in ("v22", "v23"):
+        assert [l["BAR"] for l in evidence.key_loops(rows[f"{v}_at_b"])] == [0, 0]
+    assert [l["BAR"] for l in evidence.key_loops(rows["v20_at_b"])] == [1, 1]
+    assert all(lb["FMNMX_chain"] < la["FMNMX_chain"] for la, lb in zip(evidence.key_loops(rows["v22_at_b"]),
+                                                                        evidence.key_loops(rows["v23_at_b"])))
 
 
 def test_v23_row_max_is_a_tree_of_v22s_instructions(rows):

@@ -57,9 +57,10 @@ class CensusSpec:
     # constexprs that only a first compile can decide: ``resolve(compile_with, constexprs)`` returns
     # them filled in, ``compile_with(constexprs)`` compiling the kernel (hopper.fwd's barrier offsets)
     resolve: Any = None
-    # pointer arguments compiled as 16-byte aligned, as Triton specializes a launch whose tensors
-    # are (``tt.divisibility`` 16): without it a census compiles a binary no aligned launch runs
-    # (hopper.fwd's split-tail partial stores: 4-byte `STG.E` in place of the launch's `STG.E.64`)
+    # arguments compiled as divisible by 16 (``tt.divisibility`` 16), as Triton specializes a launch:
+    # pointers 16-byte aligned, integers that are multiples of 16. Without it a census compiles a
+    # binary no such launch runs (hopper.fwd's split-tail partial stores: 4-byte `STG.E` in place of
+    # the launch's `STG.E.64`); :func:`as_launched` fills it from a launch's argument values
     aligned: tuple[str, ...] = ()
 
 
@@ -118,9 +119,10 @@ def compile_spec(spec: CensusSpec, arch: str):
                 "(`flashrung census` re-executes itself without it)")
     options = dict(num_warps=spec.num_warps, num_stages=spec.num_stages, **spec.extra_options)
 
-    unknown = [name for name in spec.aligned if spec.signature.get(name, "")[:1] != "*"]
+    unknown = [name for name in spec.aligned if spec.signature.get(name, "")[:1] != "*"
+               and spec.signature.get(name) not in _INTEGER_TYPES]
     if unknown:
-        raise ValueError(f"aligned names pointer arguments of the signature; not pointers: {unknown}")
+        raise ValueError(f"aligned names pointer or integer arguments of the signature; not those: {unknown}")
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec.aligned} or None
 
     def compile_with(constexprs):
@@ -131,6 +133,35 @@ def compile_spec(spec: CensusSpec, arch: str):
     if spec.resolve is not None:
         constexprs = spec.resolve(compile_with, constexprs)
     return compile_with(constexprs)
+
+
+_INTEGER_TYPES = ("i32", "i64", "u32", "u64")
+
+
+def as_launched(spec: CensusSpec, values: Mapping[str, int], label: str) -> CensusSpec:
+    """``spec`` as Triton specializes a launch whose integer arguments take ``values`` and whose
+    pointers are 16-byte aligned (torch's allocations are): an integer equal to 1 becomes a
+    constexpr, one divisible by 16 and every pointer are compiled as divisible by 16 (``aligned``);
+    an integer argument that ``values`` does not name stays unspecialized, as do the ones the
+    kernel declares ``do_not_specialize``. ``label`` names the launch in the configuration."""
+    skip = set(getattr(spec.fn, "do_not_specialize", ()) or ())
+    skip |= {spec.fn.arg_names[i] for i in skip if isinstance(i, int)}
+    unknown = sorted(set(values) - {n for n, t in spec.signature.items() if t in _INTEGER_TYPES})
+    if unknown:
+        raise ValueError(f"values names integer arguments of the signature; not those: {unknown}")
+    signature, constexprs, aligned = dict(spec.signature), dict(spec.constexprs), list(spec.aligned)
+    for name, kind in spec.signature.items():
+        if name in skip:
+            continue
+        if kind.startswith("*"):
+            aligned.append(name)
+        elif name in values and values[name] == 1:
+            signature[name] = "constexpr"
+            constexprs[name] = 1
+        elif name in values and values[name] % 16 == 0:
+            aligned.append(name)
+    return dataclasses.replace(spec, signature=signature, constexprs=constexprs,
+                               aligned=tuple(dict.fromkeys(aligned)), config={**spec.config, "launch": label})
 
 
 _RES_RE = re.compile(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)")

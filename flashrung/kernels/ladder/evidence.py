@@ -44,17 +44,37 @@ def find_spec(rung: str, match: dict, dtype: str = "fp16"):
     return spec
 
 
+# the seed's two configurations as launched: (batch, seqlen, heads) of contiguous (B, S, H, D)
+# tensors, whose integer arguments Triton specializes the timed binary on (``census.as_launched``)
+SEED_LAUNCHES = {"A": dict(batch=2, seqlen=2048, heads=16), "B": dict(batch=1, seqlen=32768, heads=16)}
+
+
+def launched_spec(spec, launch: str):
+    """``spec`` as :func:`common.launch` specializes it at seed configuration ``launch`` ("A" or
+    "B"): strides, lengths and heads divisible by 16, ``group`` = 1, pointers 16-byte aligned."""
+    from flashrung.evidence.census import as_launched
+    from flashrung.kernels.ladder import common
+
+    if launch not in SEED_LAUNCHES:
+        raise ValueError(f"launch must be one of {sorted(SEED_LAUNCHES)}, got {launch!r}")
+    values = common.launch_values(head_dim=spec.config["head_dim"], **SEED_LAUNCHES[launch])
+    return as_launched(spec, {k: v for k, v in values.items() if k in spec.signature}, launch)
+
+
 def _row(selector: dict) -> dict:
     from flashrung.evidence.census import census_one
 
     spec = find_spec(selector["rung"], selector.get("match", {}), selector.get("dtype", "fp16"))
+    if selector.get("launch"):
+        spec = launched_spec(spec, selector["launch"])
     row = census_one(spec, selector["arch"]).to_json()
     row["selector"] = selector
     return row
 
 
 def rows_for(selectors: list[dict], jobs: int = 1) -> list[dict]:
-    """Census rows for ``selectors`` ({"rung", "arch", "match", "dtype"}), in order."""
+    """Census rows for ``selectors`` ({"rung", "arch", "match", "dtype"}, and "launch": "A" or "B"
+    for the binary a launch at that seed configuration runs), in order."""
     if jobs <= 1 or len(selectors) <= 1:
         return [_row(s) for s in selectors]
     import concurrent.futures
@@ -197,7 +217,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashrung.kernels.ladder.evidence",
                                      description="Census of the ladder rungs (no GPU needed).")
     parser.add_argument("--arch", action="append", choices=ARCHES, help="repeatable; default all three")
-    parser.add_argument("--select", help="JSON list of {rung, arch, match, dtype} selectors")
+    parser.add_argument("--select", help="JSON list of {rung, arch, match, dtype, launch} selectors")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     args = parser.parse_args(argv)

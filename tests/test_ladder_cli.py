@@ -76,6 +76,40 @@ def test_census_table_reports_the_sm120_budget_and_says_there_is_no_gpu():
         assert col in header
 
 
+def test_census_as_launched_compiles_the_binary_a_launch_at_b_runs():
+    # --as-launched B: every row compiled as config B's launch specializes it, in bf16; the table
+    # and the JSON say so, and the lever still reads (v22's trips meet no barrier)
+    proc = run_cli("--only", "v22", "--arch", "sm_90a", "--as-launched", "b", "--json",
+                   *(["--census"] if HAS_GPU else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["as_launched"] == "B" and doc["rows"]
+    for row in doc["rows"]:
+        assert not row.get("error"), row
+        assert row["config"]["launch"] == "B" and row["config"]["dtype"] == "bf16"
+        assert row["sass"]["BAR"] >= 0
+    causal = next(r for r in doc["rows"] if r["config"]["head_dim"] == 128 and r["config"]["causal"]
+                  and r["config"].get("kv_copy") == "one_stride")
+    from flashrung.kernels.ladder import evidence
+    assert [loop["BAR"] for loop in evidence.key_loops(causal)] == [0, 0]
+    text = cli.format_census(doc["rows"], "sm_90a", launch="B")
+    assert "as launched at config B (bf16; the binary the climb times)" in text
+    assert "unspecialized (--as-launched" in cli.format_census(doc["rows"], "sm_90a")
+
+
+def test_as_launched_is_refused_outside_the_census(monkeypatch, capsys):
+    for extra in (["--profile"], ["--processes", "2"]):
+        args = parse("--as-launched", "a", *extra)
+        assert args.func(args) == 2
+    assert "--as-launched selects how the census compiles" in capsys.readouterr().err
+    monkeypatch.setattr(bench_cli, "gpu_available", lambda: (True, "a GPU"))
+    args = parse("--as-launched", "b")
+    assert args.func(args) == 2
+    assert "add --census to see it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("--as-launched", "c")
+
+
 def _census_row(kernel, smem, error=None, **config):
     cfg = {"head_dim": 128, "causal": False, "dtype": "fp16", "tile": "64x64", "num_warps": 4, **config}
     if error:

@@ -179,6 +179,10 @@ def register(subparsers) -> None:
                    help="comma-separated rungs, e.g. v3,v4 (default: all). A margin needs the parent "
                         "selected too")
     p.add_argument("--arch", choices=ARCHES, help=f"census target (default {DEFAULT_ARCH})")
+    p.add_argument("--as-launched", type=str.upper, choices=("A", "B"), metavar="A|B",
+                   help="with the census: compile every rung as a launch at configuration A or B specializes "
+                        "it (strides, lengths and heads divisible by 16, group = 1, aligned pointers; B in "
+                        "bf16): the binary the climb times there")
     p.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="parallel census compiles")
     p.add_argument("--config", type=str.lower, choices=CONFIG_CHOICES, default="both",
                    help="A: B2 H16 S2048 d128 fp16 non-causal; B: B1 H16 S32768 d128 bf16 causal. With "
@@ -216,7 +220,7 @@ def cmd_ladder(args) -> int:
         doc = json.loads(args.from_json.read_text())
         mode = doc.get("mode")
         if mode == "census":
-            print(format_census(doc["rows"], doc["arch"], doc.get("no_gpu_reason")))
+            print(format_census(doc["rows"], doc["arch"], doc.get("no_gpu_reason"), doc.get("as_launched")))
         elif mode == "readings":
             print(format_readings(doc))
             _plot(doc, args, plot_readings)
@@ -229,6 +233,10 @@ def cmd_ladder(args) -> int:
     if args.processes > 1 and (args.profile or args.census):
         print("flashrung ladder: --processes repeats the climb (timing); the census and the profile are "
               "one reading each", file=sys.stderr)
+        return 2
+    if args.as_launched and (args.profile or args.processes > 1):
+        print("flashrung ladder: --as-launched selects how the census compiles each rung; the climb and the "
+              "profile run the launched binary itself", file=sys.stderr)
         return 2
     if args.profile:
         return cmd_profile(args)
@@ -244,6 +252,10 @@ def cmd_ladder(args) -> int:
         return cmd_readings(args, what)
     if args.census or not ok:
         return cmd_census(args, None if ok else what)
+    if args.as_launched:
+        print("flashrung ladder: --as-launched selects how the census compiles each rung; add --census to see "
+              "it (the climb runs the launched binary itself)", file=sys.stderr)
+        return 2
     if args.arch:
         print("flashrung ladder: --arch selects the census target; add --census to see it "
               "(the climb runs on this GPU)", file=sys.stderr)
@@ -263,14 +275,22 @@ def _emit_json(doc: dict, target: str) -> None:
 # Census (no GPU)
 
 
-def census_rows(arch: str, rungs: list[ladder.Rung], jobs: int) -> list[dict]:
-    """Census rows of every registered configuration of ``rungs`` for ``arch``, in ladder order.
-    Gluon cannot compile under TRITON_INTERPRET=1: then the compiles run in a clean child."""
+# the dtype each seed configuration runs in (A fp16, B bf16): an --as-launched census compiles it
+LAUNCH_DTYPES = {"A": "fp16", "B": "bf16"}
+
+
+def census_rows(arch: str, rungs: list[ladder.Rung], jobs: int, launch: str | None = None) -> list[dict]:
+    """Census rows of every registered configuration of ``rungs`` for ``arch``, in ladder order;
+    with ``launch`` ("A" or "B") each compiled as a launch at that configuration specializes it,
+    in its dtype (``evidence.launched_spec``). Gluon cannot compile under TRITON_INTERPRET=1: then
+    the compiles run in a clean child."""
     from flashrung.evidence.census import needs_reexec
     from flashrung.kernels.ladder import evidence
 
     names = {r.name for r in rungs}
     selectors = [s for s in evidence.all_selectors((arch,)) if s["rung"] in names]
+    if launch is not None:
+        selectors = [{**s, "launch": launch, "dtype": LAUNCH_DTYPES[launch]} for s in selectors]
     if needs_reexec():
         return evidence.rows_in_subprocess(selectors, jobs=jobs)
     return evidence.rows_for(selectors, jobs=jobs)
@@ -292,15 +312,18 @@ def census_budget(arch: str) -> int:
     return BUDGETS[arch][1]
 
 
-def format_census(rows: list[dict], arch: str, no_gpu: str | None = None) -> str:
-    """The census table and the shared-memory budget of ``arch``; pure (rows as JSON dicts)."""
+def format_census(rows: list[dict], arch: str, no_gpu: str | None = None, launch: str | None = None) -> str:
+    """The census table and the shared-memory budget of ``arch``; pure (rows as JSON dicts).
+    ``launch``: the rows were compiled as launched at that configuration."""
     budget = census_budget(arch)
     head = []
     if no_gpu:
         head.append(f"flashrung ladder: no GPU here ({no_gpu}), so no timing: this is the census — each "
                     "rung compiled ahead of time and read back from its SASS.")
-    head.append(f"census {arch} — evidence level: SASS (static instruction counts: which instructions exist, "
-                "not how fast they run); spills = spill stores + loads in bytes (ptxas -v); loop instr = "
+    built = (f"each rung as launched at config {launch} ({LAUNCH_DTYPES[launch]}; the binary the climb times)"
+             if launch else "each rung unspecialized (--as-launched A|B: the binary a launch there runs)")
+    head.append(f"census {arch}, {built} — evidence level: SASS (static instruction counts: which instructions "
+                "exist, not how fast they run); spills = spill stores + loads in bytes (ptxas -v); loop instr = "
                 "instructions per trip of each innermost loop")
     header = ["rung", "config", "regs", "smem B", "spill B", *CENSUS_FAMILIES, "loop instr", "fits"]
     lines = []
@@ -347,15 +370,16 @@ def cmd_census(args, no_gpu: str | None) -> int:
         print(f"flashrung ladder: no GPU here ({no_gpu}); printing the census (evidence level: SASS)",
               file=sys.stderr)
     print(f"compiling {', '.join(r.name for r in rungs)} for {arch} ({args.jobs} jobs)…", file=sys.stderr)
-    rows = census_rows(arch, rungs, args.jobs)
+    launch = getattr(args, "as_launched", None)
+    rows = census_rows(arch, rungs, args.jobs, launch)
     if args.json:
         doc = {"mode": "census", "arch": arch, "gpu": None if no_gpu else "present (census asked for)",
-               "no_gpu_reason": no_gpu, "smem_budget_bytes": census_budget(arch),
+               "no_gpu_reason": no_gpu, "smem_budget_bytes": census_budget(arch), "as_launched": launch,
                "evidence": "SASS: static instruction counts of ahead-of-time compiles (no timing)",
                "rungs": [r.name for r in rungs], "budget": budget_line(rows, arch), "rows": rows}
         _emit_json(doc, args.json)
     if args.json != "-":
-        print(format_census(rows, arch, no_gpu), file=notes)
+        print(format_census(rows, arch, no_gpu, launch), file=notes)
     if args.plot:
         print("no plot: the census has no timings", file=sys.stderr)
     return 1 if any(r.get("error") for r in rows) else 0

@@ -2782,6 +2782,8 @@ def test_tile_trace_summary_splits_a_tile_into_its_fixed_part_and_its_steps():
         tile_trace.summarize(np.zeros((2, 2, 4)), TILE_FIELDS)
     with pytest.raises(SystemExit, match="--tiles"):
         tile_trace.main(["--tiles", "0"])
+    with pytest.raises(SystemExit, match="--split-tail: the split tail is non-causal only"):
+        tile_trace.main(["--split-tail", "--causal"])
 
 
 def test_tile_trace_lays_a_split_tail_out_on_the_global_timer():

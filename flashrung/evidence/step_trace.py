@@ -165,8 +165,9 @@ def traced_run(args, **trace) -> dict:
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     problem = Problem.of(q, k, v, args.causal)
     base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
-    if not getattr(args, "split_tail", False):
-        base = dataclasses.replace(base, split_tail=False)
+    # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
+    # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
+    base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
     traced = dataclasses.replace(base, **trace)
     plan = fwd._plan(traced, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim,
                      q.element_size(), bool(args.causal), True, torch.cuda.get_device_properties(0).multi_processor_count)

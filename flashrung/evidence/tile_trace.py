@@ -20,7 +20,7 @@ time idle at the end (:func:`timeline`). The timeline is complete when every ite
 
 ``python -m flashrung.evidence.tile_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
 [--causal] [--tiles 8] [--split-tail] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
-The split tail is switched off unless ``--split-tail`` keeps the configuration's own.
+Whole tiles unless ``--split-tail`` switches the split tail on (non-causal problems).
 """
 from __future__ import annotations
 
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "clock stamps of hopper.fwd's work items: a tile's fixed cost and its steps'")
     p.add_argument("--tiles", type=int, default=8, help="work items recorded per CTA (default 8)")
     p.add_argument("--split-tail", action=argparse.BooleanOptionalAction, default=False,
-                   help="keep the configuration's split tail (default: off, whole tiles only)")
+                   help="run the split tail (non-causal; on whatever the problem's default): the last round's "
+                        "tiles split over every SM (default: off, whole tiles only)")
     return p
 
 
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
     args.prog = "tile_trace"
     if args.tiles < 1:
         raise SystemExit("--tiles must be at least 1")
+    if args.split_tail and args.causal:
+        raise SystemExit("--split-tail: the split tail is non-causal only (a causal grid ends on its lightest tiles)")
     from flashrung.kernels.hopper.trace import TILE_FIELDS
 
     return run_probe(args, dict(trace_tiles=args.tiles), TILE_FIELDS,

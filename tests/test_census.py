@@ -44,6 +44,17 @@ def test_portable_forward_uses_wgmma_on_hopper_without_spills(sm90_rows):
         assert row["smem_bytes"] <= census.ARCHES["sm_90a"][1]
 
 
+def test_portable_census_is_the_binary_a_contiguous_launch_runs(sm90_rows):
+    # property: the census compiles the portable forward as a launch on contiguous tensors whose
+    # lengths and heads are multiples of 16 specializes it — the strides known multiples of 16, so
+    # its K/V loads are cp.async copies (LDGSTS), which an unspecialized build has none of
+    from flashrung.kernels.portable.common import CENSUS_LAUNCH_LABEL
+
+    for row in sm90_rows:
+        assert row["config"]["launch"] == CENSUS_LAUNCH_LABEL, row["config"]
+        assert row["sass"]["LDGSTS"] > 0, row
+
+
 def test_portable_forward_uses_mma_sync_on_ampere_and_fits_sm120():
     rows = run_census("sm_80", "portable.fwd")
     assert all(r["sass"]["HMMA"] > 0 and r["sass"]["HGMMA"] == 0 for r in rows)

@@ -281,4 +281,6 @@ def census_specs() -> list[CensusSpec]:
                 "portable.bwd_preprocess", {"head_dim": head_dim, "dtype": "bf16", "block_m": PREPROCESS_BLOCK_M},
                 _bwd_preprocess, sig_pre,
                 {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": PREPROCESS_BLOCK_M}, 4, 1, arches=(arch,)))
-    return specs
+    # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,
+    # cp.async staging), which the unspecialized build has none of
+    return [common.census_as_launched(spec) for spec in specs]

@@ -121,6 +121,33 @@ def backward_config(head_dim: int, capability: tuple[int, int] | None) -> Backwa
     return BackwardConfig(TileConfig(64, 64, 8, 1), TileConfig(32, 128, 8, 1))
 
 
+# The launch the census compiles the portable kernels as (``census.as_launched``): contiguous
+# (B, S, H, D) tensors and (B, H, S) row statistics of the fa4-protocol's d128 rows' kind — every
+# stride, length and head count a multiple of 16, one query head per K/V head. A problem whose
+# lengths or heads are not multiples of 16 runs another binary (fewer alignment facts).
+CENSUS_LAUNCH = dict(batch=2, seqlen=16384, heads=16)
+CENSUS_LAUNCH_LABEL = "contiguous (B, S, H, D), S and H multiples of 16, group 1"
+
+
+def census_launch_values(head_dim: int, batch: int = CENSUS_LAUNCH["batch"], seqlen: int = CENSUS_LAUNCH["seqlen"],
+                         heads: int = CENSUS_LAUNCH["heads"]) -> dict:
+    """Every integer argument the portable forward and backward kernels take, as a launch on
+    contiguous tensors of this problem passes it (the census keeps the ones a kernel has)."""
+    tensor = {"b": seqlen * heads * head_dim, "s": heads * head_dim, "h": head_dim}
+    values = {f"stride_{t}{axis}": v for t in ("q", "k", "v", "o", "do", "dk", "dv", "dq", "d")
+              for axis, v in tensor.items()}
+    return {**values, "stride_lb": heads * seqlen, "stride_lh": seqlen, "seqlen_q": seqlen, "seqlen_k": seqlen,
+            "heads_q": heads, "heads_kv": heads, "group": 1}
+
+
+def census_as_launched(spec):
+    """``spec`` compiled as :data:`CENSUS_LAUNCH` launches it (``census.as_launched``)."""
+    from flashrung.evidence.census import as_launched
+
+    values = census_launch_values(spec.constexprs["HEAD_DIM"])
+    return as_launched(spec, {k: v for k, v in values.items() if k in spec.signature}, CENSUS_LAUNCH_LABEL)
+
+
 def unsupported_reason(problem: Problem) -> str | None:
     """Why the portable kernels cannot run ``problem``, or None."""
     if problem.device_type == "cpu":

@@ -138,6 +138,13 @@ def compile_spec(spec: CensusSpec, arch: str):
 _INTEGER_TYPES = ("i32", "i64", "u32", "u64")
 
 
+def contiguous_strides(tensors, seqlen: int, heads: int, head_dim: int) -> dict[str, int]:
+    """``stride_{t}b``, ``stride_{t}s``, ``stride_{t}h`` of contiguous ``(B, S, H, D)`` tensors named
+    ``t`` in ``tensors``: the stride arguments a launch on them passes (for :func:`as_launched`)."""
+    strides = {"b": seqlen * heads * head_dim, "s": heads * head_dim, "h": head_dim}
+    return {f"stride_{t}{axis}": v for t in tensors for axis, v in strides.items()}
+
+
 def as_launched(spec: CensusSpec, values: Mapping[str, int], label: str) -> CensusSpec:
     """``spec`` as Triton specializes a launch whose integer arguments take ``values`` and whose
     pointers are 16-byte aligned (torch's allocations are): an integer equal to 1 becomes a

@@ -297,10 +297,10 @@ def launch_values(batch: int, seqlen: int, heads: int, head_dim: int, group: int
     """The integer arguments :func:`launch` passes for contiguous ``(B, S, H, D)`` tensors of one
     problem — what Triton specializes the launched binary on (``census.as_launched``); the
     persistent rungs' ``batch_heads`` too."""
-    strides = {"b": seqlen * heads * head_dim, "s": heads * head_dim, "h": head_dim}
-    values = {f"stride_{t}{axis}": v for t in "qkvo" for axis, v in strides.items()}
-    return {**values, "seqlen_q": seqlen, "seqlen_k": seqlen, "heads_q": heads, "group": group,
-            "batch_heads": batch * heads}
+    from flashrung.evidence.census import contiguous_strides
+
+    return {**contiguous_strides("qkvo", seqlen, heads, head_dim), "seqlen_q": seqlen, "seqlen_k": seqlen,
+            "heads_q": heads, "group": group, "batch_heads": batch * heads}
 
 
 def census_spec(kernel_name: str, fn, *, head_dim: int, causal: bool, cfg: TileConfig,

@@ -133,9 +133,9 @@ def census_launch_values(head_dim: int, batch: int = CENSUS_LAUNCH["batch"], seq
                          heads: int = CENSUS_LAUNCH["heads"]) -> dict:
     """Every integer argument the portable forward and backward kernels take, as a launch on
     contiguous tensors of this problem passes it (the census keeps the ones a kernel has)."""
-    tensor = {"b": seqlen * heads * head_dim, "s": heads * head_dim, "h": head_dim}
-    values = {f"stride_{t}{axis}": v for t in ("q", "k", "v", "o", "do", "dk", "dv", "dq", "d")
-              for axis, v in tensor.items()}
+    from flashrung.evidence.census import contiguous_strides
+
+    values = contiguous_strides(("q", "k", "v", "o", "do", "dk", "dv", "dq", "d"), seqlen, heads, head_dim)
     return {**values, "stride_lb": heads * seqlen, "stride_lh": seqlen, "seqlen_q": seqlen, "seqlen_k": seqlen,
             "heads_q": heads, "heads_kv": heads, "group": 1}
 

@@ -1621,9 +1621,11 @@ def test_gate_split_tail(head_dim, shape, persistent):
 @pytest.mark.parametrize("shape", SPLIT_TAIL_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_split_tail_merge_loads_first(head_dim, shape):
-    # the merge's loads_first variant behind the split tail: the gate, and (every shape here splits
-    # at most SPLITS_PER_LOAD ways) the same output and LSE as the default merge, bit for bit
-    cfg = dataclasses.replace(_shape_default(head_dim, False, shape), split_tail=True)
+    # both merges behind the split tail: the gate for each, and the same output and LSE to rounding
+    # (compiled, their sums run over differently laid out blocks: on the H200 four of these shapes
+    # differed in the last bits)
+    cfg = dataclasses.replace(_shape_default(head_dim, False, shape), split_tail=True, merge_loads_first=False)
+    _gate_config(cfg, head_dim, False, shape)
     _gate_config(dataclasses.replace(cfg, merge_loads_first=True), head_dim, False, shape)
     torch.manual_seed(0)
     q = torch.randn(shape["batch"], shape["seqlen_q"], shape["heads_q"], head_dim, device="cuda",
@@ -1632,7 +1634,8 @@ def test_gate_split_tail_merge_loads_first(head_dim, shape):
                         dtype=torch.bfloat16) for _ in range(2))
     base = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
     first = fwd.forward(q, k, v, False, head_dim ** -0.5, dataclasses.replace(cfg, merge_loads_first=True))
-    assert torch.equal(base[0], first[0]) and torch.equal(base[1], first[1])
+    torch.testing.assert_close(first[0], base[0], atol=2e-3, rtol=0)
+    torch.testing.assert_close(first[1], base[1], atol=1e-5, rtol=1e-6)
 
 
 @pytest.mark.gpu
@@ -2265,15 +2268,19 @@ def test_balanced_grid_refuses_to_build_its_table_inside_a_capture():
     _assert_reruns_identical(q, k, v, True, cfg)      # and the same shape runs once out of the capture
 
 
-def test_merge_loads_first_needs_the_split_tail_and_is_off_by_default():
-    with pytest.raises(ValueError, match="merge_loads_first .* needs split_tail=True"):
-        dataclasses.replace(fwd.default_config(128, False, 1024), split_tail=False,
-                            merge_loads_first=True).check(128)
-    dataclasses.replace(fwd.default_config(128, False, 16384), merge_loads_first=True).check(128)
+def test_merge_loads_first_is_every_split_tails_merge_and_a_host_side_choice():
+    # the merge's form is read only by a launch that splits its tail: every default carries it, the
+    # chunked merge stays reachable, and neither form changes the attention kernel's build
     for d in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (1024, 4096, 16384, 32768):
-                assert not fwd.default_config(d, causal, seqlen).merge_loads_first
+                assert fwd.default_config(d, causal, seqlen).merge_loads_first
+    split = fwd.default_config(128, False, 16384)
+    assert split.split_tail
+    dataclasses.replace(split, merge_loads_first=False).check(128)
+    dataclasses.replace(split, split_tail=False).check(128)
+    assert fwd._constexprs(split, 128, False) == fwd._constexprs(dataclasses.replace(split, merge_loads_first=False),
+                                                                 128, False)
 
 
 def test_split_tail_rounds_is_the_split_tails_count_and_off_by_default():

@@ -171,8 +171,9 @@ def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, 
 def test_combine_with_loads_first_is_the_same_merge(device):
     # loads_first only moves the loads ahead of the coordinates and widens them: rows past Sq are
     # still never written (out is a view of a longer buffer whose extra rows must stay poisoned;
-    # their partials hold garbage), and up to SPLITS_PER_LOAD splits the sums are the same, bit for
-    # bit; at d128 each row is merged by two programs of LOADS_FIRST_COLS columns
+    # their partials hold garbage), the sums agree to rounding, and under the interpreter (source
+    # order) up to SPLITS_PER_LOAD splits bit for bit (compiled, they run over differently laid out
+    # blocks); at d128 each row is merged by two programs of LOADS_FIRST_COLS columns
     torch.manual_seed(1)
     block_m, d, tiles, seqlen_q = 16, 128, 3, 20
     assert d // LOADS_FIRST_COLS == 2
@@ -194,7 +195,7 @@ def test_combine_with_loads_first_is_the_same_merge(device):
         assert torch.equal(written, ~o1.isnan()) and int(written[..., 0].sum()) == 4 + 16 + 4
         torch.testing.assert_close(o1, o0, atol=1e-3, rtol=0, equal_nan=True)
         torch.testing.assert_close(l1, l0, atol=1e-6, rtol=1e-6, equal_nan=True)
-        if splits <= SPLITS_PER_LOAD:
+        if splits <= SPLITS_PER_LOAD and torch.device(device).type == "cpu":
             assert torch.equal(o0[written], o1[written])
             assert torch.equal(l0.nan_to_num(), l1.nan_to_num())
 

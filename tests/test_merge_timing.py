@@ -15,7 +15,7 @@ def test_the_split_timed_is_the_kernels_launch_plan(batch, seqlen, tiles, splits
     # suite's d128 rows: 4096 tiles, 4 in the last round, split as far as 132 SMs and K/V tiles allow)
     plan, cfg = merge_timing.split_of(_args("--batch", str(batch), "--seqlen", str(seqlen)), 132)
     assert (plan.num_tiles - plan.num_full_tiles, plan.splits) == (tiles, splits)
-    assert cfg.split_tail and not cfg.merge_loads_first
+    assert cfg.split_tail and cfg.merge_loads_first
 
 
 def test_workspace_has_the_plans_shape_distinct_coordinates_and_empty_rows():
@@ -45,28 +45,30 @@ def test_without_a_gpu_it_says_so():
 
 @pytest.mark.gpu
 def test_on_a_gpu_both_merges_agree_and_are_timed(tmp_path):
-    # the suite's S2k split (16 splits: one load in both variants) merges bit for bit alike, rows
-    # past Sq untouched, and both arms get a time per merge
+    # the suite's S2k split (16 splits): both merges write the same rows and agree to rounding,
+    # rows past Sq untouched, and both arms get a time per merge
     import json
 
     path = tmp_path / "merge.json"
     assert merge_timing.main(["--batch", "16", "--seqlen", "2048", "--alternations", "4", "--calls", "5",
                               "--json", str(path)]) == 0
     result = json.loads(path.read_text())
-    assert result["check"] == dict(same_rows_written=True, bit_identical=True, close=True)
+    assert result["check"]["same_rows_written"] and result["check"]["close"]
+    assert set(result["us_per_merge"]) == {"chunked", "loads_first"}
     assert all(us > 0 for us in result["us_per_merge"].values())
 
 
 @pytest.mark.parametrize("batch, seqlen", [(16, 2048), (2, 16384)])
 def test_both_merges_of_the_plans_tail_agree(batch, seqlen, device):
-    # property: on the tail the kernel's plan leaves (16 splits: one load either way, so bit for
-    # bit; 33 splits: past one default load, so at least to rounding), both merges write the same rows, none
-    # past Sq — the check the timed run reports beside its times
+    # property: on the tail the kernel's plan leaves (16 and 33 splits), both merges write the same
+    # rows, none past Sq, and agree to rounding — the check the timed run reports beside its times.
+    # Under the interpreter (source order) they agree bit for bit up to one chunked load; compiled,
+    # the sums run over differently laid out blocks (on the H200 they differed in the last bits)
     args = _args("--batch", str(batch), "--seqlen", str(seqlen))
     plan, cfg = merge_timing.split_of(args, 132)
     part_o, part_lse, coords, tiles, splits = merge_timing.workspace_of(plan, cfg, args, device,
                                                                         torch.Generator().manual_seed(0))
     _, check = merge_timing.merged_both_ways(part_o, part_lse, coords, splits, args, device)
     assert check["same_rows_written"] and check["close"]
-    if splits <= 32:
+    if splits <= 32 and torch.device(device).type == "cpu":
         assert check["bit_identical"]

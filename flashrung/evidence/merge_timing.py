@@ -1,4 +1,4 @@
-"""The split tail's merge alone: ``tail_combine`` timed by itself, default against ``loads_first``.
+"""The split tail's merge alone: ``tail_combine`` timed by itself, the chunked merge against ``loads_first``.
 
 ``hopper.fwd``'s split tail ends with a second launch (``tail_combine``) that merges every split's
 fp32 partial of each tail tile. Its cost is a few microseconds of a call of one to thirteen
@@ -10,8 +10,9 @@ For one problem, the split of the launch ``hopper.fwd`` would make (its default 
 workspace of random partials — finite LSEs, some rows every split saw and some (one in eight) no
 split saw — and both merges run on it:
 
-- **checked**: the two outputs agree (bit for bit when a row's splits fit one load of the default,
-  ``SPLITS_PER_LOAD``; within rounding otherwise), rows past Sq untouched;
+- **checked**: the two outputs write the same rows, none past Sq, and agree within 2e-3 (whether
+  they agree bit for bit is reported, not required: compiled, the two sums run over differently
+  laid out blocks — on the H200 they differed in the last bits at 16 and 33 splits);
 - **timed**: each arm as a CUDA graph of ``--calls`` launches (the host's launch cost is not the
   merge's: in a forward the merge's launch is queued behind the attention kernel), paired and
   interleaved (``flashrung.bench.timing.paired_run``, AB then BA halves); per launch, µs.
@@ -32,7 +33,7 @@ EMPTY_ROW_EVERY = 8
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashrung.evidence.merge_timing",
-                                description="the split tail's merge alone: default against loads_first, paired")
+                                description="the split tail's merge alone: the chunked merge against loads_first (the default), paired")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seqlen", type=int, default=16384, help="Sq = Sk (default 16384)")
     p.add_argument("--heads", type=int, default=16)
@@ -89,7 +90,7 @@ def workspace_of(plan, cfg, args, device, generator):
 def merged_both_ways(part_o, part_lse, coords, splits: int, args, device) -> tuple[dict, dict]:
     """Both merges of one workspace into their own poisoned ``out``/``lse`` (``out`` a view of a
     buffer one row longer than Sq, whose extra rows must stay poisoned): ``(buffers, check)`` —
-    ``buffers[name] = (out, lse, loads_first)`` for ``default`` and ``loads_first``, ``check`` whether
+    ``buffers[name] = (out, lse, loads_first)`` for ``chunked`` and ``loads_first``, ``check`` whether
     they wrote the same rows and none past Sq, agree bit for bit, and agree within 2e-3."""
     import torch
 
@@ -97,7 +98,7 @@ def merged_both_ways(part_o, part_lse, coords, splits: int, args, device) -> tup
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     buffers, past_sq = {}, []
-    for name, first in (("default", False), ("loads_first", True)):
+    for name, first in (("chunked", False), ("loads_first", True)):
         whole = torch.full((args.batch, args.seqlen + 1, args.heads, args.headdim), float("nan"), dtype=dtype,
                            device=device)
         out = whole[:, :args.seqlen]
@@ -105,7 +106,7 @@ def merged_both_ways(part_o, part_lse, coords, splits: int, args, device) -> tup
         combine_tail(part_o, part_lse, coords, out, lse, splits, loads_first=first)
         buffers[name] = (out, lse, first)
         past_sq.append(whole[:, args.seqlen:])
-    (o0, l0, _), (o1, l1, _) = buffers["default"], buffers["loads_first"]
+    (o0, l0, _), (o1, l1, _) = buffers["chunked"], buffers["loads_first"]
     written = ~o0.isnan()
     untouched = all(bool(rows.isnan().all()) for rows in past_sq)
     check = dict(same_rows_written=bool(torch.equal(written, ~o1.isnan())) and untouched,
@@ -147,15 +148,15 @@ def run(args) -> dict:
     for g in graphs.values():
         for _ in range(protocol.warmup_calls):
             g.replay()
-    paired = paired_run(graphs["default"].replay, graphs["loads_first"].replay, protocol, CudaEventTimer())
+    paired = paired_run(graphs["chunked"].replay, graphs["loads_first"].replay, protocol, CudaEventTimer())
     summary = stats.summarize(paired)
     us = {name: float(np.median(getattr(paired, arm))) * 1e3 / args.calls
-          for name, arm in (("default", "baseline"), ("loads_first", "candidate"))}
+          for name, arm in (("chunked", "baseline"), ("loads_first", "candidate"))}
     return {
         "gpu": torch.cuda.get_device_name(device),
         "problem": dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
                         dtype=args.dtype, causal=False),
-        "tail": dict(tiles=tiles, splits=splits, block_m=cfg.block_m, one_default_load=splits <= SPLITS_PER_LOAD),
+        "tail": dict(tiles=tiles, splits=splits, block_m=cfg.block_m, one_chunked_load=splits <= SPLITS_PER_LOAD),
         "check": check,
         "us_per_merge": us,
         "paired": dict(summary.to_json(), calls_per_graph=args.calls, protocol=protocol.to_json()),
@@ -171,9 +172,9 @@ def main(argv=None) -> int:
     t, c, p, us = result["tail"], result["check"], result["paired"], result["us_per_merge"]
     print(f"tail_combine alone — {result['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
           f"{args.dtype}: {t['tiles']} tail tiles x {t['splits']} splits ({t['block_m']} rows a tile)")
-    print(f"  default      {us['default']:.2f} µs per merge")
+    print(f"  chunked      {us['chunked']:.2f} µs per merge")
     print(f"  loads_first  {us['loads_first']:.2f} µs per merge")
-    print(f"  paired margin default/loads_first {p['margin']:.4f} [p10 {p['lo']:.4f}, p90 {p['hi']:.4f}], "
+    print(f"  paired margin chunked/loads_first {p['margin']:.4f} [p10 {p['lo']:.4f}, p90 {p['hi']:.4f}], "
           f"AB {p['margin_ab']:.4f} / BA {p['margin_ba']:.4f}")
     print(f"  check: rows written alike {c['same_rows_written']}, bit-identical {c['bit_identical']}, "
           f"within 2e-3 {c['close']}")
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
         from flashrung.bench.report import write_json
 
         print(f"wrote {write_json(result, args.json)}")
-    ok = c["same_rows_written"] and c["close"] and (c["bit_identical"] or not t["one_default_load"])
+    ok = c["same_rows_written"] and c["close"]
     return 0 if ok else 1
 
 

@@ -125,9 +125,15 @@ class HopperFwdConfig:
     split_tail_rounds: bool = False
     # the split tail's merge with each program's loads issued ahead of its tile's coordinates and
     # every split's O slice in one load (tail_combine, ``loads_first``): three dependent memory
-    # latencies a program instead of five. Host-side choice of the merge kernel's variant; the
-    # attention kernel is untouched
-    merge_loads_first: bool = False
+    # latencies a program instead of five. Host-side choice of the merge kernel's variant, read only
+    # by a launch that splits its tail; the attention kernel is untouched. Default: the merge alone,
+    # paired on the H200 (flashrung.evidence.merge_timing, CUDA graphs of 50 merges, 40
+    # alternations), B2 H16 S16384 d128 bf16 (4 tail tiles x 33 splits, the split of every d128
+    # non-causal suite row from S4k): 5.99 -> 4.21 us, 1.4258 [p10 1.4239, p90 1.4273]; B16 H16
+    # S2048 (x 16 splits) 3.61 -> 3.36 us, 1.0733 (h200-merge-timing-d128-s*-a472f36.json). Gated:
+    # test_gate_split_tail_merge_loads_first. On a whole call 0.03-0.1%, under any paired keep
+    # threshold: priced on the merge alone, as predicted (about 2 us)
+    merge_loads_first: bool = True
     # keys of each K/V tile in a second TMA box and a second wgmma per product, after the first
     # block_n (0: none): the tile holds block_n + extra_keys keys, so the per-tile costs of the
     # softmax (row statistics, O rescale, barrier round trips) spread over more keys. FA3's d128
@@ -413,8 +419,6 @@ class HopperFwdConfig:
                              "schedule: they need overlap=True")
         if self.split_tail_rounds and not self.split_tail:
             raise ValueError("split_tail_rounds chooses the split tail's count: it needs split_tail=True")
-        if self.merge_loads_first and not self.split_tail:
-            raise ValueError("merge_loads_first chooses the split tail's merge: it needs split_tail=True")
         if self.balanced and (not self.persistent or self.split_tail):
             raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
                              "split_tail=False")

@@ -7,7 +7,11 @@ normalized over its own keys with its natural-log LSE ``lse_s``:
     lse = log Σ_s exp(lse_s),   out = Σ_s exp(lse_s − lse) · O_s
 
 evaluated against the largest ``lse_s`` (no overflow); a row every split saw no key for keeps
-out = 0, lse = −inf. The order of the sum is fixed, so the result is deterministic.
+out = 0, lse = −inf. The order of the sum is fixed, so the result is deterministic. Two variants
+(``loads_first``, the default since the merge alone was timed on the H200, and the chunked one
+before it) sum over differently laid out blocks: compiled, their last bits may differ at any split
+count; under the interpreter, which adds in source order, they agree bit for bit up to
+``SPLITS_PER_LOAD`` splits.
 
 Its lever is the split tail itself: a short last round of tiles runs over every SM instead of a
 few (docs/hopper.md). This kernel is plain Triton — it runs under ``TRITON_INTERPRET=1``, which is
@@ -116,15 +120,16 @@ def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tu
 
 
 def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, splits: int, loads_first: bool = False) -> None:
+                 lse: torch.Tensor, splits: int, loads_first: bool = True) -> None:
     """Write the merged rows of every tail tile into ``out`` (B, Sq, Hq, D) and ``lse`` (B, Hq, Sq).
 
     ``part_o`` fp32 ``[tiles · splits, BLOCK_M, D]`` and ``part_lse`` fp32 ``[tiles · splits,
     BLOCK_M]`` hold work item ``tile · splits + s`` at index ``tile · splits + s``; ``coords``
-    int32 ``[tiles, 3]`` holds each tail tile's (batch, q_head, m_block). ``loads_first``: each
-    program's loads issued ahead of its coordinates, up to ``SPLITS_PER_LOAD_FIRST`` splits a load
-    (deterministic too; with more than ``SPLITS_PER_LOAD`` splits its sum is grouped differently,
-    so the last bits may differ from the default's).
+    int32 ``[tiles, 3]`` holds each tail tile's (batch, q_head, m_block). ``loads_first`` (the
+    default): each program's loads issued ahead of its coordinates, up to ``SPLITS_PER_LOAD_FIRST``
+    splits a load; ``False``: the chunked merge, ``SPLITS_PER_LOAD`` splits a load behind the row's
+    branch. Both are deterministic; compiled, their sums run over differently laid out blocks and
+    their last bits may differ (on the H200 they did at 16 and 33 splits, agreeing to rounding).
     """
     if part_o.dim() != 3 or part_o.dtype != torch.float32 or not part_o.is_contiguous():
         raise ValueError(f"part_o must be a contiguous fp32 [items, BLOCK_M, D] tensor, got "

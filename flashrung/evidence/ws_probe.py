@@ -13,6 +13,10 @@ barrier). These kernels tell whether the report belongs to ``hopper.fwd`` or to 
   partition with its own shared buffer and a barrier of its own (a store, then a load by other
   threads); no mbarrier, TMA or wgmma.
 * ``hopper-fwd`` — ``hopper.fwd`` itself at B1 S300 Hq2 Hkv1 d64 bf16, non-causal then causal.
+* ``hopper-fwd-schedules`` — ``hopper.fwd`` at B1 S300 Hq2 Hkv1 bf16 under each distinct default
+  schedule of the longer rows (:data:`SCHEDULES`: the inline-PTX arrivals and named turns, the
+  split tail and its merge, PV's gated wait, two Q buffers, staggered sweeps, the balanced lists,
+  each head dim's tile), each forced onto the small problem so the sanitizer's cost stays small.
 
 Run under the sanitizer on a GPU, e.g.
 ``compute-sanitizer --tool racecheck python -m flashrung.evidence.ws_probe hopper-shaped``.
@@ -27,7 +31,16 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-PROBES = ("minimal", "hopper-shaped", "hopper-fwd")
+PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
+# (head_dim, causal, length whose default schedule is forced): between them every synchronisation
+# mechanism the defaults compile — d64's 192-row tile with two Q buffers (2k) and staggered sweeps
+# (16k), d64's short-causal tile on the balanced lists (1k); d128 non-causal's split tail in FA3's
+# named order with the inline arrivals (4k) and in FA4's with PV's gated wait (16k); d128 causal's
+# named turns with two Q buffers (2k) and with each warp's rescale (16k); d256's inline arrivals on
+# the plain grid and its balanced causal grid (8k)
+SCHEDULES = ((64, False, 2048), (64, False, 16384), (64, True, 1024), (128, False, 4096), (128, False, 16384),
+             (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))
+PROBE_SEQLEN = 300                             # partial query and key tiles at every tile shape
 VECTOR = 128                                   # elements each partition writes
 HOPPER_SHAPED_WORKERS = ((4, 160), (4, 160), (1, 24))   # (warps, registers) as hopper.fwd at d64
 DEFAULT_WARPS = 4
@@ -77,8 +90,38 @@ def census_specs():
             for name, fn in (("minimal", minimal_kernel), ("hopper-shaped", hopper_shaped_kernel))]
 
 
+def _schedule_outputs_right(schedules=SCHEDULES) -> bool:
+    """``hopper.fwd`` under each schedule at B1 S300 Hq2 Hkv1 bf16, against an fp32 reference
+    computed on the CPU (so the sanitizer sees only hopper.fwd's launches); prints one line each."""
+    from flashrung.kernels.hopper import fwd
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ok = True
+    for head_dim, causal, seqlen in schedules:
+        cfg = fwd.default_config(head_dim, causal, seqlen)
+        q = torch.randn(1, PROBE_SEQLEN, 2, head_dim, generator=gen).to(torch.bfloat16)
+        k, v = (torch.randn(1, PROBE_SEQLEN, 1, head_dim, generator=gen).to(torch.bfloat16) for _ in range(2))
+        scale = head_dim ** -0.5
+        out, _ = fwd.forward(q.cuda(), k.cuda(), v.cuda(), causal, scale, config=cfg)
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k.transpose(1, 2).repeat_interleave(2, 1).float(),
+            v.transpose(1, 2).repeat_interleave(2, 1).float(), is_causal=causal, scale=scale).transpose(1, 2)
+        err = (out.float().cpu() - ref).abs().max().item()
+        right = err < 2e-2
+        ok &= right
+        on = [name for name in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv")
+              if getattr(cfg, name)]
+        print(f"d{head_dim} {'causal' if causal else 'non-causal'} S{seqlen}'s schedule ({cfg.block_m}x{cfg.block_n}, "
+              f"q_stages={cfg.num_q_stages}{', ' if on else ''}{', '.join(on)}): max |err| {err:.2e} "
+              f"{'ok' if right else 'WRONG'}", flush=True)
+    return ok
+
+
 def run(probe: str) -> bool:
     """Launch ``probe`` on the current GPU; True if its output is right."""
+    if probe == "hopper-fwd-schedules":
+        return _schedule_outputs_right()
     if probe == "hopper-fwd":
         from flashrung.kernels.hopper import fwd
 

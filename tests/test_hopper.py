@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flashrung.dispatch import Problem
-from flashrung.kernels.hopper import config, fwd, schedule
+from flashrung.kernels.hopper import config, fwd, pipeline, schedule
 from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, select_config
 from flashrung.kernels.hopper.schedule import head_section
 
@@ -90,6 +90,27 @@ def fmnmx_before_last_wait(seq):
     last = max((i for i, op in enumerate(seq) if op == "WARPGROUP"), default=-1)
     return sum(op == "FMNMX" for op in seq[:last])
 
+def exp_turn_loops(sass):
+    # every innermost K/V loop: where the exponentials' turn (named barriers 11-13) is taken and
+    # passed against its first and last MUFU.EX2, and its FSEL count (masked loops select)
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    back = lambda a, t: (m := re.search(r"\bBRA (0x[0-9a-f]+)", t)) and int(m.group(1), 16) < a
+    out = []
+    for j, (a, t) in enumerate(ins):
+        if not back(a, t):
+            continue
+        body = ins[where[int(re.search(r"\bBRA (0x[0-9a-f]+)", t).group(1), 16)]: j + 1]
+        if not any("HGMMA" in x for _, x in body) or any(back(b, x) for b, x in body[:-1]):
+            continue
+        mufu = [k for k, (_, x) in enumerate(body) if "MUFU.EX2" in x]
+        syncs = [k for k, (_, x) in enumerate(body) if re.search(r"BAR\.SYNC\S* 0x[bcd],", x)]
+        arrives = [k for k, (_, x) in enumerate(body) if re.search(r"BAR\.ARV 0x[bcd],", x)]
+        out.append(dict(length=len(body), mufu=len(mufu), fsel=sum(x.startswith("FSEL") for _, x in body),
+                        syncs=syncs, arrives=arrives, first_mufu=mufu[0] if mufu else -1,
+                        last_mufu=mufu[-1] if mufu else -1))
+    return out
+
 def barrier_inits(ptx):
     # {byte offset into global_smem: arrival count} of every mbarrier.init, and the array offsets
     # the inline arrivals (asm_arrivals) name
@@ -128,6 +149,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["loop"] = steady_loop(sass)
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
+            entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
     result[label] = entry
@@ -305,6 +327,8 @@ CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}
 _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv_early": True, "named_turns": True,
                "skip_empty_rows": False, "asm_arrivals": False, **_ALWAYS_RESCALE}
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
+# the exponentials' token ring on d64's three consumers (192-row tile, non-causal)
+CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -1090,6 +1114,28 @@ def test_tree_reduce_moves_no_data(census):
         assert tree["sass"]["opcodes"].get(op, 0) == base["sass"]["opcodes"].get(op, 0), op
 
 
+def test_exp_turns_hold_the_unmasked_exponentials(census):
+    # exp_turns: each consumer takes the exponentials' token once and passes it once per K/V step
+    # (the ring's count; masked loops included), and in the unmasked loops — all of a non-causal
+    # problem without a key tail — the whole MUFU block lies between the two. In the masked loops
+    # ptxas lifts the exponentials over the wait (census; the order of the ring holds, the
+    # exclusion does not), which costs those steps only the overlap the token was to remove
+    entry, base = census["d64-full-exp-turns"], census["d64-full"]
+    assert "error" not in entry["row"] and entry["row"]["spill_bytes"] == 0
+    kv = [l for l in entry["exp_turn_loops"] if l["mufu"]]
+    assert kv and all(len(l["syncs"]) == 1 and len(l["arrives"]) == 1 and l["syncs"][0] < l["arrives"][0]
+                      for l in kv)
+    unmasked = [l for l in kv if l["fsel"] <= 4]
+    assert len(unmasked) == 3, kv           # one per consumer warpgroup
+    for l in unmasked:
+        assert l["syncs"][0] < l["first_mufu"] and l["arrives"][0] > l["last_mufu"], l
+    # off, no barrier of the ring is built
+    assert not any(l["syncs"] or l["arrives"] for l in base["exp_turn_loops"])
+    ring = {(op, i, n) for op, i, n in entry["bars"] if i >= pipeline.EXP_TURN_BARRIER_BASE}
+    assert ring == {(op, pipeline.EXP_TURN_BARRIER_BASE + wg, 256) for op in ("SYNC", "ARV") for wg in range(3)}
+    assert not any(i >= pipeline.EXP_TURN_BARRIER_BASE for _, i, _ in base["bars"])
+
+
 def test_four_max_chains_shorten_the_max_not_the_sum(census):
     # FA4's form: the same FMNMX, FADD and shuffles as the chain, nothing through shared memory; the
     # longest dependent FMNMX chain of each K/V loop 33 -> 11 at N = 128 (7 per running maximum,
@@ -1805,6 +1851,33 @@ def test_gate_release_without_bar_sync(release, head_dim, shape, causal):
                      pingpong=not _shape_default(head_dim, causal, shape).pingpong)
     if not causal and head_dim != 256:
         _gate_forced(head_dim, shape, False, **switches, **SPLIT_GRID)
+
+
+# the exponentials' token ring (exp_turns) on d64's tiles — the 192-row tile's three consumers,
+# the 128-row short tiles' two — at partial tiles, idle warpgroups (S=17: the empty ones walk the
+# turns in _pass_tiles), GQA, and on the split tail; the causal 192-row tile keeps its row sum
+# whole for it (defer_row_sum off)
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+def test_gate_exp_turns(shape, causal):
+    _gate_forced(64, shape, causal, exp_turns=True, defer_row_sum=False)
+    if not causal:
+        _gate_forced(64, shape, False, exp_turns=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen", [1024, 4097])
+def test_exp_turns_is_deterministic(seqlen):
+    # a token passed before a consumer's exponentials were done would only cost overlap, but one
+    # passed twice, or never, would hang or let two rings drift: the output must not move
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, seqlen, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(64, False, seqlen), exp_turns=True)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, False, cfg)
 
 
 # PV's wait behind its branch after the row max (gate_pv_wait), in FA4's order at every head dim

@@ -113,6 +113,12 @@ class HopperFwdConfig:
     # FA4's warp-scheduler barrier) instead of mbarriers: no polling, no partition-wide sync
     # before an elected arrival
     named_turns: bool = False
+    # a second token ring around each overlapped step's exponentials (FA4's order): one consumer
+    # warpgroup at a time runs its MUFU block, the others their GEMM issue, row max and waits.
+    # Three d64 consumers share each scheduler's MUFU, and the step trace measured their
+    # exponentials at 1220-1260 cycles a step against 512 of one warp's own MUFU time
+    # (pipeline.wait_exp_turn; hardware named barriers, inline PTX)
+    exp_turns: bool = False
     # the split tail (schedule.tail_split): when the last round of tiles is short, its tiles are
     # split along the keys over every SM and merged by ``tail_combine``; non-causal only (a
     # causal grid runs heaviest first and already ends on its lightest tiles)
@@ -446,6 +452,14 @@ class HopperFwdConfig:
                              f"mask_second_half={self.mask_second_half}")
         if self.named_turns and not self.pingpong:
             raise ValueError("named_turns is how the pingpong token is passed: it needs pingpong=True")
+        if self.exp_turns and not (self.overlap and self.pingpong and self.wait_pv_early and self.block_m >= 128
+                                   and not self.row_sum_by_mma and not self.defer_row_sum):
+            raise ValueError("exp_turns passes a token around the exponentials of FA4's overlapped order between "
+                             "consumer warpgroups, passed on the running row sum: it needs overlap=True, "
+                             "pingpong=True, wait_pv_early=True, block_m >= 128, row_sum_by_mma=False and "
+                             f"defer_row_sum=False, got overlap={self.overlap}, pingpong={self.pingpong}, "
+                             f"wait_pv_early={self.wait_pv_early}, block_m={self.block_m}, "
+                             f"row_sum_by_mma={self.row_sum_by_mma}, defer_row_sum={self.defer_row_sum}")
         if self.exp2_fma_every not in EXP2_FMA_CHOICES:
             raise ValueError(f"exp2_fma_every must be one of {EXP2_FMA_CHOICES} (0 = off), got {self.exp2_fma_every}")
         if self.exp2_fma_every and not self.overlap:

@@ -119,8 +119,9 @@ from flashrung.kernels.hopper.config import (
     select_config,
 )
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
-                                              pass_turn, ready_wait, release, release_arrivals, ring_slot,
-                                              resolve_shared_offsets, start_turns, wait_mma_after_softmax,
+                                              pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release, release_arrivals, ring_slot,
+                                              resolve_shared_offsets, start_exp_turns, start_turns, wait_exp_turn,
+                                              wait_mma_after_softmax,
                                               wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
@@ -295,6 +296,7 @@ class _Schedule:
     SEPARATE_O: gl.constexpr
     DEFER_ROW_SUM: gl.constexpr
     NAMED_TURNS: gl.constexpr
+    EXP_TURNS: gl.constexpr      # a second token ring around the overlapped step's exponentials
     SPLIT_TAIL: gl.constexpr
     EXTRA_KEYS: gl.constexpr     # keys of each K/V tile in a second box after the first BLOCK_N
     KV_TILE: gl.constexpr        # keys per K/V tile: BLOCK_N + EXTRA_KEYS
@@ -828,11 +830,15 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+        # with EXP_TURNS one consumer at a time runs its MUFU block (taken once per overlapped
+        # step, as the GEMM token is)
+        m_new = wait_exp_turn(m_new, WG, c.EXP_TURNS)
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
         else:
             p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
+        l_i = pass_exp_turn(l_i, WG, c.NUM_CONSUMERS, c.EXP_TURNS)
         m_i = m_new
         if c.RESCALE_THRESHOLD > 0:
             rescale = retained
@@ -1015,6 +1021,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
                 ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
                 turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
+                pass_exp_turn_through(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
                 release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
                 release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
@@ -1131,6 +1138,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     turn = 0
     tile_iter = 0
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
+    start_exp_turns(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
     if c.ROW_SUM_BY_MMA:
         _fill_ones(sh.ones_bufs.index(WG), c)
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
@@ -1233,7 +1241,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
-                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, SPLIT_TAIL: gl.constexpr,
+                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, EXP_TURNS: gl.constexpr,
+                     SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
@@ -1307,7 +1316,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
-                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS,
+                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
@@ -1390,6 +1399,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=softmax_reduce_form(cfg),
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
+        EXP_TURNS=cfg.exp_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,

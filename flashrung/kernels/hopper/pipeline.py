@@ -23,8 +23,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 # Hardware named barriers are 0–15; Triton 3.6's warp specialization takes 0 to the partition
 # count (at most 4 here: three consumers and the producer). tests/test_hopper.py checks the PTX.
 TURN_BARRIER_BASE = 8
+# the exponentials' ring (exp_turns): one barrier per consumer after the GEMM ring's (at most
+# three consumers: 11-13, inside the hardware's 16)
+EXP_TURN_BARRIER_BASE = 11
 THREADS_PER_WARPGROUP = 128
 _TURN_BARRIER_BASE = gl.constexpr(TURN_BARRIER_BASE)
+_EXP_TURN_BARRIER_BASE = gl.constexpr(EXP_TURN_BARRIER_BASE)
 _THREADS_PER_WARPGROUP = gl.constexpr(THREADS_PER_WARPGROUP)
 
 
@@ -123,6 +127,69 @@ def pass_turn(turn_bars, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PINGPONG
             arrive_unsynced((WG + 1) % NUM_CONSUMERS, SMEM_OFFSET, HOIST_BASE)
         else:
             mbarrier.arrive(turn_bars.index((WG + 1) % NUM_CONSUMERS))
+
+
+@gluon.jit
+def start_exp_turns(WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, EXP_TURNS: gl.constexpr):
+    """The bootstrap credit of the exponentials' ring, as :func:`start_turns` gives the GEMM ring's."""
+    if EXP_TURNS:
+        if WG == NUM_CONSUMERS - 1:
+            named_barrier("arrive", _EXP_TURN_BARRIER_BASE)
+
+
+@gluon.constexpr_function
+def _exp_turn_asm(op, barrier_id):
+    # one asm per thread: a row vector of the accumulator layout holds two rows per thread (rows r
+    # and r + 8 of its warp's 16), taken together with pack=2. The values pass through ($0, $1).
+    # A bar names no register, so ptxas moves arithmetic across it (census: wait and pass both
+    # ahead of all 66 MUFU.EX2 when they were plain, or behind a branch, which ptxas predicated).
+    # The pass is therefore predicated on the row sum it follows: l >= -1 or unordered holds for
+    # every sum of exponentials (l >= 0, or NaN), and ptxas cannot know it, so the arrive waits
+    # for the sum and the sum for every exponential. The wait returns the row max through a move
+    # after it, which the exponentials read.
+    if op == "sync":
+        return f"bar.sync {barrier_id}, {2 * THREADS_PER_WARPGROUP}; mov.f32 $0, $2; mov.f32 $1, $3;"
+    if op == "arrive":
+        return ("{ .reg .pred p; setp.geu.f32 p, $2, 0fBF800000; "
+                f"@p bar.arrive {barrier_id}, {2 * THREADS_PER_WARPGROUP}; }} mov.f32 $0, $2; mov.f32 $1, $3;")
+    raise ValueError(f"named barrier op must be 'sync' or 'arrive', got {op!r}")
+
+
+@gluon.jit
+def _exp_turn(rows, op: gl.constexpr, barrier_id: gl.constexpr):
+    return gl.inline_asm_elementwise(_exp_turn_asm(op, barrier_id), "=f,=f,f,f", [rows], dtype=gl.float32,
+                                     is_pure=False, pack=2)
+
+
+@gluon.jit
+def wait_exp_turn(row_max, WG: gl.constexpr, EXP_TURNS: gl.constexpr):
+    """Block consumer ``WG`` until it holds the exponentials' token (``exp_turns``); returns
+    ``row_max`` through the barrier for the exponentials to subtract.
+
+    The token follows the GEMM ring's order (WG0 → WG1 (→ WG2) → WG0), taken once per overlapped
+    K/V step — as the GEMM token is — so a consumer waits only for the consumer before it in the
+    same step, or the last one in the step before: no cycle with the GEMM ring or the K/V ring.
+    Consumers with no rows walk the same turns (:func:`pass_exp_turn_through`)."""
+    if EXP_TURNS:
+        row_max = _exp_turn(row_max, "sync", _EXP_TURN_BARRIER_BASE + WG)
+    return row_max
+
+
+@gluon.jit
+def pass_exp_turn(row_sum, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, EXP_TURNS: gl.constexpr):
+    """Hand the exponentials' token to the next consumer warpgroup once ``row_sum`` — the running
+    sum over every exponential of the step — exists (every thread's ``bar.arrive``); returns it."""
+    if EXP_TURNS:
+        row_sum = _exp_turn(row_sum, "arrive", _EXP_TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
+    return row_sum
+
+
+@gluon.jit
+def pass_exp_turn_through(WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, EXP_TURNS: gl.constexpr):
+    """A consumer with no rows takes and passes the exponentials' token at once."""
+    if EXP_TURNS:
+        named_barrier("sync", _EXP_TURN_BARRIER_BASE + WG)
+        named_barrier("arrive", _EXP_TURN_BARRIER_BASE + (WG + 1) % NUM_CONSUMERS)
 
 
 @gluon.constexpr_function

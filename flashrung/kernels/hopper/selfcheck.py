@@ -115,6 +115,9 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("carry_ring_slot", dict(carry_ring_slot=not base.carry_ring_slot)),
         ("row_sum_by_mma", dict(row_sum_by_mma=not base.row_sum_by_mma, defer_row_sum=False)),
     ]
+    if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
+        # its token is passed on the running row sum: a deferred sum goes off with it
+        candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 
 

@@ -119,10 +119,9 @@ from flashrung.kernels.hopper.config import (
     select_config,
 )
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
-                                              pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release, release_arrivals, ring_slot,
-                                              resolve_shared_offsets, start_exp_turns, start_turns, wait_exp_turn,
-                                              wait_mma_after_softmax,
-                                              wait_turn)
+                                              pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release,
+                                              release_arrivals, ring_slot, resolve_shared_offsets, start_exp_turns,
+                                              start_turns, wait_exp_turn, wait_mma_after_softmax, wait_turn)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,

@@ -80,7 +80,8 @@ def kv_loops(sass):
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"],
                  s2ur=loop["sequence"].split().count("S2UR"), fmnmx=loop["sequence"].split().count("FMNMX"),
-                 fmnmx_before_last_wait=fmnmx_before_last_wait(loop["sequence"].split()))
+                 fmnmx_before_last_wait=fmnmx_before_last_wait(loop["sequence"].split()),
+                 mufu_before_last_wait=mufu_before_last_wait(loop["sequence"].split()))
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def fmnmx_before_last_wait(seq):
@@ -89,6 +90,12 @@ def fmnmx_before_last_wait(seq):
     # wait into the row max
     last = max((i for i, op in enumerate(seq) if op == "WARPGROUP"), default=-1)
     return sum(op == "FMNMX" for op in seq[:last])
+
+def mufu_before_last_wait(seq):
+    # the exponentials (MUFU.EX2, alpha's included) issued before the trip's last WARPGROUP
+    # instruction: in FA4's order, those that overlap PV(j-1)
+    last = max((i for i, op in enumerate(seq) if op == "WARPGROUP"), default=-1)
+    return sum(op.startswith("MUFU") for op in seq[:last])
 
 def exp_turn_loops(sass):
     # every innermost K/V loop: where the exponentials' turn (named barriers 11-13) is taken and
@@ -329,6 +336,8 @@ _EXTRA_KEYS = {"extra_keys": 64, "separate_o": False, "pingpong": True, "wait_pv
 CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 # the exponentials' token ring on d64's three consumers (192-row tile, non-causal)
 CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
+# a quarter of each tile's exponentials ahead of PV's wait in FA4's order, on d64's three consumers
+CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -973,6 +982,31 @@ def test_gate_pv_wait_keeps_the_row_max_ahead_of_pvs_wait(census, gated_label, p
     hoisted_loops = [b for _, b in steps if b["fmnmx_before_last_wait"] < b["fmnmx"] // 2]
     assert hoisted_loops if hoisted else len(hoisted_loops) <= len(steps) // 2, [b["fmnmx_before_last_wait"]
                                                                                  for _, b in steps]
+
+
+def test_early_exps_overlap_pv(census):
+    # early_exp_quarters=1: every steady loop issues its whole row max and a quarter of the tile's
+    # exponentials (16 a thread, and alpha's) before PV(j-1)'s wait — FA4's d64 placement — where the
+    # default (ptxas hoisting the wait) issues none; same MUFU count, no local memory
+    early, base = census["d64-full-early-exps"], census["d64-full"]
+    assert "error" not in early["row"] and early["row"]["spill_bytes"] == 0
+    steps = [(a, b) for a, b in zip(early["kv_loops"], base["kv_loops"]) if b["mufu"] >= 32]
+    assert len(early["kv_loops"]) == len(base["kv_loops"]) and steps
+    for a, b in steps:
+        assert a["mufu"] == b["mufu"] and a["ldl"] == 0 and abs(a["length"] - b["length"]) <= 10, (a, b)
+        assert a["fmnmx_before_last_wait"] == a["fmnmx"] > 0, a
+        quarter = 128 * 64 // 128 // 4
+        assert quarter <= a["mufu_before_last_wait"] < a["mufu"] // 2, a
+        assert b["mufu_before_last_wait"] == 0, b
+
+
+def test_early_exps_need_fa4s_order():
+    cfg = dataclasses.replace(fwd.default_config(64, False, 16384), early_exp_quarters=1)
+    cfg.check(64)
+    for bad in (dict(wait_pv_early=False), dict(gate_pv_wait=True), dict(early_exp_quarters=4),
+                dict(row_sum_by_mma=True)):
+        with pytest.raises(ValueError, match="early_exp_quarters"):
+            dataclasses.replace(cfg, **bad).check(64)
 
 
 def test_gate_pv_wait_needs_fa4s_order():
@@ -1878,6 +1912,33 @@ def test_exp_turns_is_deterministic(seqlen):
     cfg = dataclasses.replace(fwd.default_config(64, False, seqlen), exp_turns=True)
     for _ in range(3):
         _assert_reruns_identical(q, k, v, False, cfg)
+
+
+# a quarter, a half or three quarters of each tile's exponentials ahead of PV's wait (early_exp_quarters)
+# at every head dim in FA4's order (d128 with gate_pv_wait off), at partial tiles, idle warpgroups,
+# GQA, and on the split tail
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_early_exps(head_dim, shape, causal):
+    fa4 = dict(wait_pv_early=True, pingpong=True, gate_pv_wait=False)
+    for quarters in ((1, 2, 3) if head_dim == 64 else (2,)):
+        _gate_forced(head_dim, shape, causal, early_exp_quarters=quarters, **fa4)
+    if not causal and head_dim == 64:
+        _gate_forced(64, shape, False, early_exp_quarters=1, **fa4, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_early_exps_are_deterministic(causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), early_exp_quarters=1)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, causal, cfg)
 
 
 # PV's wait behind its branch after the row max (gate_pv_wait), in FA4's order at every head dim

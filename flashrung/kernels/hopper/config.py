@@ -304,6 +304,13 @@ class HopperFwdConfig:
     # d256 the wait already follows the row max (266-276 after 218-219; 210-214 after 179-194).
     # Default at d128 non-causal from S16k (GATE_PV_WAIT_MIN_SEQLEN, change 37); paired REVERT at d64
     gate_pv_wait: bool = False
+    # FA4's order with the first quarters (1-3 of 4) of a K/V tile's keys exponentiated ahead of
+    # PV(j-1)'s wait, their per-thread partial sums passed through the wait's branch
+    # (pipeline.wait_mma_after_softmax) so ptxas keeps them there; the rest after it. FA4's d64
+    # steady loop (SASS of its profile) waits for PV(j-1) after the whole row max and 12 of its 66
+    # MUFU.EX2; ours after 14 of 68 FMNMX and none (and gate_pv_wait's, after the row max and none).
+    # Unmasked steps and the masked steps that exponentiate the tile whole; 0: off
+    early_exp_quarters: int = 0
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -477,6 +484,16 @@ class HopperFwdConfig:
         if self.gate_pv_wait and not (self.overlap and self.wait_pv_early):
             raise ValueError("gate_pv_wait keeps FA4's order's PV wait after the row max: it needs overlap=True and "
                              f"wait_pv_early=True, got overlap={self.overlap}, wait_pv_early={self.wait_pv_early}")
+        if self.early_exp_quarters not in (0, 1, 2, 3) or self.early_exp_quarters and not (
+                self.overlap and self.wait_pv_early and not self.gate_pv_wait and not self.exp_turns
+                and not self.row_sum_by_mma and not self.extra_keys):
+            raise ValueError("early_exp_quarters takes 0-3 quarters of a tile's exponentials ahead of PV's wait in "
+                             "FA4's overlapped order, gating that wait itself: it needs overlap=True, "
+                             "wait_pv_early=True, and neither gate_pv_wait, exp_turns, row_sum_by_mma nor "
+                             f"extra_keys, got early_exp_quarters={self.early_exp_quarters}, overlap={self.overlap}, "
+                             f"wait_pv_early={self.wait_pv_early}, gate_pv_wait={self.gate_pv_wait}, "
+                             f"exp_turns={self.exp_turns}, row_sum_by_mma={self.row_sum_by_mma}, "
+                             f"extra_keys={self.extra_keys}")
         if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
             raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
                              "of them")

@@ -157,6 +157,8 @@ from flashrung.kernels.hopper.softmax import (
     retained_max,
     row_sum_total,
     softmax_exp,
+    softmax_exp_ahead,
+    softmax_exp_behind,
     softmax_reduce_form,
     softmax_row_max,
     to_operand_dtype,
@@ -329,6 +331,7 @@ class _Schedule:
     TURN_WAIT_AT: gl.constexpr
     HOIST_SMEM_BASE: gl.constexpr  # the inline arrivals and waits take the shared window's base from one pure read
     GATE_PV_WAIT: gl.constexpr   # FA4's order: PV's wait in a block of its own after the row max
+    EARLY_EXP_QUARTERS: gl.constexpr  # FA4's order: quarters of the tile's keys exponentiated ahead of PV's wait
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -597,6 +600,37 @@ def _joined(a, b):
 
 
 @gluon.jit
+def _quarters_split(x, QUARTERS: gl.constexpr):
+    """``x`` [64, N] as ``(ahead, behind)``, tuples of one or two column parts: its first
+    ``QUARTERS`` quarters of columns and the rest (:func:`_halves`, halved again where needed)."""
+    a, b = _halves(x)
+    if QUARTERS == 2:
+        ahead = (a,)
+        behind = (b,)
+    elif QUARTERS == 1:
+        a0, a1 = _halves(a)
+        ahead = (a0,)
+        behind = (a1, b)
+    else:
+        b0, b1 = _halves(b)
+        ahead = (a, b0)
+        behind = (b1,)
+    return ahead, behind
+
+
+@gluon.jit
+def _quarters_joined(ahead, behind, QUARTERS: gl.constexpr):
+    """:func:`_quarters_split` undone."""
+    if QUARTERS == 2:
+        out = _joined(ahead[0], behind[0])
+    elif QUARTERS == 1:
+        out = _joined(_joined(ahead[0], behind[0]), behind[1])
+    else:
+        out = _joined(ahead[0], _joined(ahead[1], behind[0]))
+    return out
+
+
+@gluon.jit
 def _rows_like(x, like):
     """A per-row vector (``m``, ``alpha``, an undeferred ``l``) in the row layout of ``like``'s
     accumulator; deferred per-thread partial sums (2-D) as they are. The rows each thread holds do
@@ -824,6 +858,14 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             # it into the row max's first latency bubble (census), and the row max no longer
             # overlaps PV(j-1)
             m_new = wait_mma_after_softmax(qk_scale_log2, m_new)
+        EARLY: gl.constexpr = c.EARLY_EXP_QUARTERS > 0 and not HALVES
+        if EARLY:
+            # FA4's placement (its d64 SASS: the row max and 12 of 66 exponentials ahead of PV's
+            # wait): the first quarters' exponentials overlap PV(j-1) too. Their partial sums go
+            # through the wait's branch, so ptxas keeps them ahead of it
+            ahead, behind = _quarters_split(t[0], c.EARLY_EXP_QUARTERS)
+            p_ahead, alpha, partial = softmax_exp_ahead(ahead, scale, m_i, m_new, c.EXP2_FMA_EVERY)
+            partial = wait_mma_after_softmax(qk_scale_log2, partial)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
         release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
@@ -834,6 +876,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         m_new = wait_exp_turn(m_new, WG, c.EXP_TURNS)
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
+        elif EARLY:
+            p_behind, l_i = softmax_exp_behind(behind, scale, m_new, l_i, alpha, partial, c.EXP2_FMA_EVERY)
+            p = (_quarters_joined(p_ahead, p_behind, c.EARLY_EXP_QUARTERS),)
         else:
             p, alpha, l_i = softmax_exp(t, scale, m_i, m_new, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
@@ -1254,6 +1299,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
+                     EARLY_EXP_QUARTERS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     dtype: gl.constexpr = q_desc.dtype
@@ -1330,7 +1376,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
-                  GATE_PV_WAIT=GATE_PV_WAIT)
+                  GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1412,6 +1458,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
+        EARLY_EXP_QUARTERS=cfg.early_exp_quarters,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

@@ -430,6 +430,47 @@ def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: g
 
 
 @gluon.jit
+def _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY: gl.constexpr):
+    """The exponentials of a tuple of one or two parts and their per-thread partial row sums
+    (:func:`thread_partial_sum`, in the first part's form)."""
+    p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
+    partial = thread_partial_sum(p0)
+    if len(t) == 2:
+        p1 = _exp_part(t[1], c, m_safe, EXP2_FMA_EVERY)
+        partial = partial + gl.convert_layout(thread_partial_sum(p1), partial.type.layout)
+        p = (p0, p1)
+    else:
+        p = (p0,)
+    return p, partial
+
+
+@gluon.jit
+def softmax_exp_ahead(t, c, m_i, m_new, EXP2_FMA_EVERY: gl.constexpr = 0):
+    """:func:`softmax_exp` of the parts of a tile taken first, their row sums left per thread:
+    ``(p, alpha, partial)``. A schedule waits for the previous PV between this and
+    :func:`softmax_exp_behind`, which takes the rest of the tile and finishes the running sum.
+    Two partial reductions and one quad reduction, as the whole tile's sum has."""
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p, partial = _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY)
+    return p, gl.exp2(m_i - m_safe), partial
+
+
+@gluon.jit
+def softmax_exp_behind(t, c, m_new, l_i, alpha, partial, EXP2_FMA_EVERY: gl.constexpr = 0):
+    """The rest of the tile after :func:`softmax_exp_ahead`: ``(p, l_new)``, ``l_new = l_i·alpha``
+    plus the whole tile's exponentials (``l_i`` per row or deferred per-thread partials)."""
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p, rest = _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY)
+    partial = partial + gl.convert_layout(rest, partial.type.layout)
+    if len(l_i.shape) == 2:
+        l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        l_new = l_new + gl.convert_layout(partial, l_i.type.layout)
+    else:
+        l_new = l_i * alpha + gl.convert_layout(gl.sum(partial, 1), l_i.type.layout)
+    return p, l_new
+
+
+@gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
                    TREE: gl.constexpr = False, SUM: gl.constexpr = True):
     """One online-softmax step on raw scores ``s`` (a tuple of parts, see :func:`softmax_row_max`).

@@ -309,7 +309,11 @@ class HopperFwdConfig:
     # (pipeline.wait_mma_after_softmax) so ptxas keeps them there; the rest after it. FA4's d64
     # steady loop (SASS of its profile) waits for PV(j-1) after the whole row max and 12 of its 66
     # MUFU.EX2; ours after 14 of 68 FMNMX and none (and gate_pv_wait's, after the row max and none).
-    # Unmasked steps and the masked steps that exponentiate the tile whole; 0: off
+    # Unmasked steps and the masked steps that exponentiate the tile whole; 0: off. Measured, lost:
+    # paired at d64 B2 H32 S16384 non-causal, one quarter 0.9880 / 0.9879, half 0.9778 / 0.9780;
+    # B8 S4096 one quarter 0.9948 / 0.9944 (REVERT). The step trace: the early exponentials cost
+    # the same 17-19 cycles apiece ahead of the wait as behind it (docs/hopper.md, Part of the
+    # exponentials ahead of PV's wait)
     early_exp_quarters: int = 0
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a

@@ -118,6 +118,9 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
         # its token is passed on the running row sum: a deferred sum goes off with it
         candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))
+        # a quarter of the exponentials ahead of PV's wait: FA4's order, its own gate on that wait
+        candidates.append(("early_exp_quarters", dict(early_exp_quarters=0 if base.early_exp_quarters else 1,
+                                                      wait_pv_early=True, pingpong=True, gate_pv_wait=False)))
     return _feasible(base, head_dim, candidates, repeatable=("block_m",))
 
 

@@ -574,7 +574,9 @@ _LEVERS = {
     # S4096 1.0072 / 1.0070, B4 H32 S8192 1.0077 / 1.0071, B1 H32 S32768 1.0076 / 1.0070. NULL
     # where it stays off: non-causal B4 H32 S8192 0.9979 / 1.0008 and
     # B32 H32 S1024 0.9960 / 0.9999; the short-causal tile at B32 H32 S1024 1.0011 / 1.0076
-    # (run 1's halves disagreeing)
+    # (run 1's halves disagreeing). On today's non-causal kernel (dd5eb5c), B2 H32 S16384: alone
+    # 1.0005 / 1.0035; with asm_arrivals (418 instructions a trip, FA4's count) 1.0025 / 1.0033,
+    # then 1.0014 / 1.0042, B1 S32768 1.0028 / 1.0005, B8 S4096 1.0054 / 1.0016 — NULL, off
     (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_CAUSAL_MASK),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16

@@ -46,6 +46,40 @@ def test_stored_pages_give_the_profile_figures_the_docs_quote():
         assert sum(s["loop"]["opcodes_per_trip"].values()) == pytest.approx(s["loop"]["per_trip"])
 
 
+OURS_D64 = os.path.join(RESULTS, "h200-ncu-hopper-d64-full-s16384-bbbfdcf-sass.csv.gz")
+FA4_D64 = os.path.join(RESULTS, "h200-ncu-fa4-d64-full-s16384-bbbfdcf-sass.csv.gz")
+
+
+def test_cycles_per_trip_and_the_wait_split_the_d64_docs_quote():
+    # docs/hopper.md, *Part of the exponentials ahead of PV's wait*: a warp's cycles per trip are
+    # its instructions over its loop's "selected" share — 428 / 17.3% = 2479 (ours) against
+    # 413 / 17.5% = 2361 (FA4), 1.050x; our fixed-latency waits sit more on the row max's FMNMX
+    # (7.6% of the loop's samples against 3.8%) and less on MUFU.EX2 (11.5% against 15.3%)
+    ours, fa4 = (stalls.summary(p, reasons_by_opcode=("wait",)) for p in (OURS_D64, FA4_D64))
+    for s, trip, cycles in ((ours, 428, 2479), (fa4, 413, 2361)):
+        loop = s["loop"]
+        assert loop["per_trip"] == trip
+        assert loop["cycles_per_trip"] == pytest.approx(trip / s["loop_shares"]["selected"])
+        assert loop["cycles_per_trip"] == pytest.approx(cycles, abs=1)
+        assert sum(loop["by_opcode"]["wait"].values()) == pytest.approx(1.0)
+    assert ours["loop"]["cycles_per_trip"] / fa4["loop"]["cycles_per_trip"] == pytest.approx(1.050, abs=5e-4)
+    part = lambda s, op: s["loop"]["by_opcode"]["wait"][op] * s["loop_shares"]["wait"]
+    assert part(ours, "FMNMX") == pytest.approx(0.076, abs=5e-4) and part(fa4, "FMNMX") == pytest.approx(0.038, abs=5e-4)
+    assert part(ours, "MUFU.EX2") == pytest.approx(0.115, abs=5e-4)
+    assert part(fa4, "MUFU.EX2") == pytest.approx(0.153, abs=5e-4)
+
+
+def test_by_opcode_refuses_a_reason_the_page_lacks():
+    with pytest.raises(ValueError, match="--by-opcode 'stall_wait': not a stall reason"):
+        stalls.summary(OURS_D64, reasons_by_opcode=("stall_wait",))
+    rows = [(0x10, "MUFU.EX2 R1, R2", 10, 5, 4, 0), (0x20, "FMNMX R1, R2, R3, !PT", 10, 5, 2, 3)]
+    kernel = stalls.parse_page(_page({"k": rows}))[0]
+    assert stalls.by_opcode(kernel.instructions, "wait") == pytest.approx({"MUFU.EX2": 4 / 6, "FMNMX": 2 / 6})
+    assert stalls.by_opcode(kernel.instructions, "unnamed") == pytest.approx({"MUFU.EX2": 6 / 11, "FMNMX": 5 / 11})
+    # no "selected" column on this page: the derived cycles are not made up
+    assert stalls.cycles_per_trip(stalls.hot_loop(kernel)) is None
+
+
 def test_kernel_regex_picks_another_kernel_of_the_page():
     merge = stalls.summary(OURS_D128, kernel="combine")
     assert "combine" in merge["kernel"]

@@ -18,6 +18,12 @@ some trips has a smaller count and is left out; stall-reason shares over the ker
 loop; the instructions holding the most samples. With two pages, the shares side by side and the
 hot loops' opcode counts per trip where they differ. Evidence level: profile (one launch, sampled
 warp states; a share is where warps wait, not what lengthens the critical path).
+
+Derived from the hot loop (:func:`cycles_per_trip`): a warp issues at most one instruction a
+cycle, and its ``selected`` samples are the cycles it issued, so its instructions per trip over the
+loop's ``selected`` share are its cycles per trip — comparable between two kernels whose warps run
+the same trip count, at the same clock. ``--by-opcode REASON`` splits one reason's hot-loop samples
+by opcode (which instructions wait on a fixed latency, on the MUFU's queue, ...).
 """
 from __future__ import annotations
 
@@ -177,17 +183,41 @@ def hot_loop(kernel: Kernel, count: int | None = None) -> HotLoop:
     return HotLoop(count, tuple(copies), tuple(order[k] for k in members))
 
 
+def cycles_per_trip(loop: HotLoop) -> float | None:
+    """A warp's cycles per trip of ``loop``, derived: instructions per trip over the loop's share of
+    ``selected`` samples (the cycles its warps issued). None when no sample was ``selected``."""
+    selected = shares(loop.instructions).get("selected", 0.0)
+    return loop.per_trip / selected if selected else None
+
+
+def by_opcode(instructions, reason: str) -> dict:
+    """Opcode -> its share of ``instructions``' samples of ``reason`` (``unnamed`` allowed), largest
+    first."""
+    counts = Counter()
+    for i in instructions:
+        counts[i.opcode] += i.unnamed if reason == "unnamed" else i.reasons.get(reason, 0)
+    total = sum(counts.values())
+    return {op: n / total for op, n in counts.most_common() if n} if total else {}
+
+
 def top_instructions(instructions, n: int):
     return sorted(instructions, key=lambda i: -i.samples)[:n]
 
 
-def summary(path: str, kernel: str | None = None, loop_count: int | None = None, top: int = 12) -> dict:
+def summary(path: str, kernel: str | None = None, loop_count: int | None = None, top: int = 12,
+            reasons_by_opcode: tuple = ()) -> dict:
     k = pick_kernel(read_page(path), kernel)
     loop = hot_loop(k, loop_count)
+    known = {r for i in k.instructions for r in i.reasons} | {"unnamed"}
+    for r in reasons_by_opcode:
+        if r not in known:
+            raise ValueError(f"--by-opcode {r!r}: not a stall reason of {path}; expected one of "
+                             f"{', '.join(sorted(known))}")
     return dict(
         page=path, kernel=k.name, executed=k.executed, samples=k.samples,
         loop=dict(count=loop.count, copies=list(loop.copies), per_trip=loop.per_trip,
-                  samples=sum(i.samples for i in loop.instructions),
+                  samples=sum(i.samples for i in loop.instructions), cycles_per_trip=cycles_per_trip(loop),
+                  by_opcode={r: by_opcode(loop.instructions, r) for r in reasons_by_opcode},
                   opcodes_per_trip={op: n / len(loop.copies)
                                     for op, n in Counter(i.opcode for i in loop.instructions).most_common()}),
         shares=shares(k.instructions), loop_shares=shares(loop.instructions),
@@ -220,6 +250,9 @@ def render(summaries: list[dict]) -> str:
                    f"executed, {s['samples']:,} samples\n  hot loop: {lp['per_trip']:.1f} instructions per trip "
                    f"({len(lp['copies'])} cop{'y' if len(lp['copies']) == 1 else 'ies'}: {copies}), each executed "
                    f"{lp['count']:,} times; {lp['samples'] / max(s['samples'], 1):.1%} of the samples")
+        if lp["cycles_per_trip"]:
+            out.append(f"  a warp's cycles per trip (derived: {lp['per_trip']:.1f} instructions / "
+                       f"{s['loop_shares']['selected']:.1%} selected): {lp['cycles_per_trip']:.0f}")
     reasons = []
     for s in summaries:
         for r in list(s["shares"]) + list(s["loop_shares"]):
@@ -240,6 +273,14 @@ def render(summaries: list[dict]) -> str:
         for op in diff:
             out.append(f"  {op:44s} {a.get(op, 0):6.1f} {b.get(op, 0):6.1f} {a.get(op, 0) - b.get(op, 0):+6.1f}")
     for n, s in enumerate(summaries):
+        for reason, split in s["loop"]["by_opcode"].items():
+            part = s["loop_shares"].get(reason, 0.0)
+            out.append(f"\npage {n + 1}: hot-loop samples of {reason} ({part:.1%} of the loop's) by opcode")
+            out += [f"  {op:44s} {share:6.1%} of them, {share * part:6.1%} of the loop's"
+                    for op, share in list(split.items())[:8]]
+    for n, s in enumerate(summaries):
+        if not s["top"]:
+            continue
         out.append(f"\npage {n + 1}: the instructions holding the most samples")
         for t in s["top"]:
             why = ", ".join(f"{k} {v}" for k, v in t["reasons"].items()) or "unnamed"
@@ -257,6 +298,8 @@ def register(sub) -> None:
     p.add_argument("--loop-count", type=int, default=None, action="append",
                    help="the hot loop's execution count per instruction (once per page; default: found)")
     p.add_argument("--top", type=int, default=12, help="instructions listed by samples (default 12)")
+    p.add_argument("--by-opcode", default=[], action="append", metavar="REASON",
+                   help="split the hot loop's samples of this stall reason by opcode (repeatable; e.g. wait)")
     p.add_argument("--json", default=None, help="also write the summaries to this file")
     p.set_defaults(func=run)
 
@@ -270,7 +313,7 @@ def run(args) -> int:
         print("flashrung stalls: --loop-count once per page, or not at all", file=sys.stderr)
         return 2
     try:
-        summaries = [summary(p, args.kernel, c, args.top) for p, c in zip(args.pages, counts)]
+        summaries = [summary(p, args.kernel, c, args.top, tuple(args.by_opcode)) for p, c in zip(args.pages, counts)]
     except (OSError, ValueError) as exc:
         print(f"flashrung stalls: {exc}", file=sys.stderr)
         return 2

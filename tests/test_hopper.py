@@ -2819,8 +2819,39 @@ def test_step_trace_summary_reads_each_phase_and_the_turn_handoff():
     assert summary["by_warpgroup"][1]["handoff"]["median"] == 28
     assert summary["by_warpgroup"][0]["handoff"]["median"] == period - 40 - 26 + 14
     assert "turn_wait" in step_trace.table(summary)
+    # in company: warpgroup 1 runs 40 cycles behind warpgroup 0 in a period of 106, and no phase
+    # is longer than 24 cycles, so no phase of one meets the same phase of the other
+    for rows in summary["company"]:
+        assert list(rows) == [name for name, *_ in step_trace.PHASES] and all(v == 0 for v in rows.values())
+    assert "in company" in step_trace.table(summary)
     with pytest.raises(ValueError, match="stamps must be"):
         step_trace.summarize(np.zeros((2, 2, 4)), EVENTS)
+
+
+def test_step_trace_company_counts_the_other_warpgroups_in_the_same_phase():
+    # three warpgroups whose 60-cycle "tail" phases start 30 cycles apart in a 90-cycle period:
+    # every tail cycle has exactly one other warpgroup in its tail (half of it the one before,
+    # half the one after); the 6-cycle phases never meet
+    import numpy as np
+
+    from flashrung.evidence import step_trace
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT, EVENTS
+
+    gaps = [2, 2, 2, 2, 2, 2, 60]
+    period = sum(gaps) + 18
+    clock = np.zeros((2, 3, 12, len(EVENTS)), dtype=np.int64)
+    for cta in range(2):
+        for wg in range(3):
+            for step in range(12):
+                t = (1 << 32) - 1000 + 400 * cta + 30 * wg + step * period
+                for e in range(len(EVENTS)):
+                    clock[cta, wg, step, e] = t
+                    t += gaps[e] if e < len(gaps) else 0
+    stamps = ((clock % (1 << 32)) >> CLOCK_SHIFT).astype(np.int32)
+    company = step_trace.phase_company(stamps, EVENTS)
+    for rows in company:
+        assert rows["tail"] == pytest.approx(1.0)
+        assert all(rows[name] == 0 for name, *_ in step_trace.PHASES if name != "tail")
 
 
 def test_trace_steps_stamps_the_clock_only_when_on(census):

@@ -93,7 +93,52 @@ def summarize(stamps, events: tuple[str, ...], first_step: int = 2) -> dict:
                 ok = whole[:, groups - 1, first_step:-1] & whole[:, 0, first_step + 1:]
             rows["handoff"] = stats(_cycles(mine, prev_issued)[ok])
         out["by_warpgroup"].append(rows)
+    if groups > 1:
+        out["company"] = phase_company(stamps, events, first_step)
     return out
+
+
+def phase_company(stamps, events: tuple[str, ...], first_step: int = 2) -> list[dict]:
+    """Per consumer warpgroup and phase (:data:`PHASES`): how many of the CTA's other warpgroups
+    are in the same phase, on average over the cycles this warpgroup spends in it — the
+    contention of the units a phase uses (the exponentials' tail shares each scheduler's MUFU
+    with the other consumers' warps in their tails).
+
+    Each CTA's stamps are placed on one time line (cycles from its first stamped top, so the
+    clock's wrap drops out); a warpgroup's phase intervals of steps ``first_step + 1`` to the
+    second-to-last are measured against every whole step's intervals of the others (the first and
+    last steps measured have neighbours on both sides). ``None`` where no interval is measured."""
+    import numpy as np
+
+    stamps = np.asarray(stamps)
+    ev = {name: i for i, name in enumerate(events)}
+    ctas, groups, steps, _ = stamps.shape
+    whole = (stamps >= 0).all(axis=3)
+    overlap = np.zeros((groups, len(PHASES)))
+    length = np.zeros((groups, len(PHASES)))
+    for c in range(ctas):
+        if not whole[c, :, first_step:].any():
+            continue
+        g0, s0 = np.argwhere(whole[c, :, first_step:])[0]
+        ref = stamps[c, g0, first_step + s0, ev["top"]]
+        rec = stamps[c, :, first_step:]
+        ok = whole[c, :, first_step:]                            # [groups, steps']
+        for k, (_, a, b, _) in enumerate(PHASES):
+            start = _cycles(rec[..., ev[a]], np.full(rec.shape[:2], ref)).astype("float64")
+            end = _cycles(rec[..., ev[b]], np.full(rec.shape[:2], ref)).astype("float64")
+            for g in range(groups):
+                mine = ok[g].copy()
+                mine[0] = mine[-1] = False                       # both neighbours present
+                others = [h for h in range(groups) if h != g]
+                if not mine.any() or not others:
+                    continue
+                ms, me = start[g][mine][:, None], end[g][mine][:, None]
+                os_ = np.concatenate([start[h][ok[h]] for h in others])[None, :]
+                oe = np.concatenate([end[h][ok[h]] for h in others])[None, :]
+                overlap[g, k] += np.clip(np.minimum(me, oe) - np.maximum(ms, os_), 0, None).sum()
+                length[g, k] += np.clip(me - ms, 0, None).sum()
+    return [{name: (float(overlap[g, k] / length[g, k]) if length[g, k] > 0 else None)
+             for k, (name, *_) in enumerate(PHASES)} for g in range(groups)]
 
 
 def table(summary: dict) -> str:
@@ -111,6 +156,13 @@ def table(summary: dict) -> str:
             cells.append("-" if s is None else f"{s['median']:.0f} [{s['p10']:.0f}, {s['p90']:.0f}]")
         cells.append(what[name])
         lines.append(cells)
+    if summary.get("company"):
+        lines.append([""] * len(head))
+        lines.append(["in company"] + ["" for _ in summary["company"]]
+                     + ["the CTA's other warpgroups in the same phase, mean over its cycles"])
+        for name, *_ in PHASES:
+            lines.append([name] + ["-" if rows[name] is None else f"{rows[name]:.2f}" for rows in summary["company"]]
+                         + [""])
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
 

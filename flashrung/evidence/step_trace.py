@@ -122,10 +122,10 @@ def phase_company(stamps, events: tuple[str, ...], first_step: int = 2) -> list[
         g0, s0 = np.argwhere(whole[c, :, first_step:])[0]
         ref = stamps[c, g0, first_step + s0, ev["top"]]
         rec = stamps[c, :, first_step:]
+        when = _cycles(rec, np.full(rec.shape, ref)).astype("float64")   # [groups, steps', events]
         ok = whole[c, :, first_step:]                            # [groups, steps']
         for k, (_, a, b, _) in enumerate(PHASES):
-            start = _cycles(rec[..., ev[a]], np.full(rec.shape[:2], ref)).astype("float64")
-            end = _cycles(rec[..., ev[b]], np.full(rec.shape[:2], ref)).astype("float64")
+            start, end = when[..., ev[a]], when[..., ev[b]]
             for g in range(groups):
                 mine = ok[g].copy()
                 mine[0] = mine[-1] = False                       # both neighbours present

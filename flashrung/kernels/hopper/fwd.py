@@ -154,6 +154,7 @@ from flashrung.kernels.hopper.softmax import (
     online_softmax,
     online_softmax_retained,
     rescale_by_warp,
+    rescaled_sum,
     retained_max,
     row_sum_total,
     softmax_exp,
@@ -741,7 +742,7 @@ def _rescale_state(acc, l_i, alpha, rescale, o_layout: gl.constexpr, c):
     always: where O's rescale is skipped every ``alpha`` is exactly 1."""
     acc = _rescale_acc(acc, alpha, rescale, o_layout, c.RESCALE_THRESHOLD > 0, c.RESCALE_BY_WARP)
     if c.ROW_SUM_BY_MMA:
-        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        l_i = rescaled_sum(l_i, alpha)
     return acc, l_i
 
 

@@ -403,20 +403,34 @@ def _sum_into(l_i, p, TREE: gl.constexpr):
 
 
 @gluon.jit
+def _safe_max(m):
+    """The max the exponentials subtract: 0 for a row with no visible key yet (``-inf``), so its
+    exponentials are ``exp2(-inf) = 0`` rather than NaN."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def rescaled_sum(l_i, alpha):
+    """The running sum times ``alpha`` (per row): ``l_i`` per row, or per-thread partials
+    ``[rows, k]`` (a deferred sum, or the tensor pipe's ``[64, 8]`` accumulator)."""
+    if len(l_i.shape) == 2:
+        out = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+    else:
+        out = l_i * alpha
+    return out
+
+
+@gluon.jit
 def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
                 SUM: gl.constexpr = True):
     """Second phase of :func:`online_softmax`: ``(p, alpha, l_new)`` for the max ``m_new``; ``p`` is a
     tuple like ``t``. Without ``SUM`` the running sum is kept elsewhere (a wgmma of P against a
     tile of ones beside PV, rescaled with O by ``alpha``) and ``l_i`` comes back untouched."""
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    m_safe = _safe_max(m_new)
     p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
     alpha = gl.exp2(m_i - m_safe)
     if SUM:
-        if len(l_i.shape) == 2:
-            l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
-        else:
-            l_new = l_i * alpha
-        l_new = l_new + _sum_into(l_i, p0, TREE)
+        l_new = rescaled_sum(l_i, alpha) + _sum_into(l_i, p0, TREE)
     else:
         l_new = l_i
     if len(t) == 2:
@@ -450,7 +464,7 @@ def softmax_exp_ahead(t, c, m_i, m_new, EXP2_FMA_EVERY: gl.constexpr = 0):
     ``(p, alpha, partial)``. A schedule waits for the previous PV between this and
     :func:`softmax_exp_behind`, which takes the rest of the tile and finishes the running sum.
     Two partial reductions and one quad reduction, as the whole tile's sum has."""
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    m_safe = _safe_max(m_new)
     p, partial = _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY)
     return p, gl.exp2(m_i - m_safe), partial
 
@@ -459,15 +473,13 @@ def softmax_exp_ahead(t, c, m_i, m_new, EXP2_FMA_EVERY: gl.constexpr = 0):
 def softmax_exp_behind(t, c, m_new, l_i, alpha, partial, EXP2_FMA_EVERY: gl.constexpr = 0):
     """The rest of the tile after :func:`softmax_exp_ahead`: ``(p, l_new)``, ``l_new = l_i·alpha``
     plus the whole tile's exponentials (``l_i`` per row or deferred per-thread partials)."""
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p, rest = _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY)
+    p, rest = _exp_parts_sum(t, c, _safe_max(m_new), EXP2_FMA_EVERY)
     partial = partial + gl.convert_layout(rest, partial.type.layout)
     if len(l_i.shape) == 2:
-        l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
-        l_new = l_new + gl.convert_layout(partial, l_i.type.layout)
+        tile_sum = gl.convert_layout(partial, l_i.type.layout)
     else:
-        l_new = l_i * alpha + gl.convert_layout(gl.sum(partial, 1), l_i.type.layout)
-    return p, l_new
+        tile_sum = gl.convert_layout(gl.sum(partial, 1), l_i.type.layout)
+    return p, rescaled_sum(l_i, alpha) + tile_sum
 
 
 @gluon.jit

@@ -2854,6 +2854,52 @@ def test_step_trace_company_counts_the_other_warpgroups_in_the_same_phase():
         assert all(rows[name] == 0 for name, *_ in step_trace.PHASES if name != "tail")
 
 
+def test_step_trace_warp_spread_reads_how_far_apart_the_warps_run():
+    # four warps of each warpgroup: warp 2 reaches the step's top 40 cycles after warp 0, warp 1 20
+    # after, warp 3 with warp 0; one warpgroup-wide wait ("ready") brings them together, and the
+    # tail spreads them again (warp 3 last by 30). The phases are read from warp 0, as a trace
+    # without trace_warps reads them
+    import numpy as np
+
+    from flashrung.evidence import step_trace
+    from flashrung.kernels.hopper.trace import CLOCK_SHIFT, EVENTS, WARPS_PER_WARPGROUP
+
+    gaps = [60, 6, 8, 12, 14, 18, 40]
+    period = sum(gaps) + 10
+    late_at = {"top": [0, 20, 40, 0], "end": [0, 10, 0, 30]}
+    clock = np.zeros((2, 2, 8, WARPS_PER_WARPGROUP, len(EVENTS)), dtype=np.int64)
+    for cta in range(2):
+        for wg in range(2):
+            for step in range(8):
+                t = (1 << 32) - 700 + 2 * cta + 50 * wg + step * period        # the clock wraps mid-trace
+                for e, name in enumerate(EVENTS):
+                    for w in range(WARPS_PER_WARPGROUP):
+                        clock[cta, wg, step, w, e] = t + late_at.get(name, [0] * WARPS_PER_WARPGROUP)[w]
+                    t += gaps[e] if e < len(gaps) else 0
+    stamps = ((clock % (1 << 32)) >> CLOCK_SHIFT).astype(np.int32)
+    stamps[:, :, 0] = -1
+    summary = step_trace.summarize_warps(stamps, EVENTS)
+    assert [summary["by_warpgroup"][0][name]["median"] for name, *_ in step_trace.PHASES] == gaps
+    for rows in summary["warps"]:
+        assert rows["top"]["spread"]["median"] == 40 and rows["top"]["late_median"] == [0, 20, 40, 0]
+        assert rows["top"]["last_share"] == [0, 0, 1, 0]
+        assert rows["ready"]["spread"]["median"] == 0
+        assert rows["end"]["late_median"] == [0, 10, 0, 30] and rows["end"]["last_share"][3] == 1
+    text = step_trace.table(summary)
+    assert "warps apart" in text and "40 [40, 40] behind 0/20/40/0" in text
+    # a trace without trace_warps reads as before, with no spread
+    assert "warps" not in step_trace.summarize_warps(stamps[:, :, :, 0], EVENTS)
+    with pytest.raises(ValueError, match="stamps must be"):
+        step_trace.warp_spread(stamps[:, :, :, 0], EVENTS)
+
+
+def test_trace_warps_needs_the_step_trace():
+    base = dataclasses.replace(fwd.default_config(64, False, 16384), split_tail=False)
+    dataclasses.replace(base, trace_steps=8, trace_warps=True).check(64)
+    with pytest.raises(ValueError, match="trace_warps"):
+        dataclasses.replace(base, trace_warps=True).check(64)
+
+
 def test_trace_steps_stamps_the_clock_only_when_on(census):
     # eight %clock reads in each steady step of the traced kernel; none in the untraced one (the
     # stamps are constexpr-guarded: the default kernels' SASS is what it was without the switch)
@@ -3141,6 +3187,26 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
     # within a stamped step the events come in order and close together (no wrap misread)
     deltas = (s[..., 1:] - s[..., :-1]) % (1 << 31)
     assert (deltas[whole] < 10_000_000).all()
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True)])
+def test_traced_warps_change_no_output_and_each_warp_stamps_its_own_events(head_dim, causal):
+    from flashrung.kernels.hopper.trace import EVENTS, WARPS_PER_WARPGROUP
+
+    steps = 12
+    *_, stamps = _traced_beside_plain(head_dim, causal, (1, 1000, 4), trace_steps=steps, trace_warps=True)
+    s = stamps.cpu().long()
+    assert s.shape[3:] == (WARPS_PER_WARPGROUP, len(EVENTS))
+    assert (s[:, :, 0] == -1).all()
+    whole = (s >= 0).all(dim=4)                      # [CTAs, warpgroups, steps, warps]
+    # a step is stamped by all four warps or by none
+    assert (whole.all(dim=3) == whole.any(dim=3)).all() and whole.any()
+    # the warps of one warpgroup reach each event within a step of each other
+    apart = (s - s[:, :, :, :1]) % (1 << 31)
+    apart = torch.minimum(apart, (1 << 31) - apart)
+    assert (apart[whole] < 100_000).all()
 
 
 def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():

@@ -12,7 +12,10 @@ after the one before it passed it. It also times the traced kernel against the u
 must be bit-identical, which it checks.
 
 ``python -m flashrung.evidence.step_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
-[--causal] [--steps 64] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU. The split
+[--causal] [--steps 64] [--warps] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
+With ``--warps`` (``trace_warps``) each of a warpgroup's four warps stamps its own events; the
+phases are read from warp 0 as before, and beside them how far apart the warps reach each event
+(:func:`warp_spread`). The split
 tail is switched off (its workspace pointer carries the stamps), so at d128 non-causal S ≥ 16k
 the traced kernel is the S8k one.
 """
@@ -141,6 +144,41 @@ def phase_company(stamps, events: tuple[str, ...], first_step: int = 2) -> list[
              for k, (name, *_) in enumerate(PHASES)} for g in range(groups)]
 
 
+def warp_spread(stamps, events: tuple[str, ...], first_step: int = 2) -> list[dict]:
+    """Per consumer warpgroup and event, from a ``trace_warps`` trace ([CTAs, warpgroups, steps,
+    warps, events]): how far apart the warpgroup's warps reach the event — the spread (the last
+    warp's stamp minus the first's: median, p10, p90 over every CTA and whole step from
+    ``first_step``), each warp's median lateness behind the first, and the share of steps in which
+    each warp is the last. A spread that collapses from one event to the next is a wait of the
+    warps ahead (a warpgroup-wide ``bar.sync`` or ``wgmma`` holds them for the slowest)."""
+    import numpy as np
+
+    stamps = np.asarray(stamps)
+    if stamps.ndim != 5 or stamps.shape[4] != len(events):
+        raise ValueError(f"stamps must be [CTAs, warpgroups, steps, warps, {len(events)}], got {stamps.shape}")
+    ctas, groups, steps, warps, _ = stamps.shape
+    whole = (stamps >= 0).all(axis=(3, 4))        # [ctas, groups, steps]
+    out = []
+    for g in range(groups):
+        sel = whole[:, g, first_step:]
+        rec = stamps[:, g, first_step:]                      # [ctas, steps', warps, events]
+        rows = {}
+        for e, name in enumerate(events):
+            ahead = np.stack([_cycles(rec[..., w, e], rec[..., 0, e]) for w in range(warps)], axis=-1)[sel]
+            if ahead.size == 0:
+                rows[name] = None
+                continue
+            late = ahead - ahead.min(axis=-1, keepdims=True)          # [n, warps]
+            spread = late.max(axis=-1)
+            last = np.bincount(late.argmax(axis=-1), minlength=warps) / late.shape[0]
+            rows[name] = {"spread": {"median": float(np.median(spread)), "p10": float(np.percentile(spread, 10)),
+                                     "p90": float(np.percentile(spread, 90)), "n": int(spread.size)},
+                          "late_median": [float(np.median(late[:, w])) for w in range(warps)],
+                          "last_share": [float(x) for x in last]}
+        out.append(rows)
+    return out
+
+
 def table(summary: dict) -> str:
     """The summary as text: one row per phase, one column per warpgroup (median [p10, p90])."""
     names = [p[0] for p in PHASES] + ["loop", "period", "handoff"]
@@ -163,6 +201,19 @@ def table(summary: dict) -> str:
         for name, *_ in PHASES:
             lines.append([name] + ["-" if rows[name] is None else f"{rows[name]:.2f}" for rows in summary["company"]]
                          + [""])
+    if summary.get("warps"):
+        lines.append([""] * len(head))
+        lines.append(["warps apart"] + ["" for _ in summary["warps"]]
+                     + ["last warp's stamp minus the first's; behind: each warp's median lateness"])
+        for name in next(r for r in summary["warps"] if r):
+            cells = [name]
+            for rows in summary["warps"]:
+                r = rows.get(name)
+                cells.append("-" if r is None else
+                             f"{r['spread']['median']:.0f} [{r['spread']['p10']:.0f}, {r['spread']['p90']:.0f}]"
+                             f" behind {'/'.join(f'{x:.0f}' for x in r['late_median'])}")
+            cells.append("")
+            lines.append(cells)
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
 
@@ -196,7 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = problem_parser("python -m flashrung.evidence.step_trace",
                        "clock stamps of hopper.fwd's K/V steps: where a step's cycles go")
     p.add_argument("--steps", type=int, default=64, help="steps stamped per warpgroup (default 64)")
+    p.add_argument("--warps", action="store_true",
+                   help="every warp of a warpgroup stamps its own events (trace_warps): how far apart they run; "
+                        "the phase table reads warp 0, as without it")
     return p
+
+
+def summarize_warps(stamps, events: tuple[str, ...]) -> dict:
+    """:func:`summarize` of warp 0's stamps (the table's phases, as a trace without ``trace_warps``
+    reads them) with :func:`warp_spread` of all four beside it; a 4-D trace as :func:`summarize`."""
+    import numpy as np
+
+    stamps = np.asarray(stamps)
+    if stamps.ndim == 4:
+        return summarize(stamps, events)
+    out = summarize(stamps[:, :, :, 0], events)
+    out["warps"] = warp_spread(stamps, events, out["first_step"])
+    return out
 
 
 def traced_run(args, **trace) -> dict:
@@ -282,7 +349,8 @@ def main(argv=None) -> int:
         raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
     from flashrung.kernels.hopper.trace import EVENTS
 
-    return run_probe(args, dict(trace_steps=args.steps), EVENTS, lambda stamps, events, common: summarize(stamps, events),
+    trace = dict(trace_steps=args.steps, **({"trace_warps": True} if args.warps else {}))
+    return run_probe(args, trace, EVENTS, lambda stamps, events, common: summarize_warps(stamps, events),
                      table, "step trace",
                      lambda s: f"steps {s['first_step']}..{args.steps - 1} of each CTA's first tile; cycles (SM "
                                "clock), median [p10, p90]")

@@ -360,6 +360,10 @@ class HopperFwdConfig:
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
     # kernel as it is (census: the same SASS)
     trace_steps: int = 0
+    # instrument, with trace_steps: each of a consumer warpgroup's four warps stamps its own events
+    # (trace.py), so the step trace reads how far apart the warps run — what a warpgroup-wide
+    # barrier or wgmma waits out in the warps ahead of the slowest
+    trace_warps: bool = False
     # instrument, not a lever: every CTA's first trace_tiles work items stamp the SM clock at each
     # consumer warpgroup's start of the item (before its Q wait) and after its epilogue, beside the
     # item's K/V steps and masked steps (hopper/trace.py, fwd.traced_forward; read by
@@ -504,6 +508,9 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
+        if self.trace_warps and not self.trace_steps:
+            raise ValueError("trace_warps gives each warp its own row of the step trace's stamps: it needs "
+                             f"trace_steps > 0, got trace_steps={self.trace_steps}")
         if self.trace_tiles < 0 or self.trace_tiles and self.trace_steps:
             raise ValueError("trace_tiles records each work item into the pointer trace_steps stamps into: it needs "
                              f"trace_tiles >= 0 and trace_steps=0, got trace_tiles={self.trace_tiles}, "

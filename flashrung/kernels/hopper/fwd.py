@@ -143,7 +143,8 @@ from flashrung.kernels.hopper.schedule import (
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
-                                            NUM_EVENTS, NUM_TILE_FIELDS, stamp, step_record, tile_end, tile_start)
+                                            NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
+                                            tile_end, tile_start)
 from flashrung.kernels.hopper.softmax import (
     finalize,
     fold_scale,
@@ -323,6 +324,7 @@ class _Schedule:
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
+    TRACE_WARPS: gl.constexpr    # with TRACE_STEPS: every warp of a warpgroup stamps its own events
     TRACE_TILES: gl.constexpr    # work items of each CTA recorded whole, start and end stamps (trace.py); 0: none
     K_EMPTY_AT: gl.constexpr     # asm_arrivals: byte offsets of the K/V empty and turn barrier arrays in
     V_EMPTY_AT: gl.constexpr     # shared memory (barrier_offsets), the consumers' arrivals inline PTX
@@ -803,7 +805,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     """
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
     first_row = last_row - (_ROWS - 1)
-    stamp(trace, rows, first_row, E_TOP, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_TOP, c.TRACE_STEPS, c.TRACE_WARPS)
     if c.CARRY_RING_SLOT:
         k_idx, k_phase = next_ring_slot(v_idx, v_phase, c.NUM_KV_STAGES)
     else:
@@ -811,19 +813,19 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
     ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
     ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
-    stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_READY, c.TRACE_STEPS, c.TRACE_WARPS)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
-    stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_TURN, c.TRACE_STEPS, c.TRACE_WARPS)
     s = _qk(q, sh, k_idx, c)
     if c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     acc, l_i = _pv(p_op, acc, l_i, sh, v_idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-    stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS, c.TRACE_WARPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
     # still run
     s = _wait_scores(s, c.PV_GROUPS)
-    stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS, c.TRACE_WARPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
@@ -853,7 +855,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
-        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
+        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS, c.TRACE_WARPS)
         if c.GATE_PV_WAIT:
             # the wait behind a branch, taking the new row max through it: ptxas otherwise hoists
             # it into the row max's first latency bubble (census), and the row max no longer
@@ -868,7 +870,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             p_ahead, alpha, partial = softmax_exp_ahead(ahead, scale, m_i, m_new, c.EXP2_FMA_EVERY)
             partial = wait_mma_after_softmax(qk_scale_log2, partial)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
+        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
         release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
@@ -898,7 +900,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
                                                         c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
                                                         c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA)
-        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS)
+        stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS, c.TRACE_WARPS)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
         if c.ROW_SUM_BY_MMA:
@@ -908,7 +910,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS)
+        stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
         release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
         if c.LATE_K_RELEASE:
             release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
@@ -920,7 +922,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
         p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
-    stamp(trace, rows, first_row, E_END, c.TRACE_STEPS)
+    stamp(trace, rows, first_row, E_END, c.TRACE_STEPS, c.TRACE_WARPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
 
@@ -1295,7 +1297,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr,
-                     ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr, TRACE_WARPS: gl.constexpr,
                      TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
@@ -1374,7 +1376,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT,
                   ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
-                  TRACE_TILES=TRACE_TILES,
+                  TRACE_WARPS=TRACE_WARPS, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
                   GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS)
@@ -1455,7 +1457,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
-        TRACE_TILES=cfg.trace_tiles,
+        TRACE_WARPS=cfg.trace_warps, TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
@@ -1806,7 +1808,8 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    config: HopperFwdConfig):
     """:func:`forward` with ``config.trace_steps > 0`` or ``config.trace_tiles > 0``: ``(out, lse,
     stamps)``. With ``trace_steps``, ``stamps`` is int32 ``[CTAs, consumer warpgroups, trace_steps,
-    len(trace.EVENTS)]``: the SM clock (shifted right by ``trace.CLOCK_SHIFT``) at each event of each
+    len(trace.EVENTS)]`` (``[..., trace_steps, trace.WARPS_PER_WARPGROUP, len(trace.EVENTS)]`` with
+    ``trace_warps``: each warp's own stamps): the SM clock (shifted right by ``trace.CLOCK_SHIFT``) at each event of each
     overlapped K/V step of every CTA's first work item (steps counted from the item's first K/V
     tile, whose peeled step is not stamped: row 0 stays -1, as do steps past the item's last). With
     ``trace_tiles``, int32 ``[CTAs, consumer warpgroups, trace_tiles, len(trace.TILE_FIELDS)]``:
@@ -1823,7 +1826,11 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
                  float(softmax_scale) > 0, _sm_count(device_index))
-    record = (config.trace_steps, NUM_EVENTS) if config.trace_steps else (config.trace_tiles, NUM_TILE_FIELDS)
+    if config.trace_steps:
+        record = (config.trace_steps, WARPS_PER_WARPGROUP, NUM_EVENTS) if config.trace_warps else \
+            (config.trace_steps, NUM_EVENTS)
+    else:
+        record = (config.trace_tiles, NUM_TILE_FIELDS)
     stamps = torch.full((plan.grid, config.num_consumers, *record), -1, dtype=torch.int32, device=q.device)
     out, lse = forward(q, k, v, causal, softmax_scale, config, _trace=stamps)
     return out, lse, stamps

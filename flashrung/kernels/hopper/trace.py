@@ -8,7 +8,9 @@ first work item records, for each consumer warpgroup and each of its first N ste
 negative, so -1 marks a step not stamped); thread 0 of the warpgroup writes them. The output is
 exact (the stamps read a counter and store it beside the work); the times carry the few
 instructions the stamps add. Off (N = 0) the stamps compile to nothing (census: the default
-kernels' SASS is unchanged).
+kernels' SASS is unchanged). With ``trace_warps`` the first thread of each of the warpgroup's four
+warps stamps its own row of events: how far apart the warps of one warpgroup run, which a
+warpgroup-wide barrier or ``wgmma`` absorbs as a wait of the warps ahead.
 
 The stamps go to the split tail's coordinate workspace pointer, which no launch without the split
 tail dereferences, so the kernel keeps its signature: ``trace_steps`` needs ``split_tail=False``.
@@ -36,6 +38,11 @@ _NUM_EVENTS = gl.constexpr(NUM_EVENTS)
 # stamps are %clock >> CLOCK_SHIFT: 2-cycle resolution, and the 32-bit counter's top bit (set half
 # the time) never makes a stamp negative
 CLOCK_SHIFT = 1
+# with trace_warps every warp of a consumer warpgroup stamps its own row of events: wgmma's m64
+# accumulator puts 16 rows in each of the warpgroup's four warps
+WARPS_PER_WARPGROUP = 4
+_WARPS_PER_WARPGROUP = gl.constexpr(WARPS_PER_WARPGROUP)
+ROWS_PER_WARP = gl.constexpr(16)
 _CLOCK_ASM = gl.constexpr("{ mov.u32 $0, %clock; shr.u32 $0, $0, " + str(CLOCK_SHIFT) + "; }")
 
 
@@ -49,9 +56,12 @@ def clock(rows):
 @gluon.jit
 def step_record(coords_ptr, tile_iter, j, WG: gl.constexpr, c):
     """``(pointer to this step's record, whether to stamp it)``: every CTA's first work item, its
-    first ``TRACE_STEPS`` steps; the record of (CTA, warpgroup, step) is NUM_EVENTS int32."""
+    first ``TRACE_STEPS`` steps; the record of (CTA, warpgroup, step) is NUM_EVENTS int32, or
+    WARPS_PER_WARPGROUP × NUM_EVENTS with ``TRACE_WARPS`` (one row of events per warp)."""
     if c.TRACE_STEPS > 0:
         record = (gl.program_id(0) * c.NUM_CONSUMERS + WG) * c.TRACE_STEPS + j
+        if c.TRACE_WARPS:
+            record = record * _WARPS_PER_WARPGROUP
         out = (coords_ptr + record * _NUM_EVENTS, (tile_iter == 0) & (j < c.TRACE_STEPS))
     else:
         out = (coords_ptr, False)
@@ -59,8 +69,9 @@ def step_record(coords_ptr, tile_iter, j, WG: gl.constexpr, c):
 
 
 @gluon.jit
-def stamp(trace, rows, first_row, EVENT: gl.constexpr, TRACE_STEPS: gl.constexpr):
-    """The SM clock at ``EVENT`` into ``trace``'s record (thread 0's row of the warpgroup stores)."""
+def stamp(trace, rows, first_row, EVENT: gl.constexpr, TRACE_STEPS: gl.constexpr, TRACE_WARPS: gl.constexpr):
+    """The SM clock at ``EVENT`` into ``trace``'s record (thread 0's row of the warpgroup stores;
+    with ``TRACE_WARPS``, the first row of each warp into that warp's row of events)."""
     if TRACE_STEPS > 0:
         base, on = trace
         if on:
@@ -68,7 +79,14 @@ def stamp(trace, rows, first_row, EVENT: gl.constexpr, TRACE_STEPS: gl.constexpr
             # Written here rather than through clock(): through the helper the trace_steps builds
             # compiled to other SASS (census), and the traces measured before read these builds
             t = gl.inline_asm_elementwise(_CLOCK_ASM, "=r,r", [rows], dtype=gl.int32, is_pure=False, pack=1)
-            gl.store(base + EVENT + rows * 0, t, mask=rows == first_row)
+            if TRACE_WARPS:
+                # wgmma's accumulator gives warp w of the warpgroup rows 16w..16w+15: the warps'
+                # stamps differ by how far each runs ahead of the warpgroup's slowest
+                within = rows - first_row
+                gl.store(base + EVENT + (within // ROWS_PER_WARP) * _NUM_EVENTS, t,
+                         mask=within % ROWS_PER_WARP == 0)
+            else:
+                gl.store(base + EVENT + rows * 0, t, mask=rows == first_row)
 
 
 # one record per (CTA, consumer warpgroup, work item): its start and end stamps (SM clock), K/V

@@ -118,6 +118,12 @@ def exp_turn_loops(sass):
                         last_mufu=mufu[-1] if mufu else -1))
     return out
 
+def producer_loops(sass):
+    # every innermost loop that issues TMA loads and no wgmma (the producer's K/V loops): its
+    # length and its division's MUFU.RCP
+    return [dict(length=loop["length"], rcp=loop["MUFU.RCP"], utmaldg=loop["UTMALDG"])
+            for loop in innermost_loops(sass, min_length=20) if loop["UTMALDG"] and not loop["HGMMA"]]
+
 def barrier_inits(ptx):
     # {byte offset into global_smem: arrival count} of every mbarrier.init, and the array offsets
     # the inline arrivals (asm_arrivals) name
@@ -156,6 +162,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["loop"] = steady_loop(sass)
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
+            entry["producer_loops"] = producer_loops(sass)
             entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
@@ -242,6 +249,8 @@ CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
+# the staggered sweep wrapped by compare and subtract instead of a run-time modulo
+CENSUS_CONFIGS.append(("d64-full-stagger-subtract", 64, False, {"stagger_subtract": True}))
 # d64's short non-causal kernel (S <= 1024) as select_config builds it: the short-causal tile's
 # stack with two Q buffers, for a launch with a key tail and for one without
 _D64_SHORT_FULL = {**config._SHORT_NONCAUSAL[64], **_FAST_DIVIDE, "stagger_kv": False, "num_q_stages": 2}
@@ -1803,9 +1812,31 @@ STAGGER_SHAPES = [
 @pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_stagger_kv(head_dim, shape, causal):
-    _gate_forced(head_dim, shape, causal, stagger_kv=True)
-    if not causal:
-        _gate_forced(head_dim, shape, False, stagger_kv=True, **SPLIT_GRID)
+    # both wraps of the sweep: the modulo and the compare and subtract (stagger_subtract)
+    for subtract in (False, True):
+        _gate_forced(head_dim, shape, causal, stagger_kv=True, stagger_subtract=subtract)
+        if not causal:
+            _gate_forced(head_dim, shape, False, stagger_kv=True, stagger_subtract=subtract, **SPLIT_GRID)
+
+
+def test_stagger_subtract_takes_the_division_out_of_the_producers_loop(census):
+    # the staggered sweep's wrap: a run-time modulo is a division at every producer step (one
+    # MUFU.RCP beside I2F.RP and F2I); compare and subtract has none, and the consumers' K/V loops
+    # (whose first tile takes the same wrap, outside them) stay within an instruction or two
+    plain, subtract = census["d64-full"], census["d64-full-stagger-subtract"]
+    steady = lambda entry: [loop for loop in entry["producer_loops"] if loop["utmaldg"] == 2]
+    assert steady(plain) and all(loop["rcp"] == 1 for loop in steady(plain))
+    assert steady(subtract) and all(loop["rcp"] == 0 for loop in steady(subtract))
+    assert max(loop["length"] for loop in steady(subtract)) < min(loop["length"] for loop in steady(plain))
+    pairs = list(zip(_steady_steps(subtract), _steady_steps(plain), strict=True))
+    assert all(abs(a["length"] - b["length"]) <= 2 and a["mufu"] == b["mufu"] for a, b in pairs)
+
+
+def test_stagger_subtract_needs_the_staggered_sweep():
+    base = fwd.default_config(64, False, 16384)
+    dataclasses.replace(base, stagger_subtract=True).check(64)
+    with pytest.raises(ValueError, match="stagger_subtract"):
+        dataclasses.replace(base, stagger_kv=False, stagger_subtract=True).check(64)
 
 
 # V(j) loaded after K(j+1): the last V of every item comes after its loop, a single-tile item

@@ -158,6 +158,12 @@ class HopperFwdConfig:
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
     stagger_kv: bool = False
+    # with stagger_kv: the producer wraps each step's K/V tile by one compare and subtract instead of
+    # a modulo by the item's run-time tile count (schedule.kv_visit), a division at every step —
+    # I2F.RP, MUFU.RCP, F2I and about twenty integer instructions — on the scheduler its warp
+    # shares with one warp of every consumer (the step trace's --warps: that warp of each consumer
+    # warpgroup runs 80-130 cycles behind its siblings at d64, the others 10-14)
+    stagger_subtract: bool = False
     # K/V bytes (MiB) of the (batch, head) columns the LPT order keeps together (a section of
     # schedule.head_section): the heads that run at once under a causal mask should find their
     # K/V in L2. Host-side only: it picks the tile order, never what a tile computes
@@ -508,6 +514,9 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
+        if self.stagger_subtract and not self.stagger_kv:
+            raise ValueError("stagger_subtract changes how the staggered K/V sweep wraps: it needs stagger_kv=True, "
+                             f"got stagger_kv={self.stagger_kv}")
         if self.trace_warps and not self.trace_steps:
             raise ValueError("trace_warps gives each warp its own row of the step trace's stamps: it needs "
                              f"trace_steps > 0, got trace_steps={self.trace_steps}")
@@ -826,8 +835,10 @@ SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 # halves disagreeing); d64 non-causal B4 H32 S8192 0.9941 / 0.9927 (REVERT: a 4.9% shorter trip, and
 # the vote and the two paths cost more) — d64 stays off
 # (h200-compare-rescale-by-warp-d{128,256,64}-{full,causal}-s*-fffbb14.json,
-# h200-compare-always-rescale-d256-{full,causal}-s1024-ae07105.json)
-RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 16384, (256, False): 1, (256, True): 1}
+# h200-compare-always-rescale-d256-{full,causal}-s1024-ae07105.json). d128 causal from S8192
+# since change 40: B4 H16 S8192 1.0080 / 1.0058 over the default of the day (KEEP, halves agreeing;
+# h200-compare-rescale-by-warp-d128-causal-s8192-5ab2a8c.json) — the S16k kernel, unchanged
+RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 8192, (256, False): 1, (256, True): 1}
 # Softmax-side levers on top of the per-warp rescale, per (head dim, causal) (change 33): on d256's
 # kernel the per-thread partial row sums (defer_row_sum) and, causal, P packed in the accumulator
 # layout (pack_p); non-causal, O's rescale back in FA4's place (late_rescale off: behind the warp's

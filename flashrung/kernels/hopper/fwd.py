@@ -306,6 +306,7 @@ class _Schedule:
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
+    STAGGER_SUBTRACT: gl.constexpr  # the sweep wraps by compare and subtract, not a run-time modulo
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
@@ -419,7 +420,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
         if kv_hi > kv_lo:
             # the first K first: it streams while the previous tile still holds the Q buffers.
-            first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+            first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
             _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                           count, c)
             _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c)
@@ -428,7 +429,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
                 # slot is filled when its tile is next needed, not as soon as it frees
                 prev = first
                 for j in range(kv_lo + 1, kv_hi):
-                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                     _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
                                   kv_head, t, base + j, c)
                     _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
@@ -440,7 +441,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
                               first, count, c)
                 for j in range(kv_lo + 1, kv_hi):
-                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV)
+                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                     _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
                                   kv_head, t, base + j, c)
                     _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
@@ -1233,7 +1234,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         elif c.OVERLAP:
             acc, m_i, l_i, turn = _attend_overlapped(
                 q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
-                kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV),
+                kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT),
                 count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
         else:
             acc, m_i, l_i, turn = _attend_serial(
@@ -1291,6 +1292,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, EXP_TURNS: gl.constexpr,
                      SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
+                     STAGGER_SUBTRACT: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
@@ -1367,6 +1369,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
+                  STAGGER_SUBTRACT=STAGGER_SUBTRACT,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
@@ -1449,6 +1452,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         EXP_TURNS=cfg.exp_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
+        STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),

@@ -368,13 +368,24 @@ def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDO
 
 
 @gluon.jit
-def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr):
-    """The absolute K/V tile an item visits at its step for tile ``j`` (``kv_lo <= j < kv_hi``)."""
+def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr, BY_SUBTRACT: gl.constexpr = False):
+    """The absolute K/V tile an item visits at its step for tile ``j`` (``kv_lo <= j < kv_hi``).
+
+    ``BY_SUBTRACT`` wraps with one compare and subtract, exact because ``0 <= k < n_rot`` and
+    ``0 <= start < n_rot``: ``n_rot`` is a run-time value, so ``%`` compiles to a division
+    (``I2F.RP``, ``MUFU.RCP``, ``F2I`` and about twenty integer instructions, census) at every
+    step of the producer, whose warp shares a scheduler with one warp of every consumer."""
     if STAGGER:
         k = j - kv_lo
         t = j
         if k < n_rot:
-            t = kv_lo + (k + start) % n_rot
+            if BY_SUBTRACT:
+                w = k + start
+                if w >= n_rot:
+                    w -= n_rot
+                t = kv_lo + w
+            else:
+                t = kv_lo + (k + start) % n_rot
     else:
         t = j
     return t

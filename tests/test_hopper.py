@@ -1832,11 +1832,6 @@ def test_stagger_subtract_takes_the_division_out_of_the_producers_loop(census):
     assert all(abs(a["length"] - b["length"]) <= 2 and a["mufu"] == b["mufu"] for a, b in pairs)
 
 
-def test_stagger_subtract_needs_the_staggered_sweep():
-    base = fwd.default_config(64, False, 16384)
-    dataclasses.replace(base, stagger_subtract=True).check(64)
-    with pytest.raises(ValueError, match="stagger_subtract"):
-        dataclasses.replace(base, stagger_kv=False, stagger_subtract=True).check(64)
 
 
 # V(j) loaded after K(j+1): the last V of every item comes after its loop, a single-tile item

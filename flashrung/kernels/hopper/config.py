@@ -162,7 +162,8 @@ class HopperFwdConfig:
     # a modulo by the item's run-time tile count (schedule.kv_visit), a division at every step —
     # I2F.RP, MUFU.RCP, F2I and about twenty integer instructions — on the scheduler its warp
     # shares with one warp of every consumer (the step trace's --warps: that warp of each consumer
-    # warpgroup runs 80-130 cycles behind its siblings at d64, the others 10-14)
+    # warpgroup runs 80-130 cycles behind its siblings at d64, the others 10-14). Without stagger_kv
+    # there is no sweep to wrap and it changes nothing
     stagger_subtract: bool = False
     # K/V bytes (MiB) of the (batch, head) columns the LPT order keeps together (a section of
     # schedule.head_section): the heads that run at once under a causal mask should find their
@@ -514,9 +515,6 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
-        if self.stagger_subtract and not self.stagger_kv:
-            raise ValueError("stagger_subtract changes how the staggered K/V sweep wraps: it needs stagger_kv=True, "
-                             f"got stagger_kv={self.stagger_kv}")
         if self.trace_warps and not self.trace_steps:
             raise ValueError("trace_warps gives each warp its own row of the step trace's stamps: it needs "
                              f"trace_steps > 0, got trace_steps={self.trace_steps}")

@@ -249,8 +249,8 @@ CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
-# the staggered sweep wrapped by compare and subtract instead of a run-time modulo
-CENSUS_CONFIGS.append(("d64-full-stagger-subtract", 64, False, {"stagger_subtract": True}))
+# the staggered sweep wrapped by a run-time modulo, as before change 41's compare and subtract
+CENSUS_CONFIGS.append(("d64-full-stagger-modulo", 64, False, {"stagger_subtract": False}))
 # d64's short non-causal kernel (S <= 1024) as select_config builds it: the short-causal tile's
 # stack with two Q buffers, for a launch with a key tail and for one without
 _D64_SHORT_FULL = {**config._SHORT_NONCAUSAL[64], **_FAST_DIVIDE, "stagger_kv": False, "num_q_stages": 2}
@@ -1819,11 +1819,26 @@ def test_gate_stagger_kv(head_dim, shape, causal):
             _gate_forced(head_dim, shape, False, stagger_kv=True, stagger_subtract=subtract, **SPLIT_GRID)
 
 
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_stagger_subtract_changes_no_output(causal):
+    # the same tiles in the same order: the two wraps must agree bit for bit (the default wraps
+    # by compare and subtract since change 41), at a key tail and a partial last m-tile
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = fwd.default_config(64, causal, 4097)
+    assert cfg.stagger_kv and cfg.stagger_subtract
+    out, lse = fwd.forward(q, k, v, causal, 0.125, cfg)
+    out_mod, lse_mod = fwd.forward(q, k, v, causal, 0.125, dataclasses.replace(cfg, stagger_subtract=False))
+    assert torch.equal(out, out_mod) and torch.equal(lse, lse_mod)
+
+
 def test_stagger_subtract_takes_the_division_out_of_the_producers_loop(census):
     # the staggered sweep's wrap: a run-time modulo is a division at every producer step (one
     # MUFU.RCP beside I2F.RP and F2I); compare and subtract has none, and the consumers' K/V loops
     # (whose first tile takes the same wrap, outside them) stay within an instruction or two
-    plain, subtract = census["d64-full"], census["d64-full-stagger-subtract"]
+    plain, subtract = census["d64-full-stagger-modulo"], census["d64-full"]
     steady = lambda entry: [loop for loop in entry["producer_loops"] if loop["utmaldg"] == 2]
     assert steady(plain) and all(loop["rcp"] == 1 for loop in steady(plain))
     assert steady(subtract) and all(loop["rcp"] == 0 for loop in steady(subtract))

@@ -716,6 +716,14 @@ WORK_ITEM_FIXED_KV_TILES = {64: 1, 128: 1, 256: 3}
 # S3072 1.0274 / 1.0263 and B8 H32 S4096 1.0062 / 1.0109 over the 128-row tile — so d64 staggers
 # from 3072 (the shortest length timed), where causal problems are on the 192-row tile too.
 STAGGER_KV_MIN_SEQLEN = {64: 3072}
+# ... and wherever the sweep staggers it wraps by compare and subtract (stagger_subtract, change 41):
+# the same tiles in the same order (outputs bit-identical), the producer's step 70 -> 44
+# instructions without its division. Paired, preheated 150 ms (t_keep 1.002164), bf16, d64 H32,
+# over the modulo: B2 S16384 non-causal 1.0041 / 1.0035 (KEEP), B8 S4096 non-causal 1.0017 /
+# 1.0016 and B2 S16384 causal 1.0016 / 1.0049 (NULL; no reading below 1.0015); the step trace
+# (--warps, B2 S16384 non-causal): the producer's scheduler's consumer warp 80-126 -> 34-38
+# cycles behind its siblings at the step's top (h200-compare-stagger-subtract-d64-*-c8d2335.json,
+# h200-step-trace-warps-*-d64-full-s16384-{5ab2a8c,c435661}.json)
 
 
 # The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in
@@ -941,7 +949,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
     # Causal tiles have unequal cost: start the heaviest first (seed 001, 0x0B). The long split-tail
     # kernel keeps its first tile masked always (SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN).
     return dataclasses.replace(base, lpt=causal, persistent=persistent or balanced, split_tail=split_tail,
-                               balanced=balanced, stagger_kv=stagger_kv, l2_section_mib=l2_section_mib,
+                               balanced=balanced, stagger_kv=stagger_kv, stagger_subtract=stagger_kv,
+                               l2_section_mib=l2_section_mib,
                                first_mask_on_need=base.first_mask_on_need and not mask_first_always,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,

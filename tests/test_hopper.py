@@ -1592,6 +1592,13 @@ def _shape_id(shape: dict) -> str:
     return "B{batch}-{seqlen_q}x{seqlen_k}-H{heads_q}:{heads_kv}".format(**shape)
 
 
+def _seeded_qkv(batch, seqlen, heads, head_dim):
+    """``(q, k, v)``, bf16 on the GPU, ``[batch, seqlen, heads, head_dim]``, drawn after seeding 0:
+    the same inputs for every call with the same shape."""
+    torch.manual_seed(0)
+    return tuple(torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+
 def _gate(forward_fn=fwd.forward, **kw):
     from flashrung.gate import check_forward
 
@@ -1680,8 +1687,7 @@ def test_deterministic():
 def test_short_non_causal_d64_is_deterministic():
     # d64 non-causal up to S1024 runs the 128-row tile with two Q buffers per consumer: the
     # producer refills one Q buffer while the other is read, a reuse a race would show in
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(4, 1000, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(4, 1000, 8, 64)
     cfg = select_config(_problem(head_dim=64, head_dim_v=64, causal=False, seqlen_q=1000, seqlen_k=1000))
     assert (cfg.block_m, cfg.num_q_stages, cfg.fast_divide_consumers) == (128, 2, True)
     for _ in range(3):
@@ -1742,8 +1748,7 @@ def test_merge_loads_first_at_the_suites_split_is_deterministic():
     # not bit-equal), and a rerun is bit-identical
     from flashrung.kernels.hopper.tail_combine import SPLITS_PER_LOAD
 
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 16384, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, 16384, 16, 128)
     cfg = fwd.default_config(128, False, 16384)
     assert cfg.split_tail
     plan = fwd._plan(cfg, 2, 16384, 16384, 16, 16, 128, 2, False, True,
@@ -1827,8 +1832,7 @@ def test_gate_stagger_kv(head_dim, shape, causal):
 def test_stagger_subtract_changes_no_output(causal):
     # the same tiles in the same order: the two wraps must agree bit for bit (the default wraps
     # by compare and subtract since change 41), at a key tail and a partial last m-tile
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(1, 4097, 8, 64)
     cfg = fwd.default_config(64, causal, 4097)
     assert cfg.stagger_kv and cfg.stagger_subtract
     out, lse = fwd.forward(q, k, v, causal, 0.125, cfg)
@@ -1955,8 +1959,7 @@ def test_gate_exp_turns(shape, causal):
 def test_exp_turns_is_deterministic(seqlen):
     # a token passed before a consumer's exponentials were done would only cost overlap, but one
     # passed twice, or never, would hang or let two rings drift: the output must not move
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, seqlen, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, seqlen, 8, 64)
     cfg = dataclasses.replace(fwd.default_config(64, False, seqlen), exp_turns=True)
     for _ in range(3):
         _assert_reruns_identical(q, k, v, False, cfg)
@@ -1982,8 +1985,7 @@ def test_gate_early_exps(head_dim, shape, causal):
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_early_exps_are_deterministic(causal):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, 4097, 8, 64)
     cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), early_exp_quarters=1)
     for _ in range(3):
         _assert_reruns_identical(q, k, v, causal, cfg)
@@ -2010,8 +2012,7 @@ def test_gate_pv_wait_after_the_row_max(head_dim, shape, causal):
 def test_gate_pv_wait_is_deterministic(head_dim):
     # the gated wait still waits: a PV read of P's registers overwritten by the next exponentials,
     # or O rescaled under a running PV, would move the output between identical runs
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4097, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, 4097, 8, head_dim)
     cfg = dataclasses.replace(fwd.default_config(head_dim, False, 4097), gate_pv_wait=True, wait_pv_early=True,
                               pingpong=True)
     for _ in range(3):
@@ -2036,8 +2037,7 @@ def test_asm_arrivals_is_deterministic(switches, causal, head_dim):
     # a slot released while a warp's part of the GEMM that reads it is still in flight would let
     # the producer overwrite K or V under it, and a wait that returned early would let a GEMM read
     # a slot the TMA is still filling: the output would move between identical runs
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4097, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, 4097, 8, head_dim)
     cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), **dict.fromkeys(switches.split("+"), True))
     for _ in range(3):
         _assert_reruns_identical(q, k, v, causal, cfg)
@@ -2071,8 +2071,7 @@ def test_four_max_chains_match_the_chain_bit_for_bit(head_dim, causal, seqlen_q,
 def test_row_sum_by_mma_is_deterministic(causal):
     # each consumer writes its tile of ones, fences it for the tensor pipe and meets its warpgroup
     # before the first row-sum wgmma: a warp that read the tile early would move the sums
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4097, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(2, 4097, 8, 64)
     cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), **ROW_SUM_BY_MMA)
     out1, lse1 = fwd.forward(q, k, v, causal, 64 ** -0.5, cfg)
     for _ in range(2):
@@ -3164,9 +3163,8 @@ def test_tile_trace_probe_reports_the_timeline_of_what_it_traced(monkeypatch, tm
 def _traced_beside_plain(head_dim, causal, shape, **trace):
     """``(q, k, v, the untraced config, the traced call's records)`` for random bf16 inputs of
     ``shape`` (batch, seqlen, heads), once the traced output is bit-identical to the untraced one."""
-    torch.manual_seed(0)
     batch, seqlen, heads = shape
-    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(batch, seqlen, heads, head_dim)
     base = dataclasses.replace(fwd.default_config(head_dim, causal, seqlen), split_tail=False)
     out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
     t_out, t_lse, records = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, **trace))
@@ -3195,8 +3193,7 @@ def test_traced_split_tail_changes_no_output_and_records_its_split_items():
     # the split tail traced (d128 non-causal B3 H12 S1000: 264 whole tiles and 24 tail tiles split
     # 5 ways on 132 SMs): the output is the untraced kernel's bit for bit, every item is recorded
     # once per consumer, split items by their index, with their share of the K/V steps
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 1000, 12, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _seeded_qkv(3, 1000, 12, 128)
     cfg = dataclasses.replace(fwd.default_config(128, False, 1000), split_tail=True)
     plan = fwd._plan(cfg, 3, 1000, 1000, 12, 12, 128, 2, False, True,
                      torch.cuda.get_device_properties(0).multi_processor_count)

@@ -162,7 +162,8 @@ class HopperFwdConfig:
     # a modulo by the item's run-time tile count (schedule.kv_visit), a division at every step —
     # I2F.RP, MUFU.RCP, F2I and about twenty integer instructions — on the scheduler its warp
     # shares with one warp of every consumer (the step trace's --warps: that warp of each consumer
-    # warpgroup runs 80-130 cycles behind its siblings at d64, the others 10-14). Without stagger_kv
+    # warpgroup runs 80-130 cycles behind its siblings at d64 with the modulo, 34-38 without it, the
+    # others 10-18). Default wherever the sweep staggers (change 41). Without stagger_kv
     # there is no sweep to wrap and it changes nothing
     stagger_subtract: bool = False
     # K/V bytes (MiB) of the (batch, head) columns the LPT order keeps together (a section of

@@ -1676,6 +1676,15 @@ def _assert_reruns_identical(q, k, v, causal, cfg=None):
     assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
 
 
+def _assert_forced_reruns_identical(head_dim, causal, seqlen, **changes):
+    """Three pairs of identical runs, bit for bit, of the problem's default configuration at
+    ``seqlen`` with ``changes`` forced, on seeded bf16 inputs of two batches and eight heads."""
+    q, k, v = _seeded_qkv(2, seqlen, 8, head_dim)
+    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, seqlen), **changes)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, causal, cfg)
+
+
 @pytest.mark.gpu
 @on_hopper
 def test_deterministic():
@@ -1959,10 +1968,7 @@ def test_gate_exp_turns(shape, causal):
 def test_exp_turns_is_deterministic(seqlen):
     # a token passed before a consumer's exponentials were done would only cost overlap, but one
     # passed twice, or never, would hang or let two rings drift: the output must not move
-    q, k, v = _seeded_qkv(2, seqlen, 8, 64)
-    cfg = dataclasses.replace(fwd.default_config(64, False, seqlen), exp_turns=True)
-    for _ in range(3):
-        _assert_reruns_identical(q, k, v, False, cfg)
+    _assert_forced_reruns_identical(64, False, seqlen, exp_turns=True)
 
 
 # a quarter, a half or three quarters of each tile's exponentials ahead of PV's wait (early_exp_quarters)
@@ -1985,10 +1991,7 @@ def test_gate_early_exps(head_dim, shape, causal):
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_early_exps_are_deterministic(causal):
-    q, k, v = _seeded_qkv(2, 4097, 8, 64)
-    cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), early_exp_quarters=1)
-    for _ in range(3):
-        _assert_reruns_identical(q, k, v, causal, cfg)
+    _assert_forced_reruns_identical(64, causal, 4097, early_exp_quarters=1)
 
 
 # PV's wait behind its branch after the row max (gate_pv_wait), in FA4's order at every head dim
@@ -2012,11 +2015,7 @@ def test_gate_pv_wait_after_the_row_max(head_dim, shape, causal):
 def test_gate_pv_wait_is_deterministic(head_dim):
     # the gated wait still waits: a PV read of P's registers overwritten by the next exponentials,
     # or O rescaled under a running PV, would move the output between identical runs
-    q, k, v = _seeded_qkv(2, 4097, 8, head_dim)
-    cfg = dataclasses.replace(fwd.default_config(head_dim, False, 4097), gate_pv_wait=True, wait_pv_early=True,
-                              pingpong=True)
-    for _ in range(3):
-        _assert_reruns_identical(q, k, v, False, cfg)
+    _assert_forced_reruns_identical(head_dim, False, 4097, gate_pv_wait=True, wait_pv_early=True, pingpong=True)
 
 
 @pytest.mark.gpu
@@ -2037,10 +2036,7 @@ def test_asm_arrivals_is_deterministic(switches, causal, head_dim):
     # a slot released while a warp's part of the GEMM that reads it is still in flight would let
     # the producer overwrite K or V under it, and a wait that returned early would let a GEMM read
     # a slot the TMA is still filling: the output would move between identical runs
-    q, k, v = _seeded_qkv(2, 4097, 8, head_dim)
-    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, 4097), **dict.fromkeys(switches.split("+"), True))
-    for _ in range(3):
-        _assert_reruns_identical(q, k, v, causal, cfg)
+    _assert_forced_reruns_identical(head_dim, causal, 4097, **dict.fromkeys(switches.split("+"), True))
 
 
 @pytest.mark.gpu

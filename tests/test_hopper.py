@@ -1451,6 +1451,29 @@ def test_config_check_rejects_balanced_without_a_persistent_grid():
     HopperFwdConfig(balanced=True, persistent=True).check(128)
 
 
+def test_balanced_partial_tiles_is_the_d64_causal_default_and_refuses_what_it_cannot_estimate():
+    # the partial-tile estimate rides on the balanced lists of d64's 192-row tile, where its
+    # shares were measured; the short 128-row tile and d128 keep the whole-tile estimate
+    def selected(head_dim, causal, seqlen):
+        return select_config(Problem(1, seqlen, seqlen, 8, 8, head_dim, head_dim, torch.bfloat16, causal, "cuda",
+                                     (9, 0)))
+
+    for seqlen in (3000, 4096, 32768):
+        cfg = selected(64, True, seqlen)
+        assert cfg.block_m == 192 and cfg.balanced and cfg.balanced_partial_tiles
+        assert fwd.partial_tile_share(cfg, 64) == config.PARTIAL_TILE_COST_SHARE[(64, 192)]
+    for head_dim, causal, seqlen in ((64, True, 2048), (64, False, 4096), (128, True, 4096), (256, True, 8192)):
+        cfg = selected(head_dim, causal, seqlen)
+        assert not cfg.balanced_partial_tiles and fwd.partial_tile_share(cfg, head_dim) == ()
+    with pytest.raises(ValueError, match="balanced_partial_tiles"):
+        HopperFwdConfig(balanced_partial_tiles=True, persistent=True).check(64)
+    with pytest.raises(ValueError, match="skip_empty_rows"):
+        HopperFwdConfig(balanced=True, persistent=True, balanced_partial_tiles=True, skip_empty_rows=False).check(64)
+    d128 = dataclasses.replace(selected(128, True, 4096), balanced_partial_tiles=True)
+    with pytest.raises(ValueError, match="no measured shares for head_dim 128"):
+        fwd.partial_tile_share(d128, 128)
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(extra_keys=48), "power of two"),                     # no TMA box
     (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
@@ -1833,6 +1856,23 @@ def test_gate_stagger_kv(head_dim, shape, causal):
         _gate_forced(head_dim, shape, causal, stagger_kv=True, stagger_subtract=subtract)
         if not causal:
             _gate_forced(head_dim, shape, False, stagger_kv=True, stagger_subtract=subtract, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen", [4096, 3968, 1000 + 2048])
+def test_balanced_partial_tiles_changes_no_output(seqlen):
+    # the partial-tile estimate only re-deals the same tiles among the CTAs, and a tile's result
+    # does not depend on which CTA runs it or when: the outputs must agree bit for bit, at a last
+    # tile of one (S4096) and of two (S3968) consumer warpgroups' rows and at a ragged one
+    q, k, v = _seeded_qkv(8, seqlen, 8, 64)
+    cfg = fwd.default_config(64, True, seqlen)
+    assert cfg.balanced and cfg.balanced_partial_tiles
+    out, lse = fwd.forward(q, k, v, True, 0.125, cfg)
+    out_whole, lse_whole = fwd.forward(q, k, v, True, 0.125, dataclasses.replace(cfg, balanced_partial_tiles=False))
+    assert torch.equal(out, out_whole) and torch.equal(lse, lse_whole)
+    tables = [t for key, t in fwd._SCHEDULE_TABLES.items() if key[4] == seqlen and key[1] == 8 * 8]
+    assert len(tables) == 2 and not torch.equal(tables[0], tables[1]), "the two estimates dealt the same lists"
 
 
 @pytest.mark.gpu

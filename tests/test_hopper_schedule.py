@@ -20,6 +20,7 @@ from flashrung.kernels.hopper.schedule import (
     last_section_width,
     tail_split,
     tail_step_times,
+    tile_cost,
     tile_m_blocks,
     tile_position,
 )
@@ -319,11 +320,50 @@ def test_balanced_schedule_beats_the_stride_on_causal_tiles():
     assert balanced / mean < 1.01 < stride / mean
 
 
+D64_SHARE = (0.65, 0.83, 1.0)     # config.PARTIAL_TILE_COST_SHARE[(64, 192)], d64's 192-row tile
+
+
+def test_tile_cost_scales_only_the_partial_last_tile():
+    # S4096 = 21 whole 192-row tiles + 64 rows (one consumer warpgroup); S3968: + 128 rows (two)
+    for seqlen, share in ((4096, 0.65), (3968, 0.83)):
+        last = -(-seqlen // 192) - 1
+        whole = [tile_cost(m, 192, 128, seqlen, seqlen, True) for m in range(last + 1)]
+        shared = [tile_cost(m, 192, 128, seqlen, seqlen, True, D64_SHARE) for m in range(last + 1)]
+        assert shared[:last] == whole[:last]
+        assert shared[last] == pytest.approx(share * whole[last])
+        assert whole[last] == live_blocks(last, 192, 128, seqlen, seqlen, True) + 1.0
+    assert tile_cost(0, 192, 128, 1, 1, True, D64_SHARE) == pytest.approx(0.65 * 2.0)   # one row, one K/V tile
+
+
+@pytest.mark.parametrize("batch_heads, seqlen", [(256, 4096), (128, 8192), (64, 16384), (256, 4000 + 64)])
+def test_balanced_partial_tiles_shortens_the_makespan_of_the_measured_costs(batch_heads, seqlen):
+    # property: with tiles costing what the tile trace measured (a partial last tile at its share),
+    # the lists dealt with the shares end no later than the whole-tile estimate's, and at the
+    # suite's d64 causal S4096 (one consumer's rows in every head's last tile) about 2.7% sooner
+    m_blocks, ctas = -(-seqlen // 192), 132
+    section = min(fwd.head_section(seqlen, 32, 32, 64, 2, 16 << 20), batch_heads)
+    actual = [tile_cost(m, 192, 128, seqlen, seqlen, True, D64_SHARE) for m in range(m_blocks)]
+    per_tile = tile_m_blocks(m_blocks, batch_heads, section, True)
+
+    def makespan(share):
+        lists = _split_table(balanced_schedule(m_blocks, batch_heads, section, True, seqlen, seqlen, 192, 128, True,
+                                               ctas, share), ctas)
+        return max(sum(actual[per_tile[t]] for t in tiles) for tiles in lists)
+
+    whole, shared = makespan(()), makespan(D64_SHARE)
+    assert shared <= whole * 1.0005
+    if (batch_heads, seqlen) == (256, 4096):
+        assert shared < 0.98 * whole
+
+
 def test_balanced_schedule_rejects_bad_input():
     with pytest.raises(ValueError, match="ctas"):
         balanced_schedule(4, 4, 4, True, 512, 512, 128, 128, True, 0)
     with pytest.raises(ValueError, match="seqlen_q"):
         balanced_schedule(4, 4, 4, True, 0, 512, 128, 128, True, 8)
+    for share in ((0.5, 0.9), (0.5, 1.0, 1.0, 1.0, 1.0), (0.0, 0.8, 1.0), (0.6, 1.2, 1.0)):
+        with pytest.raises(ValueError, match="consumer_share"):
+            balanced_schedule(4, 4, 4, True, 512, 512, 192, 128, True, 8, share)
 
 
 # --------------------------------------------------------------------------- the decode's divisions

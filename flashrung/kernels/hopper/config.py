@@ -154,6 +154,14 @@ class HopperFwdConfig:
     # walks its own list instead of a stride, so unequal causal tiles spread evenly (modeled
     # makespan ÷ mean at d64 causal B1 H32 S32768: stride 1.045, balanced 1.007)
     balanced: bool = False
+    # with balanced: a partial last query tile (Sq not a multiple of block_m) is estimated at the
+    # share of a whole tile's cost its consumer warpgroups with rows run (PARTIAL_TILE_COST_SHARE;
+    # skip_empty_rows idles the others). Counted whole, such a tile is estimated ~1.5x its cost at
+    # d64's 192-row tile with one warpgroup of rows, and the CTAs it lands on run out of work early
+    # (tile trace timeline, H200, B8 H32 S4096 causal: 3.95% of the CTAs' time idle at the end;
+    # the list schedule re-run with the measured costs: 3.0%, 0.3% with the shares). Host-side
+    # only: the table is another permutation of the same tiles, each computed as before
+    balanced_partial_tiles: bool = False
     # each work item visits its unmasked K/V tiles from its own start and wraps around
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
@@ -453,6 +461,10 @@ class HopperFwdConfig:
         if self.balanced and (not self.persistent or self.split_tail):
             raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
                              "split_tail=False")
+        if self.balanced_partial_tiles and not (self.balanced and self.skip_empty_rows):
+            raise ValueError("balanced_partial_tiles estimates a partial query tile by the consumer warpgroups "
+                             "that have rows, as skip_empty_rows runs it: it needs balanced=True and "
+                             "skip_empty_rows=True")
         if self.late_k_release and not self.overlap:
             raise ValueError("late_k_release moves the K release of the overlapped step: it needs overlap=True")
         if self.overlap_epilogue and not (self.overlap and self.separate_o):
@@ -705,6 +717,15 @@ SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN = {128: 16384}
 # split_tail_rounds weighs each split item's range against
 WORK_ITEM_FIXED_KV_TILES = {64: 1, 128: 1, 256: 3}
 
+# The balanced grid's estimate of a query tile whose rows fill only k of its consumer warpgroups
+# (a partial last tile: Sq mod block_m), as a share of a whole tile's (entry k - 1), by
+# (head_dim, block_m); `balanced_partial_tiles`. From the tile trace (H200, bf16, causal, default
+# kernels, h200-tile-trace-timeline-d64-causal-*-9095872.json): at d64's 192-row tile the
+# one-warpgroup tile of B2 H32 S16384 runs its 128 K/V steps in 204,800-206,500 cycles against
+# 318,700-319,400 for a whole tile of 128 steps (0.64-0.65 of it); the two-warpgroup tile
+# (S8192's 128 rows) is taken halfway (0.83). Tiles not listed are estimated whole, as before.
+PARTIAL_TILE_COST_SHARE = {(64, 192): (0.65, 0.83, 1.0)}
+
 
 # Staggered K/V sweeps (`stagger_kv`) from this max(Sq, Sk) up. Paired on the H200 (bf16, d64
 # H32, B·S = 32k), staggered over the default: S8192 1.0119 / 1.0117 non-causal, 1.0101 / 1.0120
@@ -955,7 +976,9 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                first_mask_on_need=base.first_mask_on_need and not mask_first_always,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
-                               single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals)
+                               single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals,
+                               balanced_partial_tiles=balanced and base.skip_empty_rows
+                               and (head_dim, base.block_m) in PARTIAL_TILE_COST_SHARE)
 
 
 def select_config(problem) -> HopperFwdConfig:

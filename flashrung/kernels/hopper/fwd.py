@@ -111,6 +111,7 @@ from triton.language.core import _aggregate as aggregate
 
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
+    PARTIAL_TILE_COST_SHARE,
     ROWS_PER_CONSUMER_WARPGROUP,
     ROW_SUM_COLS,
     SUPPORTED_HEAD_DIMS,
@@ -1544,13 +1545,27 @@ def _sm_count(device_index: int) -> int:
 _SCHEDULE_TABLES: dict[tuple, torch.Tensor] = {}
 
 
+def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]:
+    """The balanced schedule's ``consumer_share`` for ``cfg`` at ``head_dim``: the measured shares of
+    ``PARTIAL_TILE_COST_SHARE`` with ``balanced_partial_tiles``, else none (every tile estimated
+    whole). A tile with no measured shares refuses the switch rather than guess them."""
+    if not cfg.balanced_partial_tiles:
+        return ()
+    share = PARTIAL_TILE_COST_SHARE.get((head_dim, cfg.block_m))
+    if share is None:
+        raise ValueError(f"{KERNEL_NAME}: balanced_partial_tiles has no measured shares for head_dim {head_dim} with "
+                         f"block_m {cfg.block_m} (PARTIAL_TILE_COST_SHARE has {sorted(PARTIAL_TILE_COST_SHARE)})")
+    return share
+
+
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
-                    device) -> torch.Tensor:
+                    device, consumer_share=()) -> torch.Tensor:
     """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
-    key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device)
+    key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
+           consumer_share)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
@@ -1560,7 +1575,7 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
                 "capture cannot record: call once with this shape before capturing, or pass a config with "
                 "balanced=False")
         host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
-                                 causal, ctas)
+                                 causal, ctas, consumer_share)
         table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
     return table
 
@@ -1658,7 +1673,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
-                                cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index)
+                                cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
+                                partial_tile_share(cfg, head_dim))
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:

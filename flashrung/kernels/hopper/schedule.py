@@ -219,21 +219,43 @@ def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) 
     return out
 
 
+def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k: int, causal: bool,
+              consumer_share: tuple[float, ...] = ()) -> float:
+    """The balanced schedule's estimate of query tile ``m_block``, in K/V steps: its live K/V tiles
+    and :data:`TILE_OVERHEAD_KV_TILES`. With ``consumer_share`` (one entry per consumer warpgroup
+    of the tile, the last 1.0), a tile whose rows fill only ``k`` of its warpgroups — the partial
+    last one — costs ``consumer_share[k - 1]`` of that: the empty warpgroups issue no GEMM and no
+    softmax (``skip_empty_rows``), so its steps are shorter."""
+    cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal) + TILE_OVERHEAD_KV_TILES
+    if consumer_share:
+        rows = min(block_m, seqlen_q - m_block * block_m)
+        rows_per_consumer = block_m // len(consumer_share)
+        cost *= consumer_share[-(-rows // rows_per_consumer) - 1]
+    return cost
+
+
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
-                      block_m: int, kv_tile: int, causal: bool, ctas: int) -> tuple[int, ...]:
+                      block_m: int, kv_tile: int, causal: bool, ctas: int,
+                      consumer_share: tuple[float, ...] = ()) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
 
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
     work, the lowest index on ties), the schedule a dynamic hand-out would make if tiles took
     their estimated time; every CTA keeps its tiles in launch order (heaviest first under LPT).
     The kernel reads it as one int32 table, which ``fwd`` builds once per shape and keeps.
+    ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`).
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
                         ("kv_tile", kv_tile), ("ctas", ctas)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    cost = [live_blocks(m, block_m, kv_tile, seqlen_q, seqlen_k, causal) + TILE_OVERHEAD_KV_TILES
+    if consumer_share:
+        share = tuple(consumer_share)
+        if block_m % len(share) or share[-1] != 1.0 or not all(0.0 < x <= 1.0 for x in share):
+            raise ValueError("consumer_share must hold one share in (0, 1] per consumer warpgroup of the tile "
+                             f"(block_m {block_m} divisible by their count), the last 1.0; got {consumer_share!r}")
+    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
             for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
     free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index

@@ -722,8 +722,14 @@ WORK_ITEM_FIXED_KV_TILES = {64: 1, 128: 1, 256: 3}
 # (head_dim, block_m); `balanced_partial_tiles`. From the tile trace (H200, bf16, causal, default
 # kernels, h200-tile-trace-timeline-d64-causal-*-9095872.json): at d64's 192-row tile the
 # one-warpgroup tile of B2 H32 S16384 runs its 128 K/V steps in 204,800-206,500 cycles against
-# 318,700-319,400 for a whole tile of 128 steps (0.64-0.65 of it); the two-warpgroup tile
-# (S8192's 128 rows) is taken halfway (0.83). Tiles not listed are estimated whole, as before.
+# 318,700-319,400 for a whole tile of 128 steps (0.64-0.65 of it); the two-warpgroup tile was
+# taken halfway (0.83) and then measured (B4 H32 S8192, its 64 steps in 133,400-136,500 cycles
+# against the whole tile's fit, 0.80-0.82; h200-tile-trace-timeline-partial-d64-causal-s8192-1366f73.json).
+# Paired over the whole-tile estimate (compare, preheated, t_keep 1.002164, bf16, B·S = 32k, H32,
+# causal): S4096 1.0094 / 1.0140 KEEP, S8192 1.0011 / 1.0002 NULL, S16384 1.0079 / 1.0081 KEEP
+# (modeled +2.8%, +0.7%, +0.7%; h200-compare-balanced-partial-tiles-d64-causal-*-cef0b5d.json);
+# the traced idle at the end of S4096 3.95% -> 1.13%. Change 42. Tiles not listed are estimated
+# whole, as before.
 PARTIAL_TILE_COST_SHARE = {(64, 192): (0.65, 0.83, 1.0)}
 
 

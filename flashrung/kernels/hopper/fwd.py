@@ -62,7 +62,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
 * a balanced persistent grid (``balanced``, the default of every causal d64 and d128 problem):
   each CTA walks its own list of tiles, list-scheduled on the host (``schedule.balanced_schedule``)
-  and kept on the device per shape, instead of a stride;
+  and kept on the device per shape, instead of a stride; with ``balanced_partial_tiles`` (the
+  default on d64's causal 192-row tile) a partial last query tile is estimated by the consumer
+  warpgroups that have rows (``schedule.tile_cost``);
 * staggered K/V sweeps (``stagger_kv``, the default of d64 from max(Sq, Sk) = 3072): each work
   item visits its unmasked K/V tiles from its own start and wraps (``schedule.kv_stagger``), so
   CTAs that start together stop loading the same K/V lines at once; masked tiles stay last;

@@ -36,6 +36,31 @@ def test_the_balanced_grid_walks_the_kernels_lists():
         assert got[cta] == list(order[offsets[cta]:offsets[cta + 1]])
 
 
+def test_the_balanced_grid_walks_the_kernels_lists_with_partial_tile_shares():
+    # d64's causal default estimates a partial last tile by its warpgroups with rows
+    # (balanced_partial_tiles): the model deals the same lists and runs that tile's steps shorter
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.kernels.hopper.config import select_config
+
+    cfg = select_config(Problem(2, 4096, 4096, 4, 4, 64, 64, torch.bfloat16, True, "cuda", (9, 0)))
+    launch = l2.launch_of(cfg, batch=2, heads_q=4, heads_kv=4, seqlen_q=4096, seqlen_k=4096, head_dim=64,
+                          causal=True, sms=8)
+    assert launch.grid == "balanced" and launch.block_m == 192 and launch.consumer_share == (0.65, 0.83, 1.0)
+    table = schedule.balanced_schedule(launch.num_m_blocks, launch.batch * launch.heads_q, launch.section, True,
+                                       4096, 4096, 192, 128, True, launch.ctas, launch.consumer_share)
+    offsets, order = table[:launch.ctas + 1], table[launch.ctas + 1:]
+    got = {cta: [] for cta in range(launch.ctas)}
+    for _start, cta, tile in sorted(l2._cta_tiles(launch)):
+        got[cta].append(tile)
+    assert all(got[cta] == list(order[offsets[cta]:offsets[cta + 1]]) for cta in range(launch.ctas))
+    whole = dataclasses.replace(launch, consumer_share=())
+    assert l2.simulate(launch, 1 << 30).makespan_steps < l2.simulate(whole, 1 << 30).makespan_steps * 1.0001
+    with pytest.raises(ValueError, match="consumer_share"):
+        dataclasses.replace(launch, consumer_share=(0.5, 0.9))
+
+
 def test_a_staggered_sweep_reads_each_live_tile_once_and_keeps_masked_tiles_last():
     launch = l2.Launch(**{**SMALL, "seqlen_q": 4097, "seqlen_k": 4097}, stagger=True)
     for m in range(launch.num_m_blocks):

@@ -4,8 +4,9 @@ Every CTA reads each K/V tile of its query tile's head; whether that read is ser
 DRAM depends on what the other CTAs touched since the head's K/V was last read — on the order in
 which the grid walks its tiles. This module replays that order. CTAs run at one speed: a query
 tile with ``n`` live K/V tiles occupies its CTA for ``n + TILE_OVERHEAD_KV_TILES`` steps (the
-balanced schedule's own cost estimate), reading K/V tile ``k`` at its ``k``-th step (or in the
-staggered order). Three grids, as ``hopper.fwd`` launches them:
+balanced schedule's own cost estimate, ``schedule.tile_cost``: a partial last tile's steps
+shortened by its ``consumer_share`` where the launch has one), reading K/V tile ``k`` at its
+``k``-th step (or in the staggered order). Three grids, as ``hopper.fwd`` launches them:
 
 * ``stride`` — the persistent grid: CTA ``i`` walks items ``i, i + P, i + 2P, …`` of the order;
 * ``balanced`` — the persistent grid walking ``schedule.balanced_schedule``'s lists;
@@ -56,6 +57,9 @@ class Launch:
     lpt: bool = True              # heaviest-first inside head sections (causal default)
     section_mib: int = 48         # K/V MiB of one LPT section (``l2_section_mib``)
     stagger: bool = False         # staggered K/V sweeps (``stagger_kv``)
+    # a partial last query tile's share of a whole tile's time, per consumer warpgroup with rows
+    # (``balanced_partial_tiles``: the balanced table's estimate, ``schedule.tile_cost``); () = whole
+    consumer_share: tuple = ()
 
     def __post_init__(self):
         check_positive_ints(**{name: getattr(self, name) for name in (
@@ -65,6 +69,10 @@ class Launch:
             raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         if self.grid not in GRIDS:
             raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}")
+        share = self.consumer_share
+        if share and (self.block_m % len(share) or share[-1] != 1.0 or not all(0.0 < x <= 1.0 for x in share)):
+            raise ValueError("consumer_share must hold one share in (0, 1] per consumer warpgroup of the tile "
+                             f"(block_m {self.block_m} divisible by their count), the last 1.0; got {share!r}")
 
     @property
     def group(self) -> int:
@@ -136,11 +144,16 @@ def _kv_order(m_block: int, launch: Launch) -> list[int]:
     return [(k + start) % n_rot if k < n_rot else k for k in range(n)]
 
 
+def _tile_cost(m_block: int, launch: Launch) -> float:
+    """Steps query tile ``m_block`` occupies its CTA: the balanced schedule's estimate."""
+    return schedule.tile_cost(m_block, launch.block_m, launch.kv_tile, launch.seqlen_q, launch.seqlen_k,
+                              launch.causal, launch.consumer_share)
+
+
 def _cta_tiles(launch: Launch) -> list[tuple[float, int, int]]:
     """(start step, CTA, tile id) of every tile under the launch's grid."""
     num_tiles = launch.num_m_blocks * launch.batch * launch.heads_q
-    cost = [live_blocks(m, launch.block_m, launch.kv_tile, launch.seqlen_q, launch.seqlen_k, launch.causal)
-            + TILE_OVERHEAD_KV_TILES for m in range(launch.num_m_blocks)]
+    cost = [_tile_cost(m, launch) for m in range(launch.num_m_blocks)]
     ctas = min(launch.ctas, num_tiles)
     if launch.grid == "stride":
         lists = [range(cta, num_tiles, ctas) for cta in range(ctas)]
@@ -150,7 +163,7 @@ def _cta_tiles(launch: Launch) -> list[tuple[float, int, int]]:
         # equal speeds, the same lists)
         table = schedule.balanced_schedule(launch.num_m_blocks, launch.batch * launch.heads_q, launch.section,
                                            launch.lpt, launch.seqlen_q, launch.seqlen_k, launch.block_m,
-                                           launch.kv_tile, launch.causal, ctas)
+                                           launch.kv_tile, launch.causal, ctas, launch.consumer_share)
         offsets, order = table[:ctas + 1], table[ctas + 1:]
         lists = [order[offsets[cta]:offsets[cta + 1]] for cta in range(ctas)]
     out = []
@@ -178,14 +191,16 @@ def simulate(launch: Launch, capacity_bytes: int) -> Traffic:
         b, h = divmod(bh, launch.heads_q)
         kv_head = b * launch.heads_kv + h // launch.group
         order = _kv_order(m, launch)
+        # a step's length: 1, or a partial last tile's share (its steps run fewer warpgroups)
+        step_len = _tile_cost(m, launch) / (len(order) + TILE_OVERHEAD_KV_TILES)
         q_bytes = min(launch.block_m, launch.seqlen_q - m * launch.block_m) * row_bytes
         events.append((start, seq, 0, ("q", bh, m), q_bytes))
         seq += 1
         for step, kv in enumerate(order):
             kv_bytes = 2 * min(launch.kv_tile, launch.seqlen_k - kv * launch.kv_tile) * row_bytes
-            events.append((start + TILE_OVERHEAD_KV_TILES / 2 + step, seq, 1, (kv_head, kv), kv_bytes))
+            events.append((start + (TILE_OVERHEAD_KV_TILES / 2 + step) * step_len, seq, 1, (kv_head, kv), kv_bytes))
             seq += 1
-        end = start + len(order) + TILE_OVERHEAD_KV_TILES
+        end = start + (len(order) + TILE_OVERHEAD_KV_TILES) * step_len
         events.append((end, seq, 2, ("o", bh, m), q_bytes))
         seq += 1
         makespan = max(makespan, end)
@@ -217,11 +232,14 @@ def launch_of(cfg, *, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, se
     """The :class:`Launch` a ``hopper.fwd`` configuration (``HopperFwdConfig``) makes of a problem:
     its tile, grid (persistent stride, balanced lists or one CTA per tile), order and sweeps. The
     split tail is not modelled (it re-reads only the last round's K/V)."""
+    from flashrung.kernels.hopper.fwd import partial_tile_share
+
     grid = "balanced" if cfg.balanced else ("stride" if cfg.persistent else "per-tile")
     return Launch(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                   head_dim=head_dim, causal=causal, block_m=cfg.block_m, kv_tile=cfg.kv_tile,
                   elem_bytes=elem_bytes, grid=grid, ctas=sms * cfg.resident_ctas_per_sm(head_dim, elem_bytes),
-                  lpt=cfg.lpt, section_mib=cfg.l2_section_mib, stagger=cfg.stagger_kv)
+                  lpt=cfg.lpt, section_mib=cfg.l2_section_mib, stagger=cfg.stagger_kv,
+                  consumer_share=partial_tile_share(cfg, head_dim))
 
 
 # The L2 the model holds, fitted once: with 40 MiB it reproduces the DRAM bytes `ncu` read for

@@ -3127,10 +3127,18 @@ def test_tile_trace_lays_a_split_tail_out_on_the_global_timer():
     assert t["complete"] and t["items"] == 12
     assert abs(t["span_us"] - 24) < 0.1 and abs(t["first_idle_us"] - 23) < 0.1 and abs(t["tail_us"] - 1) < 0.1
     assert abs(t["idle_share"] - 3 * 1 / (4 * 24)) < 0.01
+    # every CTA's items take the same cycles: the idle is the late start's, none of it the items'
+    assert abs(t["cycles_idle_share"]) < 1e-3
     assert abs(t["split_window_us"][0] - 20) < 0.1 and abs(t["split_window_us"][1] - 24) < 0.1
     assert abs(t["whole_end_us"] - 21) < 0.1
     text = tile_trace.table(summary)
     assert "split items: 4" in text and "span 24.0 µs" in text and "split items run 20.0-24.0 µs" in text
+    assert "(0.00% in the items' SM cycles)" in text
+    # CTA 0's last item twice as long in cycles (ending 3 µs later): its load 26 of the others' 23
+    put(0, 2, 8, 20, 26, 1)
+    longer = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS, tail=tail)["timeline"]
+    assert abs(longer["cycles_idle_share"] - (1 - (26 + 3 * 23) / 4 / 26)) < 2e-3
+    put(0, 2, 8, 20, 23, 1)
     # an item left unrecorded: the timeline says it is partial
     rec[2, 0, 2] = -1
     partial = tile_trace.summarize(rec.astype(np.int32), TILE_FIELDS, tail=tail)["timeline"]

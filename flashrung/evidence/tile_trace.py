@@ -51,7 +51,13 @@ def timeline(records, fields: tuple[str, ...], tail: dict | None = None) -> dict
     the CTAs' time over the span, the share spent after their last item), and, for the split items
     of a split tail (item index at least ``tail["num_full_tiles"]``), ``split_window_us`` [first
     start, last end]. ``complete``: every item of the plan was recorded (``tail["num_items"]``
-    distinct indices), without which the times cover only the recorded items."""
+    distinct indices), without which the times cover only the recorded items.
+
+    ``cycles_idle_share``: the idle the CTAs would show if their time were their items' SM-clock
+    cycles — per CTA the busiest warpgroup's items summed, one minus their mean over their largest.
+    Beside ``idle_share`` it says how much of the idle at the end is the items' cost (what a better
+    estimate of the balanced lists could deal evenly) and how much lies outside the items' stamps
+    (CTAs starting late, time between items, SMs at unequal clocks)."""
     import numpy as np
 
     f = {name: i for i, name in enumerate(fields)}
@@ -65,9 +71,13 @@ def timeline(records, fields: tuple[str, ...], tail: dict | None = None) -> dict
     end = _global_us(records[..., f["end_ns"]], ref)
     t0, t1 = float(start[whole].min()), float(end[whole].max())
     finish = np.array([end[c][whole[c]].max() for c in range(ctas) if whole[c].any()])
+    stamped = whole & (records[..., f["start"]] >= 0) & (records[..., f["end"]] >= 0)
+    busy = np.where(stamped, _cycles(records[..., f["end"]], records[..., f["start"]]), 0).sum(axis=2).max(axis=1)
+    busy = busy[busy > 0]
     out = {"items": int(whole.sum()), "span_us": t1 - t0, "first_idle_us": float(finish.min()) - t0,
            "tail_us": t1 - float(finish.min()),
-           "idle_share": float(((t1 - finish).sum()) / (len(finish) * (t1 - t0))) if t1 > t0 else 0.0}
+           "idle_share": float(((t1 - finish).sum()) / (len(finish) * (t1 - t0))) if t1 > t0 else 0.0,
+           "cycles_idle_share": float(1.0 - busy.mean() / busy.max()) if busy.size else 0.0}
     if tail is not None:
         items = records[..., f["item"]][whole]
         out["complete"] = len(np.unique(items)) == int(tail["num_items"])
@@ -193,6 +203,8 @@ def table(summary: dict) -> str:
         text += (f"\ntimeline (global timer): span {t['span_us']:.1f} µs; first CTA out of items at "
                  f"{t['first_idle_us']:.1f} µs, the last {t['tail_us']:.1f} µs with SMs idle; "
                  f"{t['idle_share']:.2%} of the CTAs' time idle at the end")
+        if "cycles_idle_share" in t:
+            text += f" ({t['cycles_idle_share']:.2%} in the items' SM cycles)"
         if "split_window_us" in t:
             a, b = t["split_window_us"]
             text += f"; split items run {a:.1f}-{b:.1f} µs"

@@ -69,10 +69,7 @@ class Launch:
             raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         if self.grid not in GRIDS:
             raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}")
-        share = self.consumer_share
-        if share and (self.block_m % len(share) or share[-1] != 1.0 or not all(0.0 < x <= 1.0 for x in share)):
-            raise ValueError("consumer_share must hold one share in (0, 1] per consumer warpgroup of the tile "
-                             f"(block_m {self.block_m} divisible by their count), the last 1.0; got {share!r}")
+        schedule.check_consumer_share(self.consumer_share, self.block_m)
 
     @property
     def group(self) -> int:

@@ -219,6 +219,15 @@ def tile_m_blocks(num_m_blocks: int, batch_heads: int, section: int, lpt: bool) 
     return out
 
 
+def check_consumer_share(consumer_share: tuple[float, ...], block_m: int) -> None:
+    """Refuse a ``consumer_share`` (:func:`tile_cost`) that is not one share in (0, 1] per consumer
+    warpgroup of a ``block_m``-row tile, the last 1.0; an empty one (every tile whole) passes."""
+    share = tuple(consumer_share)
+    if share and (block_m % len(share) or share[-1] != 1.0 or not all(0.0 < x <= 1.0 for x in share)):
+        raise ValueError("consumer_share must hold one share in (0, 1] per consumer warpgroup of the tile "
+                         f"(block_m {block_m} divisible by their count), the last 1.0; got {consumer_share!r}")
+
+
 def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k: int, causal: bool,
               consumer_share: tuple[float, ...] = ()) -> float:
     """The balanced schedule's estimate of query tile ``m_block``, in K/V steps: its live K/V tiles
@@ -250,11 +259,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
                         ("kv_tile", kv_tile), ("ctas", ctas)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if consumer_share:
-        share = tuple(consumer_share)
-        if block_m % len(share) or share[-1] != 1.0 or not all(0.0 < x <= 1.0 for x in share):
-            raise ValueError("consumer_share must hold one share in (0, 1] per consumer warpgroup of the tile "
-                             f"(block_m {block_m} divisible by their count), the last 1.0; got {consumer_share!r}")
+    check_consumer_share(consumer_share, block_m)
     cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
             for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]

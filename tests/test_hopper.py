@@ -166,6 +166,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
+            entry["atomics"] = sass.count("ATOMG")
     result[label] = entry
 print(json.dumps(result))
 """
@@ -349,6 +350,9 @@ CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 # a quarter of each tile's exponentials ahead of PV's wait in FA4's order, on d64's three consumers
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
+# the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
+DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
+CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64, 128)]
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -1443,6 +1447,30 @@ def test_config_check_rejects(changes, match):
         cfg.check(256)
 
 
+def test_config_check_rejects_what_the_dynamic_hand_out_cannot_run():
+    # the hand-out deals whole tiles of the persistent grid; the host's lists, the split tail's
+    # items and a tile kept for the next one's epilogue are other schedules of the same grid
+    base = HopperFwdConfig(persistent=True, dynamic_tiles=True)
+    base.check(128)
+    for changes in (dict(persistent=False), dict(balanced=True), dict(split_tail=True),
+                    dict(overlap_epilogue=True)):
+        with pytest.raises(ValueError, match="dynamic_tiles"):
+            dataclasses.replace(base, **changes).check(128)
+
+
+def test_dynamic_tiles_census(census):
+    # every draw is one global atomic (two call sites: a tile with keys, a tile without) and the
+    # last CTA's count is a third; the consumers' K/V loops are the balanced default's (within
+    # ptxas's noise of two instructions), with no local memory
+    for d in (64, 128):
+        dynamic, default = census[f"d{d}-causal-dynamic"], census[f"d{d}-causal"]
+        assert "error" not in dynamic["row"], dynamic["row"]["error"]
+        assert dynamic["row"]["spill_bytes"] == 0
+        assert dynamic["atomics"] == 3 and default["atomics"] == 0
+        assert abs(dynamic["loop"]["length"] - default["loop"]["length"]) <= 2
+        assert dynamic["loop"]["mufu"] == default["loop"]["mufu"] and dynamic["loop"]["ldl"] == 0
+
+
 def test_config_check_rejects_balanced_without_a_persistent_grid():
     with pytest.raises(ValueError, match="balanced"):
         HopperFwdConfig(balanced=True, persistent=False).check(128)
@@ -1874,6 +1902,80 @@ def test_balanced_partial_tiles_changes_no_output(seqlen):
     assert torch.equal(out, out_whole) and torch.equal(lse, lse_whole)
     tables = [t for key, t in fwd._SCHEDULE_TABLES.items() if key[4] == seqlen and key[1] == 8 * 8]
     assert len(tables) == 2 and not torch.equal(tables[0], tables[1]), "the two estimates dealt the same lists"
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, batch, seqlen", [(64, 8, 4096), (64, 2, 3900), (128, 4, 4096), (128, 1, 1003)])
+def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen):
+    # a tile's result does not depend on which CTA runs it or when: handed out at run time, every
+    # tile must come out bit for bit as the balanced lists computed it, every launch (a counter
+    # left off zero, or a tile drawn twice or never, would move or poison rows), and the launch
+    # must leave its stream's counters at zero for the next
+    q, k, v = _seeded_qkv(batch, seqlen, 8, head_dim)
+    cfg = fwd.default_config(head_dim, True, seqlen)
+    dynamic = dataclasses.replace(cfg, **DYNAMIC_TILES)
+    out, lse = fwd.forward(q, k, v, True, 0.125, cfg)
+    for _ in range(3):
+        out_dyn, lse_dyn = fwd.forward(q, k, v, True, 0.125, dynamic)
+        assert torch.equal(out, out_dyn) and torch.equal(lse, lse_dyn)
+    counters = fwd.handout_counters(q.device.index)
+    torch.cuda.synchronize()
+    assert counters.tolist() == [0, 0]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_dynamic_tiles(head_dim, shape, causal):
+    # tails, Sq != Sk, GQA, one tile in all (S17), more CTAs than tiles
+    _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, **DYNAMIC_TILES)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_dynamic_tiles_two_streams_at_once():
+    # two launches that may overlap, in two streams: each stream draws from its own counters (a
+    # shared pair would hand one launch's tiles to the other's CTAs, and their rows would be
+    # missing or wrong)
+    q, k, v = _seeded_qkv(4, 4096, 16, 128)
+    q2, k2, v2 = (t.flip(0).contiguous() for t in (q, k, v))
+    dynamic = dataclasses.replace(fwd.default_config(128, True, 4096), **DYNAMIC_TILES)
+    want, want_lse = fwd.forward(q, k, v, True, 0.125, dynamic)
+    want2, want2_lse = fwd.forward(q2, k2, v2, True, 0.125, dynamic)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        with torch.cuda.stream(streams[0]):
+            out, lse = fwd.forward(q, k, v, True, 0.125, dynamic)
+        with torch.cuda.stream(streams[1]):
+            out2, lse2 = fwd.forward(q2, k2, v2, True, 0.125, dynamic)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        assert torch.equal(out2, want2) and torch.equal(lse2, want2_lse)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_dynamic_tiles_replays_in_a_cuda_graph():
+    # a capture records its own zeroed counters; every replay, and the eager calls around them,
+    # compute the eager result
+    q, k, v = _seeded_qkv(2, 2048, 8, 128)
+    dynamic = dataclasses.replace(fwd.default_config(128, True, 2048), **DYNAMIC_TILES)
+    out_eager, lse_eager = fwd.forward(q, k, v, True, 0.125, dynamic)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, lse = fwd.forward(q, k, v, True, 0.125, dynamic)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, out_eager) and torch.equal(lse, lse_eager)
+        again, _ = fwd.forward(q, k, v, True, 0.125, dynamic)
+        assert torch.equal(again, out_eager)
 
 
 @pytest.mark.gpu

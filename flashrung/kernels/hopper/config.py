@@ -162,6 +162,12 @@ class HopperFwdConfig:
     # the list schedule re-run with the measured costs: 3.0%, 0.3% with the shares). Host-side
     # only: the table is another permutation of the same tiles, each computed as before
     balanced_partial_tiles: bool = False
+    # the persistent grid's tiles handed out at run time (schedule.handout_next): each CTA's producer
+    # draws its next tile from a counter in the stride's heaviest-first order and hands it to its
+    # consumers beside the tile's Q, so the launch ends as evenly as the tiles' real costs allow (the
+    # balanced lists end unevenly by what their estimate misses: SM clocks, partial tiles, the L2).
+    # One self-resetting counter pair per device and stream (fwd.handout_counters)
+    dynamic_tiles: bool = False
     # each work item visits its unmasked K/V tiles from its own start and wraps around
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
@@ -461,6 +467,11 @@ class HopperFwdConfig:
         if self.balanced and (not self.persistent or self.split_tail):
             raise ValueError("balanced schedules the persistent grid's whole tiles: it needs persistent=True and "
                              "split_tail=False")
+        if self.dynamic_tiles and (not self.persistent or self.balanced or self.split_tail or self.overlap_epilogue):
+            raise ValueError("dynamic_tiles hands the persistent grid's whole tiles out at run time: it needs "
+                             "persistent=True, balanced=False (the host's lists), split_tail=False and "
+                             f"overlap_epilogue=False, got persistent={self.persistent}, balanced={self.balanced}, "
+                             f"split_tail={self.split_tail}, overlap_epilogue={self.overlap_epilogue}")
         if self.balanced_partial_tiles and not (self.balanced and self.skip_empty_rows):
             raise ValueError("balanced_partial_tiles estimates a partial query tile by the consumer warpgroups "
                              "that have rows, as skip_empty_rows runs it: it needs balanced=True and "

@@ -131,6 +131,9 @@ from flashrung.kernels.hopper.schedule import (
     divide,
     fast_divisor,
     fast_tile_coords,
+    HANDOUT_WORDS,
+    handout_finish,
+    handout_next,
     head_section,
     kv_split_range,
     kv_stagger,
@@ -205,10 +208,12 @@ class _Shared:
     k2_bufs: gl.shared_memory_descriptor       # [stages, 1, EXTRA_KEYS, 1, D]: the second box (k_bufs if none)
     v2_bufs: gl.shared_memory_descriptor
     ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
+    item_bufs: gl.shared_memory_descriptor     # int32 [Q stages · consumers, 1]: the handed work item (DYNAMIC)
 
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
-                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs):
+                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs):
+        self.item_bufs = item_bufs
         self.ones_bufs = ones_bufs
         self.k2_bufs = k2_bufs
         self.v2_bufs = v2_bufs
@@ -242,7 +247,8 @@ class _Sizes:
     num_items: gl.tensor        # work items: whole tiles, then the split tail's items
     num_full_tiles: gl.tensor
     tail_splits: FastDivisor    # work items per tail tile (1: no split tail)
-    sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule)
+    sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule), or the
+                                # dynamic hand-out's two counters (schedule.handout_next)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
@@ -308,6 +314,7 @@ class _Schedule:
     KV_TILE: gl.constexpr        # keys per K/V tile: BLOCK_N + EXTRA_KEYS
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
+    DYNAMIC: gl.constexpr        # each CTA's producer draws its next tile from a counter and hands it on
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     STAGGER_SUBTRACT: gl.constexpr  # the sweep wraps by compare and subtract, not a run-time modulo
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
@@ -378,11 +385,14 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c):
-    """The tile's Q, one box per consumer, into Q stage ``q_stage`` (``ring_slot`` of the tile's count)."""
+def _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c):
+    """The tile's Q, one box per consumer, into Q stage ``q_stage`` (``ring_slot`` of the tile's count);
+    with the dynamic hand-out, work item ``item`` beside it (:func:`_hand_item`)."""
     for wg in gl.static_range(c.NUM_CONSUMERS):
         slot = q_stage * c.NUM_CONSUMERS + wg
         mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
+        if c.DYNAMIC:
+            _hand_item(sh, slot, item)
         mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
                                         sh.q_bufs.index(slot))
@@ -406,55 +416,109 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
 
 
 @gluon.jit
+def _hand_item(sh, slot, item):
+    """Work item ``item`` (-1: none left) into Q slot ``slot``'s word for its consumer, written before
+    the slot's ready barrier is armed. Every lane of the producer's warp writes the same word, and
+    the arrival that completes the phase (release, after the warp's ``bar.warp.sync``) orders it
+    before the consumer's wait (acquire); the producer writes the word again only after the
+    consumer has released the slot's Q buffer, after it read the word."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_PRODUCER_WARPS], [0])
+    sh.item_bufs.index(slot).store(gl.full([1], item, gl.int32, layout))
+
+
+@gluon.jit
+def _draw_next(sz, item, c):
+    """The item after ``item`` for the dynamic hand-out, drawn once this one's first K and Q are
+    issued: the atomic's round trip (the result comes back through the warp's scratch, so the
+    producer waits for it here) then falls where the producer waits on the ring anyway."""
+    if c.DYNAMIC:
+        next_item = handout_next(sz.sched_ptr)
+    else:
+        next_item = item
+    return next_item
+
+
+@gluon.jit
+def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c):
+    """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
+    ring count after it and, with the dynamic hand-out, the next item (drawn after its Q)."""
+    tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
+    kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
+    row0 = m_block * c.BLOCK_M
+    n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
+    n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    # ring position of K/V tile j of this item: base + j
+    base = count - kv_lo
+    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+    if kv_hi > kv_lo:
+        # the first K first: it streams while the previous tile still holds the Q buffers.
+        first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+        _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
+                      count, c)
+        _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
+        next_item = _draw_next(sz, item, c)
+        if c.LAG_V_LOADS:
+            # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
+            # slot is filled when its tile is next needed, not as soon as it frees
+            prev = first
+            for j in range(kv_lo + 1, kv_hi):
+                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
+                              kv_head, t, base + j, c)
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
+                              kv_head, prev, base + j - 1, c)
+                prev = t
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
+                          prev, base + kv_hi - 1, c)
+        else:
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
+                          first, count, c)
+            for j in range(kv_lo + 1, kv_hi):
+                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
+                              kv_head, t, base + j, c)
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
+                              kv_head, t, base + j, c)
+    else:
+        # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
+        # consumers' barrier phases stay in step; they write out = 0, lse = -inf
+        _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
+        next_item = _draw_next(sz, item, c)
+    count += kv_hi - kv_lo
+    return count, next_item
+
+
+@gluon.jit
+def _end_handout(sh, tile_iter, c):
+    """No work left: each consumer's next Q slot gets item -1 and a plain arrival (no bytes), which
+    completes the phase its consumer waits on."""
+    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+    for wg in gl.static_range(c.NUM_CONSUMERS):
+        slot = q_stage * c.NUM_CONSUMERS + wg
+        mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
+        _hand_item(sh, slot, -1)
+        mbarrier.arrive(sh.q_ready_bars.index(slot))
+
+
+@gluon.jit
 def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
-    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
-    for pos in range(start, stop, step):
-        item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
-        kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
-        row0 = m_block * c.BLOCK_M
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
-        n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
-        # ring position of K/V tile j of this item: base + j
-        base = count - kv_lo
-        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
-        if kv_hi > kv_lo:
-            # the first K first: it streams while the previous tile still holds the Q buffers.
-            first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-            _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
-                          count, c)
-            _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c)
-            if c.LAG_V_LOADS:
-                # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
-                # slot is filled when its tile is next needed, not as soon as it frees
-                prev = first
-                for j in range(kv_lo + 1, kv_hi):
-                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-                    _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                                  kv_head, t, base + j, c)
-                    _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                                  kv_head, prev, base + j - 1, c)
-                    prev = t
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                              prev, base + kv_hi - 1, c)
-            else:
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                              first, count, c)
-                for j in range(kv_lo + 1, kv_hi):
-                    t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-                    _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                                  kv_head, t, base + j, c)
-                    _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                                  kv_head, t, base + j, c)
-        else:
-            # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
-            # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-            _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, c)
-        count += kv_hi - kv_lo
-        tile_iter += 1
+    if c.DYNAMIC:
+        # each CTA's first item is its program id; the rest are drawn from the launch's counter
+        item = gl.program_id(0)
+        while item < sz.num_items:
+            count, item = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            tile_iter += 1
+        _end_handout(sh, tile_iter, c)
+        handout_finish(sz.sched_ptr)
+    else:
+        start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+        for pos in range(start, stop, step):
+            item = work_at(sz.sched_ptr, pos, c.BALANCED)
+            count, _ = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            tile_iter += 1
 
 
 # --------------------------------------------------------------------------- consumers
@@ -1180,6 +1244,77 @@ def _fill_ones(ones, c):
 
 
 @gluon.jit
+def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, turn, tile_iter, prev, WG: gl.constexpr,
+                  c):
+    """This warpgroup's rows of work item ``item``: its Q wait, its K/V sweep and its epilogue (the
+    previous item's, ``prev``, with OVERLAP_EPILOGUE). Returns the ring count and pingpong turn after
+    it, and its unnormalized O and row statistics (what OVERLAP_EPILOGUE keeps for the next item)."""
+    s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
+    row0 = m_block * c.BLOCK_M
+    my_row0 = row0 + WG * _ROWS
+    n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
+    n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
+    tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
+               kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
+    m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = _init_sum(s_layout, c)
+    acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
+    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+    q_slot = q_stage * c.NUM_CONSUMERS + WG
+    # [1, 64, 1, D], the TMA box; reshaped, the same bytes as a wgmma operand
+    q = sh.q_bufs.index(q_slot).reshape([_ROWS, c.HEAD_DIM])
+    mbarrier.wait(sh.q_ready_bars.index(q_slot), q_phase)
+    if c.Q_IN_REGISTERS:
+        # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
+        q_op = q.load(_a_operand_layout(c.BLOCK_N))
+    else:
+        q_op = q
+    if c.SKIP_EMPTY_ROWS and my_row0 >= sz.seqlen_q:
+        # the tile's last rows lie past the sequence (a partial m-tile): this warpgroup's
+        # GEMMs would only feed rows that are never stored; its rows stay empty (O = 0,
+        # LSE = -inf, neither written) and the others get the tensor cores to themselves
+        if c.OVERLAP_EPILOGUE:
+            _finish_previous(prev, (o_desc, lse_ptr, parts), sh, sz, WG, c)
+        turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
+    elif c.OVERLAP:
+        acc, m_i, l_i, turn = _attend_overlapped(
+            q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
+            kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT),
+            count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
+    else:
+        acc, m_i, l_i, turn = _attend_serial(
+            q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
+    count += kv_hi - kv_lo
+    if c.SEPARATE_O:
+        # every QK of the tile is done: the producer may load the next tile's Q while this
+        # one's epilogue runs
+        mbarrier.arrive(sh.q_empty_bars.index(q_slot))
+    if not c.OVERLAP_EPILOGUE:
+        # (with OVERLAP_EPILOGUE the caller keeps this tile for the next one's first QK)
+        _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
+    if not c.SEPARATE_O:
+        mbarrier.arrive(sh.q_empty_bars.index(q_slot))
+    tile_end(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, WG, c)
+    return count, turn, acc, m_i, l_i
+
+
+@gluon.jit
+def _handed_item(sh, tile_iter, WG: gl.constexpr, c):
+    """The work item the producer handed this warpgroup for its ``tile_iter``-th Q slot (-1: none
+    left), read once the slot's ready barrier completes (:func:`_hand_item`). The wait is the one
+    :func:`_consume_item` makes again on the completed phase, which returns at once."""
+    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+    q_slot = q_stage * c.NUM_CONSUMERS + WG
+    mbarrier.wait(sh.q_ready_bars.index(q_slot), q_phase)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_CONSUMER_WARPS], [0])
+    return gl.max(sh.item_bufs.index(q_slot).load(layout), 0)
+
+
+@gluon.jit
 def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                         WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
@@ -1199,67 +1334,29 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
         prev_m = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         prev_l = _init_sum(s_layout, c)
         prev_item = start
-    for pos in range(start, stop, step):
-        item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
-        row0 = m_block * c.BLOCK_M
-        my_row0 = row0 + WG * _ROWS
-        n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
-        kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
-        n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
-        rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
-        tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
-                   kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
-        m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = _init_sum(s_layout, c)
-        acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
-        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
-        q_slot = q_stage * c.NUM_CONSUMERS + WG
-        # [1, 64, 1, D], the TMA box; reshaped, the same bytes as a wgmma operand
-        q = sh.q_bufs.index(q_slot).reshape([_ROWS, c.HEAD_DIM])
-        mbarrier.wait(sh.q_ready_bars.index(q_slot), q_phase)
-        if c.OVERLAP_EPILOGUE:
-            prev = (prev_acc, prev_m, prev_l, prev_item, tile_iter > 0)
-        else:
-            prev = ()
-        if c.Q_IN_REGISTERS:
-            # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
-            q_op = q.load(_a_operand_layout(c.BLOCK_N))
-        else:
-            q_op = q
-        if c.SKIP_EMPTY_ROWS and my_row0 >= sz.seqlen_q:
-            # the tile's last rows lie past the sequence (a partial m-tile): this warpgroup's
-            # GEMMs would only feed rows that are never stored; its rows stay empty (O = 0,
-            # LSE = -inf, neither written) and the others get the tensor cores to themselves
+    if c.DYNAMIC:
+        item = _handed_item(sh, tile_iter, WG, c)
+        while item >= 0:
+            count, turn, acc, m_i, l_i = _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count,
+                                                       turn, tile_iter, (), WG, c)
+            tile_iter += 1
+            item = _handed_item(sh, tile_iter, WG, c)
+    else:
+        for pos in range(start, stop, step):
+            item = work_at(sz.sched_ptr, pos, c.BALANCED)
             if c.OVERLAP_EPILOGUE:
-                _finish_previous(prev, (o_desc, lse_ptr, parts), sh, sz, WG, c)
-            turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
-        elif c.OVERLAP:
-            acc, m_i, l_i, turn = _attend_overlapped(
-                q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
-                kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT),
-                count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
-        else:
-            acc, m_i, l_i, turn = _attend_serial(
-                q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
-        count += kv_hi - kv_lo
-        if c.SEPARATE_O:
-            # every QK of the tile is done: the producer may load the next tile's Q while this
-            # one's epilogue runs
-            mbarrier.arrive(sh.q_empty_bars.index(q_slot))
-
-        if c.OVERLAP_EPILOGUE:
-            # this tile's epilogue runs under the next tile's first QK, or after the loop
-            prev_acc = acc
-            prev_m = m_i
-            prev_l = l_i
-            prev_item = item
-        else:
-            _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
-        if not c.SEPARATE_O:
-            mbarrier.arrive(sh.q_empty_bars.index(q_slot))
-        tile_end(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, WG, c)
-        tile_iter += 1
+                prev = (prev_acc, prev_m, prev_l, prev_item, tile_iter > 0)
+            else:
+                prev = ()
+            count, turn, acc, m_i, l_i = _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count,
+                                                       turn, tile_iter, prev, WG, c)
+            if c.OVERLAP_EPILOGUE:
+                # this tile's epilogue runs under the next tile's first QK, or after the loop
+                prev_acc = acc
+                prev_m = m_i
+                prev_l = l_i
+                prev_item = item
+            tile_iter += 1
     if c.OVERLAP_EPILOGUE:
         _finish_previous((prev_acc, prev_m, prev_l, prev_item, tile_iter > 0), (o_desc, lse_ptr, parts),
                          sh, sz, WG, c)
@@ -1294,7 +1391,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, EXP_TURNS: gl.constexpr,
                      SPLIT_TAIL: gl.constexpr,
-                     EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, STAGGER_KV: gl.constexpr,
+                     EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, DYNAMIC: gl.constexpr,
+                     STAGGER_KV: gl.constexpr,
                      STAGGER_SUBTRACT: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
@@ -1339,6 +1437,11 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     k_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
     v_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
     v_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+    if DYNAMIC:
+        item_bufs = gl.allocate_shared_memory(gl.int32, [NUM_Q_STAGES * NUM_CONSUMERS, 1],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        item_bufs = turn_bars       # never read
     for i in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready_bars.index(i), count=1)     # the producer's expect-tx arrival
         mbarrier.init(q_empty_bars.index(i), count=1)     # its one consumer
@@ -1354,7 +1457,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
         mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
-                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs)
+                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -1371,7 +1474,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
-                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, STAGGER_KV=STAGGER_KV,
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, STAGGER_KV=STAGGER_KV,
                   STAGGER_SUBTRACT=STAGGER_SUBTRACT,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
@@ -1454,7 +1557,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=softmax_reduce_form(cfg),
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         EXP_TURNS=cfg.exp_turns,
-        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, STAGGER_KV=cfg.stagger_kv,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, DYNAMIC=cfg.dynamic_tiles,
+        STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
@@ -1582,6 +1686,28 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
     return table
 
 
+# The dynamic hand-out's counters (schedule.HANDOUT_WORDS int32 words) by device and stream. Each
+# launch leaves them at zero (schedule.handout_finish), so the launches of one stream, ordered,
+# share a pair; launches in two streams may overlap, and each stream has its own.
+_HANDOUT_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+# A capture records a zero-fill beside its own pair, since the cached pairs' contents at replay
+# are not the capture's to know; the pairs are kept because the graph keeps their addresses.
+_CAPTURED_HANDOUT_COUNTERS: list[torch.Tensor] = []
+
+
+def handout_counters(device_index: int) -> torch.Tensor:
+    """The dynamic hand-out's counter pair for the current stream of device ``device_index``."""
+    if torch.cuda.is_current_stream_capturing():
+        counters = torch.zeros(HANDOUT_WORDS, dtype=torch.int32, device=device_index)
+        _CAPTURED_HANDOUT_COUNTERS.append(counters)
+        return counters
+    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    counters = _HANDOUT_COUNTERS.get(key)
+    if counters is None:
+        counters = _HANDOUT_COUNTERS[key] = torch.zeros(HANDOUT_WORDS, dtype=torch.int32, device=device_index)
+    return counters
+
+
 @dataclasses.dataclass(frozen=True)
 class _LaunchPlan:
     """Everything a launch derives from its shape and configuration but not from its tensors:
@@ -1677,6 +1803,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
                                 partial_tile_share(cfg, head_dim))
+    elif cfg.dynamic_tiles and not warmup:
+        sched = handout_counters(device_index)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:

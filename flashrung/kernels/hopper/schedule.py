@@ -298,6 +298,32 @@ def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
     return item
 
 
+# The dynamic hand-out (``dynamic_tiles``): a persistent CTA's first work item is its program id;
+# each later one is drawn from a counter shared by the launch, in the same heaviest-first order the
+# stride walks, so a CTA that finishes early takes the next tile instead of idling while a list
+# estimated on the host runs out unevenly. Two int32 words: the draws past the grid's first items,
+# and the CTAs done. The last CTA to finish zeroes both, so the next launch on the stream (or the
+# next replay of a captured graph) starts from zero without a memset.
+HANDOUT_WORDS = 2
+
+
+@gluon.jit
+def handout_next(counter_ptr):
+    """The next work item of the dynamic hand-out (``num_items`` or more: none left). Relaxed: the
+    draw orders nothing but itself; the count of CTAs done orders the draws before the reset."""
+    return gl.num_programs(0) + gl.atomic_add(counter_ptr, 1, sem="relaxed")
+
+
+@gluon.jit
+def handout_finish(counter_ptr):
+    """This CTA has drawn its last item. Acquire-release on the count of CTAs done: every CTA's
+    draws happen before its count, so the last CTA's reset follows every draw of the launch."""
+    done = gl.atomic_add(counter_ptr + 1, 1, sem="acq_rel")
+    if done == gl.num_programs(0) - 1:
+        gl.store(counter_ptr, 0)
+        gl.store(counter_ptr + 1, 0)
+
+
 @gluon.jit
 def work_item(item, num_full_tiles, tail_splits, SPLIT_TAIL: gl.constexpr, FAST_DIV: gl.constexpr):
     """(tile_id, split) of work item ``item``: a whole tile (``split = -1``) or split ``split`` of a

@@ -428,9 +428,13 @@ def _hand_item(sh, slot, item):
 
 @gluon.jit
 def _draw_next(sz, item, c):
-    """The item after ``item`` for the dynamic hand-out, drawn once this one's first K and Q are
-    issued: the atomic's round trip (the result comes back through the warp's scratch, so the
-    producer waits for it here) then falls where the producer waits on the ring anyway."""
+    """The item after ``item`` for the dynamic hand-out, drawn once this one's last load is issued:
+    the CTA commits to its next tile about a ring's depth of steps before it needs it. Drawn at the
+    item's start instead (H200, 9ec0e08), each CTA held a whole tile in reserve: the last tiles were
+    drawn by CTAs still busy with heavy ones, the launch ended unevenly (d128 causal S8192: 1.83%
+    idle at the end, 0.55% on the lists), and at d64 the producer's wait for the atomic (the result
+    comes back through the warp's scratch, so the producer waits here) showed in every item's fixed
+    cost (+2,400 cycles). At the item's end that wait falls where the producer waits on the ring."""
     if c.DYNAMIC:
         next_item = handout_next(sz.sched_ptr)
     else:
@@ -441,7 +445,7 @@ def _draw_next(sz, item, c):
 @gluon.jit
 def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c):
     """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
-    ring count after it and, with the dynamic hand-out, the next item (drawn after its Q)."""
+    ring count after it and, with the dynamic hand-out, the next item (drawn after its last load)."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
     kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
     row0 = m_block * c.BLOCK_M
@@ -457,7 +461,6 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                       count, c)
         _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
-        next_item = _draw_next(sz, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
             # slot is filled when its tile is next needed, not as soon as it frees
@@ -484,9 +487,8 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
         _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
-        next_item = _draw_next(sz, item, c)
     count += kv_hi - kv_lo
-    return count, next_item
+    return count, _draw_next(sz, item, c)
 
 
 @gluon.jit

@@ -353,6 +353,9 @@ CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 
 # the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
 DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
 CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64, 128)]
+# the balanced lists with a run-time pool of the order's last tiles
+DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
+CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -1456,14 +1459,21 @@ def test_config_check_rejects_what_the_dynamic_hand_out_cannot_run():
                     dict(overlap_epilogue=True)):
         with pytest.raises(ValueError, match="dynamic_tiles"):
             dataclasses.replace(base, **changes).check(128)
+    pool = HopperFwdConfig(persistent=True, balanced=True, dynamic_pool_share=0.03)
+    pool.check(128)
+    assert pool.dynamic and base.dynamic and not HopperFwdConfig(persistent=True, balanced=True).dynamic
+    for changes in (dict(balanced=False), dict(overlap_epilogue=True, separate_o=True),
+                    dict(dynamic_pool_share=1.0), dict(dynamic_pool_share=-0.1)):
+        with pytest.raises(ValueError, match="dynamic_pool_share"):
+            dataclasses.replace(pool, **changes).check(128)
 
 
 def test_dynamic_tiles_census(census):
     # every draw is one global atomic, after the item's last load, and the CTAs' count of done is
     # a second; the consumers' K/V loops are the balanced default's (within ptxas's noise of two
     # instructions), with no local memory
-    for d in (64, 128):
-        dynamic, default = census[f"d{d}-causal-dynamic"], census[f"d{d}-causal"]
+    for d, kind in ((64, "dynamic"), (128, "dynamic"), (64, "pool"), (128, "pool")):
+        dynamic, default = census[f"d{d}-causal-{kind}"], census[f"d{d}-causal"]
         assert "error" not in dynamic["row"], dynamic["row"]["error"]
         assert dynamic["row"]["spill_bytes"] == 0
         assert dynamic["atomics"] == 2 and default["atomics"] == 0
@@ -1906,15 +1916,17 @@ def test_balanced_partial_tiles_changes_no_output(seqlen):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("kind", ["dynamic", "pool"])
 @pytest.mark.parametrize("head_dim, batch, seqlen", [(64, 8, 4096), (64, 2, 3900), (128, 4, 4096), (128, 1, 1003)])
-def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen):
+def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen, kind):
     # a tile's result does not depend on which CTA runs it or when: handed out at run time, every
     # tile must come out bit for bit as the balanced lists computed it, every launch (a counter
     # left off zero, or a tile drawn twice or never, would move or poison rows), and the launch
     # must leave its stream's counters at zero for the next
     q, k, v = _seeded_qkv(batch, seqlen, 8, head_dim)
     cfg = fwd.default_config(head_dim, True, seqlen)
-    dynamic = dataclasses.replace(cfg, **DYNAMIC_TILES)
+    # the pool at a tenth of the work, so that these small grids draw from it
+    dynamic = dataclasses.replace(cfg, **(DYNAMIC_TILES if kind == "dynamic" else {"dynamic_pool_share": 0.1}))
     out, lse = fwd.forward(q, k, v, True, 0.125, cfg)
     for _ in range(3):
         out_dyn, lse_dyn = fwd.forward(q, k, v, True, 0.125, dynamic)
@@ -1930,8 +1942,11 @@ def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen):
 @pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_dynamic_tiles(head_dim, shape, causal):
-    # tails, Sq != Sk, GQA, one tile in all (S17), more CTAs than tiles
+    # tails, Sq != Sk, GQA, one tile in all (S17), more CTAs than tiles; the pool after the lists
+    # at a third of the work (one tile alone stays listed)
     _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, **DYNAMIC_TILES)
+    _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, balanced=True, dynamic_pool_share=0.3,
+                 overlap_epilogue=False)
 
 
 @pytest.mark.gpu

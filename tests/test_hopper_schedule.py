@@ -18,6 +18,7 @@ from flashrung.kernels.hopper.schedule import (
     balanced_schedule,
     fast_divisor,
     last_section_width,
+    pool_start,
     tail_split,
     tail_step_times,
     tile_cost,
@@ -318,6 +319,35 @@ def test_balanced_schedule_beats_the_stride_on_causal_tiles():
     mean = sum(costs) / ctas
     assert balanced == pytest.approx(list_schedule(costs, list(range(len(costs))), ctas).makespan)
     assert balanced / mean < 1.01 < stride / mean
+
+
+def test_pool_start_is_the_longest_suffix_within_the_share():
+    costs = [5.0, 4.0, 3.0, 2.0, 1.0]          # 15 in all
+    assert pool_start(costs, 0.0) == 5           # no pool
+    assert pool_start(costs, 0.1) == 4           # 1 <= 1.5, 1 + 2 > 1.5
+    assert pool_start(costs, 0.2) == 3           # 1 + 2 = 3 <= 3
+    assert pool_start(costs, 0.99) == 1          # all but the first
+    assert pool_start([], 0.5) == 0
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError, match="pool_share"):
+            pool_start(costs, bad)
+
+
+@pytest.mark.parametrize("pool_share", [0.0, 0.03, 0.5])
+def test_balanced_schedule_lists_the_order_before_its_pool(pool_share):
+    # property: the lists hold exactly the launch order's prefix before the pool, each CTA in
+    # launch order, and offsets[ctas] (what the kernel reads as the pool's first item) is its length
+    m_blocks, heads, section, ctas = 64, 16, 4, 132
+    seqlen = m_blocks * 128
+    table = balanced_schedule(m_blocks, heads, section, True, seqlen, seqlen, 128, 128, True, ctas,
+                              pool_share=pool_share)
+    costs = [tile_cost(m, 128, 128, seqlen, seqlen, True) for m in tile_m_blocks(m_blocks, heads, section, True)]
+    first = pool_start(costs, pool_share)
+    lists = _split_table(table, ctas)
+    assert table[ctas] == first and sorted(t for tiles in lists for t in tiles) == list(range(first))
+    assert all(tiles == sorted(tiles) for tiles in lists)
+    assert sum(costs[first:]) <= pool_share * sum(costs) + 1e-9
+    assert (first < len(costs)) is (pool_share > 0)
 
 
 D64_SHARE = (0.65, 0.83, 1.0)     # config.PARTIAL_TILE_COST_SHARE[(64, 192)], d64's 192-row tile

@@ -168,6 +168,11 @@ class HopperFwdConfig:
     # balanced lists end unevenly by what their estimate misses: SM clocks, partial tiles, the L2).
     # One self-resetting counter pair per device and stream (fwd.handout_counters)
     dynamic_tiles: bool = False
+    # with balanced: the launch order's last tiles, up to this share of the estimated work
+    # (schedule.pool_start; under LPT the lightest), are left out of the lists and handed out at run
+    # time as CTAs finish their lists: the lists keep their look-ahead (the next tile's K and Q
+    # loaded under the current one) and the pool absorbs what their estimate misses. 0.0: none
+    dynamic_pool_share: float = 0.0
     # each work item visits its unmasked K/V tiles from its own start and wraps around
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
@@ -396,6 +401,12 @@ class HopperFwdConfig:
     trace_tiles: int = 0
 
     @property
+    def dynamic(self) -> bool:
+        """Work items reach the consumers through the producer (the dynamic hand-out, alone or after
+        the balanced lists)."""
+        return self.dynamic_tiles or (self.balanced and self.dynamic_pool_share > 0)
+
+    @property
     def kv_tile(self) -> int:
         """Keys per K/V tile (one ring stage): ``block_n + extra_keys``."""
         return self.block_n + self.extra_keys
@@ -472,6 +483,12 @@ class HopperFwdConfig:
                              "persistent=True, balanced=False (the host's lists), split_tail=False and "
                              f"overlap_epilogue=False, got persistent={self.persistent}, balanced={self.balanced}, "
                              f"split_tail={self.split_tail}, overlap_epilogue={self.overlap_epilogue}")
+        if not 0.0 <= self.dynamic_pool_share < 1.0 or self.dynamic_pool_share > 0 and (
+                not self.balanced or self.overlap_epilogue):
+            raise ValueError("dynamic_pool_share leaves a share in [0, 1) of the balanced lists' work to the "
+                             "dynamic hand-out: it needs balanced=True and overlap_epilogue=False, got "
+                             f"dynamic_pool_share={self.dynamic_pool_share}, balanced={self.balanced}, "
+                             f"overlap_epilogue={self.overlap_epilogue}")
         if self.balanced_partial_tiles and not (self.balanced and self.skip_empty_rows):
             raise ValueError("balanced_partial_tiles estimates a partial query tile by the consumer warpgroups "
                              "that have rows, as skip_empty_rows runs it: it needs balanced=True and "

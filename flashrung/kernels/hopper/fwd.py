@@ -133,7 +133,8 @@ from flashrung.kernels.hopper.schedule import (
     fast_tile_coords,
     HANDOUT_WORDS,
     handout_finish,
-    handout_next,
+    handout_item,
+    handout_range,
     head_section,
     kv_split_range,
     kv_stagger,
@@ -247,13 +248,14 @@ class _Sizes:
     num_items: gl.tensor        # work items: whole tiles, then the split tail's items
     num_full_tiles: gl.tensor
     tail_splits: FastDivisor    # work items per tail tile (1: no split tail)
-    sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule), or the
-                                # dynamic hand-out's two counters (schedule.handout_next)
+    sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule)
+    handout_ptr: gl.tensor      # int32 [2]: the dynamic hand-out's counters (schedule.handout_next)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
-                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr):
+                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr):
         self.sched_ptr = sched_ptr
+        self.handout_ptr = handout_ptr
         self.seqlen_q = seqlen_q
         self.seqlen_k = seqlen_k
         self.heads_q = heads_q
@@ -427,25 +429,9 @@ def _hand_item(sh, slot, item):
 
 
 @gluon.jit
-def _draw_next(sz, item, c):
-    """The item after ``item`` for the dynamic hand-out, drawn once this one's last load is issued:
-    the CTA commits to its next tile about a ring's depth of steps before it needs it. Drawn at the
-    item's start instead (H200, 9ec0e08), each CTA held a whole tile in reserve: the last tiles were
-    drawn by CTAs still busy with heavy ones, the launch ended unevenly (d128 causal S8192: 1.83%
-    idle at the end, 0.55% on the lists), and at d64 the producer's wait for the atomic (the result
-    comes back through the warp's scratch, so the producer waits here) showed in every item's fixed
-    cost (+2,400 cycles). At the item's end that wait falls where the producer waits on the ring."""
-    if c.DYNAMIC:
-        next_item = handout_next(sz.sched_ptr)
-    else:
-        next_item = item
-    return next_item
-
-
-@gluon.jit
 def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c):
     """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
-    ring count after it and, with the dynamic hand-out, the next item (drawn after its last load)."""
+    ring count after it."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
     kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
     row0 = m_block * c.BLOCK_M
@@ -488,7 +474,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
         _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
     count += kv_hi - kv_lo
-    return count, _draw_next(sz, item, c)
+    return count
 
 
 @gluon.jit
@@ -508,18 +494,29 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     if c.DYNAMIC:
-        # each CTA's first item is its program id; the rest are drawn from the launch's counter
-        item = gl.program_id(0)
+        # this CTA's listed items (its program id alone without the lists), then draws from the pool
+        start, stop, pool = handout_range(sz.sched_ptr, c.BALANCED)
+        pos = start
+        item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
         while item < sz.num_items:
-            count, item = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
+            pos += 1
+            # Drawn once this item's last load is issued: the CTA commits to its next tile about a
+            # ring's depth of steps before it needs it. Drawn at the item's start (after its Q;
+            # H200, 9ec0e08), each CTA held a whole tile in reserve, the last tiles went to CTAs
+            # still busy with heavy ones, and the launch ended unevenly (d128 causal B4 H16 S8192:
+            # 1.83% of the CTAs' time idle at the end, 0.55% on the lists; the list schedule
+            # re-run on the host with a tile's reserve: 1.89%, without: 0.13%). The atomic's
+            # result comes back through the warp's scratch, so the producer waits for it here.
+            item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
         _end_handout(sh, tile_iter, c)
-        handout_finish(sz.sched_ptr)
+        handout_finish(sz.handout_ptr)
     else:
         start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
         for pos in range(start, stop, step):
             item = work_at(sz.sched_ptr, pos, c.BALANCED)
-            count, _ = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
 
 
@@ -1379,7 +1376,7 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
-                     sched_ptr,
+                     sched_ptr, handout_ptr,
                      seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
@@ -1465,7 +1462,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
-                num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr)
+                num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
@@ -1559,7 +1556,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=softmax_reduce_form(cfg),
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         EXP_TURNS=cfg.exp_turns,
-        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, DYNAMIC=cfg.dynamic_tiles,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, DYNAMIC=cfg.dynamic,
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
@@ -1667,13 +1664,13 @@ def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]
 
 
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
-                    device, consumer_share=()) -> torch.Tensor:
+                    device, consumer_share=(), pool_share=0.0) -> torch.Tensor:
     """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
     key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
-           consumer_share)
+           consumer_share, pool_share)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
@@ -1683,7 +1680,7 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
                 "capture cannot record: call once with this shape before capturing, or pass a config with "
                 "balanced=False")
         host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
-                                 causal, ctas, consumer_share)
+                                 causal, ctas, consumer_share, pool_share)
         table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
     return table
 
@@ -1804,15 +1801,15 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
-                                partial_tile_share(cfg, head_dim))
-    elif cfg.dynamic_tiles and not warmup:
-        sched = handout_counters(device_index)
+                                partial_tile_share(cfg, head_dim), cfg.dynamic_pool_share)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
         sched = coords          # never dereferenced: the stride needs no table
+    # never dereferenced without the dynamic hand-out
+    handout = handout_counters(device_index) if cfg.dynamic and not warmup else coords
     k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
-    pointers = (lse, part_o, part_lse, coords, sched)
+    pointers = (lse, part_o, part_lse, coords, sched, handout)
     args = (
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
@@ -2013,6 +2010,7 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     signature = {
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
+        "handout_ptr": "*i32",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)

@@ -245,14 +245,16 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
 
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
                       block_m: int, kv_tile: int, causal: bool, ctas: int,
-                      consumer_share: tuple[float, ...] = ()) -> tuple[int, ...]:
+                      consumer_share: tuple[float, ...] = (), pool_share: float = 0.0) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
 
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
     work, the lowest index on ties), the schedule a dynamic hand-out would make if tiles took
     their estimated time; every CTA keeps its tiles in launch order (heaviest first under LPT).
     The kernel reads it as one int32 table, which ``fwd`` builds once per shape and keeps.
-    ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`).
+    ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`). ``pool_share``:
+    the launch order's last tiles, up to that share of the estimated work (:func:`pool_start`), are
+    left out of the lists for the dynamic hand-out; ``offsets[ctas]`` is then the first of them.
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
@@ -265,7 +267,9 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     lists = [[] for _ in range(ctas)]
     free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
     replace = heapq.heapreplace
-    for tile_id, m in enumerate(tile_m_blocks(num_m_blocks, batch_heads, section, lpt)):
+    m_blocks = tile_m_blocks(num_m_blocks, batch_heads, section, lpt)
+    listed = pool_start([cost[m] for m in m_blocks], pool_share)
+    for tile_id, m in enumerate(m_blocks[:listed]):
         load, i = free[0]
         lists[i].append(tile_id)
         replace(free, (load + cost[m], i))
@@ -273,6 +277,20 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))
     return tuple(offsets) + tuple(t for tiles in lists for t in tiles)
+
+
+def pool_start(costs, pool_share: float) -> int:
+    """The first tile of the run-time pool: the longest suffix of the launch order (``costs``, each
+    tile's estimate in order) whose estimated work is at most ``pool_share`` of the whole. Under LPT
+    it holds the lightest tiles, drawn as CTAs run out of their lists; 0.0 leaves it empty."""
+    if not 0.0 <= pool_share < 1.0:
+        raise ValueError(f"pool_share must be in [0, 1), got {pool_share!r}")
+    budget = pool_share * sum(costs)
+    start = len(costs)
+    while start > 0 and costs[start - 1] <= budget:
+        budget -= costs[start - 1]
+        start -= 1
+    return start
 
 
 @gluon.jit
@@ -298,20 +316,48 @@ def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
     return item
 
 
-# The dynamic hand-out (``dynamic_tiles``): a persistent CTA's first work item is its program id;
-# each later one is drawn from a counter shared by the launch, in the same heaviest-first order the
-# stride walks, so a CTA that finishes early takes the next tile instead of idling while a list
-# estimated on the host runs out unevenly. Two int32 words: the draws past the grid's first items,
-# and the CTAs done. The last CTA to finish zeroes both, so the next launch on the stream (or the
-# next replay of a captured graph) starts from zero without a memset.
+# The dynamic hand-out: work items drawn at run time from a counter shared by the launch, in the
+# launch order (heaviest first under LPT), so a CTA that finishes early takes the next tile instead
+# of idling while a list estimated on the host runs out unevenly. ``dynamic_tiles``: every item
+# past each CTA's first (its program id) is drawn; ``dynamic_pool_share`` with the balanced lists:
+# each CTA walks its list, then draws from the pool of the order's last tiles (:func:`pool_start`).
+# Two int32 words: the draws, and the CTAs done. The last CTA to finish zeroes both, so the next
+# launch on the stream (or the next replay of a captured graph) starts from zero without a memset.
 HANDOUT_WORDS = 2
 
 
 @gluon.jit
-def handout_next(counter_ptr):
-    """The next work item of the dynamic hand-out (``num_items`` or more: none left). Relaxed: the
-    draw orders nothing but itself; the count of CTAs done orders the draws before the reset."""
-    return gl.num_programs(0) + gl.atomic_add(counter_ptr, 1, sem="relaxed")
+def handout_next(counter_ptr, first):
+    """The next work item of the dynamic hand-out: ``first`` (the pool's first item) plus the draws
+    so far (``num_items`` or more: none left). Relaxed: the draw orders nothing but itself; the
+    count of CTAs done orders the draws before the reset."""
+    return first + gl.atomic_add(counter_ptr, 1, sem="relaxed")
+
+
+@gluon.jit
+def handout_range(sched_ptr, BALANCED: gl.constexpr):
+    """``(start, stop, pool)`` of the dynamic hand-out: the positions of this CTA's listed items
+    (:func:`work_at`) and the pool's first item. Without the lists, a CTA's one listed item is its
+    program id and the pool starts past the grid's."""
+    pid = gl.program_id(0)
+    if BALANCED:
+        start, stop, _ = work_range(sched_ptr, 0, BALANCED)
+        pool = gl.load(sched_ptr + gl.num_programs(0))     # offsets[ctas]: the tiles listed
+    else:
+        start = pid
+        stop = pid + 1
+        pool = gl.num_programs(0)
+    return start, stop, pool
+
+
+@gluon.jit
+def handout_item(sched_ptr, counter_ptr, pos, stop, pool, BALANCED: gl.constexpr):
+    """The item at position ``pos`` of this CTA's list while it lasts, then a draw from the pool."""
+    if pos < stop:
+        item = work_at(sched_ptr, pos, BALANCED)
+    else:
+        item = handout_next(counter_ptr, pool)
+    return item
 
 
 @gluon.jit

@@ -13,6 +13,7 @@ The causal convention is the project's (bottom-right aligned): query i sees key 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Sequence
 
 
@@ -104,6 +105,32 @@ def list_schedule(costs: Sequence[float], order: Sequence[int], workers: int) ->
         start = loads[w]
         loads[w] = start + costs[tile]
         out.append(Assignment(tile, w, start, loads[w]))
+    return Schedule(tuple(out), tuple(loads))
+
+
+def reserve_schedule(costs: Sequence[float], order: Sequence[int], workers: int, lead: float | None) -> Schedule:
+    """A run-time hand-out of ``order`` in which each worker draws its next tile ``lead`` before its
+    current one ends (``None``: as soon as it starts it, so it always holds one tile in reserve);
+    the first ``workers`` tiles go to workers ``0 .. workers - 1``. With ``lead=0`` it is
+    :func:`list_schedule`; drawn at the start, a worker busy with a heavy tile still takes the
+    next one, and the launch ends as unevenly as that reserve makes it."""
+    check_positive_ints(workers=workers)
+    if sorted(order) != list(range(len(costs))):
+        raise ValueError("order must be a permutation of range(len(costs))")
+    if lead is not None and lead < 0:
+        raise ValueError(f"lead must be None or >= 0, got {lead!r}")
+    loads = [0.0] * workers
+    draws = []                                   # (time of the worker's next draw, worker)
+    out = []
+    for tile in order:
+        if len(out) < workers:
+            w = len(out)
+        else:
+            _, w = heapq.heappop(draws)
+        start = loads[w]
+        loads[w] = start + costs[tile]
+        out.append(Assignment(tile, w, start, loads[w]))
+        heapq.heappush(draws, (start if lead is None else max(start, loads[w] - lead), w))
     return Schedule(tuple(out), tuple(loads))
 
 

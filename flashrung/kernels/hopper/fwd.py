@@ -65,6 +65,10 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   and kept on the device per shape, instead of a stride; with ``balanced_partial_tiles`` (the
   default on d64's causal 192-row tile) a partial last query tile is estimated by the consumer
   warpgroups that have rows (``schedule.tile_cost``);
+* tiles handed out at run time (``dynamic_tiles``, or ``dynamic_pool_share`` after the balanced
+  lists; measured, off): the producer draws each next tile from a self-resetting counter
+  (``schedule.handout_next``) after the current tile's last load and hands it to its consumers in
+  a word beside the tile's Q (``_hand_item``, ``_handed_item``); item -1 ends their loop;
 * staggered K/V sweeps (``stagger_kv``, the default of d64 from max(Sq, Sk) = 3072): each work
   item visits its unmasked K/V tiles from its own start and wraps (``schedule.kv_stagger``), so
   CTAs that start together stop loading the same K/V lines at once; masked tiles stay last;
@@ -506,9 +510,10 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
             # ring's depth of steps before it needs it. Drawn at the item's start (after its Q;
             # H200, 9ec0e08), each CTA held a whole tile in reserve, the last tiles went to CTAs
             # still busy with heavy ones, and the launch ended unevenly (d128 causal B4 H16 S8192:
-            # 1.83% of the CTAs' time idle at the end, 0.55% on the lists; the list schedule
-            # re-run on the host with a tile's reserve: 1.89%, without: 0.13%). The atomic's
-            # result comes back through the warp's scratch, so the producer waits for it here.
+            # 1.83% of the CTAs' time idle at the end, 0.55% on the lists; modeled with the lists'
+            # estimate, model.schedule.reserve_schedule: 2.02% with a tile in reserve, 0.05%
+            # drawn two steps ahead). The atomic's result comes back through the warp's scratch,
+            # so the producer waits for it here.
             item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)

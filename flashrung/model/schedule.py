@@ -92,12 +92,16 @@ class Schedule:
         return max(self.loads)
 
 
-def list_schedule(costs: Sequence[float], order: Sequence[int], workers: int) -> Schedule:
-    """Greedy first-free list scheduling: each tile in ``order`` goes to the least-loaded worker
-    (lowest index on ties), as a persistent kernel's next free SM would take it."""
+def _check_order(costs: Sequence[float], order: Sequence[int], workers: int) -> None:
     check_positive_ints(workers=workers)
     if sorted(order) != list(range(len(costs))):
         raise ValueError("order must be a permutation of range(len(costs))")
+
+
+def list_schedule(costs: Sequence[float], order: Sequence[int], workers: int) -> Schedule:
+    """Greedy first-free list scheduling: each tile in ``order`` goes to the least-loaded worker
+    (lowest index on ties), as a persistent kernel's next free SM would take it."""
+    _check_order(costs, order, workers)
     loads = [0.0] * workers
     out = []
     for tile in order:
@@ -114,9 +118,7 @@ def reserve_schedule(costs: Sequence[float], order: Sequence[int], workers: int,
     the first ``workers`` tiles go to workers ``0 .. workers - 1``. With ``lead=0`` it is
     :func:`list_schedule`; drawn at the start, a worker busy with a heavy tile still takes the
     next one, and the launch ends as unevenly as that reserve makes it."""
-    check_positive_ints(workers=workers)
-    if sorted(order) != list(range(len(costs))):
-        raise ValueError("order must be a permutation of range(len(costs))")
+    _check_order(costs, order, workers)
     if lead is not None and lead < 0:
         raise ValueError(f"lead must be None or >= 0, got {lead!r}")
     loads = [0.0] * workers

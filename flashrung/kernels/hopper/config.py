@@ -166,12 +166,16 @@ class HopperFwdConfig:
     # draws its next tile from a counter in the stride's heaviest-first order and hands it to its
     # consumers beside the tile's Q, so the launch ends as evenly as the tiles' real costs allow (the
     # balanced lists end unevenly by what their estimate misses: SM clocks, partial tiles, the L2).
-    # One self-resetting counter pair per device and stream (fwd.handout_counters)
+    # One self-resetting counter pair per device and stream (fwd.handout_counters). Paired over the
+    # balanced default on the H200 (bf16, causal; docs/hopper.md, *Tiles handed out at run time*):
+    # 0.987-1.000 at d128 H16 S4k-S16k, 0.964-0.966 at d64 H32 S4096 (REVERT, one NULL): off
     dynamic_tiles: bool = False
     # with balanced: the launch order's last tiles, up to this share of the estimated work
     # (schedule.pool_start; under LPT the lightest), are left out of the lists and handed out at run
     # time as CTAs finish their lists: the lists keep their look-ahead (the next tile's K and Q
-    # loaded under the current one) and the pool absorbs what their estimate misses. 0.0: none
+    # loaded under the current one) and the pool absorbs what their estimate misses. 0.0: none.
+    # At 0.03, paired over the default (H200, bf16, causal): d128 H16 S4k 1.0035 / 1.0069 (NULL),
+    # S8k and S16k 0.993-0.998 (REVERT), d64 H32 S4096 0.996-0.997 (NULL): off
     dynamic_pool_share: float = 0.0
     # each work item visits its unmasked K/V tiles from its own start and wraps around
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain

@@ -14,7 +14,7 @@ import torch
 
 from flashrung.dispatch import Problem
 from flashrung.kernels.hopper import config, fwd, pipeline, schedule
-from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, select_config
+from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, replace_following, select_config
 from flashrung.kernels.hopper.schedule import head_section
 
 HEAD_DIMS = (64, 128, 256)
@@ -1512,6 +1512,33 @@ def test_balanced_partial_tiles_is_the_d64_causal_default_and_refuses_what_it_ca
         fwd.partial_tile_share(d128, 128)
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    ({"balanced": "false"}, False),
+    ({"skip_empty_rows": "false"}, False),
+    ({"block_m": "128"}, False),                       # a tile whose shares were never measured
+    ({"balanced": "false", "persistent": "true"}, False),
+    ({"num_q_stages": "2"}, True),                     # a change the estimate does not depend on
+    ({"balanced": "true"}, True),
+])
+def test_a_switch_carries_the_partial_tile_estimate_it_decides(overrides, expected):
+    # the estimate is a default derived from the balanced lists: switching the lists (or the
+    # empty-row skip, or the tile) off through an override turns it off too, instead of a refusal
+    # of the user's one change; naming it as well keeps the value given, so check() still refuses
+    # an estimate of lists that are not there
+    problem = Problem(1, 4096, 4096, 8, 8, 64, 64, torch.bfloat16, True, "cuda", (9, 0))
+    assert select_config(problem).balanced_partial_tiles
+    assert fwd.config_with(problem, overrides).balanced_partial_tiles is expected
+    with pytest.raises(ValueError, match="balanced_partial_tiles"):
+        fwd.config_with(problem, {"balanced": "false", "balanced_partial_tiles": "true"})
+    assert not fwd.config_with(problem, {"balanced_partial_tiles": "false"}).balanced_partial_tiles
+    # the tests' forced configurations follow the same rule
+    base = select_config(problem)
+    assert replace_following(base, 64, balanced=False) == dataclasses.replace(
+        base, balanced=False, balanced_partial_tiles=False)
+    kept = dataclasses.replace(base, balanced_partial_tiles=False)
+    assert replace_following(kept, 64, num_q_stages=2) == dataclasses.replace(kept, num_q_stages=2)
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(extra_keys=48), "power of two"),                     # no TMA box
     (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
@@ -1866,7 +1893,8 @@ def _gate_config(cfg, head_dim, causal, shape):
 
 def _gate_forced(head_dim, shape, causal, **changes):
     """The gate, bf16, on the problem's default configuration with ``changes`` forced."""
-    _gate_config(dataclasses.replace(_shape_default(head_dim, causal, shape), **changes), head_dim, causal, shape)
+    cfg = replace_following(_shape_default(head_dim, causal, shape), head_dim, **changes)
+    _gate_config(cfg, head_dim, causal, shape)
 
 
 # the persistent grid's split tail, forced on (the stride: the balanced lists take whole tiles)

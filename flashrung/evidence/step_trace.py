@@ -273,7 +273,7 @@ def traced_run(args, **trace) -> dict:
     and the summary's common fields. Needs an sm_90 GPU."""
     import torch
 
-    from flashrung.dispatch import Problem, apply_overrides
+    from flashrung.dispatch import Problem
     from flashrung.kernels.hopper import fwd
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -283,7 +283,7 @@ def traced_run(args, **trace) -> dict:
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     problem = Problem.of(q, k, v, args.causal)
-    base = apply_overrides(fwd.KERNEL_NAME, fwd.select_config(problem), _parse_set(args.set))
+    base = fwd.overridden_config(problem, _parse_set(args.set))
     # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))

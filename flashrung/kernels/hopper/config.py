@@ -1015,8 +1015,30 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals,
-                               balanced_partial_tiles=balanced and base.skip_empty_rows
-                               and (head_dim, base.block_m) in PARTIAL_TILE_COST_SHARE)
+                               balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
+
+
+def _partial_tiles_estimable(cfg: HopperFwdConfig, balanced: bool, head_dim: int) -> bool:
+    """``balanced_partial_tiles``' default: on wherever the balanced lists can estimate a partial
+    tile by its warpgroups with rows (``skip_empty_rows`` idles the others; the share is measured
+    for this head dim's tile)."""
+    return balanced and cfg.skip_empty_rows and (head_dim, cfg.block_m) in PARTIAL_TILE_COST_SHARE
+
+
+# The fields a default is derived from: a change to one of them carries the derived default
+# along, unless the change names that field too (then check() refuses what cannot run). Without
+# it, `hopper.fwd@balanced=false` on a d64 causal problem kept the estimate of lists it no
+# longer has and was refused.
+_DERIVED_FROM = {"balanced_partial_tiles": ("balanced", "skip_empty_rows", "block_m")}
+
+
+def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperFwdConfig:
+    """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
+    re-derived (``_DERIVED_FROM``); a derived field named in ``changes`` keeps the value given."""
+    out = dataclasses.replace(cfg, **changes)
+    if "balanced_partial_tiles" not in changes and set(changes) & set(_DERIVED_FROM["balanced_partial_tiles"]):
+        out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
+    return out
 
 
 def select_config(problem) -> HopperFwdConfig:

@@ -123,6 +123,7 @@ from flashrung.kernels.hopper.config import (
     SUPPORTED_HEAD_DIMS,
     WORK_ITEM_FIXED_KV_TILES,
     HopperFwdConfig,
+    replace_following,
     select_config,
 )
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
@@ -2037,11 +2038,19 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     Raises ``ValueError`` for an unknown key (listing the valid ones), a value of the wrong type,
     or a combination that does not fit the hardware budgets at ``problem.head_dim``.
     """
-    from flashrung.dispatch import apply_overrides
-
-    cfg = apply_overrides(KERNEL_NAME, select_config(problem), overrides)
+    cfg = overridden_config(problem, overrides)
     cfg.check(problem.head_dim, problem.dtype.itemsize)
     return cfg
+
+
+def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
+    """:func:`select_config` with ``overrides`` parsed and applied, the defaults derived from the
+    fields they change carried along (``config.replace_following``); not yet checked."""
+    from flashrung.dispatch import apply_overrides
+
+    base = select_config(problem)
+    given = apply_overrides(KERNEL_NAME, base, overrides)
+    return replace_following(base, problem.head_dim, **{key: getattr(given, key) for key in overrides})
 
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False) -> HopperFwdConfig:

@@ -89,6 +89,20 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
     assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}
 
 
+def test_cluster_probe_compiles_the_pieces_of_a_kv_multicast():
+    # The path to K/V multicast across a two-CTA cluster that Gluon 3.6's API does not offer, kept
+    # compiling: each piece written in inline PTX in a one-CTA Gluon kernel reaches the SASS as the
+    # instruction it names — the multicast TMA copy, the cluster barrier and the remote release
+    # (flashrung.evidence.cluster_probe; docs/hopper.md, Open items)
+    out = subprocess.run([sys.executable, "-m", "flashrung.evidence.cluster_probe", "--arch", "sm_90a"],
+                         capture_output=True, text=True, env=census.interpreter_free_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["pieces"] == {"multicast_copy": 1, "cluster_barrier_arrive": 1, "cluster_barrier_wait": 1,
+                                "remote_arrive": 1}
+    assert result["spill_bytes"] == 0
+
+
 def test_wgmma_neighbor_probe_builds_each_variant_it_times():
     # flashrung.evidence.wgmma_neighbor (docs/hopper.md): the stream partition issues its operation
     # and nothing of the other kind; a GEMM partition issues wgmma, from registers where the

@@ -17,9 +17,9 @@ them:
   cluster-scope remote ``mbarrier.arrive``.
 
 Result on sm_90a (Triton 3.6, its ptxas): ``UTMALDG.2D.MULTICAST``, ``UCGABAR_ARV`` /
-``UCGABAR_WAIT`` and a remote ``SYNCS.ARRIVE.TRANS64.RED``, no local memory. What the probe does
-not settle is the launch: a kernel compiled with ``num_ctas=1`` needs a launch that sets the
-cluster dimension itself. Run: ``python -m flashrung.evidence.cluster_probe [--arch sm_90a]``.
+``UCGABAR_WAIT`` and a remote ``SYNCS.ARRIVE.TRANS64.RED``, no local memory. Nothing is run: the
+launch would hand Triton's C launcher a metadata tuple with ``num_ctas=2``, from which it sets the
+cluster (docs/hopper.md, Open items). Run: ``python -m flashrung.evidence.cluster_probe``.
 """
 from __future__ import annotations
 
@@ -41,18 +41,20 @@ TILE_WORDS = 2048
 TILE_BYTES = TILE_WORDS * 4
 PAIR_MASK = 0b11          # both CTAs of a two-CTA cluster
 
-# $1: the tensor map's global address, $2: the column coordinate. The tile sits at the start of
-# the kernel's shared window (the probe's only allocation) and the full barrier right after it.
+# $1: the tensor map's global address, $2: the thread's index (thread 0 issues the copy and the
+# release, as a producer's elected lane would). The tile sits at the start of the kernel's shared
+# window (the probe's only allocation) and its full barrier right after it.
 _CLUSTER_ASM = gl.constexpr(
-    "{ .reg .b32 rank, peer, dst, full, remote; .reg .b64 tm; .reg .b16 mask; "
+    "{ .reg .pred leader; .reg .b32 rank, peer, dst, full, remote; .reg .b64 tm; .reg .b16 mask; "
+    "setp.eq.u32 leader, $2, 0; "
     "mov.u32 rank, %cluster_ctarank; xor.b32 peer, rank, 1; "
     "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
     f"mov.u32 dst, global_smem; add.u32 full, dst, {TILE_BYTES}; "
     f"mov.b64 tm, $1; mov.u16 mask, {PAIR_MASK}; "
-    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-    "[dst], [tm, {$2, rank}], [full], mask; "
+    "@leader cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+    "[dst], [tm, {0, rank}], [full], mask; "
     "mapa.shared::cluster.u32 remote, full, peer; "
-    "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; "
+    "@leader mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; "
     "mov.u32 $0, rank; }")
 
 
@@ -60,13 +62,11 @@ _CLUSTER_ASM = gl.constexpr(
 def _cluster_probe(tmap_ptr, out_ptr, WORDS: gl.constexpr, THREADS_: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [THREADS_ // 32], [0])
     # reserves the window the inline PTX addresses (the tile, then its barriers; a power-of-two
-    # shape, as every Gluon allocation); read
-    # after the copy, so the allocation (and the window's symbol) is kept
+    # shape, as every Gluon allocation); read after the copy, so the allocation is kept
     window = gl.allocate_shared_memory(gl.int32, [2 * WORDS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, THREADS_, layout=layout)
     tmap = gl.load(tmap_ptr + offs * 0)
-    rank = gl.inline_asm_elementwise(_CLUSTER_ASM, "=r,l,r", [tmap, offs * 0], dtype=gl.int32, is_pure=False,
-                                     pack=1)
+    rank = gl.inline_asm_elementwise(_CLUSTER_ASM, "=r,l,r", [tmap, offs], dtype=gl.int32, is_pure=False, pack=1)
     gl.store(out_ptr + offs, rank + window.slice(0, THREADS_).load(layout))
 
 

@@ -1025,18 +1025,18 @@ def _partial_tiles_estimable(cfg: HopperFwdConfig, balanced: bool, head_dim: int
     return balanced and cfg.skip_empty_rows and (head_dim, cfg.block_m) in PARTIAL_TILE_COST_SHARE
 
 
-# The fields a default is derived from: a change to one of them carries the derived default
-# along, unless the change names that field too (then check() refuses what cannot run). Without
-# it, `hopper.fwd@balanced=false` on a d64 causal problem kept the estimate of lists it no
-# longer has and was refused.
-_DERIVED_FROM = {"balanced_partial_tiles": ("balanced", "skip_empty_rows", "block_m")}
+# The fields balanced_partial_tiles' default is derived from: a change to one of them carries
+# the estimate along, unless the change names it too (then check() refuses what cannot run).
+# Without it, `hopper.fwd@balanced=false` on a d64 causal problem kept the estimate of lists it
+# no longer has and was refused.
+_PARTIAL_TILES_DERIVED_FROM = frozenset({"balanced", "skip_empty_rows", "block_m"})
 
 
 def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperFwdConfig:
     """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
-    re-derived (``_DERIVED_FROM``); a derived field named in ``changes`` keeps the value given."""
+    re-derived; a derived field named in ``changes`` keeps the value given."""
     out = dataclasses.replace(cfg, **changes)
-    if "balanced_partial_tiles" not in changes and set(changes) & set(_DERIVED_FROM["balanced_partial_tiles"]):
+    if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
     return out
 

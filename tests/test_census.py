@@ -91,16 +91,36 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
 
 def test_cluster_probe_compiles_the_pieces_of_a_kv_multicast():
     # The path to K/V multicast across a two-CTA cluster that Gluon 3.6's API does not offer, kept
-    # compiling: each piece written in inline PTX in a one-CTA Gluon kernel reaches the SASS as the
-    # instruction it names — the multicast TMA copy, the cluster barrier and the remote release
-    # (flashrung.evidence.cluster_probe; docs/hopper.md, Open items)
+    # compiling: the pair-copy probe's inline PTX reaches the SASS as the instructions it names —
+    # the multicast TMA copy, the cluster barriers (after the barriers' init and before exit) and
+    # the remote release — and the window it addresses from global_smem is the kernel's one
+    # allocation, at offset 0 (flashrung.evidence.cluster_probe; docs/hopper.md, Open items)
+    from flashrung.evidence import cluster_probe
+
     out = subprocess.run([sys.executable, "-m", "flashrung.evidence.cluster_probe", "--arch", "sm_90a"],
                          capture_output=True, text=True, env=census.interpreter_free_env(), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["pieces"] == {"multicast_copy": 1, "cluster_barrier_arrive": 1, "cluster_barrier_wait": 1,
+    assert result["pieces"] == {"multicast_copy": 1, "cluster_barrier_arrive": 2, "cluster_barrier_wait": 2,
                                 "remote_arrive": 1}
+    assert result["allocations"] == {"window": 0}
+    assert result["shared_bytes"] == 2 * cluster_probe.TILE_WORDS * cluster_probe.WORD_BYTES
     assert result["spill_bytes"] == 0
+
+
+@pytest.mark.gpu
+def test_cluster_pair_copy_gives_each_cta_both_halves():
+    # Run on an sm_90 GPU in clusters of two: each CTA copies half of its cluster's tile into both
+    # CTAs; every CTA must end with the whole tile, its own half and its peer's, and no CTA may
+    # hang on a release its peer never sent
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (a cluster launch with TMA multicast)")
+    from flashrung.evidence import cluster_probe
+
+    result = cluster_probe.run(clusters=66)
+    assert result == {"ctas": 132, "halves_wrong": 0, "ctas_missing_peer_half": 0}
 
 
 def test_wgmma_neighbor_probe_builds_each_variant_it_times():

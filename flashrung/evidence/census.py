@@ -220,6 +220,15 @@ def sass_text(cubin_path: str) -> str:
                           text=True, check=True).stdout
 
 
+def compiled_sass(compiled) -> str:
+    """:func:`sass_text` of a compiled kernel (``compile_spec``'s result), through a temporary cubin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        return sass_text(path)
+
+
 def count_sass(sass: str) -> dict:
     """Instruction-family counts of a SASS listing (static counts, not executed counts)."""
     opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))

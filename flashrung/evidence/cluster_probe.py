@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import re
 import sys
-import tempfile
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -134,11 +132,7 @@ def probe(arch: str = "sm_90a") -> dict:
     if row.error:
         raise RuntimeError(row.error)
     compiled = census.compile_spec(spec, arch)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "probe.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = census.sass_text(path)
+    sass = census.compiled_sass(compiled)
     # the inline PTX addresses the window from global_smem: it must be the one allocation, at 0,
     # and the kernel's whole shared memory
     return {"pieces": {name: len(re.findall(pattern, sass)) for name, pattern in PIECES.items()},

@@ -194,9 +194,7 @@ def probe_census(arch: str = "sm_90a") -> dict:
     from registers), ``MUFU.EX2``, ``FFMA`` counts and whether it spills."""
     if census.needs_reexec():
         raise RuntimeError("compile without TRITON_INTERPRET=1 (python -m flashrung.evidence.wgmma_neighbor --census)")
-    import os
     import re
-    import tempfile
 
     out = {}
     for variant in VARIANTS:
@@ -204,11 +202,7 @@ def probe_census(arch: str = "sm_90a") -> dict:
         row = census.census_one(spec, arch)
         if row.error:
             raise RuntimeError(f"{variant}: {row.error}")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(census.compile_spec(spec, arch).asm["cubin"])
-            sass = census.sass_text(path)
+        sass = census.compiled_sass(census.compile_spec(spec, arch))
         out[_label(*variant)] = {"HGMMA": row.sass["HGMMA"], "HMMA": row.sass["HMMA"], "MUFU.EX2": row.sass["MUFU.EX2"],
                                  "FFMA": row.sass["FFMA"],
                                  "hgmma_register_a": len(re.findall(r"HGMMA\S* R\d+, R\d+", sass)),

@@ -46,6 +46,19 @@ def test_an_interpreted_function_always_takes_the_ordinary_path():
     assert launcher._compiled == isinstance(_axpy, triton.runtime.jit.JITFunction)
 
 
+def test_a_cluster_launch_needs_whole_clusters_and_a_compiled_kernel():
+    # kv_multicast launches clusters of two CTAs: a grid that does not split into them is refused
+    # before anything runs, and so is a cluster launch of an interpreted function (the interpreter
+    # runs one program at a time, with no cluster to share shared memory with)
+    launcher = direct_launch.DirectLaunch(_axpy)
+    x = torch.zeros(16)
+    with pytest.raises(ValueError, match="clusters of 2"):
+        launcher(3, "key", (x, x, 16, 1.0), {"BLOCK": 16}, 4, cluster_ctas=2)
+    if not launcher._compiled:
+        with pytest.raises(RuntimeError, match="no cluster launch"):
+            launcher(2, "key", (x, x, 16, 1.0), {"BLOCK": 16}, 4, cluster_ctas=2)
+
+
 def test_hooks_are_seen_only_when_set():
     from triton import knobs
 
@@ -134,10 +147,12 @@ def _recorded_launches(monkeypatch):
     every property Triton specializes on, recording (key, specialization) of each launch."""
     records = []
 
-    def record(grid, key, args, constexprs, num_warps):
+    def record(grid, key, args, constexprs, num_warps, cluster_ctas=1):
         records.append((key, _specialization(args, constexprs)))
 
     monkeypatch.setattr(fwd, "_DIRECT", record)
+    # kv_multicast's K/V tensor maps (encoded by the CUDA driver): a stand-in of their size and type
+    monkeypatch.setattr(fwd, "kv_tensor_maps", lambda k, v, rows: torch.zeros(256, dtype=torch.uint8))
     monkeypatch.setattr(fwd, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(fwd, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

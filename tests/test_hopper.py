@@ -15,7 +15,7 @@ import torch
 from flashrung.dispatch import Problem
 from flashrung.kernels.hopper import config, fwd, pipeline, schedule
 from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, replace_following, select_config
-from flashrung.kernels.hopper.schedule import head_section
+from flashrung.kernels.hopper.schedule import head_section, tail_split
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -142,8 +142,11 @@ result = {}
 for label, d, causal, changes in json.loads(sys.argv[1]):
     # "_key_tail": False builds a launch whose keys fill their K/V tiles (fwd.census_spec)
     key_tail = changes.pop("_key_tail", True)
-    # "_seqlen": the default of a problem this long (fwd.default_config), 16k unless given
-    seqlen = changes.pop("_seqlen", 16384)
+    # "_seqlen": the default of a problem this long (fwd.default_config), 16k unless given — 32k
+    # for d64 non-causal, whose 16k default pairs its CTAs (kv_multicast): the 32k default is the
+    # unpaired kernel the d64 levers below were built and priced on (the same configuration the
+    # 16k default was before)
+    seqlen = changes.pop("_seqlen", 32768 if (d, causal) == (64, False) else 16384)
     cfg = dataclasses.replace(fwd.default_config(d, causal, seqlen, key_tail=key_tail), **changes)
     spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail)
     row = census_one(spec, "sm_90a")
@@ -167,6 +170,9 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
             entry["atomics"] = sass.count("ATOMG")
+            entry["multicast_copies"] = len(re.findall(r"UTMALDG\.\dD\.MULTICAST", sass))
+            entry["cluster_barriers"] = sass.count("UCGABAR_ARV")
+            entry["remote_arrivals"] = len(re.findall(r"SYNCS\.ARRIVE\.TRANS64\.RED", sass))
     result[label] = entry
 print(json.dumps(result))
 """
@@ -303,6 +309,8 @@ CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False, "first_mask_on_need": True}))
 # the producer's V loads a step behind its K loads (FA4's order)
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
+# K/V multicast across a cluster of two CTAs (multicast.py)
+CENSUS_CONFIGS.append(("d128-full-multicast", 128, False, {"kv_multicast": True}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
 # every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
@@ -928,6 +936,51 @@ def test_lag_v_loads_changes_the_producer_only(census):
     assert lag["windows"] == base["windows"]
     assert lag["row"]["sass"]["UTMALDG"] == base["row"]["sass"]["UTMALDG"], \
         (lag["row"]["sass"]["UTMALDG"], base["row"]["sass"]["UTMALDG"])
+
+
+def test_kv_multicast_copies_halves_and_releases_both_ctas(census):
+    # kv_multicast: every K/V load is this CTA's half multicast into both CTAs (two 128-B column
+    # chunks at d128, at each of the producer's four load sites), each partition meets the cluster
+    # barrier once (two consumers and the producer), the consumers' releases also arrive on the
+    # peer (remote arrivals), and each empty barrier counts the releases of both CTAs' consumers.
+    # The steady loop grows by the remote arrivals only and keeps nothing in local memory; the
+    # 16 B ptxas spills sit outside every loop (a value computed before the partitions split)
+    mc, base = census["d128-full-multicast"], census["d128-full"]
+    assert mc["row"]["config"]["kv_multicast"] and not base["row"]["config"]["kv_multicast"]
+    assert "error" not in mc["row"], mc["row"]["error"]
+    assert mc["multicast_copies"] == 8 and base["multicast_copies"] == 0
+    assert mc["cluster_barriers"] == 3 and base["cluster_barriers"] == 0
+    assert mc["remote_arrivals"] > 0 and base["remote_arrivals"] == 0
+    for array in ("K_EMPTY_AT", "V_EMPTY_AT"):
+        assert mc["inits"][str(mc["barrier_offsets"][array])] == 2 * base["inits"][str(base["barrier_offsets"][array])]
+    assert mc["loop"]["ldl"] == 0 and mc["row"]["spill_bytes"] <= 16
+    assert base["loop"]["length"] < mc["loop"]["length"] <= base["loop"]["length"] + 8
+    assert mc["loop"]["mufu"] == base["loop"]["mufu"]
+
+
+def test_kv_multicast_refuses_what_it_cannot_pair():
+    # the pair of q-tiles needs the stride schedule and inline releases; each refusal names the
+    # switch that stands in the way
+    base = fwd.default_config(128, False, 16384)
+    dataclasses.replace(base, kv_multicast=True).check(128)
+    for change in (dict(asm_arrivals=False), dict(stagger_kv=True), dict(dynamic_tiles=True, split_tail=False),
+                   dict(extra_keys=64)):
+        with pytest.raises(ValueError, match="kv_multicast"):
+            dataclasses.replace(base, kv_multicast=True, **change).check(128)
+
+
+def test_kv_multicast_plan_pairs_q_tiles():
+    # the schedule's tiles are pairs of q-tiles and its workers clusters of two: an odd number of
+    # q-tiles rounds up to a whole pair, the persistent grid holds whole clusters, and the split
+    # tail is decided over pairs and clusters
+    cfg = dataclasses.replace(fwd.default_config(128, False, 16384), kv_multicast=True)
+    plan = fwd._plan(cfg, 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
+    base = fwd._plan(fwd.default_config(128, False, 16384), 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
+    assert plan.num_m_blocks == base.num_m_blocks // 2 and plan.num_tiles == base.num_tiles // 2
+    assert plan.grid == 132 and plan.grid % 2 == 0
+    assert (plan.num_full_tiles, plan.splits) == tail_split(plan.num_tiles, 66, 128)
+    odd = fwd._plan(cfg, 1, 3 * 128 + 1, 1000, 2, 2, 128, 2, False, True, 132)
+    assert odd.num_m_blocks == 2 and odd.grid == 2 * odd.num_items
 
 
 def test_late_k_release_moves_one_arrive(census):
@@ -2053,6 +2106,63 @@ def test_stagger_subtract_takes_the_division_out_of_the_producers_loop(census):
 
 
 
+# K/V multicast across clusters of two CTAs: a single row (one pair, its second CTA past the last
+# row), sub-tile and odd q-tile counts (a pair's second tile empty), key tails (the peer's half
+# past the end, zero-filled), Sq != Sk both ways, GQA and MQA; each on the stride grid and with the
+# split tail forced (each CTA's tile gets its own partials)
+MULTICAST_SHAPES = [
+    dict(batch=1, seqlen_q=1, seqlen_k=1, heads_q=2, heads_kv=2),
+    dict(batch=2, seqlen_q=17, seqlen_k=17, heads_q=4, heads_kv=4),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1000, heads_q=4, heads_kv=4),
+    dict(batch=1, seqlen_q=300, seqlen_k=4097, heads_q=8, heads_kv=1),
+]
+_MULTICAST = dict(kv_multicast=True, asm_arrivals=True, stagger_kv=False)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_kv_multicast(head_dim, shape):
+    _gate_forced(head_dim, shape, False, **_MULTICAST)
+    _gate_forced(head_dim, shape, False, **_MULTICAST, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_kv_multicast_is_deterministic_and_matches_the_unicast_kernel(head_dim):
+    # the same inputs twice give the same bits (a half landing late, or a slot refilled before
+    # the peer released it, would move them), and against the kernel without multicast — the same
+    # arithmetic on the same tiles in the same order — every bit agrees as well
+    shape = dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=4, heads_kv=2)
+    base = replace_following(_shape_default(head_dim, False, shape), head_dim, stagger_kv=False, asm_arrivals=True)
+    cfg = dataclasses.replace(base, kv_multicast=True)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(2, 2000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
+    again, lse_again = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
+    assert torch.equal(out, again) and torch.equal(lse, lse_again)
+    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, base)
+    assert torch.equal(out, ref) and torch.equal(lse, lse_ref)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_kv_multicast_refuses_causal_and_fits_the_gpu():
+    # causal pairs would need different key ranges: refused, naming the switch; and the GPU holds
+    # the persistent grid's clusters at once (a second wave would double the run time)
+    cfg = dataclasses.replace(fwd.default_config(128, False, 16384), kv_multicast=True, split_tail=False)
+    q = torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_multicast"):
+        fwd.forward(q, q, q, True, 0.1, cfg)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert fwd.cluster_occupancy(cfg, 128, torch.bfloat16) >= sms // 2
+
+
 # V(j) loaded after K(j+1): the last V of every item comes after its loop, a single-tile item
 # (S=17) loads its one V there, and split-tail items and staggered sweeps lag inside their own range
 @pytest.mark.gpu
@@ -2636,6 +2746,31 @@ def test_balanced_grid_refuses_to_build_its_table_inside_a_capture():
             fwd.forward(q, k, v, True, 128 ** -0.5, cfg)
     torch.cuda.synchronize()
     _assert_reruns_identical(q, k, v, True, cfg)      # and the same shape runs once out of the capture
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")     # the refused capture recorded nothing
+def test_kv_multicast_default_replays_in_a_cuda_graph():
+    # d128 non-causal at S4k pairs its CTAs by default: the K/V tensor maps are built on the
+    # tensors' first call, a capture after it records the cluster launch reading them and replays
+    # the eager result; a capture over tensors never seen refuses, saying what to do
+    q, k, v = _d128_inputs(1, 4, 4, seqlen=4096)
+    assert select_config(Problem.of(q, k, v, False)).kv_multicast
+    out_eager, lse_eager = fwd.forward(q, k, v, False, 128 ** -0.5)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, lse = fwd.forward(q, k, v, False, 128 ** -0.5)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, out_eager) and torch.equal(lse, lse_eager)
+    fresh = k.clone()
+    with pytest.raises(RuntimeError, match="before capturing"):
+        with torch.cuda.stream(stream), torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            fwd.forward(q, fresh, v, False, 128 ** -0.5)
+    torch.cuda.synchronize()
 
 
 def test_merge_loads_first_is_every_split_tails_merge_and_a_host_side_choice():

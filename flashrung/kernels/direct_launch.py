@@ -58,32 +58,50 @@ class DirectLaunch:
         self.ordinary_calls = 0
 
     def __call__(self, grid: int, key: Hashable, args: tuple, constexprs: Mapping[str, Any],
-                 num_warps: int) -> None:
+                 num_warps: int, cluster_ctas: int = 1) -> None:
         """Launch ``fn[(grid,)](*args, **constexprs, num_warps=num_warps)`` on the current device
-        and stream. ``args`` are the leading positional parameters; ``constexprs`` name the rest."""
-        if not self._compiled or _hooks_active(self.fn):
+        and stream. ``args`` are the leading positional parameters; ``constexprs`` name the rest.
+
+        ``cluster_ctas`` > 1: the ``grid`` CTAs of a kernel compiled for one CTA are launched in
+        clusters of that many consecutive CTAs (Triton's C launcher takes the cluster size from the
+        packed metadata it is handed). ``JITFunction.run`` cannot launch that, so such a launch
+        always goes the direct way: compiled through ``warmup`` the first time, and past any launch
+        hook (a profiler's hook does not see it)."""
+        if cluster_ctas < 1 or grid % cluster_ctas:
+            raise ValueError(f"{self.fn.__name__}: a grid of {grid} CTAs does not split into clusters of {cluster_ctas}")
+        if cluster_ctas > 1 and not self._compiled:
+            raise RuntimeError(f"{self.fn.__name__}: the interpreter runs no cluster launch")
+        if cluster_ctas == 1 and (not self._compiled or _hooks_active(self.fn)):
             self._ordinary(grid, args, constexprs, num_warps)
             return
         device = driver.active.get_current_device()
-        full_key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key)
+        full_key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key, cluster_ctas)
         entry = self._kernels.get(full_key)
         if entry is None:
-            kernel = self._ordinary(grid, args, constexprs, num_warps)
+            if cluster_ctas > 1:
+                kernel = self.fn.warmup(*args, **constexprs, num_warps=num_warps, grid=(grid,))
+            else:
+                kernel = self._ordinary(grid, args, constexprs, num_warps)
             if hasattr(kernel, "result"):           # Triton's asynchronous compile mode
                 kernel = kernel.result()
             if len(self._kernels) >= MAX_ENTRIES:
                 self._kernels.clear()
-            self._kernels[full_key] = (kernel, self._trailing(len(args), constexprs, num_warps),
-                                       RawLaunch.of(kernel, len(args)) if self.raw else None)
-            return
+            entry = self._kernels[full_key] = (kernel, self._trailing(len(args), constexprs, num_warps),
+                                               RawLaunch.of(kernel, len(args)) if self.raw else None)
+            if cluster_ctas == 1:
+                return
         kernel, trailing, raw = entry
         stream = driver.active.get_current_stream(device)
+        metadata = kernel.packed_metadata
+        if cluster_ctas > 1:
+            warps, _, shared = metadata
+            metadata = (warps, cluster_ctas, shared)
+            grid //= cluster_ctas               # the launcher starts grid × cluster_ctas CTAs
         if raw is not None:
-            raw(grid, stream, kernel.function, kernel.packed_metadata, args, trailing)
+            raw(grid, stream, kernel.function, metadata, args, trailing)
         else:
             # the launcher skips the constexpr positions itself: it wants every parameter, in order
-            kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                       *args, *trailing)
+            kernel.run(grid, 1, 1, stream, kernel.function, metadata, None, None, None, *args, *trailing)
         self.direct_calls += 1
 
     def _ordinary(self, grid, args, constexprs, num_warps):

@@ -403,6 +403,14 @@ class HopperFwdConfig:
     # records go to the balanced grid's table pointer (a split-tail launch reads no table), so the
     # last round's split items are recorded too
     trace_tiles: int = 0
+    # K/V multicast across a cluster of two CTAs (multicast.py): the CTAs of a cluster take the
+    # neighbouring q-tiles 2p and 2p + 1 of one head, and each producer loads half of every K/V
+    # tile into both, so each tile leaves L2 once per pair. Non-causal only (the pair's tiles need
+    # the same K/V range), on the stride schedule (no balanced lists, no dynamic hand-out, no
+    # stagger), with asm_arrivals (a consumer's release is inline PTX that also arrives on the
+    # peer's barrier). The producer becomes a whole warpgroup: the cluster barrier at each
+    # partition's start waits for every thread, Triton's idle padding warps included
+    kv_multicast: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -557,6 +565,14 @@ class HopperFwdConfig:
         if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
             raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
                              "of them")
+        if self.kv_multicast and not _can_multicast(self):
+            raise ValueError("kv_multicast pairs neighbouring q-tiles on the stride schedule and releases K/V slots "
+                             "to both CTAs in inline PTX: it needs asm_arrivals=True, balanced=False, "
+                             "dynamic_tiles=False, dynamic_pool_share=0, stagger_kv=False, extra_keys=0 and a block_n "
+                             f"that halves into whole 8-row swizzle atoms, got asm_arrivals={self.asm_arrivals}, "
+                             f"balanced={self.balanced}, dynamic_tiles={self.dynamic_tiles}, "
+                             f"dynamic_pool_share={self.dynamic_pool_share}, stagger_kv={self.stagger_kv}, "
+                             f"extra_keys={self.extra_keys}, block_n={self.block_n}")
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
@@ -984,6 +1000,19 @@ FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
 GATE_PV_WAIT_MIN_SEQLEN = {(128, False): 16384}
 ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
+# K/V multicast across clusters of two CTAs (kv_multicast, multicast.py) on non-causal problems of
+# this max(Sq, Sk) range, with the inline arrivals and unstaggered sweeps it needs. Paired on the
+# H200 against the default, preheated 150 ms (t_keep 1.002164), bf16, every gate passed
+# (h200-compare-kv-multicast-d{64,128}-full-s*-2bb38ea.json): d128 H16 B8 S4096 1.0191 / 1.0152,
+# B4 S8192 1.0144 / 1.0150 (KEEP); B2 S16384 0.9949 / 0.9949 and B16 S2048 (there with the inline
+# arrivals, which S2k lacks) 0.9892 / 0.9928 (REVERT). d64 H32 (with asm_arrivals, stagger_kv off)
+# B8 S4096 1.0153 / 1.0170, B2 S16384 1.0056 / 1.0110 (KEEP). At d128 S16k the L2's request
+# coalescer already merges 51.5% of the reads (ncu, lrc counters): the slices serve 0.523e9 sectors
+# without multicast and 0.541e9 with it (h200-ncu-lrc-kv-multicast-{base,mc}-2bb38ea.txt), so the
+# halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
+# Untimed: d64 S32k, d256 (off).
+KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
+
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
@@ -991,7 +1020,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
             fa3_named: bool = False, gate_pv_wait: bool = False,
-            mask_first_always: bool = False) -> HopperFwdConfig:
+            mask_first_always: bool = False, kv_multicast: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -1014,7 +1043,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                first_mask_on_need=base.first_mask_on_need and not mask_first_always,
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
-                               single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals,
+                               single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1034,11 +1063,21 @@ _PARTIAL_TILES_DERIVED_FROM = frozenset({"balanced", "skip_empty_rows", "block_m
 
 def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperFwdConfig:
     """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
-    re-derived; a derived field named in ``changes`` keeps the value given."""
+    re-derived; a derived field named in ``changes`` keeps the value given. A default
+    ``kv_multicast`` steps aside for a change it cannot run with (the staggered sweep, Gluon's
+    arrivals, ...), unless the change names it too (then check() refuses)."""
     out = dataclasses.replace(cfg, **changes)
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
+    if out.kv_multicast and "kv_multicast" not in changes and not _can_multicast(out):
+        out = dataclasses.replace(out, kv_multicast=False)
     return out
+
+
+def _can_multicast(cfg: HopperFwdConfig) -> bool:
+    """What ``kv_multicast`` needs of the rest of a configuration (``HopperFwdConfig.check``)."""
+    return (cfg.asm_arrivals and not (cfg.balanced or cfg.dynamic or cfg.stagger_kv or cfg.extra_keys)
+            and cfg.block_n % 16 == 0)
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -1067,8 +1106,13 @@ def select_config(problem) -> HopperFwdConfig:
     if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
             and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
         aa_first, aa_last = 1, 0
+    mc_first, mc_last = (1, 0) if problem.causal else KV_MULTICAST_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    kv_multicast = mc_first <= seqlen <= mc_last
+    if kv_multicast:
+        # what the pairs were priced with: the inline arrivals, the sweeps unstaggered
+        aa_first, aa_last, stagger_kv = 1, 1 << 62, False
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait, mask_first_always)
+                   gate_pv_wait, mask_first_always, kv_multicast)

@@ -154,6 +154,8 @@ from flashrung.kernels.hopper.schedule import (
     work_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
+from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank, join_cluster,
+                                               kv_tensor_maps, load_half, max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
                                             NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
                                             tile_end, tile_start)
@@ -181,10 +183,14 @@ from flashrung.kernels.hopper.softmax import (
 KERNEL_NAME = "hopper.fwd"
 CONSUMER_WARPS = 4        # one warpgroup: the wgmma issue unit
 PRODUCER_WARPS = 1        # TMA is issued by one thread; the rest of its warpgroup is padding
+# with kv_multicast the producer is the whole warpgroup: every thread meets the cluster barrier
+# (multicast.join_cluster), and Triton's idle padding warps never would
+MULTICAST_PRODUCER_WARPS = 4
 TMA_ALIGN_BYTES = 16      # TMA: base address and every non-unit stride a multiple of 16 bytes
 _ROWS = gl.constexpr(ROWS_PER_CONSUMER_WARPGROUP)
 _CONSUMER_WARPS = gl.constexpr(CONSUMER_WARPS)
 _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
+_MULTICAST_PRODUCER_WARPS = gl.constexpr(MULTICAST_PRODUCER_WARPS)
 # columns of the running-sum accumulator with ``ROW_SUM_BY_MMA`` (every column holds the same sum:
 # P times a tile of ones)
 _SUM_COLS = gl.constexpr(ROW_SUM_COLS)
@@ -255,10 +261,12 @@ class _Sizes:
     tail_splits: FastDivisor    # work items per tail tile (1: no split tail)
     sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule)
     handout_ptr: gl.tensor      # int32 [2]: the dynamic hand-out's counters (schedule.handout_next)
+    kv_tmaps_ptr: gl.tensor     # kv_multicast: K's and V's tensor maps in global memory (multicast.kv_tensor_maps)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
-                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr):
+                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr):
+        self.kv_tmaps_ptr = kv_tmaps_ptr
         self.sched_ptr = sched_ptr
         self.handout_ptr = handout_ptr
         self.seqlen_q = seqlen_q
@@ -353,6 +361,13 @@ class _Schedule:
     HOIST_SMEM_BASE: gl.constexpr  # the inline arrivals and waits take the shared window's base from one pure read
     GATE_PV_WAIT: gl.constexpr   # FA4's order: PV's wait in a block of its own after the row max
     EARLY_EXP_QUARTERS: gl.constexpr  # FA4's order: quarters of the tile's keys exponentiated ahead of PV's wait
+    MULTICAST: gl.constexpr      # kv_multicast: a cluster of two CTAs shares each K/V tile (multicast.py)
+    PRODUCER_WARPS: gl.constexpr
+    ELEM_BYTES: gl.constexpr
+    K_RING_AT: gl.constexpr      # kv_multicast: byte offsets of the K/V rings and their ready barriers,
+    V_RING_AT: gl.constexpr      # which the producer's inline copies address (multicast.load_half)
+    K_ARM_AT: gl.constexpr
+    V_ARM_AT: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -385,6 +400,9 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
     else:
         b, h, m_block = tile_coords(tile_id, sz.num_m_blocks.d, sz.batch_heads, sz.heads_q.d, sz.head_section.d,
                                     c.LPT)
+    if c.MULTICAST:
+        # the schedule hands out pairs of q-tiles; each CTA of the cluster takes its own
+        m_block = m_block * _CLUSTER_CTAS + cta_rank()
     return tile_id, split, b, h, m_block
 
 
@@ -406,13 +424,23 @@ def _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c):
 
 
 @gluon.jit
-def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, j, count, c):
+def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, j, count, c, sz, KV: gl.constexpr):
     """K/V tile ``j`` into ring slot ``count % stages``: one box, or two (BLOCK_N then EXTRA_KEYS keys)
-    completing the same barrier."""
+    completing the same barrier; with ``MULTICAST``, this CTA's half of it into both CTAs of the
+    cluster (``KV``: 0 for K, 1 for V, the tensor map and ring it names)."""
     idx, phase = ring_slot(count, c.NUM_KV_STAGES)
+    # with MULTICAST the slot's empty barrier counts both CTAs' consumers: free in both
     mbarrier.wait(empty_bars.index(idx), phase ^ 1)
     key0 = j * c.KV_TILE
-    if c.EXTRA_KEYS > 0:
+    if c.MULTICAST:
+        tmap = sz.kv_tmaps_ptr.to(gl.int64) + KV * _TENSOR_MAP_BYTES
+        if KV == 0:
+            load_half(tmap, idx, key0, kv_head, b, c.K_RING_AT, c.K_ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                      c.PRODUCER_WARPS)
+        else:
+            load_half(tmap, idx, key0, kv_head, b, c.V_RING_AT, c.V_ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                      c.PRODUCER_WARPS)
+    elif c.EXTRA_KEYS > 0:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
         tma.async_copy_global_to_shared(desc2, [b, key0 + c.BLOCK_N, kv_head, 0], ready_bars.index(idx),
@@ -450,7 +478,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         # the first K first: it streams while the previous tile still holds the Q buffers.
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
-                      count, c)
+                      count, c, sz, 0)
         _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
@@ -459,21 +487,21 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                              kv_head, t, base + j, c)
+                              kv_head, t, base + j, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                              kv_head, prev, base + j - 1, c)
+                              kv_head, prev, base + j - 1, c, sz, 1)
                 prev = t
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                          prev, base + kv_hi - 1, c)
+                          prev, base + kv_hi - 1, c, sz, 1)
         else:
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                          first, count, c)
+                          first, count, c, sz, 1)
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                              kv_head, t, base + j, c)
+                              kv_head, t, base + j, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                              kv_head, t, base + j, c)
+                              kv_head, t, base + j, c, sz, 1)
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
@@ -498,6 +526,8 @@ def _end_handout(sh, tile_iter, c):
 def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
+    if c.MULTICAST:
+        join_cluster(c.PRODUCER_WARPS)
     if c.DYNAMIC:
         # this CTA's listed items (its program id alone without the lists), then draws from the pool
         start, stop, pool = handout_range(sz.sched_ptr, c.BALANCED)
@@ -519,11 +549,25 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:
-        start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+        start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
         for pos in range(start, stop, step):
             item = work_at(sz.sched_ptr, pos, c.BALANCED)
             count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
+        if c.MULTICAST:
+            _drain_ring(sh, count, c)
+
+
+@gluon.jit
+def _drain_ring(sh, count, c):
+    """Wait until every K/V slot has been released by the consumers of both CTAs of the cluster:
+    the peer's last remote arrivals land here, and its copies into this CTA have all landed
+    (this CTA's consumers waited for each), so nothing reaches this CTA's shared memory after it
+    exits. A slot never filled passes at once (a fresh barrier's parity)."""
+    for i in gl.static_range(c.NUM_KV_STAGES):
+        idx, phase = ring_slot(count + i, c.NUM_KV_STAGES)
+        mbarrier.wait(sh.k_empty_bars.index(idx), phase ^ 1)
+        mbarrier.wait(sh.v_empty_bars.index(idx), phase ^ 1)
 
 
 # --------------------------------------------------------------------------- consumers
@@ -900,7 +944,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     s = _wait_scores(s, c.PV_GROUPS)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS, c.TRACE_WARPS)
     if not c.LATE_K_RELEASE:
-        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
     # those whose first half every row sees mask the second half only (MASK_SECOND_HALF)
     HALVES: gl.constexpr = MASK and (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF)
@@ -944,9 +988,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             partial = wait_mma_after_softmax(qk_scale_log2, partial)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
         # with EXP_TURNS one consumer at a time runs its MUFU block (taken once per overlapped
         # step, as the GEMM token is)
         m_new = wait_exp_turn(m_new, WG, c.EXP_TURNS)
@@ -984,9 +1028,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
@@ -1017,7 +1061,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
         s = _wait_scores(s, 0)
-        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
         if c.FIRST_MASK_ON_NEED:
             # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
             # non-causal launch sets it only when its keys fill their tiles (_first_mask_on_need),
@@ -1069,7 +1113,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
         acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     if c.OVERLAP_EPILOGUE:
         if kv_hi <= kv_lo:
             # no K/V tile to hide it under (rows that see no key)
@@ -1089,7 +1133,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     s = _wait_scores(s, 0)
-    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
@@ -1101,7 +1145,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     return acc, m_i, l_i, turn
 
 
@@ -1133,7 +1177,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
         if n_tiles > 0:
             idx, phase = ring_slot(count, c.NUM_KV_STAGES)
             ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
             for j in range(1, n_tiles):
                 k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
                 v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
@@ -1142,22 +1186,22 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
                 turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
                 pass_exp_turn_through(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
-                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
-                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
             ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     else:
         for j in range(0, n_tiles):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
             ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
             ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
     return turn
 
 
@@ -1202,8 +1246,15 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
     out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(_sum_total(l_i, c), out_rows))
     if c.SPLIT_TAIL:
         if split >= 0:
-            _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
-                           m_block, WG, c)
+            if c.MULTICAST:
+                # the workspace holds every CTA's tile: tail tile t of the pair schedule is the two
+                # tiles 2t and 2t + 1, each with its splits (tail_combine's order)
+                tail_tile = (tile_id - sz.num_full_tiles) * _CLUSTER_CTAS + cta_rank()
+                _store_partial(parts, out, lse, tail_tile * sz.tail_splits.d + split, tail_tile, split, b, h,
+                               m_block, WG, c)
+            else:
+                _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
+                               m_block, WG, c)
         else:
             _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
     else:
@@ -1328,11 +1379,13 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     count = 0
     turn = 0
     tile_iter = 0
+    if c.MULTICAST:
+        join_cluster(_CONSUMER_WARPS)
     start_turns(WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS)
     start_exp_turns(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
     if c.ROW_SUM_BY_MMA:
         _fill_ones(sh.ones_bufs.index(WG), c)
-    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED)
+    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
     if c.OVERLAP_EPILOGUE:
         # the finished tile whose epilogue is still to run: none before the first
         prev_acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
@@ -1382,7 +1435,7 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
-                     sched_ptr, handout_ptr,
+                     sched_ptr, handout_ptr, kv_tmaps_ptr,
                      seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
@@ -1410,9 +1463,14 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
-                     EARLY_EXP_QUARTERS: gl.constexpr,
+                     EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr,
+                     K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr, K_ARM_AT: gl.constexpr, V_ARM_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
+    PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST else _PRODUCER_WARPS
+    # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too
+    RELEASES_PER_SLOT: gl.constexpr = NUM_CONSUMERS * release_arrivals(THREAD_RELEASE) * (_CLUSTER_CTAS if MULTICAST
+                                                                                           else 1)
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_Q_STAGES * NUM_CONSUMERS] + q_desc.block_type.shape,
@@ -1459,8 +1517,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(v_ready_bars.index(i), count=1)
         # every consumer warpgroup reads every K/V tile: each releases it once (pipeline.release:
         # one elected arrival per 4-warp partition, or one per thread)
-        mbarrier.init(k_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
-        mbarrier.init(v_empty_bars.index(i), count=NUM_CONSUMERS * release_arrivals(THREAD_RELEASE))
+        mbarrier.init(k_empty_bars.index(i), count=RELEASES_PER_SLOT)
+        mbarrier.init(v_empty_bars.index(i), count=RELEASES_PER_SLOT)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
@@ -1468,7 +1526,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
-                num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr)
+                num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr,
+                kv_tmaps_ptr)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
@@ -1493,7 +1552,9 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   TRACE_WARPS=TRACE_WARPS, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
-                  GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS)
+                  GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS, MULTICAST=MULTICAST,
+                  PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
+                  V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1503,20 +1564,20 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
-        ], [_PRODUCER_WARPS], [PRODUCER_REGS])
+        ], [PRODUCER_WARPS_USED], [PRODUCER_REGS])
     elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
-        ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+        ], [_CONSUMER_WARPS, PRODUCER_WARPS_USED], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 2, c)),
             (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
-        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, PRODUCER_WARPS_USED], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 # --------------------------------------------------------------------------- host
@@ -1577,7 +1638,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
-        EARLY_EXP_QUARTERS=cfg.early_exp_quarters,
+        EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
@@ -1733,13 +1794,17 @@ class _LaunchPlan:
 @functools.lru_cache(maxsize=4096)
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None) -> _LaunchPlan:
-    """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item)."""
-    num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+    """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
+
+    With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs)
+    and its persistent workers are clusters of two; ``grid`` counts CTAs."""
+    pair = CLUSTER_CTAS if cfg.kv_multicast else 1
+    num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m * pair)
     num_tiles = num_m_blocks * batch * heads_q
     num_full_tiles, splits = num_tiles, 1
     resident = None
     if sm_count is not None:
-        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes)
+        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes) // pair
         if cfg.split_tail:
             fixed = WORK_ITEM_FIXED_KV_TILES[head_dim] if cfg.split_tail_rounds else None
             num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile), fixed)
@@ -1747,7 +1812,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     if num_items >= 1 << DIVIDEND_BITS:
         # every dividend of the work-item decode is below num_items (schedule.fast_divisor)
         raise ValueError(f"{KERNEL_NAME}: {num_items} work items; the kernel numbers them in int32")
-    grid = min(num_items, resident) if cfg.persistent and resident is not None else num_items
+    grid = (min(num_items, resident) if cfg.persistent and resident is not None else num_items) * pair
     # a section wider than every column is one section; clamped, its tile count stays an int32
     section = min(head_section(seqlen_k, heads_q, heads_kv, head_dim, elem_bytes, cfg.l2_section_mib << 20),
                   batch * heads_q)
@@ -1798,8 +1863,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     scale = fold_scale(softmax_scale)
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
                  softmax_scale > 0, None if warmup else _sm_count(device_index))
+    pair = CLUSTER_CTAS if cfg.kv_multicast else 1
     if plan.splits > 1:
-        part_o, part_lse, coords = tail_workspace(plan.num_items - plan.num_full_tiles, plan.num_tiles - plan.num_full_tiles,
+        # with kv_multicast a pair's split item leaves each CTA's tile its own partials
+        part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * pair,
+                                                  (plan.num_tiles - plan.num_full_tiles) * pair,
                                                   cfg.block_m, head_dim, q.device)
     else:
         # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
@@ -1815,7 +1883,12 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     # never dereferenced without the dynamic hand-out
     handout = handout_counters(device_index) if cfg.dynamic and not warmup else coords
     k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
-    pointers = (lse, part_o, part_lse, coords, sched, handout)
+    # never dereferenced without kv_multicast (a compile-only call's stand-in has the maps' type)
+    if cfg.kv_multicast:
+        tmaps = lse.view(torch.uint8) if warmup else kv_tensor_maps(k, v, cfg.block_n)
+    else:
+        tmaps = lse
+    pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps)
     args = (
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
@@ -1828,7 +1901,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         constexprs = _launch_barrier_offsets(plan.build, q.dtype, args, constexprs, plan.grid)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(plan.grid,))
-    if DIRECT_LAUNCH:
+    if cfg.kv_multicast:
+        # clusters of two: only the direct path launches them (JITFunction.run knows one CTA a program)
+        key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
+        _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS, cluster_ctas=CLUSTER_CTAS)
+    elif DIRECT_LAUNCH:
         key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
         _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS)
     else:
@@ -1890,6 +1967,20 @@ def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype
     return _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
 
 
+def cluster_occupancy(cfg: HopperFwdConfig, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Clusters of two CTAs of ``cfg``'s kernel (``kv_multicast``) the current GPU holds at once
+    (``cuOccupancyMaxActiveClusters`` on the compiled kernel): the persistent grid assumes one per
+    two SMs."""
+    if not cfg.kv_multicast:
+        raise ValueError(f"cluster_occupancy asks about kv_multicast's clusters; got kv_multicast=False")
+    kernel = warmup(cfg, head_dim, False, dtype)
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    kernel._init_handles()
+    warps, _, shared = kernel.packed_metadata
+    return max_active_clusters(kernel.function, warps * 32, shared, _sm_count(torch.cuda.current_device()) // 2)
+
+
 # dispatch hands forward the Problem it built (flashrung.api): building it again cost a few µs of
 # host time per call
 FORWARD_TAKES_PROBLEM = True
@@ -1926,6 +2017,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
+    if cfg.kv_multicast and causal:
+        raise ValueError(f"{KERNEL_NAME}: kv_multicast applies to non-causal problems (the two q-tiles of a cluster "
+                         "must read the same K/V tiles; causal ones end at different keys); got causal=True")
     if bool(cfg.trace_steps or cfg.trace_tiles) != (_trace is not None):
         raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 or trace_tiles > 0 runs through "
                          f"traced_forward, which allocates its stamps; got trace_steps={cfg.trace_steps}, "
@@ -2016,7 +2110,7 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     signature = {
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
-        "handout_ptr": "*i32",
+        "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)

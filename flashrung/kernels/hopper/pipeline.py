@@ -199,16 +199,20 @@ def release_arrivals(per_thread):
 
 
 @gluon.constexpr_function
-def _arrive_asm(smem_offset, hoisted):
+def _arrive_asm(smem_offset, hoisted, peer=False):
     # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot; hoisted: $3
     # the shared window's base (smem_base). The index comes in a register rather than from %tid.x
     # in the PTX: read there, d256's kernel kept 236-264 B in local memory (census; 0-36 B this
     # way). ``global_smem`` is the kernel's one dynamic shared-memory symbol; the barrier array sits
     # ``smem_offset`` bytes into it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the
-    # allocation pass).
-    return ("{ .reg .pred leader; .reg .b32 addr; setp.eq.u32 leader, $1, 0; "
+    # allocation pass). ``peer``: the same barrier of the other CTA of a two-CTA cluster gets an
+    # arrival too (``mapa`` to its address, release at cluster scope: the peer's producer then
+    # overwrites what this warpgroup read; multicast.py)
+    remote = ("mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, rank; "
+              "@leader mbarrier.arrive.shared::cluster.b64 _, [remote]; ") if peer else ""
+    return ("{ .reg .pred leader; .reg .b32 addr" + (", rank, remote" if peer else "") + "; setp.eq.u32 leader, $1, 0; "
             + _slot_address("$2", smem_offset, hoisted)
-            + "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; mov.u32 $0, 0; }")
+            + "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; " + remote + "mov.u32 $0, 0; }")
 
 
 @gluon.constexpr_function
@@ -229,7 +233,7 @@ def smem_base(like):
 
 
 @gluon.jit
-def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False):
+def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False, PEER: gl.constexpr = False):
     """One arrival on barrier ``slot`` of the array at ``SMEM_OFFSET``, by the partition's thread 0,
     with no partition-wide ``bar.sync`` in front of it (FA3's consumer release).
 
@@ -237,16 +241,17 @@ def arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = 
     fence would have ordered is ordered otherwise: every use this makes of it follows a
     ``warpgroup_mma_wait``, and a ``wgmma`` group is the warpgroup's, so thread 0's wait returning
     means every warp's part of the GEMMs that read the slot is done. ``HOIST_BASE``: the shared
-    window's base from :func:`smem_base` (``hoist_smem_base``).
+    window's base from :func:`smem_base` (``hoist_smem_base``). ``PEER``: the other CTA of the
+    cluster's barrier too (``kv_multicast``).
     """
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
     lanes = gl.arange(0, _THREADS_PER_WARPGROUP, layout=layout)
     slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot
     if HOIST_BASE:
-        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, True), "=r,r,r,r", [lanes, slots, smem_base(lanes)],
+        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, True, PEER), "=r,r,r,r", [lanes, slots, smem_base(lanes)],
                                   dtype=gl.int32, is_pure=False, pack=1)
     else:
-        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, False), "=r,r,r", [lanes, slots], dtype=gl.int32,
+        gl.inline_asm_elementwise(_arrive_asm(SMEM_OFFSET, False, PEER), "=r,r,r", [lanes, slots], dtype=gl.int32,
                                   is_pure=False, pack=1)
 
 
@@ -318,7 +323,7 @@ def ready_wait(ready_bars, idx, phase, SMEM_OFFSET: gl.constexpr = -1, HOIST_BAS
 
 @gluon.jit
 def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr = -1,
-            HOIST_BASE: gl.constexpr = False):
+            HOIST_BASE: gl.constexpr = False, PEER: gl.constexpr = False):
     """A consumer warpgroup frees K/V ring slot ``idx``: its arrival on the slot's ``empty`` barrier.
 
     Elected (``PER_THREAD`` off): one thread arrives. Gluon 3.6 lowers that arrival with a
@@ -331,11 +336,13 @@ def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr
     expects 128 arrivals per consumer (:func:`release_arrivals`). No ``bar.sync``: the slot is free
     when the last thread has arrived, and every thread arrives after its own
     ``warpgroup_mma_wait`` for the GEMM that read the slot, so no warp can still be reading it.
+    ``PEER`` (``kv_multicast``, with ``asm_arrivals``): the elected arrival lands on the cluster
+    peer's barrier as well, whose producer writes half of this CTA's slot.
     """
     if PER_THREAD:
         async_copy.mbarrier_arrive(empty_bars.index(idx), increment_count=False)
     elif SMEM_OFFSET >= 0:
-        arrive_unsynced(idx, SMEM_OFFSET, HOIST_BASE)
+        arrive_unsynced(idx, SMEM_OFFSET, HOIST_BASE, PEER)
     else:
         mbarrier.arrive(empty_bars.index(idx))
 
@@ -358,16 +365,20 @@ def wait_mma_after_softmax(gate, x):
     return x
 
 
-# the kernel's constexprs that name a barrier array's shared-memory offset in inline PTX, and the
-# array each names: the arrivals of ``asm_arrivals``, the waits of ``asm_waits``. -1: not used;
+# the kernel's constexprs that name a shared-memory array's offset in inline PTX, and the array each
+# names: the arrivals of ``asm_arrivals``, the waits of ``asm_waits``, the copies of ``kv_multicast``. -1: not used;
 # 0 before the first compile (a placeholder fwd.barrier_offsets replaces)
 BARRIER_OFFSETS = {
     "K_EMPTY_AT": "k_empty_bars", "V_EMPTY_AT": "v_empty_bars", "TURN_AT": "turn_bars",
     "K_READY_AT": "k_ready_bars", "V_READY_AT": "v_ready_bars", "TURN_WAIT_AT": "turn_bars",
+    # kv_multicast's producer copies (multicast.load_half): the K/V rings and the ready barriers it arms
+    "K_RING_AT": "k_bufs", "V_RING_AT": "v_bufs", "K_ARM_AT": "k_ready_bars", "V_ARM_AT": "v_ready_bars",
 }
 # the config switch that puts each of them in inline PTX
 BARRIER_SWITCHES = {"K_EMPTY_AT": "asm_arrivals", "V_EMPTY_AT": "asm_arrivals", "TURN_AT": "asm_arrivals",
-                    "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits"}
+                    "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits",
+                    "K_RING_AT": "kv_multicast", "V_RING_AT": "kv_multicast", "K_ARM_AT": "kv_multicast",
+                    "V_ARM_AT": "kv_multicast"}
 
 
 def resolve_shared_offsets(compile_with, constexprs: dict, names: dict[str, str], owner: str,

@@ -43,6 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
 from flashrung.model.schedule import live_blocks
+from flashrung.kernels.hopper.multicast import cluster_index
 
 # K/V bytes of the heads that run together should stay in L2 (H200: 60 MiB; FA4 uses ~50 MB).
 L2_BUDGET_BYTES = 48 * 1024 * 1024
@@ -294,13 +295,17 @@ def pool_start(costs, pool_share: float) -> int:
 
 
 @gluon.jit
-def work_range(sched_ptr, num_items, BALANCED: gl.constexpr):
+def work_range(sched_ptr, num_items, BALANCED: gl.constexpr, CLUSTER_PAIRS: gl.constexpr = False):
     """``(start, stop, step)`` of the positions this CTA walks: its stretch of the balanced table, or
-    the stride ``pid, pid + P, …`` over the work items themselves."""
+    the stride ``pid, pid + P, …`` over the work items themselves — with ``CLUSTER_PAIRS``
+    (``kv_multicast``) over the clusters of two, both CTAs of a cluster walking the same items."""
     pid = gl.program_id(0)
     if BALANCED:
         first = gl.num_programs(0) + 1          # the order follows the offsets
         out = (first + gl.load(sched_ptr + pid), first + gl.load(sched_ptr + pid + 1), 1)
+    elif CLUSTER_PAIRS:
+        cluster, clusters = cluster_index()
+        out = (cluster, num_items, clusters)
     else:
         out = (pid, num_items, gl.num_programs(0))
     return out

@@ -1,0 +1,231 @@
+"""K/V multicast across a two-CTA cluster: the pieces ``hopper.fwd`` uses with ``kv_multicast``.
+
+What it does: the two CTAs of a cluster work on neighbouring q-tiles of one head (m-blocks
+``2p`` and ``2p + 1``), which read the same K/V tiles. Each CTA's producer loads **half** of every
+K/V tile (``BLOCK_N / 2`` rows) and multicasts it into the same ring slot of both CTAs
+(``cp.async.bulk.tensor...multicast::cluster``, mask ``0b11``), so each tile leaves L2 once per
+pair instead of once per CTA. The ring's protocol grows by one rule each way:
+
+* a slot's **ready** barrier in each CTA is armed by its own producer for the whole tile's bytes
+  and completes when both halves have landed (each half's copy signals the barrier at the same
+  offset in both CTAs);
+* a slot's **empty** barrier counts the releases of both CTAs' consumers: a producer may refill its
+  half of a slot only once neither CTA reads the slot any more, so every consumer release also
+  arrives, remotely (``mapa`` + ``mbarrier.arrive.release.cluster``), on the peer's barrier
+  (``pipeline.arrive_unsynced`` with ``peer``).
+
+Gluon 3.6 has none of this (its TMA copy takes no CTA mask; ``num_ctas=2`` makes one program span
+the cluster and asks for CGA layouts everywhere): the copies and the remote arrivals are inline
+PTX in a kernel compiled for one CTA and launched in clusters of two, addressing shared memory by
+the allocation pass's offsets (``pipeline.resolve_shared_offsets``) and the K/V tensors through
+tensor maps this module encodes into global memory. ``flashrung.evidence.cluster_probe`` is the
+same protocol on one tile, checked on the GPU.
+
+Hazards the kernel answers:
+
+* **init before remote use**: no copy or arrival may reach a peer whose barriers are not yet
+  initialized. Every thread of each CTA meets a cluster barrier at its partition's start
+  (:func:`join_cluster`), after the barriers' init; ``barrier.cluster`` waits for *every* thread of
+  the cluster, so the producer is a whole warpgroup (Triton pads a one-warp partition with idle
+  warps that would never arrive).
+* **exit with traffic in flight**: a CTA exits only after its producer has seen every slot released
+  by both CTAs' consumers (``fwd._drain_ring``), i.e. after the peer's last remote arrival on it;
+  every copy into it has landed by then, as its consumers waited for each one.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+CLUSTER_CTAS = 2
+PAIR_MASK = (1 << CLUSTER_CTAS) - 1       # each half lands in both CTAs
+SWIZZLE_BYTES = 128                       # a box row's bytes under the K/V tiles' 128-B swizzle
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN_BYTES = 64
+# one thread per element: the inline PTX below runs once per thread
+_THREADS_PER_WARP = gl.constexpr(32)
+
+_CLUSTER_CTAS = gl.constexpr(CLUSTER_CTAS)
+_TENSOR_MAP_BYTES = gl.constexpr(TENSOR_MAP_BYTES)
+_SWIZZLE_BYTES = gl.constexpr(SWIZZLE_BYTES)
+
+
+@gluon.jit
+def cta_rank():
+    """This CTA's rank in its cluster of two: clusters are consecutive CTA ids along x."""
+    return gl.program_id(0) % _CLUSTER_CTAS
+
+
+@gluon.jit
+def cluster_index():
+    """``(cluster id, clusters in the launch)``: a persistent cluster's stride over the work items."""
+    return gl.program_id(0) // _CLUSTER_CTAS, gl.num_programs(0) // _CLUSTER_CTAS
+
+
+@gluon.jit
+def join_cluster(WARPS: gl.constexpr):
+    """Every thread of the partition (``WARPS`` warps) meets the cluster barrier once, at its
+    start: after it, each CTA's barriers are initialized and visible to the peer (the init fence
+    is release at cluster scope, the barrier's arrive release and its wait acquire)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
+    token = gl.full([WARPS * _THREADS_PER_WARP], 0, gl.int32, layout)
+    gl.inline_asm_elementwise(
+        "fence.mbarrier_init.release.cluster; barrier.cluster.arrive.release.aligned; "
+        "barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;",
+        "=r,r", [token], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.constexpr_function
+def _half_copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, half_rows, half_bytes):
+    # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the ring
+    # slot, $4: the tile's first key, $5: the K/V head, $6: the batch, $7: this CTA's rank. The
+    # producer's thread 0 arms its own ready barrier for the whole tile (both halves) and copies
+    # its half — rows [rank · half_rows, +half_rows) of the tile, in ``chunks`` 128-B column
+    # chunks — into the same offset of both CTAs. Triton lays a [rows, D] NVMMA tile out as
+    # column chunks of [rows, 64 bf16] one after the other (its own TMA copy issues one box per
+    # chunk at chunk · rows · 128 B), so a half's rows sit at rank · half_bytes inside each chunk;
+    # the half is a multiple of the 1024-B swizzle period, so the swizzle agrees.
+    copies = []
+    for chunk in range(chunks):
+        if chunk:
+            copies.append(f"add.u32 dst, dst, {chunk_bytes}; ")
+        copies.append(
+            "@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+            f"[dst], [$2, {{{chunk * chunk_cols}, $5, row, $6}}], [ready], mask; ")
+    return ("{ .reg .pred leader; .reg .b32 base, ready, dst, row; .reg .b16 mask; "
+            "setp.eq.u32 leader, $1, 0; mov.u32 base, global_smem; "
+            f"mad.lo.u32 ready, $3, 8, base; add.u32 ready, ready, {ready_at}; "
+            f"mad.lo.u32 dst, $3, {tile_bytes}, base; add.u32 dst, dst, {bufs_at}; "
+            f"mad.lo.u32 dst, $7, {half_bytes}, dst; mad.lo.u32 row, $7, {half_rows}, $4; "
+            f"mov.u16 mask, {PAIR_MASK}; "
+            f"@leader mbarrier.arrive.expect_tx.shared::cta.b64 _, [ready], {tile_bytes}; "
+            + "".join(copies) + "mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def load_half(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr,
+              ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
+    """Arm ring slot ``idx``'s ready barrier for a whole ``ROWS``-key tile and multicast this CTA's
+    half of keys ``[key0, key0 + ROWS)`` into slot ``idx`` of both CTAs (``BUFS_AT``, ``READY_AT``:
+    the byte offsets of the ring's buffers and ready barriers in shared memory)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
+    threads: gl.constexpr = WARPS * _THREADS_PER_WARP
+    zeros = gl.full([threads], 0, gl.int32, layout)
+    chunk_cols: gl.constexpr = _SWIZZLE_BYTES // ELEM_BYTES
+    row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
+    gl.inline_asm_elementwise(
+        _half_copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+                       chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
+        "=r,r,l,r,r,r,r,r",
+        [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,
+         zeros + key0, zeros + kv_head, zeros + b, zeros + cta_rank()],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+# --------------------------------------------------------------------------- host
+
+_TMAP_DTYPES = {torch.float16: 6, torch.bfloat16: 9}        # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / BFLOAT16
+# CUtensorMap enums: no interleave, 128-B swizzle, L2 promotion to 256 B, out-of-bounds reads as zero
+_NO_INTERLEAVE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_ZERO = 0, 3, 3, 0
+
+
+@functools.lru_cache(maxsize=None)
+def _encode_fn():
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    encode = libcuda.cuTensorMapEncodeTiled
+    encode.restype = ctypes.c_int
+    return encode
+
+
+def encode_half_tile_map(t: torch.Tensor, rows: int) -> bytes:
+    """The 128-byte TMA descriptor over ``t`` (B, S, H, D) that :func:`load_half` reads: box of
+    ``rows // 2`` keys × one head × a 128-B column chunk, 128-B swizzle, zero fill past the end."""
+    if t.dtype not in _TMAP_DTYPES:
+        raise ValueError(f"kv_multicast maps fp16 and bf16 tensors, got {t.dtype}")
+    elem = t.element_size()
+    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN_BYTES)
+    start = -(-ctypes.addressof(raw) // TENSOR_MAP_ALIGN_BYTES) * TENSOR_MAP_ALIGN_BYTES
+    b, s, h, d = t.shape
+    sb, ss, sh, _ = t.stride()
+    dims = (ctypes.c_uint64 * 4)(d, h, s, b)                              # innermost first
+    strides = (ctypes.c_uint64 * 3)(sh * elem, ss * elem, sb * elem)      # bytes, all but the innermost
+    box = (ctypes.c_uint32 * 4)(SWIZZLE_BYTES // elem, 1, rows // 2, 1)
+    element_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    status = _encode_fn()(ctypes.c_void_p(start), _TMAP_DTYPES[t.dtype], 4, ctypes.c_void_p(t.data_ptr()), dims,
+                          strides, box, element_strides, _NO_INTERLEAVE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_ZERO)
+    if status != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} for a {tuple(t.shape)} "
+                           f"{t.dtype} tensor with strides {tuple(t.stride())}")
+    return ctypes.string_at(start, TENSOR_MAP_BYTES)
+
+
+# Device copies of the maps by what they encode. A map holds the tensor's address, so a tensor
+# allocated again at the same address with the same shape and strides reuses its map — which is
+# still exact. Bounded; a map a captured CUDA graph reads is kept for good (the graph keeps its
+# address), and a map is never built during a capture (its copy to the device would be recorded
+# from host memory the graph does not own).
+MAX_MAPS = 256
+_MAPS: "collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]]" = collections.OrderedDict()
+_CAPTURED_MAPS: list = []
+
+
+def kv_tensor_maps(k: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
+    """K's and V's maps (:func:`encode_half_tile_map`) side by side in one 256-byte device tensor."""
+    key = tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) for t in (k, v)) + (rows, k.device)
+    entry = _MAPS.get(key)
+    capturing = torch.cuda.is_current_stream_capturing()
+    if entry is None:
+        if capturing:
+            raise RuntimeError(
+                "hopper.fwd: kv_multicast encodes the K/V tensor maps on a tensor's first call, which a CUDA graph "
+                "capture cannot record: call once with these k and v before capturing, or pass a config with "
+                "kv_multicast=False")
+        # pinned, so the copy is asynchronous; the host buffer lives as long as the device copy
+        host = torch.frombuffer(bytearray(encode_half_tile_map(k, rows) + encode_half_tile_map(v, rows)),
+                                dtype=torch.uint8).pin_memory()
+        entry = (host, host.to(k.device, non_blocking=True))
+        _MAPS[key] = entry
+        while len(_MAPS) > MAX_MAPS:
+            _MAPS.popitem(last=False)
+    else:
+        _MAPS.move_to_end(key)
+    if capturing:
+        _CAPTURED_MAPS.append(entry)
+    return entry[1]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (cluster dims first)
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_CLUSTER_DIMENSION_ATTRIBUTE = 4          # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+
+def max_active_clusters(function: int, threads: int, shared_bytes: int, clusters: int) -> int:
+    """How many clusters of two CTAs of the compiled kernel ``function`` the GPU holds at once
+    (``cuOccupancyMaxActiveClusters``): a persistent grid of more would run some in a second wave."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    attr = _LaunchAttribute(id=_CLUSTER_DIMENSION_ATTRIBUTE)
+    attr.value[0], attr.value[1], attr.value[2] = CLUSTER_CTAS, 1, 1
+    config = _LaunchConfig(gridDimX=clusters * CLUSTER_CTAS, gridDimY=1, gridDimZ=1, blockDimX=threads, blockDimY=1,
+                           blockDimZ=1, sharedMemBytes=shared_bytes, hStream=None, attrs=ctypes.pointer(attr),
+                           numAttrs=1)
+    count = ctypes.c_int(0)
+    status = libcuda.cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(function),
+                                                  ctypes.byref(config))
+    if status != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status}")
+    return count.value

@@ -762,11 +762,15 @@ def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
     # items' bookkeeping and partial stores keep no local memory, with the first tile masked on
     # need (no key tail: no mask built at all) or always (a key tail), and the K/V loops are the
     # whole-tile kernels' within a few instructions (the split only changes each item's range)
+    # Since change 43 these lengths pair their CTAs (kv_multicast): ptxas keeps one value held
+    # across the partitions' split in 16 B of local memory, stored once at the start and read once
+    # per partition — none inside a loop (test_kv_multicast_copies_halves_and_releases_both_ctas)
     for s in (4, 8):
         for suffix in ("", "-no-tail"):
             name = f"d128-full-s{s}k-split{suffix}"
             row = census[name]["row"]
-            _assert_no_local_memory(row, name)
+            assert row["config"]["kv_multicast"]
+            assert "error" not in row and row["spill_bytes"] <= 16 and row["sass"]["LDL"] <= 3, (name, row["spill_bytes"])
             assert row["config"]["split_tail"] and row["config"]["first_mask_on_need"]
             assert all(loop["ldl"] == 0 for loop in census[name]["kv_loops"])
     # S8k's build against the same default without the split (change 35's S8k kernel)
@@ -1144,7 +1148,8 @@ def test_hoisted_smem_base_takes_the_window_read_out_of_the_kv_step(census):
 
 
 def test_hoist_smem_base_needs_an_inline_arrival_or_wait():
-    cfg = dataclasses.replace(fwd.default_config(64, False), hoist_smem_base=True)
+    # d64 non-causal at 32k: neither inline arrivals nor waits (its 4k-16k default pairs CTAs, with them)
+    cfg = dataclasses.replace(fwd.default_config(64, False, 32768), hoist_smem_base=True)
     with pytest.raises(ValueError, match="hoist_smem_base"):
         cfg.check(64)
 
@@ -1315,12 +1320,16 @@ def test_persistent_grid_follows_the_measured_rule(head_dim, seqlen, persistent)
     (128, 2048, False), (128, 16384, False), (256, 16384, False)])
 def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
     # staggered K/V sweeps only where they measured faster: d64 from 3072, both masks
-    # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides
+    # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides —
+    # except where the non-causal default pairs its CTAs (kv_multicast, priced without the stagger,
+    # which it cannot run with: d64 S4096-16384)
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            assert cfg.stagger_kv is stagger, (head_dim, causal, sq, sk)
+            paired = not causal and head_dim == 64 and 4096 <= seqlen <= 16384
+            assert cfg.kv_multicast is paired, (head_dim, causal, sq, sk)
+            assert cfg.stagger_kv is (stagger and not paired), (head_dim, causal, sq, sk)
             cfg.check(head_dim)
 
 
@@ -3080,7 +3089,9 @@ def test_selfcheck_timing_only_checks_every_timed_configuration():
     assert (256, False, "persistent=True,consumer_regs=232") in labels
     assert (64, False, "persistent=False") in labels       # d64 and d128 are persistent by default
     assert (128, False, "persistent=False") in labels
-    assert (64, False, "stagger_kv=False") in labels and (128, False, "stagger_kv=True") in labels
+    # d64 non-causal S16k pairs its CTAs (kv_multicast), which the stagger cannot run with
+    assert (64, False, "stagger_kv=True,kv_multicast=False") in labels and (128, False, "stagger_kv=True") in labels
+    assert (64, False, "kv_multicast=False") in labels and (128, False, "kv_multicast=True") in labels
     for r in timed:
         HopperFwdConfig(**r["cfg"]).check(r["d"])
     assert len(timed) == len({(json_key(r), tuple(r["shape"])) for r in timed}), "a configuration is timed twice"

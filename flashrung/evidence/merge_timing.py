@@ -60,7 +60,11 @@ def split_of(args, sm_count: int):
     tail on, for ``args``' problem on ``sm_count`` SMs."""
     from flashrung.kernels.hopper import fwd
 
-    cfg = dataclasses.replace(fwd.default_config(args.headdim, False, args.seqlen), split_tail=True)
+    # unpaired: a paired launch (kv_multicast) splits its tail over pairs and clusters, and leaves
+    # each pair's two tiles their own partials — with an even q-tile count the same tiles and
+    # splits the unpaired plan counts directly (t pairs over P/2 clusters: 2t tiles, the same splits)
+    cfg = dataclasses.replace(fwd.default_config(args.headdim, False, args.seqlen), split_tail=True,
+                              kv_multicast=False)
     elem_bytes = 2
     plan = fwd._plan(cfg, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim, elem_bytes,
                      False, True, sm_count)

@@ -16,6 +16,7 @@ barrier). These kernels tell whether the report belongs to ``hopper.fwd`` or to 
 * ``hopper-fwd-schedules`` — ``hopper.fwd`` at B1 S300 Hq2 Hkv1 bf16 under each distinct default
   schedule of the longer rows (:data:`SCHEDULES`: the inline-PTX arrivals and named turns, the
   split tail and its merge, PV's gated wait, two Q buffers, staggered sweeps, the balanced lists,
+  K/V multicast across clusters of two CTAs,
   each head dim's tile), each forced onto the small problem so the sanitizer's cost stays small.
 
 Run under the sanitizer on a GPU, e.g.
@@ -38,8 +39,8 @@ PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
 # named order with the inline arrivals (4k) and in FA4's with PV's gated wait (16k); d128 causal's
 # named turns with two Q buffers (2k) and with each warp's rescale (16k); d256's inline arrivals on
 # the plain grid and its balanced causal grid (8k)
-SCHEDULES = ((64, False, 2048), (64, False, 16384), (64, True, 1024), (128, False, 4096), (128, False, 16384),
-             (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))
+SCHEDULES = ((64, False, 2048), (64, False, 16384), (64, False, 32768), (64, True, 1024), (128, False, 4096),
+             (128, False, 16384), (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))
 PROBE_SEQLEN = 300                             # partial query and key tiles at every tile shape
 PROBE_MAX_ERR = 2e-2                           # bf16 outputs against the fp32 reference
 VECTOR = 128                                   # elements each partition writes

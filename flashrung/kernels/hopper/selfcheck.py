@@ -98,6 +98,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("named_turns", dict(named_turns=not base.named_turns)),
         ("named_turns", dict(named_turns=True, pingpong=True)),
         ("stagger_kv", dict(stagger_kv=not base.stagger_kv)),
+        # the stagger cannot run on a paired default (kv_multicast): turning it on unpairs it
+        ("stagger_kv", dict(stagger_kv=True, kv_multicast=False)),
         ("lag_v_loads", dict(lag_v_loads=not base.lag_v_loads)),
         ("late_k_release", dict(late_k_release=not base.late_k_release)),
         ("thread_release", dict(thread_release=not base.thread_release, asm_arrivals=False)),
@@ -115,6 +117,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         ("carry_ring_slot", dict(carry_ring_slot=not base.carry_ring_slot)),
         ("row_sum_by_mma", dict(row_sum_by_mma=not base.row_sum_by_mma, defer_row_sum=False)),
     ]
+    if not causal:      # the CTA pairs of kv_multicast read one K/V range: non-causal only
+        candidates.append(("kv_multicast", dict(kv_multicast=not base.kv_multicast)))
     if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
         # its token is passed on the running row sum: a deferred sum goes off with it
         candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))

@@ -309,8 +309,9 @@ CENSUS_CONFIGS.append(("d64-full-named", 64, False, {"named_turns": True}))
 CENSUS_CONFIGS.append(("d128-full-whole", 128, False, {"split_tail": False, "first_mask_on_need": True}))
 # the producer's V loads a step behind its K loads (FA4's order)
 CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
-# K/V multicast across a cluster of two CTAs (multicast.py)
+# K/V multicast across a cluster of two CTAs (multicast.py), and its four-warp producer alone
 CENSUS_CONFIGS.append(("d128-full-multicast", 128, False, {"kv_multicast": True}))
+CENSUS_CONFIGS.append(("d128-full-producer-wg", 128, False, {"producer_warpgroup": True}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
 # every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
@@ -960,6 +961,23 @@ def test_kv_multicast_copies_halves_and_releases_both_ctas(census):
     assert mc["loop"]["ldl"] == 0 and mc["row"]["spill_bytes"] <= 16
     assert base["loop"]["length"] < mc["loop"]["length"] <= base["loop"]["length"] + 8
     assert mc["loop"]["mufu"] == base["loop"]["mufu"]
+
+
+def test_producer_warpgroup_is_multicasts_producer_without_the_pairing(census):
+    # four producer warps, no cluster: Gluon's copies (none multicast) with each 256-B row's two
+    # 128-B column chunks issued by two warps, one instruction each where one warp issued both (half
+    # the UTMALDG sites), no cluster barrier or remote arrival, the empty barriers counting this
+    # CTA's consumers only, and nothing in local memory
+    wg, base = census["d128-full-producer-wg"], census["d128-full"]
+    assert wg["row"]["config"]["producer_warpgroup"] and not wg["row"]["config"]["kv_multicast"]
+    _assert_no_local_memory(wg["row"], "d128-full-producer-wg")
+    assert 2 * wg["row"]["sass"]["UTMALDG"] == base["row"]["sass"]["UTMALDG"]
+    assert wg["multicast_copies"] == wg["cluster_barriers"] == wg["remote_arrivals"] == 0
+    assert wg["inits"] == base["inits"]
+    assert wg["loop"]["mufu"] == base["loop"]["mufu"]
+    with pytest.raises(ValueError, match="producer_warpgroup"):
+        dataclasses.replace(fwd.default_config(128, False), producer_warpgroup=True, dynamic_tiles=True,
+                            split_tail=False).check(128)
 
 
 def test_kv_multicast_refuses_what_it_cannot_pair():
@@ -2136,6 +2154,16 @@ _MULTICAST = dict(kv_multicast=True, asm_arrivals=True, stagger_kv=False)
 def test_gate_kv_multicast(head_dim, shape):
     _gate_forced(head_dim, shape, False, **_MULTICAST)
     _gate_forced(head_dim, shape, False, **_MULTICAST, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", MULTICAST_SHAPES[1:], ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_producer_warpgroup(head_dim, shape):
+    # the four-warp producer alone (kv_multicast's, without the pairing), both masks
+    for causal in (False, True):
+        _gate_forced(head_dim, shape, causal, producer_warpgroup=True, kv_multicast=False)
 
 
 @pytest.mark.gpu

@@ -411,6 +411,11 @@ class HopperFwdConfig:
     # peer's barrier). The producer becomes a whole warpgroup: the cluster barrier at each
     # partition's start waits for every thread, Triton's idle padding warps included
     kv_multicast: bool = False
+    # the producer partition as its whole warpgroup (four warps) without kv_multicast, which needs
+    # it: the pairing's costs and gains separated — with four warps Gluon's TMA copy of a 256-B-wide
+    # row issues its two 128-B column chunks from two warps. Built to price what of kv_multicast's
+    # +1.5-1.9% at d128 non-causal S4k-S8k the four-warp producer alone accounts for
+    producer_warpgroup: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -565,6 +570,11 @@ class HopperFwdConfig:
         if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
             raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
                              "of them")
+        if self.producer_warpgroup and self.dynamic:
+            raise ValueError("producer_warpgroup widens the producer to four warps, and the dynamic hand-out's item "
+                             "words are written by a one-warp producer: it needs dynamic_tiles=False and "
+                             f"dynamic_pool_share=0, got dynamic_tiles={self.dynamic_tiles}, "
+                             f"dynamic_pool_share={self.dynamic_pool_share}")
         if self.kv_multicast and not _can_multicast(self):
             raise ValueError("kv_multicast pairs neighbouring q-tiles on the stride schedule and releases K/V slots "
                              "to both CTAs in inline PTX: it needs asm_arrivals=True, balanced=False, "

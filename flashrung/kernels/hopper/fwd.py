@@ -188,8 +188,8 @@ from flashrung.kernels.hopper.softmax import (
 KERNEL_NAME = "hopper.fwd"
 CONSUMER_WARPS = 4        # one warpgroup: the wgmma issue unit
 PRODUCER_WARPS = 1        # TMA is issued by one thread; the rest of its warpgroup is padding
-# with kv_multicast the producer is the whole warpgroup: every thread meets the cluster barrier
-# (multicast.join_cluster), and Triton's idle padding warps never would
+# with kv_multicast (or producer_warpgroup) the producer is the whole warpgroup: every thread meets
+# the cluster barrier (multicast.join_cluster), and Triton's idle padding warps never would
 MULTICAST_PRODUCER_WARPS = 4
 TMA_ALIGN_BYTES = 16      # TMA: base address and every non-unit stride a multiple of 16 bytes
 _ROWS = gl.constexpr(ROWS_PER_CONSUMER_WARPGROUP)
@@ -1468,11 +1468,11 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
-                     EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr,
+                     EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr, PRODUCER_WARPGROUP: gl.constexpr,
                      K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr, K_ARM_AT: gl.constexpr, V_ARM_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
-    PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST else _PRODUCER_WARPS
+    PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
     # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too
     RELEASES_PER_SLOT: gl.constexpr = NUM_CONSUMERS * release_arrivals(THREAD_RELEASE) * (_CLUSTER_CTAS if MULTICAST
                                                                                            else 1)
@@ -1644,6 +1644,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
         EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast,
+        PRODUCER_WARPGROUP=cfg.producer_warpgroup,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

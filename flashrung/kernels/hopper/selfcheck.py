@@ -119,6 +119,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
     ]
     if not causal:      # the CTA pairs of kv_multicast read one K/V range: non-causal only
         candidates.append(("kv_multicast", dict(kv_multicast=not base.kv_multicast)))
+    if not base.kv_multicast:   # a paired kernel's producer is its whole warpgroup already
+        candidates.append(("producer_warpgroup", dict(producer_warpgroup=not base.producer_warpgroup)))
     if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
         # its token is passed on the running row sum: a deferred sum goes off with it
         candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))

@@ -27,7 +27,6 @@ both halves of its cluster's tile.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 import sys
@@ -36,6 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from flashrung.evidence import census
+from flashrung.kernels.hopper.multicast import encode_tiled_map
 from flashrung.kernels.hopper.pipeline import allocation_offsets
 
 CLUSTER_CTAS = 2
@@ -45,8 +45,6 @@ HALF_ROWS = 32                           # rows of the tile each CTA copies for 
 COLS = 32                                # int32 words a row: 128 B, one TMA box row
 TILE_WORDS = CLUSTER_CTAS * HALF_ROWS * COLS
 WORD_BYTES = 4
-TENSOR_MAP_BYTES = 128
-TENSOR_MAP_ALIGN = 64
 
 # The shared window (the probe's one allocation, so it starts at global_smem): the tile, then the
 # full barrier and the peer's "done" barrier, 8 bytes each.
@@ -145,23 +143,11 @@ def _tensor_map(tensor) -> "torch.Tensor":
     ``COLS``, encoded by the driver and copied to global memory, where the copy reads it."""
     import torch
 
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    encode = libcuda.cuTensorMapEncodeTiled
-    encode.restype = ctypes.c_int
-    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
-    start = (ctypes.addressof(raw) + TENSOR_MAP_ALIGN - 1) // TENSOR_MAP_ALIGN * TENSOR_MAP_ALIGN
-    dims = (ctypes.c_uint64 * 2)(COLS, tensor.shape[0])                 # innermost first
-    strides = (ctypes.c_uint64 * 1)(tensor.stride(0) * WORD_BYTES)      # bytes, all but the innermost
-    box = (ctypes.c_uint32 * 2)(COLS, HALF_ROWS)
-    element_strides = (ctypes.c_uint32 * 2)(1, 1)
-    # CUtensorMapDataType INT32, no interleave, no swizzle, L2 promotion to 128 B, no OOB fill
-    int32_type, no_interleave, no_swizzle, l2_promotion_128b, no_fill = 3, 0, 0, 2, 0
-    status = encode(ctypes.c_void_p(start), int32_type, 2, ctypes.c_void_p(tensor.data_ptr()), dims, strides, box,
-                    element_strides, no_interleave, no_swizzle, l2_promotion_128b, no_fill)
-    if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status}")
-    host = torch.frombuffer(bytearray(ctypes.string_at(start, TENSOR_MAP_BYTES)), dtype=torch.uint8)
-    return host.to(tensor.device)
+    # CUtensorMapDataType INT32, no swizzle, L2 promotion to 128 B
+    int32_type, no_swizzle, l2_promotion_128b = 3, 0, 2
+    encoded = encode_tiled_map(tensor.data_ptr(), int32_type, (COLS, tensor.shape[0]), (tensor.stride(0) * WORD_BYTES,),
+                               (COLS, HALF_ROWS), no_swizzle, l2_promotion_128b)
+    return torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(tensor.device)
 
 
 def run(clusters: int = 66) -> dict:

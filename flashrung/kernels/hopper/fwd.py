@@ -439,12 +439,9 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
     key0 = j * c.KV_TILE
     if c.MULTICAST:
         tmap = sz.kv_tmaps_ptr.to(gl.int64) + KV * _TENSOR_MAP_BYTES
-        if KV == 0:
-            load_half(tmap, idx, key0, kv_head, b, c.K_RING_AT, c.K_ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
-                      c.PRODUCER_WARPS)
-        else:
-            load_half(tmap, idx, key0, kv_head, b, c.V_RING_AT, c.V_ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
-                      c.PRODUCER_WARPS)
+        RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
+        ARM_AT: gl.constexpr = c.K_ARM_AT if KV == 0 else c.V_ARM_AT
+        load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
     elif c.EXTRA_KEYS > 0:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
@@ -1785,7 +1782,8 @@ class _LaunchPlan:
     """Everything a launch derives from its shape and configuration but not from its tensors:
     built once per (configuration, shape, device) by :func:`_plan`."""
 
-    grid: int
+    grid: int              # CTAs
+    cluster_ctas: int      # CTAs a cluster: 2 with kv_multicast (the schedule's tiles are pairs), else 1
     num_m_blocks: int
     num_tiles: int
     num_items: int
@@ -1833,7 +1831,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
     build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"])
-    return _LaunchPlan(grid, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
+    return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
 
 
@@ -1869,11 +1867,10 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     scale = fold_scale(softmax_scale)
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
                  softmax_scale > 0, None if warmup else _sm_count(device_index))
-    pair = CLUSTER_CTAS if cfg.kv_multicast else 1
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
-        part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * pair,
-                                                  (plan.num_tiles - plan.num_full_tiles) * pair,
+        part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * plan.cluster_ctas,
+                                                  (plan.num_tiles - plan.num_full_tiles) * plan.cluster_ctas,
                                                   cfg.block_m, head_dim, q.device)
     else:
         # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
@@ -1907,10 +1904,10 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         constexprs = _launch_barrier_offsets(plan.build, q.dtype, args, constexprs, plan.grid)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(plan.grid,))
-    if cfg.kv_multicast:
+    if plan.cluster_ctas > 1:
         # clusters of two: only the direct path launches them (JITFunction.run knows one CTA a program)
         key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
-        _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS, cluster_ctas=CLUSTER_CTAS)
+        _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS, cluster_ctas=plan.cluster_ctas)
     elif DIRECT_LAUNCH:
         key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
         _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS)

@@ -135,33 +135,39 @@ _NO_INTERLEAVE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_ZERO = 0, 3, 3, 0
 
 
 @functools.lru_cache(maxsize=None)
-def _encode_fn():
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    encode = libcuda.cuTensorMapEncodeTiled
+def libcuda():
+    """The CUDA driver library, loaded once."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def encode_tiled_map(data_ptr: int, data_type: int, dims, strides_bytes, box, swizzle: int, l2_promotion: int) -> bytes:
+    """A 128-byte tiled TMA descriptor (``cuTensorMapEncodeTiled``), encoded by the driver for a copy
+    that reads it from global memory: ``dims`` and ``box`` innermost first, ``strides_bytes`` every
+    dimension's but the innermost, unit element strides, no interleave, zero fill past the end."""
+    rank = len(dims)
+    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN_BYTES)
+    start = -(-ctypes.addressof(raw) // TENSOR_MAP_ALIGN_BYTES) * TENSOR_MAP_ALIGN_BYTES
+    encode = libcuda().cuTensorMapEncodeTiled
     encode.restype = ctypes.c_int
-    return encode
+    status = encode(ctypes.c_void_p(start), data_type, rank, ctypes.c_void_p(data_ptr), (ctypes.c_uint64 * rank)(*dims),
+                    (ctypes.c_uint64 * (rank - 1))(*strides_bytes), (ctypes.c_uint32 * rank)(*box),
+                    (ctypes.c_uint32 * rank)(*([1] * rank)), _NO_INTERLEAVE, swizzle, l2_promotion, _OOB_ZERO)
+    if status != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} for dims {tuple(dims)}, strides "
+                           f"{tuple(strides_bytes)} B, box {tuple(box)}")
+    return ctypes.string_at(start, TENSOR_MAP_BYTES)
 
 
 def encode_half_tile_map(t: torch.Tensor, rows: int) -> bytes:
-    """The 128-byte TMA descriptor over ``t`` (B, S, H, D) that :func:`load_half` reads: box of
-    ``rows // 2`` keys × one head × a 128-B column chunk, 128-B swizzle, zero fill past the end."""
+    """The TMA descriptor over ``t`` (B, S, H, D) that :func:`load_half` reads: box of ``rows // 2``
+    keys × one head × a 128-B column chunk, 128-B swizzle, zero fill past the end."""
     if t.dtype not in _TMAP_DTYPES:
         raise ValueError(f"kv_multicast maps fp16 and bf16 tensors, got {t.dtype}")
     elem = t.element_size()
-    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN_BYTES)
-    start = -(-ctypes.addressof(raw) // TENSOR_MAP_ALIGN_BYTES) * TENSOR_MAP_ALIGN_BYTES
     b, s, h, d = t.shape
     sb, ss, sh, _ = t.stride()
-    dims = (ctypes.c_uint64 * 4)(d, h, s, b)                              # innermost first
-    strides = (ctypes.c_uint64 * 3)(sh * elem, ss * elem, sb * elem)      # bytes, all but the innermost
-    box = (ctypes.c_uint32 * 4)(SWIZZLE_BYTES // elem, 1, rows // 2, 1)
-    element_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    status = _encode_fn()(ctypes.c_void_p(start), _TMAP_DTYPES[t.dtype], 4, ctypes.c_void_p(t.data_ptr()), dims,
-                          strides, box, element_strides, _NO_INTERLEAVE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_ZERO)
-    if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} for a {tuple(t.shape)} "
-                           f"{t.dtype} tensor with strides {tuple(t.stride())}")
-    return ctypes.string_at(start, TENSOR_MAP_BYTES)
+    return encode_tiled_map(t.data_ptr(), _TMAP_DTYPES[t.dtype], (d, h, s, b), (sh * elem, ss * elem, sb * elem),
+                            (SWIZZLE_BYTES // elem, 1, rows // 2, 1), _SWIZZLE_128B, _L2_PROMOTION_256B)
 
 
 # Device copies of the maps by what they encode. A map holds the tensor's address, so a tensor
@@ -217,15 +223,14 @@ _CLUSTER_DIMENSION_ATTRIBUTE = 4          # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSIO
 def max_active_clusters(function: int, threads: int, shared_bytes: int, clusters: int) -> int:
     """How many clusters of two CTAs of the compiled kernel ``function`` the GPU holds at once
     (``cuOccupancyMaxActiveClusters``): a persistent grid of more would run some in a second wave."""
-    libcuda = ctypes.CDLL("libcuda.so.1")
     attr = _LaunchAttribute(id=_CLUSTER_DIMENSION_ATTRIBUTE)
     attr.value[0], attr.value[1], attr.value[2] = CLUSTER_CTAS, 1, 1
     config = _LaunchConfig(gridDimX=clusters * CLUSTER_CTAS, gridDimY=1, gridDimZ=1, blockDimX=threads, blockDimY=1,
                            blockDimZ=1, sharedMemBytes=shared_bytes, hStream=None, attrs=ctypes.pointer(attr),
                            numAttrs=1)
     count = ctypes.c_int(0)
-    status = libcuda.cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(function),
-                                                  ctypes.byref(config))
+    status = libcuda().cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(function),
+                                                    ctypes.byref(config))
     if status != 0:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status}")
     return count.value

@@ -206,8 +206,10 @@ def _arrive_asm(smem_offset, hoisted, peer=False):
     # way). ``global_smem`` is the kernel's one dynamic shared-memory symbol; the barrier array sits
     # ``smem_offset`` bytes into it, 8 bytes a slot (fwd.barrier_offsets reads the offset from the
     # allocation pass). ``peer``: the same barrier of the other CTA of a two-CTA cluster gets an
-    # arrival too (``mapa`` to its address, release at cluster scope: the peer's producer then
-    # overwrites what this warpgroup read; multicast.py)
+    # arrival too (``mapa`` to its address; the peer's producer then overwrites what this warpgroup
+    # read). The plain arrive, not ``.release.cluster``: that form cost a MEMBAR, ERRBAR and
+    # CGAERRBAR per arrival in the steady loop (census), and the reads it would order are the
+    # wgmma's, complete once the warpgroup's wait returned (multicast.py)
     remote = ("mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, rank; "
               "@leader mbarrier.arrive.shared::cluster.b64 _, [remote]; ") if peer else ""
     return ("{ .reg .pred leader; .reg .b32 addr" + (", rank, remote" if peer else "") + "; setp.eq.u32 leader, $1, 0; "

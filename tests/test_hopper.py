@@ -312,6 +312,8 @@ CENSUS_CONFIGS.append(("d128-full-lag-v", 128, False, {"lag_v_loads": True}))
 # K/V multicast across a cluster of two CTAs (multicast.py), and its four-warp producer alone
 CENSUS_CONFIGS.append(("d128-full-multicast", 128, False, {"kv_multicast": True}))
 CENSUS_CONFIGS.append(("d128-full-producer-wg", 128, False, {"producer_warpgroup": True}))
+# multicast's producer with its waits and Q copies in inline PTX (no partition bar.sync)
+CENSUS_CONFIGS.append(("d128-full-unsynced-producer", 128, False, {"kv_multicast": True, "producer_unsynced": True}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
 # every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
@@ -978,6 +980,41 @@ def test_producer_warpgroup_is_multicasts_producer_without_the_pairing(census):
     with pytest.raises(ValueError, match="producer_warpgroup"):
         dataclasses.replace(fwd.default_config(128, False), producer_warpgroup=True, dynamic_tiles=True,
                             split_tail=False).check(128)
+
+
+def test_producer_unsynced_meets_no_bar_sync(census):
+    # the same kernel as kv_multicast's but for the producer's waits and Q copies, now inline PTX:
+    # the producer partition's own bar.sync (Gluon's fence around each of its mbarrier waits,
+    # expects and Q copies) is gone from the whole kernel and from its K/V loop, Q's two 128-B
+    # column chunks are one inline copy each (four more UTMALDG sites than Gluon's copy issued from
+    # two warps), and the consumers' K/V loops are the same (their exponentials still ahead of PV's
+    # wait); ptxas keeps 28 B in local memory outside every loop (16 B with Gluon's producer)
+    unsynced, mc = census["d128-full-unsynced-producer"], census["d128-full-multicast"]
+    assert unsynced["row"]["config"]["producer_unsynced"] and unsynced["row"]["config"]["kv_multicast"]
+    assert "error" not in unsynced["row"], unsynced["row"]["error"]
+    assert unsynced["multicast_copies"] == mc["multicast_copies"] == 8
+    assert unsynced["cluster_barriers"] == mc["cluster_barriers"]
+    assert unsynced["remote_arrivals"] == mc["remote_arrivals"]
+    kept, before = {tuple(b) for b in unsynced["bars"]}, {tuple(b) for b in mc["bars"]}
+    gone = before - kept
+    assert kept <= before and len(gone) == 1, gone
+    assert next(iter(gone))[0] == "SYNC" and next(iter(gone))[2] == 128, gone
+    assert unsynced["row"]["sass"]["UTMALDG"] == mc["row"]["sass"]["UTMALDG"] + 4
+    assert [loop["utmaldg"] for loop in unsynced["producer_loops"]] == [4] * len(mc["producer_loops"])
+    assert [loop["mufu_before_last_wait"] for loop in unsynced["kv_loops"]] == \
+        [loop["mufu_before_last_wait"] for loop in mc["kv_loops"]]
+    assert all(abs(a["length"] - b["length"]) <= 8 and a["ldl"] == b["ldl"]
+               for a, b in zip(unsynced["kv_loops"], mc["kv_loops"], strict=True))
+    assert unsynced["loop"] == mc["loop"] and unsynced["loop"]["ldl"] == 0
+    assert unsynced["row"]["spill_bytes"] <= 32
+    with pytest.raises(ValueError, match="producer_unsynced"):
+        dataclasses.replace(fwd.default_config(128, False, 16384), producer_unsynced=True).check(128)
+    # a change that unpairs a paired default drops its producer's switch with it
+    paired = dataclasses.replace(fwd.default_config(128, False, 4096), producer_unsynced=True)
+    assert paired.kv_multicast
+    unpaired = replace_following(paired, 128, stagger_kv=True)
+    assert not unpaired.kv_multicast and not unpaired.producer_unsynced
+    unpaired.check(128)
 
 
 def test_kv_multicast_refuses_what_it_cannot_pair():
@@ -2170,6 +2207,37 @@ def test_gate_producer_warpgroup(head_dim, shape):
     # the four-warp producer alone (kv_multicast's, without the pairing), both masks
     for causal in (False, True):
         _gate_forced(head_dim, shape, causal, producer_warpgroup=True, kv_multicast=False)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_producer_unsynced(head_dim, shape):
+    # multicast with the producer's waits and Q copies in inline PTX
+    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True)
+    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_producer_unsynced_matches_the_multicast_kernel(head_dim):
+    # the same loads into the same slots in the same order, without the producer's bar.syncs:
+    # every bit agrees with Gluon's producer, run after run (a Q box landing at the wrong offset,
+    # or a slot refilled early, would move them)
+    shape = dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=4, heads_kv=2)
+    mc = dataclasses.replace(replace_following(_shape_default(head_dim, False, shape), head_dim, stagger_kv=False,
+                                               asm_arrivals=True), kv_multicast=True)
+    unsynced = dataclasses.replace(mc, producer_unsynced=True)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 2000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, mc)
+    for _ in range(2):
+        out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, unsynced)
+        assert torch.equal(out, ref) and torch.equal(lse, lse_ref)
 
 
 @pytest.mark.gpu

@@ -416,6 +416,13 @@ class HopperFwdConfig:
     # row issues its two 128-B column chunks from two warps. Built to price what of kv_multicast's
     # +1.5-1.9% at d128 non-causal S4k-S8k the four-warp producer alone accounts for
     producer_warpgroup: bool = False
+    # with kv_multicast: the producer's mbarrier waits and Q copies in inline PTX (Q's from a tensor
+    # map, as the K/V halves), so its four warps meet no bar.sync — Gluon fences each of a
+    # four-warp partition's waits, expects and copies with one. Its warps 1-3 leaving after the
+    # cluster barrier instead (a branch or an exit on the warp's index) made ptxas reschedule the
+    # consumers' K/V loop (d128 S16k: 495 -> 585 instructions, every exponential after PV's
+    # wait: census), so all four keep running the loop
+    producer_unsynced: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -575,6 +582,9 @@ class HopperFwdConfig:
                              "words are written by a one-warp producer: it needs dynamic_tiles=False and "
                              f"dynamic_pool_share=0, got dynamic_tiles={self.dynamic_tiles}, "
                              f"dynamic_pool_share={self.dynamic_pool_share}")
+        if self.producer_unsynced and not self.kv_multicast:
+            raise ValueError("producer_unsynced is how kv_multicast's four-warp producer waits and copies Q without "
+                             "bar.sync: it needs kv_multicast=True, got kv_multicast=False")
         if self.kv_multicast and not _can_multicast(self):
             raise ValueError("kv_multicast pairs neighbouring q-tiles on the stride schedule and releases K/V slots "
                              "to both CTAs in inline PTX: it needs asm_arrivals=True, balanced=False, "
@@ -1080,7 +1090,8 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
     if out.kv_multicast and "kv_multicast" not in changes and not _can_multicast(out):
-        out = dataclasses.replace(out, kv_multicast=False)
+        out = dataclasses.replace(out, kv_multicast=False,
+                                  producer_unsynced=out.producer_unsynced and "producer_unsynced" in changes)
     return out
 
 

@@ -134,7 +134,8 @@ from flashrung.kernels.hopper.config import (
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
                                               pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release,
                                               release_arrivals, ring_slot, resolve_shared_offsets, start_exp_turns,
-                                              start_turns, wait_exp_turn, wait_mma_after_softmax, wait_turn)
+                                              start_turns, wait_exp_turn, wait_mma_after_softmax, wait_turn,
+                                              wait_unsynced)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
@@ -159,8 +160,8 @@ from flashrung.kernels.hopper.schedule import (
     work_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
-from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank, join_cluster,
-                                               kv_tensor_maps, load_half, max_active_clusters)
+from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
+                                               join_cluster, kv_tensor_maps, load_half, load_q, max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
                                             NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
                                             tile_end, tile_start)
@@ -196,6 +197,8 @@ _ROWS = gl.constexpr(ROWS_PER_CONSUMER_WARPGROUP)
 _CONSUMER_WARPS = gl.constexpr(CONSUMER_WARPS)
 _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
 _MULTICAST_PRODUCER_WARPS = gl.constexpr(MULTICAST_PRODUCER_WARPS)
+# the place of Q's tensor map in kv_tmaps_ptr (producer_unsynced): after K's (0) and V's (1)
+_Q_MAP = gl.constexpr(2)
 # columns of the running-sum accumulator with ``ROW_SUM_BY_MMA`` (every column holds the same sum:
 # P times a tile of ones)
 _SUM_COLS = gl.constexpr(ROW_SUM_COLS)
@@ -266,7 +269,8 @@ class _Sizes:
     tail_splits: FastDivisor    # work items per tail tile (1: no split tail)
     sched_ptr: gl.tensor        # int32 table of the balanced grid (schedule.balanced_schedule)
     handout_ptr: gl.tensor      # int32 [2]: the dynamic hand-out's counters (schedule.handout_next)
-    kv_tmaps_ptr: gl.tensor     # kv_multicast: K's and V's tensor maps in global memory (multicast.kv_tensor_maps)
+    kv_tmaps_ptr: gl.tensor     # kv_multicast: K's and V's tensor maps in global memory, then Q's with
+                                # producer_unsynced (multicast.kv_tensor_maps)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
@@ -373,6 +377,10 @@ class _Schedule:
     V_RING_AT: gl.constexpr      # which the producer's inline copies address (multicast.load_half)
     K_ARM_AT: gl.constexpr
     V_ARM_AT: gl.constexpr
+    UNSYNCED_PRODUCER: gl.constexpr  # producer_unsynced: the producer's waits and Q copies in inline PTX
+    Q_BUFS_AT: gl.constexpr      # producer_unsynced: byte offsets of the Q buffers and their ready
+    Q_ARM_AT: gl.constexpr       # barriers, which its inline Q copies address (multicast.load_q), and
+    Q_EMPTY_AT: gl.constexpr     # of the Q empty barriers, which it waits on in inline PTX
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -415,17 +423,35 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c):
+def _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
     """The tile's Q, one box per consumer, into Q stage ``q_stage`` (``ring_slot`` of the tile's count);
     with the dynamic hand-out, work item ``item`` beside it (:func:`_hand_item`)."""
     for wg in gl.static_range(c.NUM_CONSUMERS):
         slot = q_stage * c.NUM_CONSUMERS + wg
-        mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
+        _producer_wait(sh.q_empty_bars, slot, q_phase ^ 1, c.Q_EMPTY_AT, c)
         if c.DYNAMIC:
             _hand_item(sh, slot, item)
-        mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
-                                        sh.q_bufs.index(slot))
+        if c.UNSYNCED_PRODUCER:
+            # Gluon's expect and copy fence the producer's four warps with a bar.sync on each
+            # side; the inline copy is thread 0's alone and needs none
+            load_q(sz.kv_tmaps_ptr.to(gl.int64) + _Q_MAP * _TENSOR_MAP_BYTES, slot, row0 + wg * _ROWS, h, b,
+                   c.Q_BUFS_AT, c.Q_ARM_AT, _ROWS, c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
+        else:
+            mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
+                                            sh.q_bufs.index(slot))
+
+
+@gluon.jit
+def _producer_wait(bars, idx, phase, SMEM_OFFSET: gl.constexpr, c):
+    """The producer waits for barrier ``idx`` of ``bars`` (at ``SMEM_OFFSET`` in shared memory) to
+    complete ``phase``: Gluon's wait, or with ``UNSYNCED_PRODUCER`` the inline one — Gluon fences a
+    four-warp partition's wait with a ``bar.sync`` (a wait on the same array before it is a pending
+    access), where each thread only needs its own wait."""
+    if c.UNSYNCED_PRODUCER:
+        wait_unsynced(idx, phase, SMEM_OFFSET)
+    else:
+        mbarrier.wait(bars.index(idx), phase)
 
 
 @gluon.jit
@@ -435,7 +461,7 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
     cluster (``KV``: 0 for K, 1 for V, the tensor map and ring it names)."""
     idx, phase = ring_slot(count, c.NUM_KV_STAGES)
     # with MULTICAST the slot's empty barrier counts both CTAs' consumers: free in both
-    mbarrier.wait(empty_bars.index(idx), phase ^ 1)
+    _producer_wait(empty_bars, idx, phase ^ 1, c.K_EMPTY_AT if KV == 0 else c.V_EMPTY_AT, c)
     key0 = j * c.KV_TILE
     if c.MULTICAST:
         tmap = sz.kv_tmaps_ptr.to(gl.int64) + KV * _TENSOR_MAP_BYTES
@@ -481,7 +507,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
                       count, c, sz, 0)
-        _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
+        _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
             # slot is filled when its tile is next needed, not as soon as it frees
@@ -507,7 +533,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-        _load_q(q_desc, sh, b, h, row0, q_stage, q_phase, item, c)
+        _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
     count += kv_hi - kv_lo
     return count
 
@@ -551,13 +577,22 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:
-        start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
-        for pos in range(start, stop, step):
-            item = work_at(sz.sched_ptr, pos, c.BALANCED)
-            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
-            tile_iter += 1
-        if c.MULTICAST:
-            _drain_ring(sh, count, c)
+        _produce_stride(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)
+
+
+@gluon.jit
+def _produce_stride(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
+    """Every load of this CTA's work items on the stride schedule or the balanced lists; with
+    ``MULTICAST``, then the ring drained (:func:`_drain_ring`)."""
+    count = 0
+    tile_iter = 0
+    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
+    for pos in range(start, stop, step):
+        item = work_at(sz.sched_ptr, pos, c.BALANCED)
+        count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+        tile_iter += 1
+    if c.MULTICAST:
+        _drain_ring(sh, count, c)
 
 
 @gluon.jit
@@ -568,8 +603,8 @@ def _drain_ring(sh, count, c):
     exits. A slot never filled passes at once (a fresh barrier's parity)."""
     for i in gl.static_range(c.NUM_KV_STAGES):
         idx, phase = ring_slot(count + i, c.NUM_KV_STAGES)
-        mbarrier.wait(sh.k_empty_bars.index(idx), phase ^ 1)
-        mbarrier.wait(sh.v_empty_bars.index(idx), phase ^ 1)
+        _producer_wait(sh.k_empty_bars, idx, phase ^ 1, c.K_EMPTY_AT, c)
+        _producer_wait(sh.v_empty_bars, idx, phase ^ 1, c.V_EMPTY_AT, c)
 
 
 # --------------------------------------------------------------------------- consumers
@@ -1467,6 +1502,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
                      EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr, PRODUCER_WARPGROUP: gl.constexpr,
                      K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr, K_ARM_AT: gl.constexpr, V_ARM_AT: gl.constexpr,
+                     PRODUCER_UNSYNCED: gl.constexpr, Q_BUFS_AT: gl.constexpr, Q_ARM_AT: gl.constexpr,
+                     Q_EMPTY_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
@@ -1556,7 +1593,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
                   GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS, MULTICAST=MULTICAST,
                   PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
-                  V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT)
+                  V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
+                  Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1641,7 +1679,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
         EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast,
-        PRODUCER_WARPGROUP=cfg.producer_warpgroup,
+        PRODUCER_WARPGROUP=cfg.producer_warpgroup, PRODUCER_UNSYNCED=cfg.producer_unsynced,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())
@@ -1888,7 +1926,12 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
     # never dereferenced without kv_multicast (a compile-only call's stand-in has the maps' type)
     if cfg.kv_multicast:
-        tmaps = lse.view(torch.uint8) if warmup else kv_tensor_maps(k, v, cfg.block_n)
+        if warmup:
+            tmaps = lse.view(torch.uint8)
+        elif cfg.producer_unsynced:
+            tmaps = kv_tensor_maps(k, v, cfg.block_n, q, ROWS_PER_CONSUMER_WARPGROUP)
+        else:
+            tmaps = kv_tensor_maps(k, v, cfg.block_n)
     else:
         tmaps = lse
     pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps)

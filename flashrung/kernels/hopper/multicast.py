@@ -14,6 +14,10 @@ pair instead of once per CTA. The ring's protocol grows by one rule each way:
   arrives, remotely (``mapa`` + ``mbarrier.arrive.release.cluster``), on the peer's barrier
   (``pipeline.arrive_unsynced`` with ``peer``).
 
+With ``producer_unsynced`` the producer's Q copies are inline PTX too (:func:`load_q`, from a
+third tensor map) and its barrier waits ``pipeline.wait_unsynced``: Gluon fences each wait, expect
+and copy of a four-warp partition with a ``bar.sync``, which one thread's copy does not need.
+
 Gluon 3.6 has none of this (its TMA copy takes no CTA mask; ``num_ctas=2`` makes one program span
 the cluster and asks for CGA layouts everywhere): the copies and the remote arrivals are inline
 PTX in a kernel compiled for one CTA and launched in clusters of two, addressing shared memory by
@@ -78,6 +82,45 @@ def join_cluster(WARPS: gl.constexpr):
         "fence.mbarrier_init.release.cluster; barrier.cluster.arrive.release.aligned; "
         "barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;",
         "=r,r", [token], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.constexpr_function
+def _q_copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols):
+    # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the Q slot,
+    # $4: the box's first row, $5: the query head, $6: the batch. The producer's thread 0 arms the
+    # slot's ready barrier for the whole box and copies it into this CTA alone, one 128-B column
+    # chunk at a time, laid out as Gluon's own TMA copy lays it (see _half_copy_asm)
+    copies = []
+    for chunk in range(chunks):
+        if chunk:
+            copies.append(f"add.u32 dst, dst, {chunk_bytes}; ")
+        copies.append("@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                      f"[dst], [$2, {{{chunk * chunk_cols}, $5, $4, $6}}], [ready]; ")
+    return ("{ .reg .pred leader; .reg .b32 base, ready, dst; "
+            "setp.eq.u32 leader, $1, 0; mov.u32 base, global_smem; "
+            f"mad.lo.u32 ready, $3, 8, base; add.u32 ready, ready, {ready_at}; "
+            f"mad.lo.u32 dst, $3, {tile_bytes}, base; add.u32 dst, dst, {bufs_at}; "
+            f"@leader mbarrier.arrive.expect_tx.shared::cta.b64 _, [ready], {tile_bytes}; "
+            + "".join(copies) + "mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def load_q(tmap_addr, slot, row0, h, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr, ROWS: gl.constexpr,
+           HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
+    """Arm Q slot ``slot``'s ready barrier and copy rows ``[row0, row0 + ROWS)`` of query head ``h``
+    into it (``BUFS_AT``, ``READY_AT``: the byte offsets of the Q buffers and their ready barriers in
+    shared memory); rows past the end read as zero."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
+    threads: gl.constexpr = WARPS * _THREADS_PER_WARP
+    zeros = gl.full([threads], 0, gl.int32, layout)
+    row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
+    gl.inline_asm_elementwise(
+        _q_copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+                    _SWIZZLE_BYTES // ELEM_BYTES),
+        "=r,r,l,r,r,r,r",
+        [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + slot,
+         zeros + row0, zeros + h, zeros + b],
+        dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.constexpr_function
@@ -158,16 +201,17 @@ def encode_tiled_map(data_ptr: int, data_type: int, dims, strides_bytes, box, sw
     return ctypes.string_at(start, TENSOR_MAP_BYTES)
 
 
-def encode_half_tile_map(t: torch.Tensor, rows: int) -> bytes:
-    """The TMA descriptor over ``t`` (B, S, H, D) that :func:`load_half` reads: box of ``rows // 2``
-    keys × one head × a 128-B column chunk, 128-B swizzle, zero fill past the end."""
+def encode_row_map(t: torch.Tensor, box_rows: int) -> bytes:
+    """A TMA descriptor over ``t`` (B, S, H, D): box of ``box_rows`` rows × one head × a 128-B
+    column chunk, 128-B swizzle, zero fill past the end (:func:`load_half` reads K's and V's with
+    half a K/V tile's rows, :func:`load_q` Q's with a consumer's rows)."""
     if t.dtype not in _TMAP_DTYPES:
         raise ValueError(f"kv_multicast maps fp16 and bf16 tensors, got {t.dtype}")
     elem = t.element_size()
     b, s, h, d = t.shape
     sb, ss, sh, _ = t.stride()
     return encode_tiled_map(t.data_ptr(), _TMAP_DTYPES[t.dtype], (d, h, s, b), (sh * elem, ss * elem, sb * elem),
-                            (SWIZZLE_BYTES // elem, 1, rows // 2, 1), _SWIZZLE_128B, _L2_PROMOTION_256B)
+                            (SWIZZLE_BYTES // elem, 1, box_rows, 1), _SWIZZLE_128B, _L2_PROMOTION_256B)
 
 
 # Device copies of the maps by what they encode. A map holds the tensor's address, so a tensor
@@ -180,9 +224,12 @@ _MAPS: "collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]]" = col
 _CAPTURED_MAPS: list = []
 
 
-def kv_tensor_maps(k: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
-    """K's and V's maps (:func:`encode_half_tile_map`) side by side in one 256-byte device tensor."""
-    key = tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) for t in (k, v)) + (rows, k.device)
+def kv_tensor_maps(k: torch.Tensor, v: torch.Tensor, rows: int, q: torch.Tensor | None = None,
+                   q_rows: int = 0) -> torch.Tensor:
+    """K's and V's maps (:func:`encode_row_map`, half of a ``rows``-key tile) side by side in one
+    device tensor, 128 bytes each; with ``q``, Q's map (``q_rows`` rows) after them."""
+    tensors = (k, v) if q is None else (k, v, q)
+    key = tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors) + (rows, q_rows, k.device)
     entry = _MAPS.get(key)
     capturing = torch.cuda.is_current_stream_capturing()
     if entry is None:
@@ -192,8 +239,10 @@ def kv_tensor_maps(k: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
                 "capture cannot record: call once with these k and v before capturing, or pass a config with "
                 "kv_multicast=False")
         # pinned, so the copy is asynchronous; the host buffer lives as long as the device copy
-        host = torch.frombuffer(bytearray(encode_half_tile_map(k, rows) + encode_half_tile_map(v, rows)),
-                                dtype=torch.uint8).pin_memory()
+        maps = encode_row_map(k, rows // 2) + encode_row_map(v, rows // 2)
+        if q is not None:
+            maps += encode_row_map(q, q_rows)
+        host = torch.frombuffer(bytearray(maps), dtype=torch.uint8).pin_memory()
         entry = (host, host.to(k.device, non_blocking=True))
         _MAPS[key] = entry
         while len(_MAPS) > MAX_MAPS:

@@ -375,12 +375,16 @@ BARRIER_OFFSETS = {
     "K_READY_AT": "k_ready_bars", "V_READY_AT": "v_ready_bars", "TURN_WAIT_AT": "turn_bars",
     # kv_multicast's producer copies (multicast.load_half): the K/V rings and the ready barriers it arms
     "K_RING_AT": "k_bufs", "V_RING_AT": "v_bufs", "K_ARM_AT": "k_ready_bars", "V_ARM_AT": "v_ready_bars",
+    # producer_unsynced's Q copies (multicast.load_q): the Q buffers and their ready barriers, and
+    # the Q empty barriers its inline waits read
+    "Q_BUFS_AT": "q_bufs", "Q_ARM_AT": "q_ready_bars", "Q_EMPTY_AT": "q_empty_bars",
 }
 # the config switch that puts each of them in inline PTX
 BARRIER_SWITCHES = {"K_EMPTY_AT": "asm_arrivals", "V_EMPTY_AT": "asm_arrivals", "TURN_AT": "asm_arrivals",
                     "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits",
                     "K_RING_AT": "kv_multicast", "V_RING_AT": "kv_multicast", "K_ARM_AT": "kv_multicast",
-                    "V_ARM_AT": "kv_multicast"}
+                    "V_ARM_AT": "kv_multicast", "Q_BUFS_AT": "producer_unsynced", "Q_ARM_AT": "producer_unsynced",
+                    "Q_EMPTY_AT": "producer_unsynced"}
 
 
 def resolve_shared_offsets(compile_with, constexprs: dict, names: dict[str, str], owner: str,

@@ -121,6 +121,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         candidates.append(("kv_multicast", dict(kv_multicast=not base.kv_multicast)))
     if not base.kv_multicast:   # a paired kernel's producer is its whole warpgroup already
         candidates.append(("producer_warpgroup", dict(producer_warpgroup=not base.producer_warpgroup)))
+    else:                       # its producer's waits and Q copies: Gluon's or inline
+        candidates.append(("producer_unsynced", dict(producer_unsynced=not base.producer_unsynced)))
     if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
         # its token is passed on the running row sum: a deferred sum goes off with it
         candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))

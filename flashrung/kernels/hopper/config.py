@@ -419,9 +419,9 @@ class HopperFwdConfig:
     # with kv_multicast: the producer's mbarrier waits and Q copies in inline PTX (Q's from a tensor
     # map, as the K/V halves), so its four warps meet no bar.sync — Gluon fences each of a
     # four-warp partition's waits, expects and copies with one. Its warps 1-3 leaving after the
-    # cluster barrier instead (a branch or an exit on the warp's index) made ptxas reschedule the
-    # consumers' K/V loop (d128 S16k: 495 -> 585 instructions, every exponential after PV's
-    # wait: census), so all four keep running the loop
+    # cluster barrier instead (a branch or an exit on the warp's index, or their waits skipped)
+    # made ptxas reschedule the consumers' K/V loop (d128 S16k: 495 -> 585 instructions, every
+    # exponential after PV's wait: census), so all four keep running the loop and waiting
     producer_unsynced: bool = False
 
     @property

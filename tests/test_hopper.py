@@ -2190,6 +2190,28 @@ MULTICAST_SHAPES = [
 _MULTICAST = dict(kv_multicast=True, asm_arrivals=True, stagger_kv=False)
 
 
+# the pairing's bit-identity checks: Sq != Sk, an odd q-tile count, a key tail, GQA
+BIT_CHECK_SHAPE = dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=4, heads_kv=2)
+
+
+def _bit_check_inputs(head_dim, seed):
+    """Seeded bf16 q, k, v of BIT_CHECK_SHAPE on the GPU."""
+    s = BIT_CHECK_SHAPE
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(s["batch"], s["seqlen_q"], s["heads_q"], head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(s["batch"], s["seqlen_k"], s["heads_kv"], head_dim, device="cuda", dtype=torch.bfloat16,
+                    generator=g)
+    v = torch.randn(s["batch"], s["seqlen_k"], s["heads_kv"], head_dim, device="cuda", dtype=torch.bfloat16,
+                    generator=g)
+    return q, k, v
+
+
+def _unpaired_base(head_dim):
+    """BIT_CHECK_SHAPE's default as multicast needs it around the pairing: no stagger, inline arrivals."""
+    return replace_following(_shape_default(head_dim, False, BIT_CHECK_SHAPE), head_dim, stagger_kv=False,
+                             asm_arrivals=True)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
@@ -2226,14 +2248,9 @@ def test_producer_unsynced_matches_the_multicast_kernel(head_dim):
     # the same loads into the same slots in the same order, without the producer's bar.syncs:
     # every bit agrees with Gluon's producer, run after run (a Q box landing at the wrong offset,
     # or a slot refilled early, would move them)
-    shape = dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=4, heads_kv=2)
-    mc = dataclasses.replace(replace_following(_shape_default(head_dim, False, shape), head_dim, stagger_kv=False,
-                                               asm_arrivals=True), kv_multicast=True)
+    mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True)
     unsynced = dataclasses.replace(mc, producer_unsynced=True)
-    g = torch.Generator(device="cuda").manual_seed(11)
-    q = torch.randn(2, 2000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v = _bit_check_inputs(head_dim, seed=11)
     ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, mc)
     for _ in range(2):
         out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, unsynced)
@@ -2247,13 +2264,9 @@ def test_kv_multicast_is_deterministic_and_matches_the_unicast_kernel(head_dim):
     # the same inputs twice give the same bits (a half landing late, or a slot refilled before
     # the peer released it, would move them), and against the kernel without multicast — the same
     # arithmetic on the same tiles in the same order — every bit agrees as well
-    shape = dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=4, heads_kv=2)
-    base = replace_following(_shape_default(head_dim, False, shape), head_dim, stagger_kv=False, asm_arrivals=True)
+    base = _unpaired_base(head_dim)
     cfg = dataclasses.replace(base, kv_multicast=True)
-    g = torch.Generator(device="cuda").manual_seed(7)
-    q = torch.randn(2, 2000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(2, 3001, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v = _bit_check_inputs(head_dim, seed=7)
     out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
     again, lse_again = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
     assert torch.equal(out, again) and torch.equal(lse, lse_again)

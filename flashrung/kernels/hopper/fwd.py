@@ -434,12 +434,18 @@ def _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
         if c.UNSYNCED_PRODUCER:
             # Gluon's expect and copy fence the producer's four warps with a bar.sync on each
             # side; the inline copy is thread 0's alone and needs none
-            load_q(sz.kv_tmaps_ptr.to(gl.int64) + _Q_MAP * _TENSOR_MAP_BYTES, slot, row0 + wg * _ROWS, h, b,
-                   c.Q_BUFS_AT, c.Q_ARM_AT, _ROWS, c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
+            load_q(_tensor_map(sz, _Q_MAP), slot, row0 + wg * _ROWS, h, b, c.Q_BUFS_AT, c.Q_ARM_AT, _ROWS,
+                   c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
         else:
             mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
                                             sh.q_bufs.index(slot))
+
+
+@gluon.jit
+def _tensor_map(sz, WHICH: gl.constexpr):
+    """The global address of tensor map ``WHICH`` in ``kv_tmaps_ptr``: K's (0), V's (1), Q's (``_Q_MAP``)."""
+    return sz.kv_tmaps_ptr.to(gl.int64) + WHICH * _TENSOR_MAP_BYTES
 
 
 @gluon.jit
@@ -464,7 +470,7 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
     _producer_wait(empty_bars, idx, phase ^ 1, c.K_EMPTY_AT if KV == 0 else c.V_EMPTY_AT, c)
     key0 = j * c.KV_TILE
     if c.MULTICAST:
-        tmap = sz.kv_tmaps_ptr.to(gl.int64) + KV * _TENSOR_MAP_BYTES
+        tmap = _tensor_map(sz, KV)
         RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
         ARM_AT: gl.constexpr = c.K_ARM_AT if KV == 0 else c.V_ARM_AT
         load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
@@ -577,22 +583,13 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:
-        _produce_stride(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)
-
-
-@gluon.jit
-def _produce_stride(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
-    """Every load of this CTA's work items on the stride schedule or the balanced lists; with
-    ``MULTICAST``, then the ring drained (:func:`_drain_ring`)."""
-    count = 0
-    tile_iter = 0
-    start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
-    for pos in range(start, stop, step):
-        item = work_at(sz.sched_ptr, pos, c.BALANCED)
-        count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
-        tile_iter += 1
-    if c.MULTICAST:
-        _drain_ring(sh, count, c)
+        start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
+        for pos in range(start, stop, step):
+            item = work_at(sz.sched_ptr, pos, c.BALANCED)
+            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            tile_iter += 1
+        if c.MULTICAST:
+            _drain_ring(sh, count, c)
 
 
 @gluon.jit

@@ -84,26 +84,6 @@ def join_cluster(WARPS: gl.constexpr):
         "=r,r", [token], dtype=gl.int32, is_pure=False, pack=1)
 
 
-@gluon.constexpr_function
-def _q_copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols):
-    # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the Q slot,
-    # $4: the box's first row, $5: the query head, $6: the batch. The producer's thread 0 arms the
-    # slot's ready barrier for the whole box and copies it into this CTA alone, one 128-B column
-    # chunk at a time, laid out as Gluon's own TMA copy lays it (see _half_copy_asm)
-    copies = []
-    for chunk in range(chunks):
-        if chunk:
-            copies.append(f"add.u32 dst, dst, {chunk_bytes}; ")
-        copies.append("@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                      f"[dst], [$2, {{{chunk * chunk_cols}, $5, $4, $6}}], [ready]; ")
-    return ("{ .reg .pred leader; .reg .b32 base, ready, dst; "
-            "setp.eq.u32 leader, $1, 0; mov.u32 base, global_smem; "
-            f"mad.lo.u32 ready, $3, 8, base; add.u32 ready, ready, {ready_at}; "
-            f"mad.lo.u32 dst, $3, {tile_bytes}, base; add.u32 dst, dst, {bufs_at}; "
-            f"@leader mbarrier.arrive.expect_tx.shared::cta.b64 _, [ready], {tile_bytes}; "
-            + "".join(copies) + "mov.u32 $0, 0; }")
-
-
 @gluon.jit
 def load_q(tmap_addr, slot, row0, h, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr, ROWS: gl.constexpr,
            HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
@@ -115,7 +95,7 @@ def load_q(tmap_addr, slot, row0, h, b, BUFS_AT: gl.constexpr, READY_AT: gl.cons
     zeros = gl.full([threads], 0, gl.int32, layout)
     row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
     gl.inline_asm_elementwise(
-        _q_copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+        _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
                     _SWIZZLE_BYTES // ELEM_BYTES),
         "=r,r,l,r,r,r,r",
         [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + slot,
@@ -124,28 +104,37 @@ def load_q(tmap_addr, slot, row0, h, b, BUFS_AT: gl.constexpr, READY_AT: gl.cons
 
 
 @gluon.constexpr_function
-def _half_copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, half_rows, half_bytes):
-    # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the ring
-    # slot, $4: the tile's first key, $5: the K/V head, $6: the batch, $7: this CTA's rank. The
-    # producer's thread 0 arms its own ready barrier for the whole tile (both halves) and copies
-    # its half — rows [rank · half_rows, +half_rows) of the tile, in ``chunks`` 128-B column
-    # chunks — into the same offset of both CTAs. Triton lays a [rows, D] NVMMA tile out as
-    # column chunks of [rows, 64 bf16] one after the other (its own TMA copy issues one box per
-    # chunk at chunk · rows · 128 B), so a half's rows sit at rank · half_bytes inside each chunk;
-    # the half is a multiple of the 1024-B swizzle period, so the swizzle agrees.
+def _copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, half_rows=0, half_bytes=0):
+    # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the slot,
+    # $4: the box's first row, $5: the head, $6: the batch; with ``half_rows`` (multicast), $7: this
+    # CTA's rank. The producer's thread 0 arms its own ready barrier for the whole tile and copies
+    # it in ``chunks`` 128-B column chunks. Triton lays a [rows, D] NVMMA tile out as column chunks
+    # of [rows, 64 bf16] one after the other (its own TMA copy issues one box per chunk at
+    # chunk · rows · 128 B). Multicast (K/V): the copy is this CTA's half — rows
+    # [rank · half_rows, +half_rows) — into the same offset of both CTAs, and a half's rows sit at
+    # rank · half_bytes inside each chunk; the half is a multiple of the 1024-B swizzle period, so
+    # the swizzle agrees. Without it (Q): the whole box into this CTA alone
+    multicast = half_rows > 0
+    suffix = ".multicast::cluster" if multicast else ""
+    row = "row" if multicast else "$4"
+    tail = ", mask" if multicast else ""
     copies = []
     for chunk in range(chunks):
         if chunk:
             copies.append(f"add.u32 dst, dst, {chunk_bytes}; ")
         copies.append(
-            "@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-            f"[dst], [$2, {{{chunk * chunk_cols}, $5, row, $6}}], [ready], mask; ")
-    return ("{ .reg .pred leader; .reg .b32 base, ready, dst, row; .reg .b16 mask; "
+            f"@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix} "
+            f"[dst], [$2, {{{chunk * chunk_cols}, $5, {row}, $6}}], [ready]{tail}; ")
+    if multicast:
+        regs = ".reg .b32 base, ready, dst, row; .reg .b16 mask; "
+        half = (f"mad.lo.u32 dst, $7, {half_bytes}, dst; mad.lo.u32 row, $7, {half_rows}, $4; "
+                f"mov.u16 mask, {PAIR_MASK}; ")
+    else:
+        regs, half = ".reg .b32 base, ready, dst; ", ""
+    return ("{ .reg .pred leader; " + regs +
             "setp.eq.u32 leader, $1, 0; mov.u32 base, global_smem; "
             f"mad.lo.u32 ready, $3, 8, base; add.u32 ready, ready, {ready_at}; "
-            f"mad.lo.u32 dst, $3, {tile_bytes}, base; add.u32 dst, dst, {bufs_at}; "
-            f"mad.lo.u32 dst, $7, {half_bytes}, dst; mad.lo.u32 row, $7, {half_rows}, $4; "
-            f"mov.u16 mask, {PAIR_MASK}; "
+            f"mad.lo.u32 dst, $3, {tile_bytes}, base; add.u32 dst, dst, {bufs_at}; " + half +
             f"@leader mbarrier.arrive.expect_tx.shared::cta.b64 _, [ready], {tile_bytes}; "
             + "".join(copies) + "mov.u32 $0, 0; }")
 
@@ -162,7 +151,7 @@ def load_half(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT:
     chunk_cols: gl.constexpr = _SWIZZLE_BYTES // ELEM_BYTES
     row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
     gl.inline_asm_elementwise(
-        _half_copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+        _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
                        chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
         "=r,r,l,r,r,r,r,r",
         [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,

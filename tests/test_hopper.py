@@ -349,6 +349,8 @@ CENSUS_CONFIGS += [(f"d128-full-s{s // 1024}k-split{'' if tail else '-no-tail'}"
                     {"_seqlen": s, "_key_tail": tail}) for s in (4096, 8192) for tail in (True, False)]
 CENSUS_CONFIGS.append(("d128-full-s8k-whole-no-tail", 128, False, {"_seqlen": 8192, "_key_tail": False,
                                                                    "split_tail": False}))
+# d64 non-causal's paired defaults (kv_multicast with producer_unsynced, S4k-S16k)
+CENSUS_CONFIGS += [(f"d64-full-s{s // 1024}k-paired", 64, False, {"_seqlen": s}) for s in (4096, 16384)]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -767,13 +769,17 @@ def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
     # whole-tile kernels' within a few instructions (the split only changes each item's range)
     # Since change 43 these lengths pair their CTAs (kv_multicast): ptxas keeps one value held
     # across the partitions' split in 16 B of local memory, stored once at the start and read once
-    # per partition — none inside a loop (test_kv_multicast_copies_halves_and_releases_both_ctas)
+    # per partition — none inside a loop (test_kv_multicast_copies_halves_and_releases_both_ctas).
+    # Since change 44 S4k's producer waits and copies Q in inline PTX (producer_unsynced): 28 B,
+    # 5 LDL, all outside the loops (census)
     for s in (4, 8):
         for suffix in ("", "-no-tail"):
             name = f"d128-full-s{s}k-split{suffix}"
             row = census[name]["row"]
-            assert row["config"]["kv_multicast"]
-            assert "error" not in row and row["spill_bytes"] <= 16 and row["sass"]["LDL"] <= 3, (name, row["spill_bytes"])
+            assert row["config"]["kv_multicast"] and row["config"]["producer_unsynced"] is (s == 4)
+            spill, ldl = (28, 5) if s == 4 else (16, 3)
+            assert "error" not in row and row["spill_bytes"] <= spill and row["sass"]["LDL"] <= ldl, \
+                (name, row["spill_bytes"])
             assert row["config"]["split_tail"] and row["config"]["first_mask_on_need"]
             assert all(loop["ldl"] == 0 for loop in census[name]["kv_loops"])
     # S8k's build against the same default without the split (change 35's S8k kernel)
@@ -783,6 +789,20 @@ def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
     assert len(split) == len(whole) >= 2
     for a, b in zip(split, whole):
         assert abs(a["length"] - b["length"]) <= 8, (a["length"], b["length"])
+
+
+def test_d64_paired_defaults_keep_no_local_memory(census):
+    # d64 non-causal S4k-S16k pairs its CTAs and runs the paired producer without bar.sync (changes
+    # 43 and 44): its halves multicast into both CTAs, nothing reaches local memory, and the
+    # consumers' steady loop keeps every exponential and the inline releases it was priced with
+    for s in (4, 16):
+        entry = census[f"d64-full-s{s}k-paired"]
+        row = entry["row"]
+        assert "error" not in row, row["error"]
+        assert row["config"]["kv_multicast"] and row["config"]["producer_unsynced"]
+        _assert_no_local_memory(row, f"d64-full-s{s}k-paired")
+        assert entry["multicast_copies"] > 0 and entry["remote_arrivals"] > 0
+        assert entry["loop"]["ldl"] == 0 and entry["loop"]["mufu"] == census["d64-full"]["loop"]["mufu"]
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -1015,6 +1035,30 @@ def test_producer_unsynced_meets_no_bar_sync(census):
     unpaired = replace_following(paired, 128, stagger_kv=True)
     assert not unpaired.kv_multicast and not unpaired.producer_unsynced
     unpaired.check(128)
+
+
+@pytest.mark.parametrize("head_dim, seqlen, paired, unsynced", [
+    (64, 4095, False, False), (64, 4096, True, True), (64, 16384, True, True), (64, 16385, False, False),
+    (128, 4096, True, True), (128, 6143, True, True), (128, 6144, True, False), (128, 8192, True, False),
+    (128, 8193, False, False), (256, 8192, False, False)])
+def test_producer_unsynced_follows_the_measured_rule(head_dim, seqlen, paired, unsynced):
+    # the paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
+    # S4k and S16k, d128 S4k on FA3's named order), not on d128's FA4 order (S8k: NULL); never on
+    # a causal problem (never paired); unpairing the default, by name or by a change the pairing
+    # cannot run with, drops the switch and leaves a configuration check() accepts
+    for causal in (False, True):
+        cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=seqlen,
+                                     seqlen_k=seqlen))
+        assert cfg.kv_multicast is (paired and not causal), (head_dim, causal, seqlen)
+        assert cfg.producer_unsynced is (unsynced and not causal), (head_dim, causal, seqlen)
+        cfg.check(head_dim)
+        for change in (dict(kv_multicast=False), dict(stagger_kv=True), dict(asm_arrivals=False)):
+            unpaired = replace_following(cfg, head_dim, **change)
+            assert not unpaired.kv_multicast and not unpaired.producer_unsynced, change
+            unpaired.check(head_dim)
+    if unsynced:   # named with the unpairing change, the switch is refused, not dropped
+        with pytest.raises(ValueError, match="producer_unsynced"):
+            replace_following(cfg, head_dim, kv_multicast=False, producer_unsynced=True).check(head_dim)
 
 
 def test_kv_multicast_refuses_what_it_cannot_pair():

@@ -24,7 +24,6 @@ split saw — and both merges run on it:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 # one row in this many gets -inf from every split: a row no split saw, merged to 0 / -inf
@@ -63,8 +62,8 @@ def split_of(args, sm_count: int):
     # unpaired: a paired launch (kv_multicast) splits its tail over pairs and clusters, and leaves
     # each pair's two tiles their own partials — with an even q-tile count the same tiles and
     # splits the unpaired plan counts directly (t pairs over P/2 clusters: 2t tiles, the same splits)
-    cfg = dataclasses.replace(fwd.default_config(args.headdim, False, args.seqlen), split_tail=True,
-                              kv_multicast=False)
+    cfg = fwd.replace_following(fwd.default_config(args.headdim, False, args.seqlen), args.headdim, split_tail=True,
+                                kv_multicast=False)
     elem_bytes = 2
     plan = fwd._plan(cfg, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim, elem_bytes,
                      False, True, sm_count)

@@ -1033,6 +1033,16 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # Untimed: d64 S32k, d256 (off).
 KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 
+# The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults
+# of this range. Paired on the H200 over the paired default with Gluon's producer, preheated 150 ms
+# (t_keep 1.002164), bf16, both gates passed: d64 H32 B8 S4096 1.0057 / 1.0054, B2 S16384 1.0039 /
+# 1.0050; d128 H16 B8 S4096 (FA3's order with named turns) 1.0036 / 1.0032 (KEEP). Not taken: d128
+# B4 S8192, on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends with FA3's named order
+# (FA3_NAMED_NONCAUSAL_SEQLEN); d64 B1 S32768 is not paired by default (the pairing alone read
+# 1.0039 / 1.0050 there, run 2's halves disagreeing: NULL)
+# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,<sha>}.json).
+PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 6143)}
+
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
@@ -1040,7 +1050,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             fast_divide: bool, skip_unseen_half: bool, pingpong: bool, single_kv_loop: bool,
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
             fa3_named: bool = False, gate_pv_wait: bool = False,
-            mask_first_always: bool = False, kv_multicast: bool = False) -> HopperFwdConfig:
+            mask_first_always: bool = False, kv_multicast: bool = False,
+            producer_unsynced: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -1064,6 +1075,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
+                               producer_unsynced=producer_unsynced,
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1090,9 +1102,18 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
     if out.kv_multicast and "kv_multicast" not in changes and not _can_multicast(out):
-        out = dataclasses.replace(out, kv_multicast=False,
-                                  producer_unsynced=out.producer_unsynced and "producer_unsynced" in changes)
-    return out
+        out = dataclasses.replace(out, kv_multicast=False)
+    return unpaired_producer_follows(out, changes)
+
+
+def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:
+    """``producer_unsynced`` is a way of running kv_multicast's producer, on by default wherever the
+    pairing is: a configuration left unpaired (by the change, or by a default stepping aside) drops
+    it, unless the change names it too (then check() refuses). Without this,
+    ``hopper.fwd@kv_multicast=false`` on a paired default would be refused."""
+    if cfg.producer_unsynced and not cfg.kv_multicast and "producer_unsynced" not in changes:
+        return dataclasses.replace(cfg, producer_unsynced=False)
+    return cfg
 
 
 def _can_multicast(cfg: HopperFwdConfig) -> bool:
@@ -1132,8 +1153,10 @@ def select_config(problem) -> HopperFwdConfig:
     if kv_multicast:
         # what the pairs were priced with: the inline arrivals, the sweeps unstaggered
         aa_first, aa_last, stagger_kv = 1, 1 << 62, False
+    pu_first, pu_last = PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    producer_unsynced = kv_multicast and pu_first <= seqlen <= pu_last
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait, mask_first_always, kv_multicast)
+                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced)

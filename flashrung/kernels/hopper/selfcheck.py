@@ -44,7 +44,7 @@ MARK = "@@ROW "
 def _cfg_dict(head_dim: int, causal: bool, **changes) -> dict:
     from flashrung.kernels.hopper.fwd import default_config
 
-    return dataclasses.asdict(dataclasses.replace(default_config(head_dim, causal), **changes))
+    return dataclasses.asdict(_changed(default_config(head_dim, causal), changes))
 
 
 def _default(head_dim: int, causal: bool):
@@ -135,13 +135,21 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
 RESCALE_THRESHOLD = 8.0      # FA4's τ for 16-bit inputs (log2 units): P ≤ 256
 
 
+def _changed(base, change: dict):
+    """``base`` with ``change``: a change that unpairs a paired default (kv_multicast) drops its
+    producer's way of waiting with it, as ``hopper.fwd@...`` does (``config.unpaired_producer_follows``)."""
+    from flashrung.kernels.hopper.config import unpaired_producer_follows
+
+    return unpaired_producer_follows(dataclasses.replace(base, **change), change)
+
+
 def _feasible(base, head_dim: int, candidates, repeatable=()) -> list[tuple[str, dict]]:
     """(label, change) for each candidate that fits the budgets, the first of each name only."""
     from flashrung.kernels.hopper.config import HopperFwdConfig
 
     out, seen = [], set()
     for name, change in candidates:
-        cfg = dataclasses.replace(base, **change)
+        cfg = _changed(base, change)
         if name in seen and name not in repeatable or cfg.num_kv_stages < 1:
             continue
         try:
@@ -174,9 +182,9 @@ def _combos(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         (256, True): [levers],
     }
     candidates = [(repr(sorted(c.items())), c) for c in table.get((head_dim, causal), [])]
-    singles = [dataclasses.replace(base, **change) for _, change in _switches(head_dim, causal)]
+    singles = [_changed(base, change) for _, change in _switches(head_dim, causal)]
     return [(label, change) for label, change in _feasible(base, head_dim, candidates)
-            if dataclasses.replace(base, **change) not in singles + [base]]
+            if _changed(base, change) not in singles + [base]]
 
 
 # (B, Sq, Sk, Hq, Hkv): why each shape is here

@@ -1040,7 +1040,8 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 # B4 S8192, on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends with FA3's named order
 # (FA3_NAMED_NONCAUSAL_SEQLEN); d64 B1 S32768 is not paired by default (the pairing alone read
 # 1.0039 / 1.0050 there, run 2's halves disagreeing: NULL)
-# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,<sha>}.json).
+# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9}.json,
+# h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json).
 PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 6143)}
 
 

@@ -59,6 +59,99 @@ def test_a_cluster_launch_needs_whole_clusters_and_a_compiled_kernel():
             launcher(2, "key", (x, x, 16, 1.0), {"BLOCK": 16}, 4, cluster_ctas=2)
 
 
+class _FakeJit:
+    """A compiled function as DirectLaunch's cluster path uses it: ``warmup`` returns a kernel whose
+    launcher records what it is handed (the CPU suite has no GPU to launch on)."""
+
+    def __init__(self):
+        self.__name__ = "fake_kernel"
+        self.pre_run_hooks = []
+        self.launched, self.metadata_asked = [], []
+        run = lambda *a: self.launched.append(a)                                     # noqa: E731
+        asked = lambda grid, stream, *bound: self.metadata_asked.append((grid, stream, bound)) or "meta"  # noqa: E731
+        self.kernel = types.SimpleNamespace(run=run, function=0xF00, packed_metadata=(12, 1, 1024),
+                                            launch_metadata=asked)
+        self.warmups = []
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((args, grid, kwargs))
+        for hook in self.pre_run_hooks:
+            hook(*args, **kwargs)
+        return self.kernel
+
+
+def _cluster_launcher(monkeypatch):
+    fake = _FakeJit()
+    launcher = direct_launch.DirectLaunch(_axpy)
+    launcher.fn, launcher._compiled = fake, True
+    monkeypatch.setattr(direct_launch, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 7)))
+    return launcher, fake
+
+
+def test_a_hooked_cluster_launch_goes_through_tritons_launcher(monkeypatch):
+    # JITFunction.run cannot start clusters: under a launch hook (a profiler) a cluster launch
+    # takes Triton's binding (warmup, the pre-run hooks with it) and the kernel's own launcher,
+    # handed the launch metadata and both hooks, the cluster size in the packed metadata and the
+    # grid in clusters — where the direct way would hand the C launcher no hook at all
+    from triton import knobs
+
+    launcher, fake = _cluster_launcher(monkeypatch)
+    x = torch.zeros(16)
+    args, constexprs = (x, x, 16, 1.0), {"BLOCK": 16}
+    hook = lambda metadata: None                                                   # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launcher(8, "key", args, constexprs, 4, cluster_ctas=2)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launcher.ordinary_calls == 1 and launcher.direct_calls == 0 and not launcher._kernels
+    assert fake.warmups == [(args, (8,), {"BLOCK": 16, "num_warps": 4})]
+    (grid, stream, bound), = fake.metadata_asked
+    assert grid == (8,) and stream == 7 and bound == (*args, 16, True)
+    (call,) = fake.launched
+    assert call[:9] == (4, 1, 1, 7, 0xF00, (12, 2, 1024), "meta", knobs.runtime.launch_enter_hook,
+                        knobs.runtime.launch_exit_hook)
+    assert call[9:] == (*args, 16, True)
+    # a pre-run hook on the function counts as well, and the function's hooks run
+    seen = []
+    fake.pre_run_hooks.append(lambda *a, **kw: seen.append(kw["BLOCK"]))
+    launcher(8, "key", args, constexprs, 4, cluster_ctas=2)
+    assert seen == [16] and launcher.ordinary_calls == 2 and len(fake.launched) == 2
+    # refused as the direct way refuses: a grid of part clusters
+    with pytest.raises(ValueError, match="clusters of 2"):
+        launcher.through_triton(7, args, constexprs, 4, 2)
+
+
+def test_without_the_direct_launch_a_paired_launch_goes_through_triton(monkeypatch):
+    # FLASHRUNG_DIRECT_LAUNCH=0 keeps every launch off the direct path: a paired (kv_multicast)
+    # launch, which JITFunction.run cannot start, through DirectLaunch.through_triton; with the
+    # direct launch on, the same launch goes the direct way with its key
+    calls = []
+
+    class Recorder:
+        def __call__(self, grid, key, args, constexprs, num_warps, cluster_ctas=1):
+            calls.append(("direct", grid, cluster_ctas))
+
+        def through_triton(self, grid, args, constexprs, num_warps, cluster_ctas):
+            calls.append(("triton", grid, cluster_ctas))
+
+    monkeypatch.setattr(fwd, "_DIRECT", Recorder())
+    monkeypatch.setattr(fwd, "kv_tensor_maps", lambda *a: torch.zeros(384, dtype=torch.uint8))
+    monkeypatch.setattr(fwd, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fwd, "combine_tail", lambda *a, **kw: None)
+    monkeypatch.setattr(fwd, "_launch_barrier_offsets", lambda build, dtype, args, constexprs, grid: constexprs)
+    cfg = fwd.default_config(128, False, 4096)
+    assert cfg.kv_multicast
+    q = torch.zeros(8, 4096, 2, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(8, 2, 4096)
+    for direct in (False, True):
+        monkeypatch.setattr(fwd, "DIRECT_LAUNCH", direct)
+        fwd._launch(q, q, q, torch.zeros_like(q), lse, False, 0.125, cfg)
+    assert [c[0] for c in calls] == ["triton", "direct"] and all(c[2] == 2 and c[1] % 2 == 0 for c in calls)
+
+
 def test_hooks_are_seen_only_when_set():
     from triton import knobs
 
@@ -151,8 +244,10 @@ def _recorded_launches(monkeypatch):
         records.append((key, _specialization(args, constexprs)))
 
     monkeypatch.setattr(fwd, "_DIRECT", record)
-    # kv_multicast's K/V tensor maps (encoded by the CUDA driver): a stand-in of their size and type
-    monkeypatch.setattr(fwd, "kv_tensor_maps", lambda k, v, rows: torch.zeros(256, dtype=torch.uint8))
+    # kv_multicast's K/V tensor maps (encoded by the CUDA driver; Q's third with producer_unsynced):
+    # a stand-in of their size and type
+    monkeypatch.setattr(fwd, "kv_tensor_maps",
+                        lambda k, v, rows, *q: torch.zeros(128 * (3 if q else 2), dtype=torch.uint8))
     monkeypatch.setattr(fwd, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(fwd, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -275,6 +370,37 @@ def test_a_launch_hook_sees_every_launch(monkeypatch):
         knobs.runtime.launch_enter_hook.remove(hook)
     assert fwd._DIRECT.ordinary_calls == ordinary + 1
     assert any("attn_fwd" in name for name in seen)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_a_paired_launch_through_triton_computes_what_the_direct_one_does(monkeypatch):
+    # d128 non-causal S4k pairs its CTAs by default: the cluster launch under a launch hook and with
+    # the direct launch off (DirectLaunch.through_triton) gives the bit-identical output of the
+    # direct one, and the hook sees it
+    from triton import knobs
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(1, 4096, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    assert fwd.default_config(128, False, 4096).kv_multicast
+    ref_out, ref_lse = fwd.forward(q, k, v, False, 0.125)
+    seen = []
+    hook = lambda metadata: seen.append(metadata.get()["name"])   # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        ordinary = fwd._DIRECT.ordinary_calls
+        out = torch.full_like(q, float("nan"))
+        fwd.forward(q, k, v, False, 0.125, out=out)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert fwd._DIRECT.ordinary_calls == ordinary + 1 and any("attn_fwd" in name for name in seen)
+    assert torch.equal(out, ref_out)
+    monkeypatch.setattr(fwd, "DIRECT_LAUNCH", False)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full_like(ref_lse, float("nan"))
+    fwd.forward(q, k, v, False, 0.125, out=out, lse=lse)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
 @pytest.mark.gpu

@@ -17,7 +17,9 @@ or finds the kernel in Triton's caches) and records the kernel it returned.
 
 Whatever observes launches keeps seeing them: with a launch hook set (``knobs.runtime``, as
 profilers such as proton set it) or a pre-run hook on the function, every call goes through
-``JITFunction.run``; so does every call of a function the interpreter runs. The debug and
+``JITFunction.run``; so does every call of a function the interpreter runs. A cluster launch, which
+``JITFunction.run`` cannot start, goes through :meth:`DirectLaunch.through_triton` then: Triton's
+own binding and its ``CudaLauncher``, with the launch metadata and both hooks. The debug and
 instrumentation knobs are part of every key (Triton compiles a different kernel under them).
 """
 from __future__ import annotations
@@ -64,13 +66,13 @@ class DirectLaunch:
 
         ``cluster_ctas`` > 1: the ``grid`` CTAs of a kernel compiled for one CTA are launched in
         clusters of that many consecutive CTAs (Triton's C launcher takes the cluster size from the
-        packed metadata it is handed). ``JITFunction.run`` cannot launch that, so such a launch
-        always goes the direct way: compiled through ``warmup`` the first time, and past any launch
-        hook (a profiler's hook does not see it)."""
-        if cluster_ctas < 1 or grid % cluster_ctas:
-            raise ValueError(f"{self.fn.__name__}: a grid of {grid} CTAs does not split into clusters of {cluster_ctas}")
-        if cluster_ctas > 1 and not self._compiled:
-            raise RuntimeError(f"{self.fn.__name__}: the interpreter runs no cluster launch")
+        packed metadata it is handed). ``JITFunction.run`` cannot launch that: such a launch goes
+        the direct way, compiled through ``warmup`` the first time — or, with a hook set, through
+        :meth:`through_triton`, so that the hook sees it."""
+        self._check_cluster(grid, cluster_ctas)
+        if cluster_ctas > 1 and _hooks_active(self.fn):
+            self.through_triton(grid, args, constexprs, num_warps, cluster_ctas)
+            return
         if cluster_ctas == 1 and (not self._compiled or _hooks_active(self.fn)):
             self._ordinary(grid, args, constexprs, num_warps)
             return
@@ -103,6 +105,35 @@ class DirectLaunch:
             # the launcher skips the constexpr positions itself: it wants every parameter, in order
             kernel.run(grid, 1, 1, stream, kernel.function, metadata, None, None, None, *args, *trailing)
         self.direct_calls += 1
+
+    def through_triton(self, grid: int, args: tuple, constexprs: Mapping[str, Any], num_warps: int,
+                       cluster_ctas: int) -> None:
+        """A cluster launch as ``JITFunction.run`` launches a kernel, with no table of this
+        launcher's: Triton binds and specializes the arguments and finds (or compiles) the kernel
+        (``warmup``, which also runs the function's pre-run hooks), and the kernel's own
+        ``CudaLauncher`` starts it with the launch metadata and the enter and exit hooks. Only the
+        cluster size in the packed metadata is this launcher's. The way a hooked cluster launch
+        goes (a profiler sees it), and the one a caller picks to stay off the direct path."""
+        self._check_cluster(grid, cluster_ctas)
+        self.ordinary_calls += 1
+        kernel = self.fn.warmup(*args, **constexprs, num_warps=num_warps, grid=(grid,))
+        if hasattr(kernel, "result"):           # Triton's asynchronous compile mode
+            kernel = kernel.result()
+        device = driver.active.get_current_device()
+        stream = driver.active.get_current_stream(device)
+        bound = (*args, *self._trailing(len(args), constexprs, num_warps))
+        warps, _, shared = kernel.packed_metadata
+        # the metadata names the program grid (CTAs), as JITFunction.run's would; the launcher
+        # counts clusters and starts grid × cluster_ctas CTAs
+        launch_metadata = kernel.launch_metadata((grid,), stream, *bound)
+        kernel.run(grid // cluster_ctas, 1, 1, stream, kernel.function, (warps, cluster_ctas, shared), launch_metadata,
+                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound)
+
+    def _check_cluster(self, grid: int, cluster_ctas: int) -> None:
+        if cluster_ctas < 1 or grid % cluster_ctas:
+            raise ValueError(f"{self.fn.__name__}: a grid of {grid} CTAs does not split into clusters of {cluster_ctas}")
+        if cluster_ctas > 1 and not self._compiled:
+            raise RuntimeError(f"{self.fn.__name__}: the interpreter runs no cluster launch")
 
     def _ordinary(self, grid, args, constexprs, num_warps):
         self.ordinary_calls += 1

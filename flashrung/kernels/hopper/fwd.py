@@ -1878,8 +1878,9 @@ _DIRECT = DirectLaunch(_attn_fwd_kernel)
 
 def _direct_launch_default(environ=os.environ) -> bool:
     """``FLASHRUNG_DIRECT_LAUNCH=0`` sends every launch through ``JITFunction.run`` (slower host
-    path, Triton's own binding): the way out should a Triton release change what the direct path
-    relies on. Any other value but ``1`` is refused rather than guessed at."""
+    path, Triton's own binding) — a cluster launch (kv_multicast), which it cannot start, through
+    ``DirectLaunch.through_triton`` — the way out should a Triton release change what the direct
+    path relies on. Any other value but ``1`` is refused rather than guessed at."""
     value = environ.get("FLASHRUNG_DIRECT_LAUNCH", "1").strip()
     if value not in ("0", "1"):
         raise ValueError(f"FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got {value!r}")
@@ -1944,8 +1945,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         constexprs = _launch_barrier_offsets(plan.build, q.dtype, args, constexprs, plan.grid)
     if warmup:
         return _attn_fwd_kernel.warmup(*args, **constexprs, num_warps=CONSUMER_WARPS, grid=(plan.grid,))
-    if plan.cluster_ctas > 1:
-        # clusters of two: only the direct path launches them (JITFunction.run knows one CTA a program)
+    if plan.cluster_ctas > 1 and not DIRECT_LAUNCH:
+        # clusters of two, which JITFunction.run cannot start (it knows one CTA a program): Triton's
+        # binding and launcher, the cluster size its one change
+        _DIRECT.through_triton(plan.grid, args, constexprs, CONSUMER_WARPS, plan.cluster_ctas)
+    elif plan.cluster_ctas > 1:
         key = (plan.build, q.dtype, plan.ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers))
         _DIRECT(plan.grid, key, args, constexprs, CONSUMER_WARPS, cluster_ctas=plan.cluster_ctas)
     elif DIRECT_LAUNCH:

@@ -421,7 +421,8 @@ class HopperFwdConfig:
     # four-warp partition's waits, expects and copies with one. Its warps 1-3 leaving after the
     # cluster barrier instead (a branch or an exit on the warp's index, or their waits skipped)
     # made ptxas reschedule the consumers' K/V loop (d128 S16k: 495 -> 585 instructions, every
-    # exponential after PV's wait: census), so all four keep running the loop and waiting
+    # exponential after PV's wait: census), so all four keep running the loop and waiting. On by
+    # default where it priced KEEP (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN, change 44)
     producer_unsynced: bool = False
 
     @property
@@ -1030,7 +1031,7 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # coalescer already merges 51.5% of the reads (ncu, lrc counters): the slices serve 0.523e9 sectors
 # without multicast and 0.541e9 with it (h200-ncu-lrc-kv-multicast-{base,mc}-2bb38ea.txt), so the
 # halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
-# Untimed: d64 S32k, d256 (off).
+# d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing; not extended). Untimed: d256 (off).
 KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults

@@ -346,7 +346,7 @@ CENSUS_CONFIGS += [("d64-full-gate-pv", 64, False, {"gate_pv_wait": True}),
 # d128 non-causal's split-tail defaults below 16k (change 38), built for keys that fill their
 # tiles (the first tile unmasked) and for a key tail
 CENSUS_CONFIGS += [(f"d128-full-s{s // 1024}k-split{'' if tail else '-no-tail'}", 128, False,
-                    {"_seqlen": s, "_key_tail": tail}) for s in (4096, 8192) for tail in (True, False)]
+                    {"_seqlen": s, "_key_tail": tail}) for s in (4096, 6144, 8192) for tail in (True, False)]
 CENSUS_CONFIGS.append(("d128-full-s8k-whole-no-tail", 128, False, {"_seqlen": 8192, "_key_tail": False,
                                                                    "split_tail": False}))
 # d64 non-causal's paired defaults (kv_multicast with producer_unsynced, S4k-S16k)
@@ -770,14 +770,15 @@ def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
     # Since change 43 these lengths pair their CTAs (kv_multicast): ptxas keeps one value held
     # across the partitions' split in 16 B of local memory, stored once at the start and read once
     # per partition — none inside a loop (test_kv_multicast_copies_halves_and_releases_both_ctas).
-    # Since change 44 S4k's producer waits and copies Q in inline PTX (producer_unsynced): 28 B,
-    # 5 LDL, all outside the loops (census)
-    for s in (4, 8):
+    # Since change 44 S4k's producer waits and copies Q in inline PTX (producer_unsynced), and since
+    # change 45 S6144's (FA3's order with the mbarrier token): 28 B, 5 LDL, all outside the loops
+    # (census)
+    for s in (4, 6, 8):
         for suffix in ("", "-no-tail"):
             name = f"d128-full-s{s}k-split{suffix}"
             row = census[name]["row"]
-            assert row["config"]["kv_multicast"] and row["config"]["producer_unsynced"] is (s == 4)
-            spill, ldl = (28, 5) if s == 4 else (16, 3)
+            assert row["config"]["kv_multicast"] and row["config"]["producer_unsynced"] is (s < 8)
+            spill, ldl = (28, 5) if s < 8 else (16, 3)
             assert "error" not in row and row["spill_bytes"] <= spill and row["sass"]["LDL"] <= ldl, \
                 (name, row["spill_bytes"])
             assert row["config"]["split_tail"] and row["config"]["first_mask_on_need"]
@@ -1039,11 +1040,12 @@ def test_producer_unsynced_meets_no_bar_sync(census):
 
 @pytest.mark.parametrize("head_dim, seqlen, paired, unsynced", [
     (64, 4095, False, False), (64, 4096, True, True), (64, 16384, True, True), (64, 16385, False, False),
-    (128, 4096, True, True), (128, 6143, True, True), (128, 6144, True, False), (128, 8192, True, False),
+    (128, 4096, True, True), (128, 6143, True, True), (128, 6144, True, True), (128, 8191, True, True),
+    (128, 8192, True, False),
     (128, 8193, False, False), (256, 8192, False, False)])
 def test_producer_unsynced_follows_the_measured_rule(head_dim, seqlen, paired, unsynced):
     # the paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
-    # S4k and S16k, d128 S4k on FA3's named order), not on d128's FA4 order (S8k: NULL); never on
+    # S4k and S16k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL); never on
     # a causal problem (never paired); unpairing the default, by name or by a change the pairing
     # cannot run with, drops the switch and leaves a configuration check() accepts
     for causal in (False, True):
@@ -2283,6 +2285,27 @@ def test_gate_producer_unsynced(head_dim, shape):
     # multicast with the producer's waits and Q copies in inline PTX
     _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True)
     _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, **SPLIT_GRID)
+
+
+# d128 non-causal from 6144 to 8191 runs FA3's order with the mbarrier token, paired, with the
+# producer's waits in inline PTX (change 45): the shapes above reach it only when forced, so its
+# default is gated at lengths of its own — square, a key tail with GQA, Sq != Sk at the rule's end
+UNSYNCED_MBARRIER_TOKEN_SHAPES = [
+    dict(batch=1, seqlen_q=6144, seqlen_k=6144, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=300, seqlen_k=7001, heads_q=4, heads_kv=1),
+    dict(batch=1, seqlen_q=8191, seqlen_k=1000, heads_q=2, heads_kv=2),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", UNSYNCED_MBARRIER_TOKEN_SHAPES, ids=_shape_id)
+def test_gate_paired_default_on_the_mbarrier_token(shape):
+    cfg = _shape_default(128, False, shape)
+    assert cfg.kv_multicast and cfg.producer_unsynced and not cfg.named_turns and not cfg.wait_pv_early
+    _gate_config(cfg, 128, False, shape)
+    # and the configuration hopper.fwd selects for the problem itself (GQA, Sq != Sk) when given none
+    _gate(head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
 
 
 @pytest.mark.gpu

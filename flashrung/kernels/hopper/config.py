@@ -1037,13 +1037,14 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults
 # of this range. Paired on the H200 over the paired default with Gluon's producer, preheated 150 ms
 # (t_keep 1.002164), bf16, both gates passed: d64 H32 B8 S4096 1.0057 / 1.0054, B2 S16384 1.0039 /
-# 1.0050; d128 H16 B8 S4096 (FA3's order with named turns) 1.0036 / 1.0032 (KEEP). Not taken: d128
-# B4 S8192, on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends with FA3's named order
-# (FA3_NAMED_NONCAUSAL_SEQLEN); d64 B1 S32768 is not paired by default (the pairing alone read
+# 1.0050; d128 H16 B8 S4096 (FA3's order with named turns) 1.0036 / 1.0032 (KEEP); d128 H16 B5 S6144
+# (FA3's order with the mbarrier token) 1.0030 / 1.0037 (KEEP, change 45). Not taken: d128 B4 S8192,
+# on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends where FA4's order begins
+# (FA4_ORDER_NONCAUSAL_MIN_SEQLEN); d64 B1 S32768 is not paired by default (the pairing alone read
 # 1.0039 / 1.0050 there, run 2's halves disagreeing: NULL)
-# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9}.json,
+# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json,
 # h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json).
-PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 6143)}
+PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -51,7 +51,7 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   K/V tile into both, the empty barriers count both CTAs' releases, and the launch runs in
   clusters of two through ``DirectLaunch``; that producer's waits and Q copies in inline PTX, no
   partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 S4k–S16k and d128
-  S4096–6143 launches, +0.35–0.6% paired);
+  S4096–8191 launches, +0.3–0.6% paired);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;

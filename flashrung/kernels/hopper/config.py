@@ -422,7 +422,7 @@ class HopperFwdConfig:
     # cluster barrier instead (a branch or an exit on the warp's index, or their waits skipped)
     # made ptxas reschedule the consumers' K/V loop (d128 S16k: 495 -> 585 instructions, every
     # exponential after PV's wait: census), so all four keep running the loop and waiting. On by
-    # default where it priced KEEP (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN, change 44)
+    # default where it priced KEEP (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN, changes 44 and 45)
     producer_unsynced: bool = False
 
     @property
@@ -1031,7 +1031,11 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # coalescer already merges 51.5% of the reads (ncu, lrc counters): the slices serve 0.523e9 sectors
 # without multicast and 0.541e9 with it (h200-ncu-lrc-kv-multicast-{base,mc}-2bb38ea.txt), so the
 # halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
-# d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing; not extended). Untimed: d256 (off).
+# d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing; not extended); d256 H16 B4 S8192
+# 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json): off.
+# What the pairing buys is clock: under sustained load at the power cap it holds a 1.7% (d128 S4k) /
+# 2.2% (S16k) higher SM clock at equal power, and spends 0.85% / 2.26% more cycles a call — a win at
+# S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json).
 KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults

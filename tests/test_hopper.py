@@ -3642,7 +3642,39 @@ def test_step_trace_probe_summarizes_what_it_traced(monkeypatch, capsys):
 
     monkeypatch.setattr(step_trace, "traced_run", fake_traced_run)
     assert step_trace.main(["--steps", str(steps)]) == 0
-    assert "step trace" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "step trace" in out and "back-to-back" not in out
+    # a preheated trace says so in its heading
+    assert step_trace.main(["--steps", str(steps), "--preheat-ms", "2500"]) == 0
+    assert "the launch after 2500 ms of back-to-back calls" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_trace_probes_refuse_a_preheat_that_is_not_a_duration(value, capsys):
+    # --preheat-ms is milliseconds, zero or more: anything else is refused by name, not run
+    from flashrung.evidence import step_trace, tile_trace
+
+    for parser in (step_trace.build_parser(), tile_trace.build_parser()):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--preheat-ms", value])
+        assert "--preheat-ms" in capsys.readouterr().err
+    assert step_trace.build_parser().parse_args([]).preheat_ms == 0.0
+
+
+def test_preheat_keeps_calling_until_its_time_is_up():
+    # the load before a kept launch lasts the time asked (the clock settles over it), synchronizing
+    # after every few calls so the host does not queue past the deadline
+    import time
+
+    from flashrung.evidence.step_trace import PREHEAT_CALLS_PER_SYNC, preheat
+
+    calls, syncs = [], []
+    start = time.perf_counter()
+    n = preheat(lambda: calls.append(1), 30, sync=lambda: syncs.append(len(calls)))
+    elapsed = time.perf_counter() - start
+    assert elapsed >= 0.030 and n == len(calls) > 0
+    assert n % PREHEAT_CALLS_PER_SYNC == 0 and syncs == list(range(PREHEAT_CALLS_PER_SYNC, n + 1, PREHEAT_CALLS_PER_SYNC))
+    assert preheat(lambda: calls.append(1), 0, sync=lambda: None) == 0
 
 
 def test_tile_trace_probe_reports_the_timeline_of_what_it_traced(monkeypatch, tmp_path, capsys):

@@ -159,7 +159,8 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
                 f.write(compiled.asm["cubin"])
             entry["inits"], entry["arrives"] = barrier_inits(compiled.asm["ptx"])
             arrays = allocation_offsets(compiled.asm["ttgir"])
-            entry["barrier_offsets"] = {k: arrays[v] for k, v in BARRIER_OFFSETS.items()}
+            # an array a build does not allocate (relay_release's relay barriers) has no offset
+            entry["barrier_offsets"] = {k: arrays[v] for k, v in BARRIER_OFFSETS.items() if v in arrays}
             sass = sass_text(path)
             entry["windows"] = windows(sass)
             entry["loop"] = steady_loop(sass)
@@ -351,6 +352,10 @@ CENSUS_CONFIGS.append(("d128-full-s8k-whole-no-tail", 128, False, {"_seqlen": 81
                                                                    "split_tail": False}))
 # d64 non-causal's paired defaults (kv_multicast with producer_unsynced, S4k-S16k)
 CENSUS_CONFIGS += [(f"d64-full-s{s // 1024}k-paired", 64, False, {"_seqlen": s}) for s in (4096, 16384)]
+# the pair's releases relayed by the producers (relay_release) on the paired defaults of d128 S4k
+# (keys filling their tiles, as d128-full-s4k-split-no-tail) and d64 S16k
+CENSUS_CONFIGS += [("d128-full-s4k-relay", 128, False, {"_seqlen": 4096, "_key_tail": False, "relay_release": True}),
+                   ("d64-full-s16k-relay", 64, False, {"_seqlen": 16384, "relay_release": True})]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -984,6 +989,51 @@ def test_kv_multicast_copies_halves_and_releases_both_ctas(census):
     assert mc["loop"]["ldl"] == 0 and mc["row"]["spill_bytes"] <= 16
     assert base["loop"]["length"] < mc["loop"]["length"] <= base["loop"]["length"] + 8
     assert mc["loop"]["mufu"] == base["loop"]["mufu"]
+
+
+@pytest.mark.parametrize("relay_label, paired_label", [("d128-full-s4k-relay", "d128-full-s4k-split-no-tail"),
+                                                       ("d64-full-s16k-relay", "d64-full-s16k-paired")])
+def test_relay_release_takes_the_remote_arrivals_out_of_the_consumers_loop(census, relay_label, paired_label):
+    # relay_release: the consumers release in their own CTA only (the empty barriers count this
+    # CTA's consumers, half the pair's), the producer relays to the peer (its relay barriers one
+    # arrival each, one remote arrival per K and per V load site left in the kernel), so the
+    # consumers' steady loop loses the remote arrivals' instructions (7 at d128 S4k: 495 -> 488, the
+    # unpaired kernel's length) and keeps its exponentials; nothing new in local memory
+    relay, paired = census[relay_label], census[paired_label]
+    assert relay["row"]["config"]["relay_release"] and paired["row"]["config"]["kv_multicast"]
+    assert "error" not in relay["row"], relay["row"]["error"]
+    assert relay["row"]["spill_bytes"] <= paired["row"]["spill_bytes"]
+    assert all(loop["ldl"] == 0 for loop in relay["kv_loops"])
+    assert relay["loop"]["length"] <= paired["loop"]["length"] - 5 and relay["loop"]["mufu"] == paired["loop"]["mufu"]
+    assert relay["multicast_copies"] == paired["multicast_copies"]
+    assert 0 < relay["remote_arrivals"] < paired["remote_arrivals"]
+    stages = relay["row"]["config"]["num_kv_stages"]
+    offsets, inits = relay["barrier_offsets"], {int(k): v for k, v in relay["inits"].items()}
+    paired_inits = {int(k): v for k, v in paired["inits"].items()}
+    for empty, relay_at in (("K_EMPTY_AT", "K_RELAY_AT"), ("V_EMPTY_AT", "V_RELAY_AT")):
+        for slot in range(stages):
+            assert 2 * inits[offsets[empty] + 8 * slot] == paired_inits[paired["barrier_offsets"][empty] + 8 * slot]
+            assert inits[offsets[relay_at] + 8 * slot] == 1
+    assert "K_RELAY_AT" not in paired["barrier_offsets"]
+
+
+def test_relay_release_is_a_way_of_running_a_pair():
+    # refused without the pairing (or with per-thread releases, which it does not relay); a change
+    # that unpairs a configuration drops it with producer_unsynced, unless it names it
+    paired = fwd.default_config(128, False, 4096)
+    relayed = dataclasses.replace(paired, relay_release=True)
+    relayed.check(128)
+    with pytest.raises(ValueError, match="relay_release"):
+        dataclasses.replace(relayed, kv_multicast=False, producer_unsynced=False).check(128)
+    unpaired = replace_following(relayed, 128, kv_multicast=False)
+    assert not unpaired.relay_release and not unpaired.producer_unsynced
+    unpaired.check(128)
+    with pytest.raises(ValueError, match="relay_release"):
+        replace_following(relayed, 128, kv_multicast=False, relay_release=True).check(128)
+    # the self-check prices it as a switch of d64 non-causal's default (16k: paired)
+    from flashrung.kernels.hopper import selfcheck
+
+    assert ("relay_release=True", {"relay_release": True}) in selfcheck._switches(64, False)
 
 
 def test_producer_warpgroup_is_multicasts_producer_without_the_pairing(census):
@@ -2285,6 +2335,34 @@ def test_gate_producer_unsynced(head_dim, shape):
     # multicast with the producer's waits and Q copies in inline PTX
     _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True)
     _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_relay_release(head_dim, shape):
+    # the pair's releases relayed by the producers, with Gluon's producer waits and with the inline
+    # ones, on the stride grid and with the split tail (a pair whose second tile is empty, key
+    # tails, GQA: both CTAs must still make every relay, or one waits for ever)
+    _gate_forced(head_dim, shape, False, **_MULTICAST, relay_release=True)
+    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, relay_release=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_relay_release_matches_the_multicast_kernel(head_dim):
+    # the same loads into the same slots in the same order, released another way: every bit agrees
+    # with the consumers' own remote releases, run after run (a slot refilled before the peer's
+    # consumers left it would move them)
+    mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True, producer_unsynced=True)
+    relayed = dataclasses.replace(mc, relay_release=True)
+    q, k, v = _bit_check_inputs(head_dim, seed=13)
+    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, mc)
+    for _ in range(2):
+        out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, relayed)
+        assert torch.equal(out, ref) and torch.equal(lse, lse_ref)
 
 
 # d128 non-causal from 6144 to 8191 runs FA3's order with the mbarrier token, paired, with the

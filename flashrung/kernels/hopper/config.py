@@ -424,6 +424,15 @@ class HopperFwdConfig:
     # exponential after PV's wait: census), so all four keep running the loop and waiting. On by
     # default where it priced KEEP (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN, changes 44 and 45)
     producer_unsynced: bool = False
+    # with kv_multicast: the pair's K/V releases relayed by the producers. Each consumer releases
+    # its slot in its own CTA only; the producer, once its CTA's consumers have released the slot,
+    # arrives on the peer's relay barrier for it and waits for the peer's before refilling — the
+    # remote arrival leaves the consumers' K/V loop (two a step, inside the softmax) for the producer,
+    # which idles between loads. Why: the paired step traced 3% longer than the unpaired one at d128
+    # S4k, the consumers' softmax carrying it, at either clock (step_trace, with and without
+    # --preheat-ms). The cost: the refill waits one more hop (the slower CTA's producer wakes and
+    # relays) inside the ring's slack
+    relay_release: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -586,6 +595,10 @@ class HopperFwdConfig:
         if self.producer_unsynced and not self.kv_multicast:
             raise ValueError("producer_unsynced is how kv_multicast's four-warp producer waits and copies Q without "
                              "bar.sync: it needs kv_multicast=True, got kv_multicast=False")
+        if self.relay_release and not (self.kv_multicast and not self.thread_release):
+            raise ValueError("relay_release has the producers of a kv_multicast pair relay its K/V releases: it needs "
+                             f"kv_multicast=True and thread_release=False, got kv_multicast={self.kv_multicast}, "
+                             f"thread_release={self.thread_release}")
         if self.kv_multicast and not _can_multicast(self):
             raise ValueError("kv_multicast pairs neighbouring q-tiles on the stride schedule and releases K/V slots "
                              "to both CTAs in inline PTX: it needs asm_arrivals=True, balanced=False, "
@@ -1113,14 +1126,19 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     return unpaired_producer_follows(out, changes)
 
 
+# the switches that are ways of running a kv_multicast pair, and mean nothing without one
+PAIRED_ONLY = ("producer_unsynced", "relay_release")
+
+
 def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:
-    """``producer_unsynced`` is a way of running kv_multicast's producer, on by default wherever the
-    pairing is: a configuration left unpaired (by the change, or by a default stepping aside) drops
-    it, unless the change names it too (then check() refuses). Without this,
-    ``hopper.fwd@kv_multicast=false`` on a paired default would be refused."""
-    if cfg.producer_unsynced and not cfg.kv_multicast and "producer_unsynced" not in changes:
-        return dataclasses.replace(cfg, producer_unsynced=False)
-    return cfg
+    """``producer_unsynced`` and ``relay_release`` are ways of running a kv_multicast pair, the
+    first on by default wherever the pairing is: a configuration left unpaired (by the change, or by
+    a default stepping aside) drops them, unless the change names them too (then check() refuses).
+    Without this, ``hopper.fwd@kv_multicast=false`` on a paired default would be refused."""
+    if cfg.kv_multicast:
+        return cfg
+    dropped = {name: False for name in PAIRED_ONLY if getattr(cfg, name) and name not in changes}
+    return dataclasses.replace(cfg, **dropped) if dropped else cfg
 
 
 def _can_multicast(cfg: HopperFwdConfig) -> bool:

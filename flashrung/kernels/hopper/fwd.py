@@ -51,7 +51,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   K/V tile into both, the empty barriers count both CTAs' releases, and the launch runs in
   clusters of two through ``DirectLaunch``; that producer's waits and Q copies in inline PTX, no
   partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 S4k–S16k and d128
-  S4096–8191 launches, +0.3–0.6% paired);
+  S4096–8191 launches, +0.3–0.6% paired); or the pair's K/V releases relayed by the producers, so
+  no consumer arrives on the peer (``relay_release``, ``_relay``: built, census only, off);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;
@@ -136,8 +137,8 @@ from flashrung.kernels.hopper.config import (
 from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES, allocation_offsets, next_ring_slot,
                                               pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release,
                                               release_arrivals, ring_slot, resolve_shared_offsets, start_exp_turns,
-                                              start_turns, wait_exp_turn, wait_mma_after_softmax, wait_turn,
-                                              wait_unsynced)
+                                              relay_to_peer, start_turns, wait_exp_turn, wait_mma_after_softmax,
+                                              wait_turn, wait_unsynced)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
@@ -231,11 +232,16 @@ class _Shared:
     v2_bufs: gl.shared_memory_descriptor
     ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
     item_bufs: gl.shared_memory_descriptor     # int32 [Q stages · consumers, 1]: the handed work item (DYNAMIC)
+    k_relay_bars: gl.shared_memory_descriptor  # per stage: the peer's consumers released it (RELAY_RELEASE)
+    v_relay_bars: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
-                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs):
+                 k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs,
+                 k_relay_bars, v_relay_bars):
         self.item_bufs = item_bufs
+        self.k_relay_bars = k_relay_bars
+        self.v_relay_bars = v_relay_bars
         self.ones_bufs = ones_bufs
         self.k2_bufs = k2_bufs
         self.v2_bufs = v2_bufs
@@ -383,6 +389,10 @@ class _Schedule:
     Q_BUFS_AT: gl.constexpr      # producer_unsynced: byte offsets of the Q buffers and their ready
     Q_ARM_AT: gl.constexpr       # barriers, which its inline Q copies address (multicast.load_q), and
     Q_EMPTY_AT: gl.constexpr     # of the Q empty barriers, which it waits on in inline PTX
+    RELAY_RELEASE: gl.constexpr  # relay_release: the pair's K/V releases relayed by the producers
+    PEER_RELEASE: gl.constexpr   # each consumer release lands on the peer's empty barrier too (MULTICAST, unrelayed)
+    K_RELAY_AT: gl.constexpr     # relay_release: byte offsets of the K/V relay barriers, which the
+    V_RELAY_AT: gl.constexpr     # producers arrive on in each other's CTA and wait on in their own
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -463,13 +473,17 @@ def _producer_wait(bars, idx, phase, SMEM_OFFSET: gl.constexpr, c):
 
 
 @gluon.jit
-def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, j, count, c, sz, KV: gl.constexpr):
+def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, b, kv_head, j, count, c, sz,
+                  KV: gl.constexpr):
     """K/V tile ``j`` into ring slot ``count % stages``: one box, or two (BLOCK_N then EXTRA_KEYS keys)
     completing the same barrier; with ``MULTICAST``, this CTA's half of it into both CTAs of the
     cluster (``KV``: 0 for K, 1 for V, the tensor map and ring it names)."""
     idx, phase = ring_slot(count, c.NUM_KV_STAGES)
-    # with MULTICAST the slot's empty barrier counts both CTAs' consumers: free in both
+    # with MULTICAST the slot's empty barrier counts both CTAs' consumers: free in both; relayed,
+    # it counts this CTA's, and the relay barrier the peer's
     _producer_wait(empty_bars, idx, phase ^ 1, c.K_EMPTY_AT if KV == 0 else c.V_EMPTY_AT, c)
+    if c.RELAY_RELEASE:
+        _relay(relay_bars, idx, phase, c, KV)
     key0 = j * c.KV_TILE
     if c.MULTICAST:
         tmap = _tensor_map(sz, KV)
@@ -484,6 +498,20 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, b, kv_head, 
     else:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
+
+
+@gluon.jit
+def _relay(relay_bars, idx, phase, c, KV: gl.constexpr):
+    """The pair's release of K/V slot ``idx``, relayed (``relay_release``): this CTA's consumers have
+    released it (the caller waited), so tell the peer's producer, then wait until the peer's have.
+    Every fill relays, the first ones of each slot too, so fill ``n`` of a slot is the relay
+    barrier's arrival ``n`` and its wait is for ``phase`` itself (not the empty barrier's ``phase ^
+    1``, whose first wait passes on a fresh barrier). The peer cannot relay a slot's next fill before
+    this one's wait: its consumers would first have to read this fill, which needs this CTA's half,
+    copied after the wait."""
+    RELAY_AT: gl.constexpr = c.K_RELAY_AT if KV == 0 else c.V_RELAY_AT
+    relay_to_peer(idx, RELAY_AT)
+    _producer_wait(relay_bars, idx, phase, RELAY_AT, c)
 
 
 @gluon.jit
@@ -513,8 +541,8 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
     if kv_hi > kv_lo:
         # the first K first: it streams while the previous tile still holds the Q buffers.
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-        _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b, kv_head, first,
-                      count, c, sz, 0)
+        _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, b,
+                      kv_head, first, count, c, sz, 0)
         _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
@@ -522,22 +550,22 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
             prev = first
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                              kv_head, t, base + j, c, sz, 0)
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                              kv_head, prev, base + j - 1, c, sz, 1)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
+                              sh.k_relay_bars, b, kv_head, t, base + j, c, sz, 0)
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
+                              sh.v_relay_bars, b, kv_head, prev, base + j - 1, c, sz, 1)
                 prev = t
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                          prev, base + kv_hi - 1, c, sz, 1)
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
+                          kv_head, prev, base + kv_hi - 1, c, sz, 1)
         else:
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b, kv_head,
-                          first, count, c, sz, 1)
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
+                          kv_head, first, count, c, sz, 1)
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, b,
-                              kv_head, t, base + j, c, sz, 0)
-                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, b,
-                              kv_head, t, base + j, c, sz, 1)
+                _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
+                              sh.k_relay_bars, b, kv_head, t, base + j, c, sz, 0)
+                _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
+                              sh.v_relay_bars, b, kv_head, t, base + j, c, sz, 1)
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
@@ -980,7 +1008,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     s = _wait_scores(s, c.PV_GROUPS)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS, c.TRACE_WARPS)
     if not c.LATE_K_RELEASE:
-        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+        release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     # masked tiles whose second half no row of this warpgroup sees skip that half (SKIP_UNSEEN_HALF);
     # those whose first half every row sees mask the second half only (MASK_SECOND_HALF)
     HALVES: gl.constexpr = MASK and (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF)
@@ -1024,9 +1052,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             partial = wait_mma_after_softmax(qk_scale_log2, partial)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
         # with EXP_TURNS one consumer at a time runs its MUFU block (taken once per overlapped
         # step, as the GEMM token is)
         m_new = wait_exp_turn(m_new, WG, c.EXP_TURNS)
@@ -1064,9 +1092,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             l_i = wait_mma_after_softmax(qk_scale_log2, l_i)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
         stamp(trace, rows, first_row, E_PV, c.TRACE_STEPS, c.TRACE_WARPS)
-        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+        release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
         if c.LATE_K_RELEASE:
-            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
@@ -1097,7 +1125,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
         s = _wait_scores(s, 0)
-        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+        release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
         if c.FIRST_MASK_ON_NEED:
             # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
             # non-causal launch sets it only when its keys fill their tiles (_first_mask_on_need),
@@ -1149,7 +1177,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
         acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
         acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+        release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     if c.OVERLAP_EPILOGUE:
         if kv_hi <= kv_lo:
             # no K/V tile to hide it under (rows that see no key)
@@ -1169,7 +1197,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     s = _wait_scores(s, 0)
-    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+    release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
@@ -1181,7 +1209,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     acc, l_i, p_op = _wait_pv(acc, l_i, p_op, c)
-    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+    release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     return acc, m_i, l_i, turn
 
 
@@ -1213,7 +1241,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
         if n_tiles > 0:
             idx, phase = ring_slot(count, c.NUM_KV_STAGES)
             ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
             for j in range(1, n_tiles):
                 k_idx, k_phase = ring_slot(count + j, c.NUM_KV_STAGES)
                 v_idx, v_phase = ring_slot(count + j - 1, c.NUM_KV_STAGES)
@@ -1222,22 +1250,22 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
                 turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
                 pass_exp_turn_through(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
-                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
-                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+                release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
+                release(sh.v_empty_bars, v_idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
             idx, phase = ring_slot(count + n_tiles - 1, c.NUM_KV_STAGES)
             ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     else:
         for j in range(0, n_tiles):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
             ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
             ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.MULTICAST)
+            release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     return turn
 
 
@@ -1502,12 +1530,15 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr, PRODUCER_WARPGROUP: gl.constexpr,
                      K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr, K_ARM_AT: gl.constexpr, V_ARM_AT: gl.constexpr,
                      PRODUCER_UNSYNCED: gl.constexpr, Q_BUFS_AT: gl.constexpr, Q_ARM_AT: gl.constexpr,
-                     Q_EMPTY_AT: gl.constexpr,
+                     Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
+                     V_RELAY_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
-    # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too
-    RELEASES_PER_SLOT: gl.constexpr = NUM_CONSUMERS * release_arrivals(THREAD_RELEASE) * (_CLUSTER_CTAS if MULTICAST
+    # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too,
+    # unless the producers relay the peer's (RELAY_RELEASE: its own barrier, one arrival)
+    PEER_RELEASE: gl.constexpr = MULTICAST and not RELAY_RELEASE
+    RELEASES_PER_SLOT: gl.constexpr = NUM_CONSUMERS * release_arrivals(THREAD_RELEASE) * (_CLUSTER_CTAS if PEER_RELEASE
                                                                                            else 1)
     dtype: gl.constexpr = q_desc.dtype
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -1543,6 +1574,16 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_bufs = turn_bars       # never read
+    if RELAY_RELEASE:
+        k_relay_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+        v_relay_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
+        for i in gl.static_range(NUM_KV_STAGES):
+            # one arrival a fill: the peer's producer, once the peer's consumers released the slot
+            mbarrier.init(k_relay_bars.index(i), count=1)
+            mbarrier.init(v_relay_bars.index(i), count=1)
+    else:
+        k_relay_bars = k_empty_bars     # never read
+        v_relay_bars = v_empty_bars
     for i in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready_bars.index(i), count=1)     # the producer's expect-tx arrival
         mbarrier.init(q_empty_bars.index(i), count=1)     # its one consumer
@@ -1558,7 +1599,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(k_empty_bars.index(i), count=RELEASES_PER_SLOT)
         mbarrier.init(v_empty_bars.index(i), count=RELEASES_PER_SLOT)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
-                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs)
+                 v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs, k_relay_bars,
+                 v_relay_bars)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -1593,7 +1635,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS, MULTICAST=MULTICAST,
                   PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
-                  Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT)
+                  Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
+                  PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1679,6 +1722,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
         EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast,
         PRODUCER_WARPGROUP=cfg.producer_warpgroup, PRODUCER_UNSYNCED=cfg.producer_unsynced,
+        RELAY_RELEASE=cfg.relay_release,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
     ).items())

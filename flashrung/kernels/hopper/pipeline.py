@@ -199,6 +199,31 @@ def release_arrivals(per_thread):
 
 
 @gluon.constexpr_function
+def _relay_asm(smem_offset):
+    # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot. Only the
+    # other CTA's barrier at this offset gets the arrival (``mapa``), none here: the relay's own
+    # barrier is armed by the peer's producer alone
+    return ("{ .reg .pred leader; .reg .b32 addr, rank, remote; setp.eq.u32 leader, $1, 0; "
+            + _slot_address("$2", smem_offset, False)
+            + "mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, rank; "
+            "@leader mbarrier.arrive.shared::cluster.b64 _, [remote]; mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def relay_to_peer(slot, SMEM_OFFSET: gl.constexpr):
+    """One arrival, by the partition's thread 0, on barrier ``slot`` of the array at
+    ``SMEM_OFFSET`` in the *other* CTA of a two-CTA cluster (``relay_release``: this CTA's consumers
+    have released the slot, so the peer's producer may write its half into it). The plain arrive,
+    as :func:`arrive_unsynced`'s: what it orders is the consumers' release, which the producer
+    observed through its own wait before this."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
+    lanes = gl.arange(0, _THREADS_PER_WARPGROUP, layout=layout)
+    slots = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout) + slot
+    gl.inline_asm_elementwise(_relay_asm(SMEM_OFFSET), "=r,r,r", [lanes, slots], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.constexpr_function
 def _arrive_asm(smem_offset, hoisted, peer=False):
     # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot; hoisted: $3
     # the shared window's base (smem_base). The index comes in a register rather than from %tid.x
@@ -378,13 +403,15 @@ BARRIER_OFFSETS = {
     # producer_unsynced's Q copies (multicast.load_q): the Q buffers and their ready barriers, and
     # the Q empty barriers its inline waits read
     "Q_BUFS_AT": "q_bufs", "Q_ARM_AT": "q_ready_bars", "Q_EMPTY_AT": "q_empty_bars",
+    # relay_release: the K/V relay barriers the producers arrive on in each other's CTA (relay_to_peer)
+    "K_RELAY_AT": "k_relay_bars", "V_RELAY_AT": "v_relay_bars",
 }
 # the config switch that puts each of them in inline PTX
 BARRIER_SWITCHES = {"K_EMPTY_AT": "asm_arrivals", "V_EMPTY_AT": "asm_arrivals", "TURN_AT": "asm_arrivals",
                     "K_READY_AT": "asm_waits", "V_READY_AT": "asm_waits", "TURN_WAIT_AT": "asm_waits",
                     "K_RING_AT": "kv_multicast", "V_RING_AT": "kv_multicast", "K_ARM_AT": "kv_multicast",
                     "V_ARM_AT": "kv_multicast", "Q_BUFS_AT": "producer_unsynced", "Q_ARM_AT": "producer_unsynced",
-                    "Q_EMPTY_AT": "producer_unsynced"}
+                    "Q_EMPTY_AT": "producer_unsynced", "K_RELAY_AT": "relay_release", "V_RELAY_AT": "relay_release"}
 
 
 def resolve_shared_offsets(compile_with, constexprs: dict, names: dict[str, str], owner: str,

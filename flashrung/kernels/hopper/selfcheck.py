@@ -123,6 +123,8 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         candidates.append(("producer_warpgroup", dict(producer_warpgroup=not base.producer_warpgroup)))
     else:                       # its producer's waits and Q copies: Gluon's or inline
         candidates.append(("producer_unsynced", dict(producer_unsynced=not base.producer_unsynced)))
+        # the pair's releases: each consumer on both CTAs, or relayed by the producers
+        candidates.append(("relay_release", dict(relay_release=not base.relay_release)))
     if head_dim == 64:   # the exponentials' ring was built for, gated and priced on d64's consumers
         # its token is passed on the running row sum: a deferred sum goes off with it
         candidates.append(("exp_turns", dict(exp_turns=not base.exp_turns, defer_row_sum=False)))

@@ -2308,13 +2308,23 @@ def _unpaired_base(head_dim):
                              asm_arrivals=True)
 
 
+# the ways of running a pair: Gluon's producer waits and Q copies or inline ones
+# (producer_unsynced), the consumers' own remote releases or the producers' relay (relay_release)
+PAIRED_WAYS = {"consumers-release": {}, "unsynced": dict(producer_unsynced=True),
+               "relay": dict(relay_release=True), "unsynced-relay": dict(producer_unsynced=True, relay_release=True)}
+
+
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("way", PAIRED_WAYS)
 @pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_kv_multicast(head_dim, shape):
-    _gate_forced(head_dim, shape, False, **_MULTICAST)
-    _gate_forced(head_dim, shape, False, **_MULTICAST, **SPLIT_GRID)
+def test_gate_kv_multicast(head_dim, shape, way):
+    # each way on the stride grid and with the split tail: a pair whose second tile is empty, key
+    # tails, Sq != Sk, GQA and MQA — both CTAs must make every copy, release and relay, or one
+    # waits for ever
+    _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way])
+    _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way], **SPLIT_GRID)
 
 
 @pytest.mark.gpu
@@ -2329,40 +2339,13 @@ def test_gate_producer_warpgroup(head_dim, shape):
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_producer_unsynced(head_dim, shape):
-    # multicast with the producer's waits and Q copies in inline PTX
-    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True)
-    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, **SPLIT_GRID)
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_relay_release(head_dim, shape):
-    # the pair's releases relayed by the producers, with Gluon's producer waits and with the inline
-    # ones, on the stride grid and with the split tail (a pair whose second tile is empty, key
-    # tails, GQA: both CTAs must still make every relay, or one waits for ever)
-    _gate_forced(head_dim, shape, False, **_MULTICAST, relay_release=True)
-    _gate_forced(head_dim, shape, False, **_MULTICAST, producer_unsynced=True, relay_release=True, **SPLIT_GRID)
-
-
-@pytest.mark.gpu
-@on_hopper
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_relay_release_matches_the_multicast_kernel(head_dim):
     # the same loads into the same slots in the same order, released another way: every bit agrees
     # with the consumers' own remote releases, run after run (a slot refilled before the peer's
     # consumers left it would move them)
     mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True, producer_unsynced=True)
-    relayed = dataclasses.replace(mc, relay_release=True)
-    q, k, v = _bit_check_inputs(head_dim, seed=13)
-    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, mc)
-    for _ in range(2):
-        out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, relayed)
-        assert torch.equal(out, ref) and torch.equal(lse, lse_ref)
+    _assert_same_bits_every_run(mc, dataclasses.replace(mc, relay_release=True), head_dim, seed=13)
 
 
 # d128 non-causal from 6144 to 8191 runs FA3's order with the mbarrier token, paired, with the
@@ -2394,11 +2377,15 @@ def test_producer_unsynced_matches_the_multicast_kernel(head_dim):
     # every bit agrees with Gluon's producer, run after run (a Q box landing at the wrong offset,
     # or a slot refilled early, would move them)
     mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True)
-    unsynced = dataclasses.replace(mc, producer_unsynced=True)
-    q, k, v = _bit_check_inputs(head_dim, seed=11)
-    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, mc)
+    _assert_same_bits_every_run(mc, dataclasses.replace(mc, producer_unsynced=True), head_dim, seed=11)
+
+
+def _assert_same_bits_every_run(ref_cfg, cfg, head_dim, seed):
+    """``cfg``'s output and LSE equal ``ref_cfg``'s bit for bit, on two runs of BIT_CHECK_SHAPE's inputs."""
+    q, k, v = _bit_check_inputs(head_dim, seed=seed)
+    ref, lse_ref = fwd.forward(q, k, v, False, head_dim ** -0.5, ref_cfg)
     for _ in range(2):
-        out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, unsynced)
+        out, lse = fwd.forward(q, k, v, False, head_dim ** -0.5, cfg)
         assert torch.equal(out, ref) and torch.equal(lse, lse_ref)
 
 

@@ -3738,7 +3738,8 @@ def test_preheat_keeps_calling_until_its_time_is_up():
     n = preheat(lambda: calls.append(1), 30, sync=lambda: syncs.append(len(calls)))
     elapsed = time.perf_counter() - start
     assert elapsed >= 0.030 and n == len(calls) > 0
-    assert n % PREHEAT_CALLS_PER_SYNC == 0 and syncs == list(range(PREHEAT_CALLS_PER_SYNC, n + 1, PREHEAT_CALLS_PER_SYNC))
+    every = PREHEAT_CALLS_PER_SYNC
+    assert n % every == 0 and syncs == list(range(every, n + 1, every))
     assert preheat(lambda: calls.append(1), 0, sync=lambda: None) == 0
 
 

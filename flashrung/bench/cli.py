@@ -39,7 +39,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -123,7 +123,7 @@ def _paired_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reps", type=_positive_int, help=f"timed calls per arm per alternation (default {d.reps})")
     g.add_argument("--warmup", type=_positive_int,
                    help=f"calls per arm before the first alternation (default {d.warmup_calls})")
-    g.add_argument("--block-preheat-ms", type=_non_negative_float, metavar="MS",
+    g.add_argument("--block-preheat-ms", type=non_negative_float, metavar="MS",
                    help="run each arm for at least MS before each of its timed blocks, so it is timed at its own "
                         "clock (default 0: the calibrated protocol; an A/A null calibrates with the same value)")
     g.add_argument("--quick", action="store_true", help="the shorter protocol, for a smoke run")
@@ -218,7 +218,7 @@ def register(subparsers) -> None:
                    help=f"blocks in all, ABBA order, half per arm (default {sustain.BLOCKS})")
     g.add_argument("--block-s", type=_positive_float, default=sustain.BLOCK_S, metavar="S",
                    help=f"seconds of back-to-back calls per block (default {sustain.BLOCK_S:g})")
-    g.add_argument("--settle-s", type=_non_negative_float, default=sustain.SETTLE_S, metavar="S",
+    g.add_argument("--settle-s", type=non_negative_float, default=sustain.SETTLE_S, metavar="S",
                    help=f"seconds at a block's start whose samples do not count, the clock settling (default "
                         f"{sustain.SETTLE_S:g}; the last {sustain.TAIL_S:g} s never count)")
     g.add_argument("--sample-ms", type=_positive_int, default=sustain.SAMPLE_MS, metavar="MS",

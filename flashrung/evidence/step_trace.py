@@ -230,6 +230,8 @@ def _parse_set(text: str) -> dict:
 
 def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
+    from flashrung.bench.cli import non_negative_float
+
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seqlen", type=int, default=16384)
@@ -239,7 +241,7 @@ def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
     p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
-    p.add_argument("--preheat-ms", type=_non_negative_ms, default=0.0, metavar="MS",
+    p.add_argument("--preheat-ms", type=non_negative_float, default=0.0, metavar="MS",
                    help="run the traced kernel back to back for this long before the launch whose stamps are "
                         "kept, so that they record the clock the GPU holds under load (at the power cap), not "
                         "an idle GPU's boost (default 0)")
@@ -247,14 +249,9 @@ def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _non_negative_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--preheat-ms takes milliseconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"--preheat-ms must be >= 0, got {text!r}")
-    return value
+# calls queued between synchronizations while preheating: enough to keep the GPU busy across the
+# host's round trip, few enough that the deadline is overshot by a handful of calls at most
+PREHEAT_CALLS_PER_SYNC = 4
 
 
 def preheat(fn, ms: float, sync=None) -> int:
@@ -274,11 +271,6 @@ def preheat(fn, ms: float, sync=None) -> int:
         calls += PREHEAT_CALLS_PER_SYNC
         sync()
     return calls
-
-
-# calls queued between synchronizations while preheating: enough to keep the GPU busy across the
-# host's round trip, few enough that the deadline is overshot by a handful of calls at most
-PREHEAT_CALLS_PER_SYNC = 4
 
 
 def build_parser() -> argparse.ArgumentParser:

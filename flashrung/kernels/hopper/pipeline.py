@@ -198,15 +198,19 @@ def release_arrivals(per_thread):
     return THREADS_PER_WARPGROUP if per_thread else 1
 
 
+# the leader's arrival on the barrier at ``addr``'s offset in the other CTA of a two-CTA cluster
+# (registers ``rank`` and ``remote`` declared by the caller)
+_PEER_ARRIVE_PTX = ("mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, "
+                    "rank; @leader mbarrier.arrive.shared::cluster.b64 _, [remote]; ")
+
+
 @gluon.constexpr_function
 def _relay_asm(smem_offset):
     # $1: the thread's index in its (one-warpgroup) partition, $2: the barrier's slot. Only the
     # other CTA's barrier at this offset gets the arrival (``mapa``), none here: the relay's own
     # barrier is armed by the peer's producer alone
     return ("{ .reg .pred leader; .reg .b32 addr, rank, remote; setp.eq.u32 leader, $1, 0; "
-            + _slot_address("$2", smem_offset, False)
-            + "mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, rank; "
-            "@leader mbarrier.arrive.shared::cluster.b64 _, [remote]; mov.u32 $0, 0; }")
+            + _slot_address("$2", smem_offset, False) + _PEER_ARRIVE_PTX + "mov.u32 $0, 0; }")
 
 
 @gluon.jit
@@ -235,8 +239,7 @@ def _arrive_asm(smem_offset, hoisted, peer=False):
     # read). The plain arrive, not ``.release.cluster``: that form cost a MEMBAR, ERRBAR and
     # CGAERRBAR per arrival in the steady loop (census), and the reads it would order are the
     # wgmma's, complete once the warpgroup's wait returned (multicast.py)
-    remote = ("mov.u32 rank, %cluster_ctarank; xor.b32 rank, rank, 1; mapa.shared::cluster.u32 remote, addr, rank; "
-              "@leader mbarrier.arrive.shared::cluster.b64 _, [remote]; ") if peer else ""
+    remote = _PEER_ARRIVE_PTX if peer else ""
     return ("{ .reg .pred leader; .reg .b32 addr" + (", rank, remote" if peer else "") + "; setp.eq.u32 leader, $1, 0; "
             + _slot_address("$2", smem_offset, hoisted)
             + "@leader mbarrier.arrive.shared::cta.b64 _, [addr]; " + remote + "mov.u32 $0, 0; }")

@@ -147,7 +147,14 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # unpaired kernel the d64 levers below were built and priced on (the same configuration the
     # 16k default was before)
     seqlen = changes.pop("_seqlen", 32768 if (d, causal) == (64, False) else 16384)
-    cfg = dataclasses.replace(fwd.default_config(d, causal, seqlen, key_tail=key_tail), **changes)
+    cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail)
+    if (d, causal) == (128, False) and seqlen == 16384 and not changes.pop("_paired", False):
+        # d128 non-causal pairs its CTAs at every length from 4k (change 46): unless "_paired"
+        # asks for the default itself, the 16k label builds the unpaired kernel the d128 levers
+        # below were built and priced on (the 16k default before change 46, which unpairing the
+        # default gives back field for field)
+        cfg = fwd.replace_following(cfg, d, kv_multicast=False)
+    cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
@@ -356,6 +363,11 @@ CENSUS_CONFIGS += [(f"d64-full-s{s // 1024}k-paired", 64, False, {"_seqlen": s})
 # (keys filling their tiles, as d128-full-s4k-split-no-tail) and d64 S16k
 CENSUS_CONFIGS += [("d128-full-s4k-relay", 128, False, {"_seqlen": 4096, "_key_tail": False, "relay_release": True}),
                    ("d64-full-s16k-relay", 64, False, {"_seqlen": 16384, "relay_release": True})]
+# d128 non-causal's paired default from S8k, which relays (change 46), and the same pair with the
+# consumers' own remote releases, for keys that fill their tiles (every benchmark row)
+CENSUS_CONFIGS += [("d128-full-s16k-paired", 128, False, {"_seqlen": 16384, "_key_tail": False, "_paired": True}),
+                   ("d128-full-s16k-consumers-release", 128, False,
+                    {"_seqlen": 16384, "_key_tail": False, "_paired": True, "relay_release": False})]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -433,6 +445,8 @@ def test_default_config_census(census, head_dim, causal):
     if not allowance:
         assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
     cfg = fwd.default_config(head_dim, causal)
+    if (head_dim, causal) == (128, False):     # the label's unpaired kernel (the census script)
+        cfg = replace_following(cfg, head_dim, kv_multicast=False)
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
 
 
@@ -811,6 +825,23 @@ def test_d64_paired_defaults_keep_no_local_memory(census):
         assert entry["loop"]["ldl"] == 0 and entry["loop"]["mufu"] == census["d64-full"]["loop"]["mufu"]
 
 
+def test_d128_paired_default_relays_and_keeps_the_unpaired_loop(census):
+    # d128 non-causal from S8k pairs its CTAs and relays the pair's releases through the producers
+    # (change 46): the consumers' steady loop is the unpaired kernel's (the remote arrivals moved
+    # to the producer), every exponential stays, nothing reaches local memory inside a loop, and
+    # the 16 B ptxas keeps outside them are the pairing's (as d128-full-multicast's)
+    entry, unpaired = census["d128-full-s16k-paired"], census["d128-full"]
+    row = entry["row"]
+    assert "error" not in row, row["error"]
+    config_ = row["config"]
+    assert config_["kv_multicast"] and config_["relay_release"] and not config_["producer_unsynced"]
+    assert not unpaired["row"]["config"]["kv_multicast"]
+    assert all(loop["ldl"] == 0 for loop in entry["kv_loops"]) and row["spill_bytes"] <= 16
+    assert entry["loop"]["length"] == unpaired["loop"]["length"]
+    assert entry["loop"]["mufu"] == unpaired["loop"]["mufu"]
+    assert entry["multicast_copies"] > 0 and entry["remote_arrivals"] == 4
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_first_mask_on_need_reaches_a_non_causal_kernel_only_without_a_key_tail(head_dim):
     # a non-causal launch with the switch builds no mask for its first tile at all: right only when
@@ -992,7 +1023,8 @@ def test_kv_multicast_copies_halves_and_releases_both_ctas(census):
 
 
 @pytest.mark.parametrize("relay_label, paired_label", [("d128-full-s4k-relay", "d128-full-s4k-split-no-tail"),
-                                                       ("d64-full-s16k-relay", "d64-full-s16k-paired")])
+                                                       ("d64-full-s16k-relay", "d64-full-s16k-paired"),
+                                                       ("d128-full-s16k-paired", "d128-full-s16k-consumers-release")])
 def test_relay_release_takes_the_remote_arrivals_out_of_the_consumers_loop(census, relay_label, paired_label):
     # relay_release: the consumers release in their own CTA only (the empty barriers count this
     # CTA's consumers, half the pair's), the producer relays to the peer (its relay barriers one
@@ -1079,7 +1111,7 @@ def test_producer_unsynced_meets_no_bar_sync(census):
     assert unsynced["loop"] == mc["loop"] and unsynced["loop"]["ldl"] == 0
     assert unsynced["row"]["spill_bytes"] <= 32
     with pytest.raises(ValueError, match="producer_unsynced"):
-        dataclasses.replace(fwd.default_config(128, False, 16384), producer_unsynced=True).check(128)
+        dataclasses.replace(fwd.default_config(128, False, 2048), producer_unsynced=True).check(128)
     # a change that unpairs a paired default drops its producer's switch with it
     paired = dataclasses.replace(fwd.default_config(128, False, 4096), producer_unsynced=True)
     assert paired.kv_multicast
@@ -1088,35 +1120,43 @@ def test_producer_unsynced_meets_no_bar_sync(census):
     unpaired.check(128)
 
 
-@pytest.mark.parametrize("head_dim, seqlen, paired, unsynced", [
-    (64, 4095, False, False), (64, 4096, True, True), (64, 16384, True, True), (64, 16385, False, False),
-    (128, 4096, True, True), (128, 6143, True, True), (128, 6144, True, True), (128, 8191, True, True),
-    (128, 8192, True, False),
-    (128, 8193, False, False), (256, 8192, False, False)])
-def test_producer_unsynced_follows_the_measured_rule(head_dim, seqlen, paired, unsynced):
-    # the paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
-    # S4k and S16k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL); never on
-    # a causal problem (never paired); unpairing the default, by name or by a change the pairing
-    # cannot run with, drops the switch and leaves a configuration check() accepts
+@pytest.mark.parametrize("head_dim, seqlen, paired, unsynced, relay", [
+    (64, 4095, False, False, False), (64, 4096, True, True, False), (64, 16384, True, True, False),
+    (64, 16385, False, False, False), (128, 4095, False, False, False), (128, 4096, True, True, False),
+    (128, 6143, True, True, False), (128, 6144, True, True, False), (128, 8191, True, True, False),
+    (128, 8192, True, False, True), (128, 8193, True, False, True), (128, 16384, True, False, True),
+    (128, 1 << 20, True, False, True), (256, 8192, False, False, False)])
+def test_paired_ways_follow_the_measured_rule(head_dim, seqlen, paired, unsynced, relay):
+    # the pairing where it priced KEEP (d64 S4k-S16k; d128 from S4k, past S8k with the relay); the
+    # paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
+    # S4k and S16k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL), where
+    # the producers relay the pair's releases instead (S8k-S32k: KEEP); never on a causal problem
+    # (never paired); unpairing the default, by name or by a change the pairing cannot run with,
+    # drops both switches and leaves a configuration check() accepts
     for causal in (False, True):
-        cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=seqlen,
-                                     seqlen_k=seqlen))
-        assert cfg.kv_multicast is (paired and not causal), (head_dim, causal, seqlen)
-        assert cfg.producer_unsynced is (unsynced and not causal), (head_dim, causal, seqlen)
-        cfg.check(head_dim)
-        for change in (dict(kv_multicast=False), dict(stagger_kv=True), dict(asm_arrivals=False)):
-            unpaired = replace_following(cfg, head_dim, **change)
-            assert not unpaired.kv_multicast and not unpaired.producer_unsynced, change
-            unpaired.check(head_dim)
+        for sq, sk in ((seqlen, seqlen), (300, seqlen), (seqlen, 1000)):
+            cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
+                                         seqlen_k=sk))
+            assert cfg.kv_multicast is (paired and not causal), (head_dim, causal, sq, sk)
+            assert cfg.producer_unsynced is (unsynced and not causal), (head_dim, causal, sq, sk)
+            assert cfg.relay_release is (relay and not causal), (head_dim, causal, sq, sk)
+            cfg.check(head_dim)
+            for change in (dict(kv_multicast=False), dict(stagger_kv=True), dict(asm_arrivals=False)):
+                unpaired = replace_following(cfg, head_dim, **change)
+                assert not (unpaired.kv_multicast or unpaired.producer_unsynced or unpaired.relay_release), change
+                unpaired.check(head_dim)
     if unsynced:   # named with the unpairing change, the switch is refused, not dropped
         with pytest.raises(ValueError, match="producer_unsynced"):
             replace_following(cfg, head_dim, kv_multicast=False, producer_unsynced=True).check(head_dim)
+    if relay:
+        with pytest.raises(ValueError, match="relay_release"):
+            replace_following(cfg, head_dim, kv_multicast=False, relay_release=True).check(head_dim)
 
 
 def test_kv_multicast_refuses_what_it_cannot_pair():
     # the pair of q-tiles needs the stride schedule and inline releases; each refusal names the
     # switch that stands in the way
-    base = fwd.default_config(128, False, 16384)
+    base = replace_following(fwd.default_config(128, False, 16384), 128, kv_multicast=False)
     dataclasses.replace(base, kv_multicast=True).check(128)
     for change in (dict(asm_arrivals=False), dict(stagger_kv=True), dict(dynamic_tiles=True, split_tail=False),
                    dict(extra_keys=64)):
@@ -1128,9 +1168,11 @@ def test_kv_multicast_plan_pairs_q_tiles():
     # the schedule's tiles are pairs of q-tiles and its workers clusters of two: an odd number of
     # q-tiles rounds up to a whole pair, the persistent grid holds whole clusters, and the split
     # tail is decided over pairs and clusters
-    cfg = dataclasses.replace(fwd.default_config(128, False, 16384), kv_multicast=True)
+    cfg = fwd.default_config(128, False, 16384)
+    assert cfg.kv_multicast
     plan = fwd._plan(cfg, 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
-    base = fwd._plan(fwd.default_config(128, False, 16384), 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
+    unpaired = replace_following(cfg, 128, kv_multicast=False)
+    base = fwd._plan(unpaired, 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
     assert plan.num_m_blocks == base.num_m_blocks // 2 and plan.num_tiles == base.num_tiles // 2
     assert plan.grid == 132 and plan.grid % 2 == 0
     assert (plan.num_full_tiles, plan.splits) == tail_split(plan.num_tiles, 66, 128)
@@ -1473,12 +1515,12 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
     # staggered K/V sweeps only where they measured faster: d64 from 3072, both masks
     # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides —
     # except where the non-causal default pairs its CTAs (kv_multicast, priced without the stagger,
-    # which it cannot run with: d64 S4096-16384)
+    # which it cannot run with: d64 S4096-16384, d128 from S4096)
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            paired = not causal and head_dim == 64 and 4096 <= seqlen <= 16384
+            paired = not causal and ((head_dim == 64 and 4096 <= seqlen <= 16384) or (head_dim == 128 and seqlen >= 4096))
             assert cfg.kv_multicast is paired, (head_dim, causal, sq, sk)
             assert cfg.stagger_kv is (stagger and not paired), (head_dim, causal, sq, sk)
             cfg.check(head_dim)
@@ -3057,11 +3099,14 @@ def test_split_tail_rounds_is_the_split_tails_count_and_off_by_default():
     assert (whole.num_full_tiles, whole.splits) == (2048, 1) and not whole.constexprs["SPLIT_TAIL"]
     assert (rounds.num_full_tiles, rounds.splits, rounds.num_items) == (1980, 5, 1980 + 68 * 5)
     assert rounds.constexprs["SPLIT_TAIL"]
-    # the measured d128 default keeps its count: one round of 4 x 33
+    # the measured d128 default keeps its count: one round, its last 2 pairs of q-tiles split 33
+    # ways (paired since change 46; unpaired, the last 4 tiles)
     d128 = fwd.default_config(128, False, 16384)
-    assert d128.split_tail and not d128.split_tail_rounds
-    plan = fwd._plan(dataclasses.replace(d128, split_tail_rounds=True), 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
-    assert (plan.num_full_tiles, plan.splits) == (4092, 33)
+    assert d128.split_tail and not d128.split_tail_rounds and d128.kv_multicast
+    for cfg, count in ((d128, (2046, 33)), (replace_following(d128, 128, kv_multicast=False), (4092, 33))):
+        plan = fwd._plan(dataclasses.replace(cfg, split_tail_rounds=True), 2, 16384, 16384, 16, 16, 128, 2, False,
+                         True, 132)
+        assert (plan.num_full_tiles, plan.splits) == count
     assert set(WORK_ITEM_FIXED_KV_TILES) == set(HEAD_DIMS)
     for d in HEAD_DIMS:
         for causal in (False, True):

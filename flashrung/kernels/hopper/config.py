@@ -1048,8 +1048,10 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json): off.
 # What the pairing buys is clock: under sustained load at the power cap it holds a 1.7% (d128 S4k) /
 # 2.2% (S16k) higher SM clock at equal power, and spends 0.85% / 2.26% more cycles a call — a win at
-# S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json).
-KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
+# S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json). From S8k at d128 the pair
+# relays its releases through the producers (RELAY_RELEASE_NONCAUSAL_SEQLEN), which took the remote
+# arrivals out of the consumers' loop and made the pairing win past S8k (change 46).
+KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 1 << 62)}
 
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults
 # of this range. Paired on the H200 over the paired default with Gluon's producer, preheated 150 ms
@@ -1063,6 +1065,18 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 8192)}
 # h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json).
 PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
 
+# The pair's releases relayed by the producers (relay_release): each consumer releases its K/V slot
+# in its own CTA, and the producer that sees the release passes it to the peer, one remote arrival a
+# fill instead of one a consumer warpgroup a step (census, d128 S16k: the consumers' steady loop
+# 495 -> 488 instructions, the unpaired kernel's length). Paired on the H200, preheated 150 ms
+# (t_keep 1.002164), bf16 d128 H16 non-causal, both gates passed: over the unpaired default, B2
+# S12288 1.0218 / 1.0187, B2 S16384 1.0138 / 1.0145, B1 S32768 1.0099 / 1.0096 (KEEP: where the
+# pairing alone had lost, 0.9949 at S16k); over the paired default at S8192, B4 1.0059 / 1.0058
+# (KEEP), B2 H32 0.9984 / 1.0040 (NULL, run 1's halves disagreeing). Not taken: over the paired
+# defaults with the unsynced producer, d128 B8 S4096 1.0020 / 0.9952 and d64 H32 B2 S16384 1.0017 /
+# 1.0026 (NULL) (h200-compare-relay-release-*-6f7c09a.json).
+RELAY_RELEASE_NONCAUSAL_SEQLEN = {128: (FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128], 1 << 62)}
+
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
@@ -1071,7 +1085,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
             fa3_named: bool = False, gate_pv_wait: bool = False,
             mask_first_always: bool = False, kv_multicast: bool = False,
-            producer_unsynced: bool = False) -> HopperFwdConfig:
+            producer_unsynced: bool = False, relay_release: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -1095,7 +1109,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                num_q_stages=num_q_stages, fast_divide_producer=fast_divide,
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
-                               producer_unsynced=producer_unsynced,
+                               producer_unsynced=producer_unsynced, relay_release=relay_release,
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1180,8 +1194,10 @@ def select_config(problem) -> HopperFwdConfig:
         aa_first, aa_last, stagger_kv = 1, 1 << 62, False
     pu_first, pu_last = PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     producer_unsynced = kv_multicast and pu_first <= seqlen <= pu_last
+    rr_first, rr_last = RELAY_RELEASE_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    relay_release = kv_multicast and rr_first <= seqlen <= rr_last
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced)
+                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release)

@@ -1373,7 +1373,7 @@ def test_every_inline_barrier_offset_has_its_array_and_its_switch():
 
 
 def test_asm_arrivals_and_thread_release_do_not_combine():
-    cfg = dataclasses.replace(fwd.default_config(128, False), asm_arrivals=True, thread_release=True)
+    cfg = dataclasses.replace(_d128_unpaired(False), asm_arrivals=True, thread_release=True)
     with pytest.raises(ValueError, match="asm_arrivals and thread_release"):
         cfg.check(128)
 
@@ -2619,7 +2619,7 @@ def test_gate_pv_wait_is_deterministic(head_dim):
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_thread_release_is_deterministic(causal):
-    cfg = dataclasses.replace(fwd.default_config(128, causal), thread_release=True, asm_arrivals=False)
+    cfg = dataclasses.replace(_d128_unpaired(causal), thread_release=True, asm_arrivals=False)
     _assert_reruns_identical(*_d128_inputs(2, 8, 2), causal, cfg)
 
 
@@ -2726,7 +2726,7 @@ def test_gate_default_split_tail(shape, seqlen_k):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gate_extra_keys(seqlen_q, seqlen_k, causal):
     # 192-key tiles: key tails inside either box (191, 193), a single row, Sq ≠ Sk both ways, GQA
-    cfg = dataclasses.replace(fwd.default_config(128, causal), **_EXTRA_KEYS)
+    cfg = dataclasses.replace(_d128_unpaired(causal), **_EXTRA_KEYS)
     _gate(functools.partial(fwd.forward, config=cfg), batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=4,
           heads_kv=2, head_dim=128, dtype=torch.float16 if seqlen_q == 17 else torch.bfloat16, causal=causal)
 
@@ -2734,7 +2734,7 @@ def test_gate_extra_keys(seqlen_q, seqlen_k, causal):
 @pytest.mark.gpu
 @on_hopper
 def test_gate_extra_keys_with_the_split_tail():
-    cfg = dataclasses.replace(fwd.default_config(128, False), **_EXTRA_KEYS, split_tail=True)
+    cfg = dataclasses.replace(_d128_unpaired(False), **_EXTRA_KEYS, split_tail=True)
     _gate(functools.partial(fwd.forward, config=cfg), batch=3, seqlen_q=1000, seqlen_k=1000, heads_q=12,
           heads_kv=4, head_dim=128, dtype=torch.bfloat16, causal=False)
     _assert_reruns_identical(*_d128_inputs(3, 12, 4), False, cfg)
@@ -3145,13 +3145,20 @@ def test_gpu_gate_configurations_fit_the_budgets():
     _three_consumer_config().check(64)
 
 
+def _d128_unpaired(causal, seqlen=16384):
+    """d128's default at this length without the pairing (non-causal from S4k pairs its CTAs,
+    change 46; unpairing gives back the earlier default field for field): the kernel the switches
+    below were built and gated on, most of which the pairing cannot run with."""
+    return replace_following(fwd.default_config(128, causal, seqlen), 128, kv_multicast=False)
+
+
 def _switch_base(causal):
-    """The d128 S16k default with O rescaled at every step, the kernel each switch below is gated on
-    (the half switches, the serial step and the 192-key tile need the plain online softmax); the
-    default itself, with FA4's retained reference and the per-warp skip, is the first switch.
-    PV's gated wait (non-causal's default from S16k, change 37) is off here: half the switches take
-    FA4's order away, and two entries below put the gate back on."""
-    return dataclasses.replace(fwd.default_config(128, causal), gate_pv_wait=False, **_ALWAYS_RESCALE)
+    """The d128 S16k default, unpaired, with O rescaled at every step, the kernel each switch below
+    is gated on (the half switches, the serial step and the 192-key tile need the plain online
+    softmax); the default itself, with FA4's retained reference and the per-warp skip, is the first
+    switch. PV's gated wait (non-causal's default from S16k, change 37) is off here: half the
+    switches take FA4's order away, and two entries below put the gate back on."""
+    return dataclasses.replace(_d128_unpaired(causal), gate_pv_wait=False, **_ALWAYS_RESCALE)
 
 
 def _switches():

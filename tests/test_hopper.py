@@ -1923,6 +1923,19 @@ def test_census_specs_cover_every_default():
     assert all(s.gluon and s.arches == ("sm_90a",) for s in specs)
 
 
+def test_census_lengths_reach_every_default_kernel():
+    # every kernel a default builds, at any length up to 64k (each 1k step and its neighbours, where
+    # the rules' edges lie), is one the census lengths build: a new rule range needs its length
+    reached = {(fwd._census_kernel(fwd.default_config(d, c, s)), d, c)
+               for d in HEAD_DIMS for c in (False, True) for s in fwd._CENSUS_SEQLENS}
+    for d in HEAD_DIMS:
+        for c in (False, True):
+            for step in range(1, 65):
+                for s in (1024 * step - 1, 1024 * step, 1024 * step + 1):
+                    kernel = fwd._census_kernel(fwd.default_config(d, c, s))
+                    assert (kernel, d, c) in reached, (d, c, s)
+
+
 # --------------------------------------------------------------------------- gate (sm_90 GPU)
 
 on_hopper = pytest.mark.skipif(

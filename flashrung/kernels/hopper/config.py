@@ -431,7 +431,8 @@ class HopperFwdConfig:
     # which idles between loads. Why: the paired step traced 3% longer than the unpaired one at d128
     # S4k, the consumers' softmax carrying it, at either clock (step_trace, with and without
     # --preheat-ms). The cost: the refill waits one more hop (the slower CTA's producer wakes and
-    # relays) inside the ring's slack
+    # relays) inside the ring's slack. On by default on the d128 pairs from S8k, where it priced
+    # KEEP (RELAY_RELEASE_NONCAUSAL_SEQLEN, change 46); NULL at d128 S4k and d64 S16k
     relay_release: bool = False
 
     @property

@@ -42,17 +42,18 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   protocol and issues no GEMM (``skip_empty_rows``, ``_pass_tiles``);
 * the consumers' elected arrivals (the K/V releases, the mbarrier turn) may be inline PTX by the
   warpgroup's thread 0 with no partition-wide ``bar.sync`` before them (``asm_arrivals``,
-  ``pipeline.arrive_unsynced``: the default of d128 causal from S2k and d128 non-causal S4k–S8k);
+  ``pipeline.arrive_unsynced``: the default of d128 causal from S2k and d128 non-causal from S4k);
   the PTX names each barrier array by its shared-memory offset, which ``barrier_offsets`` reads
   from the allocation pass of a first compile and checks against the second;
 * K/V multicast across clusters of two CTAs (``kv_multicast``, ``multicast.py``; the default of
-  non-causal d64 S4k–S16k and d128 S4k–S8k, +0.6–1.9% paired): the CTAs of a cluster take
+  non-causal d64 S4k–S16k and d128 from S4k, +0.6–2.2% paired): the CTAs of a cluster take
   neighbouring q-tiles of one head, each producer (then a whole warpgroup) loads half of every
   K/V tile into both, the empty barriers count both CTAs' releases, and the launch runs in
   clusters of two through ``DirectLaunch``; that producer's waits and Q copies in inline PTX, no
   partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 S4k–S16k and d128
   S4096–8191 launches, +0.3–0.6% paired); or the pair's K/V releases relayed by the producers, so
-  no consumer arrives on the peer (``relay_release``, ``_relay``: built, census only, off);
+  no consumer arrives on the peer (``relay_release``, ``_relay``: the default of the d128 pairs
+  from S8k, +0.6–2.2% paired);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;

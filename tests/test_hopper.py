@@ -2707,10 +2707,13 @@ def test_gate_small_lpt_section(head_dim, shape, balanced):
 ])
 def test_gate_fa4_order_noncausal_default(seqlen_q, seqlen_k, dtype):
     # change 35: d128 non-causal from max(Sq, Sk) = 8192 runs FA4's order with named turns and the
-    # inline arrivals; the rule was priced on whole key tiles, so the key-tail builds are gated here
+    # inline arrivals; the rule was priced on whole key tiles, so the key-tail builds are gated here.
+    # Since change 46 these launches pair their CTAs and relay the pair's releases (an odd number
+    # of q-tiles, Sq 8193 and 333, rounds up to a whole pair whose second tile lies past seqlen_q)
     problem = _problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     cfg = select_config(problem)
     assert cfg.wait_pv_early and cfg.named_turns and cfg.asm_arrivals and cfg.pingpong
+    assert cfg.kv_multicast and cfg.relay_release
     _gate(batch=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=2, heads_kv=2, head_dim=128, dtype=dtype,
           causal=False)
 

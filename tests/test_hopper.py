@@ -27,6 +27,13 @@ def _problem(**changes) -> Problem:
     return Problem(**base)
 
 
+def _d128_unpaired(causal, seqlen=16384):
+    """d128's default at this length without the pairing (non-causal from S4k pairs its CTAs,
+    change 46; unpairing gives back the earlier default field for field): the kernel the d128
+    switches in this file were built and gated on, most of which the pairing cannot run with."""
+    return replace_following(fwd.default_config(128, causal, seqlen), 128, kv_multicast=False)
+
+
 # --------------------------------------------------------------------------- census (CPU)
 
 
@@ -444,9 +451,8 @@ def test_default_config_census(census, head_dim, causal):
     assert row["spill_bytes"] <= allowance
     if not allowance:
         assert sass["LDL"] == 0 and sass["STL"] == 0, f"local-memory traffic: {sass['opcodes']}"
-    cfg = fwd.default_config(head_dim, causal)
-    if (head_dim, causal) == (128, False):     # the label's unpaired kernel (the census script)
-        cfg = replace_following(cfg, head_dim, kv_multicast=False)
+    # the configuration the label built (d128 non-causal's is unpaired: the census script)
+    cfg = HopperFwdConfig(**{f.name: row["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
     assert cfg.smem_bytes(head_dim, 2) <= row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
 
 
@@ -1156,7 +1162,7 @@ def test_paired_ways_follow_the_measured_rule(head_dim, seqlen, paired, unsynced
 def test_kv_multicast_refuses_what_it_cannot_pair():
     # the pair of q-tiles needs the stride schedule and inline releases; each refusal names the
     # switch that stands in the way
-    base = replace_following(fwd.default_config(128, False, 16384), 128, kv_multicast=False)
+    base = _d128_unpaired(False)
     dataclasses.replace(base, kv_multicast=True).check(128)
     for change in (dict(asm_arrivals=False), dict(stagger_kv=True), dict(dynamic_tiles=True, split_tail=False),
                    dict(extra_keys=64)):
@@ -1171,8 +1177,7 @@ def test_kv_multicast_plan_pairs_q_tiles():
     cfg = fwd.default_config(128, False, 16384)
     assert cfg.kv_multicast
     plan = fwd._plan(cfg, 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
-    unpaired = replace_following(cfg, 128, kv_multicast=False)
-    base = fwd._plan(unpaired, 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
+    base = fwd._plan(_d128_unpaired(False), 2, 16384, 16384, 16, 16, 128, 2, False, True, 132)
     assert plan.num_m_blocks == base.num_m_blocks // 2 and plan.num_tiles == base.num_tiles // 2
     assert plan.grid == 132 and plan.grid % 2 == 0
     assert (plan.num_full_tiles, plan.splits) == tail_split(plan.num_tiles, 66, 128)
@@ -3119,7 +3124,7 @@ def test_split_tail_rounds_is_the_split_tails_count_and_off_by_default():
     # ways (paired since change 46; unpaired, the last 4 tiles)
     d128 = fwd.default_config(128, False, 16384)
     assert d128.split_tail and not d128.split_tail_rounds and d128.kv_multicast
-    for cfg, count in ((d128, (2046, 33)), (replace_following(d128, 128, kv_multicast=False), (4092, 33))):
+    for cfg, count in ((d128, (2046, 33)), (_d128_unpaired(False), (4092, 33))):
         plan = fwd._plan(dataclasses.replace(cfg, split_tail_rounds=True), 2, 16384, 16384, 16, 16, 128, 2, False,
                          True, 132)
         assert (plan.num_full_tiles, plan.splits) == count
@@ -3159,13 +3164,6 @@ def test_gpu_gate_configurations_fit_the_budgets():
                 dataclasses.replace(_shape_default(head_dim, causal, shape), rescale_threshold=8.0,
                                     rescale_by_warp=True).check(head_dim)
     _three_consumer_config().check(64)
-
-
-def _d128_unpaired(causal, seqlen=16384):
-    """d128's default at this length without the pairing (non-causal from S4k pairs its CTAs,
-    change 46; unpairing gives back the earlier default field for field): the kernel the switches
-    below were built and gated on, most of which the pairing cannot run with."""
-    return replace_following(fwd.default_config(128, causal, seqlen), 128, kv_multicast=False)
 
 
 def _switch_base(causal):

@@ -1146,10 +1146,10 @@ PAIRED_ONLY = ("producer_unsynced", "relay_release")
 
 
 def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:
-    """``producer_unsynced`` and ``relay_release`` are ways of running a kv_multicast pair, the
-    first on by default wherever the pairing is: a configuration left unpaired (by the change, or by
-    a default stepping aside) drops them, unless the change names them too (then check() refuses).
-    Without this, ``hopper.fwd@kv_multicast=false`` on a paired default would be refused."""
+    """``producer_unsynced`` and ``relay_release`` are ways of running a kv_multicast pair, each
+    on by default over part of the pairing's range: a configuration left unpaired (by the change, or
+    by a default stepping aside) drops them, unless the change names them too (then check()
+    refuses). Without this, ``hopper.fwd@kv_multicast=false`` on a paired default would be refused."""
     if cfg.kv_multicast:
         return cfg
     dropped = {name: False for name in PAIRED_ONLY if getattr(cfg, name) and name not in changes}

@@ -34,6 +34,13 @@ def _d128_unpaired(causal, seqlen=16384):
     return replace_following(fwd.default_config(128, causal, seqlen), 128, kv_multicast=False)
 
 
+def _d64_unpaired_32k():
+    """d64 non-causal's 32k default before change 47 paired it: the staggered sweep with Gluon's
+    arrivals (unpairing alone leaves the inline arrivals and the unstaggered sweep the pair needs)."""
+    return replace_following(fwd.default_config(64, False, 32768), 64, kv_multicast=False, asm_arrivals=False,
+                             stagger_kv=True, stagger_subtract=True)
+
+
 # --------------------------------------------------------------------------- census (CPU)
 
 
@@ -150,12 +157,18 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # "_key_tail": False builds a launch whose keys fill their K/V tiles (fwd.census_spec)
     key_tail = changes.pop("_key_tail", True)
     # "_seqlen": the default of a problem this long (fwd.default_config), 16k unless given — 32k
-    # for d64 non-causal, whose 16k default pairs its CTAs (kv_multicast): the 32k default is the
-    # unpaired kernel the d64 levers below were built and priced on (the same configuration the
-    # 16k default was before)
+    # for d64 non-causal, whose 16k default paired its CTAs (kv_multicast) first: the 32k label is
+    # the unpaired kernel the d64 levers below were built and priced on
     seqlen = changes.pop("_seqlen", 32768 if (d, causal) == (64, False) else 16384)
     cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail)
-    if (d, causal) == (128, False) and seqlen == 16384 and not changes.pop("_paired", False):
+    paired = changes.pop("_paired", False)
+    if (d, causal) == (64, False) and seqlen == 32768 and not paired:
+        # d64 non-causal pairs its CTAs at every length from 4k (change 47): unless "_paired" asks
+        # for the default itself, the 32k label builds the 32k default before change 47 (the
+        # staggered sweep, Gluon's arrivals), which unpairing alone does not give back
+        cfg = fwd.replace_following(cfg, d, kv_multicast=False, asm_arrivals=False, stagger_kv=True,
+                                    stagger_subtract=True)
+    if (d, causal) == (128, False) and seqlen == 16384 and not paired:
         # d128 non-causal pairs its CTAs at every length from 4k (change 46): unless "_paired"
         # asks for the default itself, the 16k label builds the unpaired kernel the d128 levers
         # below were built and priced on (the 16k default before change 46, which unpairing the
@@ -364,7 +377,7 @@ CENSUS_CONFIGS += [(f"d128-full-s{s // 1024}k-split{'' if tail else '-no-tail'}"
                     {"_seqlen": s, "_key_tail": tail}) for s in (4096, 6144, 8192) for tail in (True, False)]
 CENSUS_CONFIGS.append(("d128-full-s8k-whole-no-tail", 128, False, {"_seqlen": 8192, "_key_tail": False,
                                                                    "split_tail": False}))
-# d64 non-causal's paired defaults (kv_multicast with producer_unsynced, S4k-S16k)
+# d64 non-causal's paired defaults (kv_multicast with producer_unsynced, from S4k; S16k's is S32k's)
 CENSUS_CONFIGS += [(f"d64-full-s{s // 1024}k-paired", 64, False, {"_seqlen": s}) for s in (4096, 16384)]
 # the pair's releases relayed by the producers (relay_release) on the paired defaults of d128 S4k
 # (keys filling their tiles, as d128-full-s4k-split-no-tail) and d64 S16k
@@ -818,8 +831,8 @@ def test_mid_length_split_tail_defaults_keep_no_local_memory(census):
 
 
 def test_d64_paired_defaults_keep_no_local_memory(census):
-    # d64 non-causal S4k-S16k pairs its CTAs and runs the paired producer without bar.sync (changes
-    # 43 and 44): its halves multicast into both CTAs, nothing reaches local memory, and the
+    # d64 non-causal pairs its CTAs from S4k and runs the paired producer without bar.sync (changes
+    # 43, 44 and 47): its halves multicast into both CTAs, nothing reaches local memory, and the
     # consumers' steady loop keeps every exponential and the inline releases it was priced with
     for s in (4, 16):
         entry = census[f"d64-full-s{s}k-paired"]
@@ -1128,14 +1141,15 @@ def test_producer_unsynced_meets_no_bar_sync(census):
 
 @pytest.mark.parametrize("head_dim, seqlen, paired, unsynced, relay", [
     (64, 4095, False, False, False), (64, 4096, True, True, False), (64, 16384, True, True, False),
-    (64, 16385, False, False, False), (128, 4095, False, False, False), (128, 4096, True, True, False),
+    (64, 16385, True, True, False), (64, 32768, True, True, False), (64, 1 << 20, True, True, False),
+    (128, 4095, False, False, False), (128, 4096, True, True, False),
     (128, 6143, True, True, False), (128, 6144, True, True, False), (128, 8191, True, True, False),
     (128, 8192, True, False, True), (128, 8193, True, False, True), (128, 16384, True, False, True),
     (128, 1 << 20, True, False, True), (256, 8192, False, False, False)])
 def test_paired_ways_follow_the_measured_rule(head_dim, seqlen, paired, unsynced, relay):
-    # the pairing where it priced KEEP (d64 S4k-S16k; d128 from S4k, past S8k with the relay); the
+    # the pairing where it priced KEEP (d64 from S4k; d128 from S4k, past S8k with the relay); the
     # paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
-    # S4k and S16k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL), where
+    # S4k, S16k and S32k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL), where
     # the producers relay the pair's releases instead (S8k-S32k: KEEP); never on a causal problem
     # (never paired); unpairing the default, by name or by a change the pairing cannot run with,
     # drops both switches and leaves a configuration check() accepts
@@ -1346,8 +1360,8 @@ def test_hoisted_smem_base_takes_the_window_read_out_of_the_kv_step(census):
 
 
 def test_hoist_smem_base_needs_an_inline_arrival_or_wait():
-    # d64 non-causal at 32k: neither inline arrivals nor waits (its 4k-16k default pairs CTAs, with them)
-    cfg = dataclasses.replace(fwd.default_config(64, False, 32768), hoist_smem_base=True)
+    # d64 non-causal's unpaired 32k kernel (before change 47): neither inline arrivals nor waits
+    cfg = dataclasses.replace(_d64_unpaired_32k(), hoist_smem_base=True)
     with pytest.raises(ValueError, match="hoist_smem_base"):
         cfg.check(64)
 
@@ -1520,12 +1534,12 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
     # staggered K/V sweeps only where they measured faster: d64 from 3072, both masks
     # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides —
     # except where the non-causal default pairs its CTAs (kv_multicast, priced without the stagger,
-    # which it cannot run with: d64 S4096-16384, d128 from S4096)
+    # which it cannot run with: d64 and d128 from S4096)
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            paired = not causal and ((head_dim == 64 and 4096 <= seqlen <= 16384) or (head_dim == 128 and seqlen >= 4096))
+            paired = not causal and head_dim in (64, 128) and seqlen >= 4096
             assert cfg.kv_multicast is paired, (head_dim, causal, sq, sk)
             assert cfg.stagger_kv is (stagger and not paired), (head_dim, causal, sq, sk)
             cfg.check(head_dim)
@@ -2012,6 +2026,19 @@ def test_gate_defaults_between_1k_and_4k(head_dim, causal, batch, seqlen_q, seql
     # `flashrung check` jumps from 1000 to 4097
     _gate(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
           head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(16700, 16700), (300, 20000)])
+def test_gate_d64_paired_default_past_16k(seqlen_q, seqlen_k):
+    # d64 non-causal pairs its CTAs at every length from 4k (change 47): past 16k, where the default
+    # was the staggered unpaired kernel, against the oracle — an odd number of 192-row tiles (87 at
+    # 16700: the last pair's second tile empty), row and key tails, and Sq < Sk (the longer decides)
+    cfg = select_config(_problem(head_dim=64, head_dim_v=64, causal=False, seqlen_q=seqlen_q, seqlen_k=seqlen_k))
+    assert cfg.kv_multicast and cfg.producer_unsynced and not cfg.stagger_kv
+    _gate(batch=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=2, heads_kv=2, head_dim=64,
+          dtype=torch.bfloat16, causal=False)
 
 
 @pytest.mark.gpu

@@ -1045,14 +1045,17 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # coalescer already merges 51.5% of the reads (ncu, lrc counters): the slices serve 0.523e9 sectors
 # without multicast and 0.541e9 with it (h200-ncu-lrc-kv-multicast-{base,mc}-2bb38ea.txt), so the
 # halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
-# d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing; not extended); d256 H16 B4 S8192
+# d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing); with the unsynced producer
+# (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN) 1.0056 / 1.0106 over the staggered unpaired default (KEEP,
+# halves agreeing; h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json), so d64 pairs from S4k
+# up (change 47; lengths past 32k not priced, as at d128); d256 H16 B4 S8192
 # 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json): off.
 # What the pairing buys is clock: under sustained load at the power cap it holds a 1.7% (d128 S4k) /
 # 2.2% (S16k) higher SM clock at equal power, and spends 0.85% / 2.26% more cycles a call — a win at
 # S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json). From S8k at d128 the pair
 # relays its releases through the producers (RELAY_RELEASE_NONCAUSAL_SEQLEN), which took the remote
 # arrivals out of the consumers' loop and made the pairing win past S8k (change 46).
-KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 1 << 62)}
+KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, 1 << 62)}
 
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults
 # of this range. Paired on the H200 over the paired default with Gluon's producer, preheated 150 ms
@@ -1060,11 +1063,12 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, 1 << 62)}
 # 1.0050; d128 H16 B8 S4096 (FA3's order with named turns) 1.0036 / 1.0032 (KEEP); d128 H16 B5 S6144
 # (FA3's order with the mbarrier token) 1.0030 / 1.0037 (KEEP, change 45). Not taken: d128 B4 S8192,
 # on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends where FA4's order begins
-# (FA4_ORDER_NONCAUSAL_MIN_SEQLEN); d64 B1 S32768 is not paired by default (the pairing alone read
-# 1.0039 / 1.0050 there, run 2's halves disagreeing: NULL)
+# (FA4_ORDER_NONCAUSAL_MIN_SEQLEN). d64 B1 S32768, the pairing with it over the staggered unpaired
+# default: 1.0056 / 1.0106 (KEEP; the pairing alone had read 1.0039 / 1.0050, NULL), so both carry
+# on past S16k at d64 (change 47)
 # (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json,
-# h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json).
-PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 16384), 128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
+# h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json, h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json).
+PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
 
 # The pair's releases relayed by the producers (relay_release): each consumer releases its K/V slot
 # in its own CTA, and the producer that sees the release passes it to the peer, one remote arrival a

@@ -46,12 +46,12 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   the PTX names each barrier array by its shared-memory offset, which ``barrier_offsets`` reads
   from the allocation pass of a first compile and checks against the second;
 * K/V multicast across clusters of two CTAs (``kv_multicast``, ``multicast.py``; the default of
-  non-causal d64 S4k–S16k and d128 from S4k, +0.6–2.2% paired): the CTAs of a cluster take
+  non-causal d64 and d128 from S4k, +0.6–2.2% paired): the CTAs of a cluster take
   neighbouring q-tiles of one head, each producer (then a whole warpgroup) loads half of every
   K/V tile into both, the empty barriers count both CTAs' releases, and the launch runs in
   clusters of two through ``DirectLaunch``; that producer's waits and Q copies in inline PTX, no
-  partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 S4k–S16k and d128
-  S4096–8191 launches, +0.3–0.6% paired); or the pair's K/V releases relayed by the producers, so
+  partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 launches (from S4k)
+  and d128's from S4096 to 8191, +0.3–0.6% paired; with the pairing +0.6–1.1% at d64 S32k); or the pair's K/V releases relayed by the producers, so
   no consumer arrives on the peer (``relay_release``, ``_relay``: the default of the d128 pairs
   from S8k, +0.6–2.2% paired);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
@@ -2260,12 +2260,13 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
 # checks each 1k step to 64k): 32k (d128's split tail masking its first tile always, the balanced
 # causal grids), 8k and 4k (d128 non-causal's split tail in FA4's and FA3's named orders, first tile
 # masked on need), 6k (d128 non-causal's FA3 order on the mbarrier token; d128 causal between the two
-# Q buffers and the per-warp rescale), 4k and 2k (the multiply-high decode with two Q buffers on
+# Q buffers and the per-warp rescale), 3k (d64 non-causal's staggered sweeps, which pair from 4k),
+# 4k and 2k (the multiply-high decode with two Q buffers on
 # d64's 192-row tile and d128 causal), 2.5k (d64's 192-row tile before its staggered sweeps; d128
 # non-causal's one Q buffer before the pairing), 1.5k (d128 causal before the inline arrivals), 1k
 # (the short-causal configurations of d64 and d128, on the balanced lists like every causal d64 and
 # d128 problem)
-_CENSUS_SEQLENS = (32768, 8192, 6144, 4096, 2560, 2048, 1536, 1024)
+_CENSUS_SEQLENS = (32768, 8192, 6144, 4096, 3072, 2560, 2048, 1536, 1024)
 
 
 def _census_kernel(cfg: HopperFwdConfig) -> HopperFwdConfig:

@@ -1139,6 +1139,23 @@ def test_producer_unsynced_meets_no_bar_sync(census):
     unpaired.check(128)
 
 
+@pytest.mark.parametrize("changes", [dict(num_q_stages=2), dict(fast_divide_producer=True),
+                                     dict(fast_divide_consumers=True)])
+def test_producer_unsynced_refuses_what_hung(changes):
+    # forced beside two Q buffers and the multiply-high decode (d64 non-causal S2048's default), the
+    # unsynced producer's launches hung on the H200: check() names the switches instead of launching
+    # one, and a pairing of that default runs Gluon's producer
+    paired = fwd.default_config(64, False, 16384)
+    assert paired.producer_unsynced and paired.num_q_stages == 1 and not paired.fast_divide_producer
+    with pytest.raises(ValueError, match="producer_unsynced runs only with one Q buffer"):
+        dataclasses.replace(paired, **changes).check(64)
+    short = fwd.default_config(64, False, 2048)
+    assert short.num_q_stages == 2 and short.fast_divide_producer and short.fast_divide_consumers
+    replace_following(short, 64, kv_multicast=True, asm_arrivals=True).check(64)
+    with pytest.raises(ValueError, match="num_q_stages=1, fast_divide_producer=False"):
+        replace_following(short, 64, kv_multicast=True, asm_arrivals=True, producer_unsynced=True).check(64)
+
+
 @pytest.mark.parametrize("head_dim, seqlen, paired, unsynced, relay", [
     (64, 4095, False, False, False), (64, 4096, True, True, False), (64, 16384, True, True, False),
     (64, 16385, True, True, False), (64, 32768, True, True, False), (64, 1 << 20, True, True, False),
@@ -2397,8 +2414,11 @@ def _unpaired_base(head_dim):
 
 # the ways of running a pair: Gluon's producer waits and Q copies or inline ones
 # (producer_unsynced), the consumers' own remote releases or the producers' relay (relay_release)
-PAIRED_WAYS = {"consumers-release": {}, "unsynced": dict(producer_unsynced=True),
-               "relay": dict(relay_release=True), "unsynced-relay": dict(producer_unsynced=True, relay_release=True)}
+# (the unsynced producer with one Q buffer and the decode by division: check() refuses it beside the
+# short shapes' two Q buffers and multiply-high decode, with which its launches hung)
+_UNSYNCED = dict(producer_unsynced=True, num_q_stages=1, fast_divide_producer=False, fast_divide_consumers=False)
+PAIRED_WAYS = {"consumers-release": {}, "unsynced": _UNSYNCED,
+               "relay": dict(relay_release=True), "unsynced-relay": dict(_UNSYNCED, relay_release=True)}
 
 
 @pytest.mark.gpu

@@ -596,6 +596,17 @@ class HopperFwdConfig:
         if self.producer_unsynced and not self.kv_multicast:
             raise ValueError("producer_unsynced is how kv_multicast's four-warp producer waits and copies Q without "
                              "bar.sync: it needs kv_multicast=True, got kv_multicast=False")
+        if self.producer_unsynced and (self.num_q_stages > 1 or self.fast_divide_producer or self.fast_divide_consumers):
+            # Forced with both (d64 non-causal B16 H32 S2048, the 192-row tile's default there), its
+            # launches hung on the H200 in 3 of 4 runs (within 500 calls; in two paired compares); with
+            # Gluon's producer, or with either one alone, 4000 calls ran (one run each). The cause is not
+            # isolated, so neither is allowed beside it: every default with it has one Q buffer and the
+            # decode by division (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts at 4096, past both rules)
+            raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (forced with "
+                             "two Q buffers and the multiply-high decode its launches hung): it needs num_q_stages=1, "
+                             f"fast_divide_producer=False and fast_divide_consumers=False, got num_q_stages="
+                             f"{self.num_q_stages}, fast_divide_producer={self.fast_divide_producer}, "
+                             f"fast_divide_consumers={self.fast_divide_consumers}")
         if self.relay_release and not (self.kv_multicast and not self.thread_release):
             raise ValueError("relay_release has the producers of a kv_multicast pair relay its K/V releases: it needs "
                              f"kv_multicast=True and thread_release=False, got kv_multicast={self.kv_multicast}, "

@@ -1057,7 +1057,7 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # without multicast and 0.541e9 with it (h200-ncu-lrc-kv-multicast-{base,mc}-2bb38ea.txt), so the
 # halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
 # d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing); with the unsynced producer
-# (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN) 1.0056 / 1.0106 over the staggered unpaired default (KEEP,
+# (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN) 1.0056 / 1.0105 over the staggered unpaired default (KEEP,
 # halves agreeing; h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json), so d64 pairs from S4k
 # up (change 47; lengths past 32k not priced, as at d128); d256 H16 B4 S8192
 # 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json): off.
@@ -1075,7 +1075,7 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, 1 << 62)}
 # (FA3's order with the mbarrier token) 1.0030 / 1.0037 (KEEP, change 45). Not taken: d128 B4 S8192,
 # on FA4's order, 0.9981 / 0.9982 (NULL) — the d128 rule ends where FA4's order begins
 # (FA4_ORDER_NONCAUSAL_MIN_SEQLEN). d64 B1 S32768, the pairing with it over the staggered unpaired
-# default: 1.0056 / 1.0106 (KEEP; the pairing alone had read 1.0039 / 1.0050, NULL), so both carry
+# default: 1.0056 / 1.0105 (KEEP; the pairing alone had read 1.0039 / 1.0050, NULL), so both carry
 # on past S16k at d64 (change 47)
 # (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json,
 # h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json, h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json).

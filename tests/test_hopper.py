@@ -1149,6 +1149,16 @@ def test_producer_unsynced_refuses_what_hung(changes):
     assert paired.producer_unsynced and paired.num_q_stages == 1 and not paired.fast_divide_producer
     with pytest.raises(ValueError, match="producer_unsynced runs only with one Q buffer"):
         dataclasses.replace(paired, **changes).check(64)
+    # forced on a paired default without naming the producer, the pair keeps Gluon's (the gates of
+    # the second Q buffer and the multiply-high decode at S4097 force them so); named, refused
+    stepped = replace_following(paired, 64, **changes)
+    assert stepped.kv_multicast and not stepped.producer_unsynced
+    stepped.check(64)
+    with pytest.raises(ValueError, match="producer_unsynced"):
+        replace_following(paired, 64, producer_unsynced=True, **changes).check(64)
+    problem = _problem(head_dim=64, head_dim_v=64, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2)
+    forced = fwd.config_with(problem, {key: str(value).lower() for key, value in changes.items()})
+    assert forced.kv_multicast and not forced.producer_unsynced
     short = fwd.default_config(64, False, 2048)
     assert short.num_q_stages == 2 and short.fast_divide_producer and short.fast_divide_consumers
     replace_following(short, 64, kv_multicast=True, asm_arrivals=True).check(64)

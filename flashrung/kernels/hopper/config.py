@@ -596,7 +596,7 @@ class HopperFwdConfig:
         if self.producer_unsynced and not self.kv_multicast:
             raise ValueError("producer_unsynced is how kv_multicast's four-warp producer waits and copies Q without "
                              "bar.sync: it needs kv_multicast=True, got kv_multicast=False")
-        if self.producer_unsynced and (self.num_q_stages > 1 or self.fast_divide_producer or self.fast_divide_consumers):
+        if self.producer_unsynced and not _can_run_unsynced(self):
             # Forced with both (d64 non-causal B16 H32 S2048, the 192-row tile's default there), its
             # launches hung on the H200 in 3 of 4 runs (within 500 calls; in two paired compares); with
             # Gluon's producer, or with either one alone, 4000 calls ran (one run each). The cause is not
@@ -1147,12 +1147,17 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
     re-derived; a derived field named in ``changes`` keeps the value given. A default
     ``kv_multicast`` steps aside for a change it cannot run with (the staggered sweep, Gluon's
-    arrivals, ...), unless the change names it too (then check() refuses)."""
+    arrivals, ...), and a default ``producer_unsynced`` for a second Q buffer or the multiply-high
+    decode, unless the change names it too (then check() refuses)."""
     out = dataclasses.replace(cfg, **changes)
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
     if out.kv_multicast and "kv_multicast" not in changes and not _can_multicast(out):
         out = dataclasses.replace(out, kv_multicast=False)
+    if out.producer_unsynced and "producer_unsynced" not in changes and not _can_run_unsynced(out):
+        # a second Q buffer or the multiply-high decode forced on a paired default: the pair keeps
+        # Gluon's producer (check() refuses the unsynced one beside them)
+        out = dataclasses.replace(out, producer_unsynced=False)
     return unpaired_producer_follows(out, changes)
 
 
@@ -1169,6 +1174,12 @@ def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:
         return cfg
     dropped = {name: False for name in PAIRED_ONLY if getattr(cfg, name) and name not in changes}
     return dataclasses.replace(cfg, **dropped) if dropped else cfg
+
+
+def _can_run_unsynced(cfg: HopperFwdConfig) -> bool:
+    """What ``producer_unsynced`` needs besides the pairing (``HopperFwdConfig.check``): one Q
+    buffer and the decode by division."""
+    return cfg.num_q_stages == 1 and not (cfg.fast_divide_producer or cfg.fast_divide_consumers)
 
 
 def _can_multicast(cfg: HopperFwdConfig) -> bool:

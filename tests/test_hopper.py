@@ -260,6 +260,9 @@ CENSUS_CONFIGS.append(("d128-full-whole-tiles", 128, False, _D128_WHOLE_TILES))
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-row-sum-by-mma", 128, False, {**_D128_WHOLE_TILES, **ROW_SUM_BY_MMA}))
 # the clock stamps of the step trace (trace_steps), on the same kernel
 CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced", 128, False, {**_D128_WHOLE_TILES, "trace_steps": 16}))
+# ... stamping a later item of each CTA (trace_item)
+CENSUS_CONFIGS.append(("d128-full-whole-tiles-traced-item", 128, False,
+                       {**_D128_WHOLE_TILES, "trace_steps": 16, "trace_item": 8}))
 # each work item recorded whole (trace_tiles), on d128 causal's kernel
 CENSUS_CONFIGS.append(("d128-causal-tiles-traced", 128, True, {"trace_tiles": 8, "split_tail": False}))
 # ... and on the split-tail kernel (d128 non-causal S16k's default), the records in the table pointer
@@ -3637,6 +3640,26 @@ def test_step_trace_warp_spread_reads_how_far_apart_the_warps_run():
         step_trace.warp_spread(stamps[:, :, :, 0], EVENTS)
 
 
+def test_trace_item_needs_the_step_trace():
+    # which item the stamps go to means nothing without the stamps
+    base = dataclasses.replace(fwd.default_config(128, False, 8192), split_tail=False)
+    dataclasses.replace(base, trace_steps=16, trace_item=8).check(128)
+    for changes in (dict(trace_item=8), dict(trace_steps=16, trace_item=-1)):
+        with pytest.raises(ValueError, match="trace_item"):
+            dataclasses.replace(base, **changes).check(128)
+
+
+def test_trace_item_moves_the_stamps_and_nothing_else(census):
+    # stamping item 8 instead of item 0 changes one comparison's constant: the same loops, the
+    # same clock reads, no local memory in them
+    item, first = census["d128-full-whole-tiles-traced-item"], census["d128-full-whole-tiles-traced"]
+    assert "error" not in item["row"], item["row"].get("error")
+    assert item["row"]["config"]["trace_item"] == 8
+    assert item["clock_reads"] == first["clock_reads"]
+    assert [loop["length"] for loop in item["kv_loops"]] == [loop["length"] for loop in first["kv_loops"]]
+    assert all(loop["ldl"] == 0 for loop in item["kv_loops"])
+
+
 def test_trace_warps_needs_the_step_trace():
     base = dataclasses.replace(fwd.default_config(64, False, 16384), split_tail=False)
     dataclasses.replace(base, trace_steps=8, trace_warps=True).check(64)
@@ -3837,6 +3860,18 @@ def test_step_trace_probe_summarizes_what_it_traced(monkeypatch, capsys):
     # a preheated trace says so in its heading
     assert step_trace.main(["--steps", str(steps), "--preheat-ms", "2500"]) == 0
     assert "the launch after 2500 ms of back-to-back calls" in capsys.readouterr().out
+    # --item asks for a later item's steps and says so; a negative one is refused before any call
+    seen = {}
+
+    def item_traced_run(args, **trace):
+        seen.update(trace)
+        return fake_traced_run(args, **{k: v for k, v in trace.items() if k != "trace_item"})
+
+    monkeypatch.setattr(step_trace, "traced_run", item_traced_run)
+    assert step_trace.main(["--steps", str(steps), "--item", "5"]) == 0
+    assert seen["trace_item"] == 5 and "item 5" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--item"):
+        step_trace.main(["--steps", str(steps), "--item", "-1"])
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "soon"])
@@ -3970,6 +4005,18 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
     # within a stamped step the events come in order and close together (no wrap misread)
     deltas = (s[..., 1:] - s[..., :-1]) % (1 << 31)
     assert (deltas[whole] < 10_000_000).all()
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_traced_item_changes_no_output_and_stamps_only_ctas_that_reach_it():
+    # B4 H16 S2048 d128: 1024 tiles on 132 CTAs, 7-8 items each; item 7 exists on some CTAs only
+    steps = 8
+    *_, first = _traced_beside_plain(128, False, (4, 2048, 16), trace_steps=steps)
+    *_, later = _traced_beside_plain(128, False, (4, 2048, 16), trace_steps=steps, trace_item=7)
+    stamped = lambda s: (s.cpu().long() >= 0).all(dim=3).any(dim=(1, 2))     # per CTA
+    assert stamped(first).all()
+    assert stamped(later).any() and not stamped(later).all()
 
 
 @pytest.mark.gpu

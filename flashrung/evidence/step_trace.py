@@ -12,7 +12,7 @@ after the one before it passed it. It also times the traced kernel against the u
 must be bit-identical, which it checks.
 
 ``python -m flashrung.evidence.step_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
-[--causal] [--steps 64] [--warps] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
+[--causal] [--steps 64] [--warps] [--item K] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
 With ``--warps`` (``trace_warps``) each of a warpgroup's four warps stamps its own events; the
 phases are read from warp 0 as before, and beside them how far apart the warps reach each event
 (:func:`warp_spread`). The split
@@ -280,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warps", action="store_true",
                    help="every warp of a warpgroup stamps its own events (trace_warps): how far apart they run; "
                         "the phase table reads warp 0, as without it")
+    p.add_argument("--item", type=int, default=0,
+                   help="which of each CTA's work items is stamped (trace_item; default 0, the first): a later "
+                        "one reads the steps once the CTAs have settled, away from the launch's start; CTAs with "
+                        "fewer items stamp nothing")
     return p
 
 
@@ -386,13 +390,17 @@ def main(argv=None) -> int:
     args.prog = "step_trace"
     if args.steps < 3:
         raise SystemExit("--steps must be at least 3 (the first two steps are not summarized)")
+    if args.item < 0:
+        raise SystemExit(f"--item must be 0 or more (which of each CTA's work items is stamped), got {args.item}")
     from flashrung.kernels.hopper.trace import EVENTS
 
-    trace = dict(trace_steps=args.steps, **({"trace_warps": True} if args.warps else {}))
+    trace = dict(trace_steps=args.steps, **({"trace_warps": True} if args.warps else {}),
+                 **({"trace_item": args.item} if args.item else {}))
     return run_probe(args, trace, EVENTS, lambda stamps, events, common: summarize_warps(stamps, events),
                      table, "step trace",
-                     lambda s: f"steps {s['first_step']}..{args.steps - 1} of each CTA's first tile; cycles (SM "
-                               "clock), median [p10, p90]")
+                     lambda s: f"steps {s['first_step']}..{args.steps - 1} of each CTA's "
+                               f"{'first tile' if not args.item else f'item {args.item}'}; cycles (SM clock), "
+                               "median [p10, p90]")
 
 
 if __name__ == "__main__":

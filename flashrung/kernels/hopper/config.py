@@ -395,6 +395,11 @@ class HopperFwdConfig:
     # (trace.py), so the step trace reads how far apart the warps run — what a warpgroup-wide
     # barrier or wgmma waits out in the warps ahead of the slowest
     trace_warps: bool = False
+    # instrument, with trace_steps: which of each CTA's work items is stamped (0: the first). A
+    # CTA's first item starts from the launch (and, paired, from the cluster barrier, both CTAs
+    # together); a later one shows the steps as the CTA runs once it has settled. A CTA with fewer
+    # items stamps nothing (its records stay -1)
+    trace_item: int = 0
     # instrument, not a lever: every CTA's first trace_tiles work items stamp the SM clock at each
     # consumer warpgroup's start of the item (before its Q wait) and after its epilogue, beside the
     # item's K/V steps and masked steps (hopper/trace.py, fwd.traced_forward; read by
@@ -622,6 +627,10 @@ class HopperFwdConfig:
         if self.asm_arrivals and self.thread_release:
             raise ValueError("asm_arrivals and thread_release are two ways to release a K/V slot without the "
                              "partition's bar.sync: choose one")
+        if self.trace_item < 0 or self.trace_item and not self.trace_steps:
+            raise ValueError("trace_item picks which of a CTA's work items trace_steps stamps: it needs trace_item "
+                             f">= 0 and, when above 0, trace_steps > 0, got trace_item={self.trace_item}, "
+                             f"trace_steps={self.trace_steps}")
         if self.trace_warps and not self.trace_steps:
             raise ValueError("trace_warps gives each warp its own row of the step trace's stamps: it needs "
                              f"trace_steps > 0, got trace_steps={self.trace_steps}")

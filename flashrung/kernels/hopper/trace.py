@@ -8,7 +8,8 @@ first work item records, for each consumer warpgroup and each of its first N ste
 negative, so -1 marks a step not stamped); thread 0 of the warpgroup writes them. The output is
 exact (the stamps read a counter and store it beside the work); the times carry the few
 instructions the stamps add. Off (N = 0) the stamps compile to nothing (census: the default
-kernels' SASS is unchanged). With ``trace_warps`` the first thread of each of the warpgroup's four
+kernels' SASS is unchanged). With ``trace_item = K`` the CTA's item K is stamped instead of its
+first (a CTA with fewer items stamps nothing). With ``trace_warps`` the first thread of each of the warpgroup's four
 warps stamps its own row of events: how far apart the warps of one warpgroup run, which a
 warpgroup-wide barrier or ``wgmma`` absorbs as a wait of the warps ahead.
 
@@ -55,14 +56,15 @@ def clock(rows):
 
 @gluon.jit
 def step_record(coords_ptr, tile_iter, j, WG: gl.constexpr, c):
-    """``(pointer to this step's record, whether to stamp it)``: every CTA's first work item, its
-    first ``TRACE_STEPS`` steps; the record of (CTA, warpgroup, step) is NUM_EVENTS int32, or
+    """``(pointer to this step's record, whether to stamp it)``: every CTA's work item number
+    ``TRACE_ITEM`` (0: its first), its first ``TRACE_STEPS`` steps; the record of (CTA,
+    warpgroup, step) is NUM_EVENTS int32, or
     WARPS_PER_WARPGROUP × NUM_EVENTS with ``TRACE_WARPS`` (one row of events per warp)."""
     if c.TRACE_STEPS > 0:
         record = (gl.program_id(0) * c.NUM_CONSUMERS + WG) * c.TRACE_STEPS + j
         if c.TRACE_WARPS:
             record = record * _WARPS_PER_WARPGROUP
-        out = (coords_ptr + record * _NUM_EVENTS, (tile_iter == 0) & (j < c.TRACE_STEPS))
+        out = (coords_ptr + record * _NUM_EVENTS, (tile_iter == c.TRACE_ITEM) & (j < c.TRACE_STEPS))
     else:
         out = (coords_ptr, False)
     return out

@@ -29,7 +29,7 @@ from flashrung.bench import calibration, manifest, numerators, peers, report, st
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -49,7 +49,7 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -60,7 +60,7 @@ def _positive_float(text: str) -> float:
 
 
 def _block_count(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value < 2 or value % 2:
         raise argparse.ArgumentTypeError(f"expected an even number ≥ 2 (as many blocks of each arm), got {value}")
     return value
@@ -74,7 +74,7 @@ def _cuda_device(text: str) -> str:
 
 
 def _even_int(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value % 2:
         raise argparse.ArgumentTypeError(f"expected an even number (half AB, half BA), got {value}")
     return value
@@ -96,16 +96,16 @@ def _dtype(text: str) -> str:
 
 def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
     g = p.add_argument_group("shape")
-    g.add_argument("--batch", type=_positive_int,
+    g.add_argument("--batch", type=positive_int,
                    help="batch size" + (" (default: 32k tokens / seqlen)" if many else
                                         f" (default {DEFAULT_PAIR_SHAPE['batch']})"))
-    g.add_argument("--seqlen", type=_positive_int, nargs="+" if many else None,
+    g.add_argument("--seqlen", type=positive_int, nargs="+" if many else None,
                    help="query (and key) length" + ("s; with --suite, keeps only these" if many else
                                                     f" (default {DEFAULT_PAIR_SHAPE['seqlen']})"))
-    g.add_argument("--seqlen-k", type=_positive_int, help="key length when it differs from --seqlen")
-    g.add_argument("--heads", type=_positive_int, help="query heads (default 16)")
-    g.add_argument("--kv-heads", type=_positive_int, help="key/value heads (default: --heads; fewer = GQA)")
-    g.add_argument("--headdim", type=_positive_int, nargs="+" if many else None,
+    g.add_argument("--seqlen-k", type=positive_int, help="key length when it differs from --seqlen")
+    g.add_argument("--heads", type=positive_int, help="query heads (default 16)")
+    g.add_argument("--kv-heads", type=positive_int, help="key/value heads (default: --heads; fewer = GQA)")
+    g.add_argument("--headdim", type=positive_int, nargs="+" if many else None,
                    help="head dim (default 128)" + ("; with --suite, keeps only these" if many else ""))
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
@@ -120,8 +120,8 @@ def _paired_flags(p: argparse.ArgumentParser) -> None:
     d = timing.PairedProtocol()
     g.add_argument("--alternations", type=_even_int, help=f"alternations per run (default {d.alternations}, "
                                                            f"--quick {timing.QUICK_PAIRED.alternations})")
-    g.add_argument("--reps", type=_positive_int, help=f"timed calls per arm per alternation (default {d.reps})")
-    g.add_argument("--warmup", type=_positive_int,
+    g.add_argument("--reps", type=positive_int, help=f"timed calls per arm per alternation (default {d.reps})")
+    g.add_argument("--warmup", type=positive_int,
                    help=f"calls per arm before the first alternation (default {d.warmup_calls})")
     g.add_argument("--block-preheat-ms", type=non_negative_float, metavar="MS",
                    help="run each arm for at least MS before each of its timed blocks, so it is timed at its own "
@@ -171,7 +171,7 @@ def register(subparsers) -> None:
                               description="Run one kernel against itself in ≥ 10 fresh processes through the "
                                           "exact paired path `compare` uses; store t_noise = p95 |margin − 1|.")
     n.add_argument("--impl", type=_impl, default="flashrung", help="the kernel (default: flashrung's dispatch)")
-    n.add_argument("--pairs", type=_positive_int, default=stats.MIN_NULL_PAIRS,
+    n.add_argument("--pairs", type=positive_int, default=stats.MIN_NULL_PAIRS,
                    help=f"fresh-process A/A pairs (≥ {stats.MIN_NULL_PAIRS}; default {stats.MIN_NULL_PAIRS})")
     _shape_flags(n, many=False)
     _paired_flags(n)
@@ -216,12 +216,12 @@ def register(subparsers) -> None:
     g = s.add_argument_group("sustained protocol")
     g.add_argument("--blocks", type=_block_count, default=sustain.BLOCKS,
                    help=f"blocks in all, ABBA order, half per arm (default {sustain.BLOCKS})")
-    g.add_argument("--block-s", type=_positive_float, default=sustain.BLOCK_S, metavar="S",
+    g.add_argument("--block-s", type=positive_float, default=sustain.BLOCK_S, metavar="S",
                    help=f"seconds of back-to-back calls per block (default {sustain.BLOCK_S:g})")
     g.add_argument("--settle-s", type=non_negative_float, default=sustain.SETTLE_S, metavar="S",
                    help=f"seconds at a block's start whose samples do not count, the clock settling (default "
                         f"{sustain.SETTLE_S:g}; the last {sustain.TAIL_S:g} s never count)")
-    g.add_argument("--sample-ms", type=_positive_int, default=sustain.SAMPLE_MS, metavar="MS",
+    g.add_argument("--sample-ms", type=positive_int, default=sustain.SAMPLE_MS, metavar="MS",
                    help=f"nvidia-smi sampling period (default {sustain.SAMPLE_MS})")
     g.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the full result here")
     g.add_argument("--seed", type=int, default=0, help="input seed")

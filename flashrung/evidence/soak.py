@@ -62,7 +62,8 @@ def watch(cmd: list[str], run: int, timeout_s: float, first_timeout_s: float = F
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
     err_lines: list[str] = []
-    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    err_reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
+    err_reader.start()
     calls, limit = 0, first_timeout_s
     while True:
         try:
@@ -89,7 +90,7 @@ def watch(cmd: list[str], run: int, timeout_s: float, first_timeout_s: float = F
     rc = proc.wait()
     seconds = time.monotonic() - t0
     if rc != 0:
-        time.sleep(0.05)     # let the stderr reader finish
+        err_reader.join(timeout=5)     # the child has exited: its stderr ends
         tail = "".join(err_lines).strip().splitlines()[-3:]
         return RunResult(run, "error", calls, seconds, f"exit status {rc}: " + " | ".join(tail))
     return RunResult(run, "ok", calls, seconds)
@@ -125,37 +126,25 @@ def _child(args) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from flashrung.bench.cli import positive_float, positive_int
+
     p = argparse.ArgumentParser(prog="python -m flashrung.evidence.soak",
                                 description="back-to-back calls of one configuration in fresh processes, "
                                             "watched for hangs and for outputs that move between calls")
-    p.add_argument("--batch", type=_positive_int, default=16)
-    p.add_argument("--seqlen", type=_positive_int, default=2048)
-    p.add_argument("--heads", type=_positive_int, default=32)
-    p.add_argument("--heads-kv", type=_positive_int, default=None, help="K/V heads (GQA); default: --heads")
-    p.add_argument("--headdim", type=_positive_int, default=64)
+    p.add_argument("--batch", type=positive_int, default=16)
+    p.add_argument("--seqlen", type=positive_int, default=2048)
+    p.add_argument("--heads", type=positive_int, default=32)
+    p.add_argument("--heads-kv", type=positive_int, default=None, help="K/V heads (GQA); default: --heads")
+    p.add_argument("--headdim", type=positive_int, default=64)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--impl", default="hopper.fwd", help="the forward kernel, as impl= takes it (default hopper.fwd)")
-    p.add_argument("--calls", type=_positive_int, default=4000, help="calls per run (default 4000)")
-    p.add_argument("--check-every", type=_positive_int, default=250,
+    p.add_argument("--calls", type=positive_int, default=4000, help="calls per run (default 4000)")
+    p.add_argument("--check-every", type=positive_int, default=250,
                    help="calls between a synchronization and a bit comparison with the first call (default 250)")
-    p.add_argument("--runs", type=_positive_int, default=3, help="fresh processes (default 3)")
-    p.add_argument("--timeout-s", type=_positive_float, default=30.0,
+    p.add_argument("--runs", type=positive_int, default=3, help="fresh processes (default 3)")
+    p.add_argument("--timeout-s", type=positive_float, default=30.0,
                    help="seconds without a report before a run is called a hang (default 30; the first "
                         f"report, after the compile, gets {FIRST_TIMEOUT_S:g})")
     p.add_argument("--seed", type=int, default=0)

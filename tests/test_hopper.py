@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+import triton
 
 from flashrung.dispatch import Problem
 from flashrung.kernels.hopper import config, fwd, pipeline, schedule
@@ -391,6 +392,13 @@ CENSUS_CONFIGS += [("d128-full-s4k-relay", 128, False, {"_seqlen": 4096, "_key_t
 CENSUS_CONFIGS += [("d128-full-s16k-paired", 128, False, {"_seqlen": 16384, "_key_tail": False, "_paired": True}),
                    ("d128-full-s16k-consumers-release", 128, False,
                     {"_seqlen": 16384, "_key_tail": False, "_paired": True, "relay_release": False})]
+# the paired defaults as a launch with an odd count of q-tiles builds them: no warpgroup skips
+# its empty rows (fwd._skip_empty_rows, change 48)
+CENSUS_CONFIGS += [("d64-full-s4k-paired-odd", 64, False, {"_seqlen": 4096, "skip_empty_rows": False}),
+                   ("d64-full-s16k-paired-odd", 64, False, {"_seqlen": 16384, "skip_empty_rows": False}),
+                   ("d128-full-s4k-paired-odd", 128, False, {"_seqlen": 4096, "skip_empty_rows": False}),
+                   ("d128-full-s16k-paired-odd", 128, False,
+                    {"_seqlen": 16384, "_key_tail": False, "_paired": True, "skip_empty_rows": False})]
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -847,6 +855,27 @@ def test_d64_paired_defaults_keep_no_local_memory(census):
         assert entry["loop"]["ldl"] == 0 and entry["loop"]["mufu"] == census["d64-full"]["loop"]["mufu"]
 
 
+@pytest.mark.parametrize("label, base_label", [("d64-full-s4k-paired-odd", "d64-full-s4k-paired"),
+                                               ("d64-full-s16k-paired-odd", "d64-full-s16k-paired"),
+                                               ("d128-full-s4k-paired-odd", "d128-full-s4k-split"),
+                                               ("d128-full-s16k-paired-odd", "d128-full-s16k-paired")])
+def test_paired_defaults_without_the_skip_keep_their_loops(census, label, base_label):
+    # a paired launch with an odd count of q-tiles builds its default without skip_empty_rows (change
+    # 48): the same pair (multicast copies, remote arrivals), no local memory in the K/V loops, and
+    # the steady loop within a few instructions of the build with the skip, whose branch is outside it
+    entry = census[label]
+    row = entry["row"]
+    assert "error" not in row, row["error"]
+    assert row["config"]["kv_multicast"] and not row["config"]["skip_empty_rows"]
+    assert entry["multicast_copies"] > 0 and entry["remote_arrivals"] > 0
+    assert all(loop["ldl"] == 0 for loop in entry["kv_loops"]) and entry["loop"]["ldl"] == 0
+    base = census[base_label]
+    assert base["row"]["config"]["kv_multicast"] and base["row"]["config"]["skip_empty_rows"]
+    assert row["spill_bytes"] <= base["row"]["spill_bytes"]
+    assert abs(entry["loop"]["length"] - base["loop"]["length"]) <= 8, (entry["loop"], base["loop"])
+    assert entry["loop"]["mufu"] == base["loop"]["mufu"]
+
+
 def test_d128_paired_default_relays_and_keeps_the_unpaired_loop(census):
     # d128 non-causal from S8k pairs its CTAs and relays the pair's releases through the producers
     # (change 46): the consumers' steady loop is the unpaired kernel's (the remote arrivals moved
@@ -1144,10 +1173,11 @@ def test_producer_unsynced_meets_no_bar_sync(census):
 
 @pytest.mark.parametrize("changes", [dict(num_q_stages=2), dict(fast_divide_producer=True),
                                      dict(fast_divide_consumers=True)])
-def test_producer_unsynced_refuses_what_hung(changes):
-    # forced beside two Q buffers and the multiply-high decode (d64 non-causal S2048's default), the
-    # unsynced producer's launches hung on the H200: check() names the switches instead of launching
-    # one, and a pairing of that default runs Gluon's producer
+def test_producer_unsynced_is_refused_beside_two_q_buffers_or_the_multiply_high_decode(changes):
+    # forced beside them (d64 non-causal S2048's default), the unsynced producer's launches hung on
+    # the H200 — a hang since traced to S2048's odd count of q-tiles (change 48), but the combination
+    # has not run clean since: check() names the switches instead of launching one, and a pairing
+    # of that default runs Gluon's producer
     paired = fwd.default_config(64, False, 16384)
     assert paired.producer_unsynced and paired.num_q_stages == 1 and not paired.fast_divide_producer
     with pytest.raises(ValueError, match="producer_unsynced runs only with one Q buffer"):
@@ -1227,6 +1257,29 @@ def test_kv_multicast_plan_pairs_q_tiles():
     assert (plan.num_full_tiles, plan.splits) == tail_split(plan.num_tiles, 66, 128)
     odd = fwd._plan(cfg, 1, 3 * 128 + 1, 1000, 2, 2, 128, 2, False, True, 132)
     assert odd.num_m_blocks == 2 and odd.grid == 2 * odd.num_items
+
+
+def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows():
+    # an odd count of q-tiles leaves a pair whose second tile lies wholly past the sequence; with
+    # skip_empty_rows such launches hung on the H200 (d64 S4324, S2048), so their build computes
+    # the empty rows (change 48). Even counts, unpaired launches and a config without the skip
+    # are unchanged, and the build (what picks the compiled kernel) tells the two apart
+    for d in (64, 128):
+        cfg = fwd.default_config(d, False, 4096)
+        assert cfg.kv_multicast and cfg.skip_empty_rows
+        for seqlen in (4096, 4224, 4324, 4416, 8320, 17, 1):
+            plan = fwd._plan(cfg, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132)
+            odd = triton.cdiv(seqlen, cfg.block_m) % 2 == 1
+            assert plan.constexprs["SKIP_EMPTY_ROWS"] == (not odd), (d, seqlen)
+            assert plan.build[-1] == plan.constexprs["SKIP_EMPTY_ROWS"]
+            unpaired = fwd.replace_following(cfg, d, kv_multicast=False)
+            assert fwd._plan(unpaired, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+            off = dataclasses.replace(cfg, skip_empty_rows=False)
+            assert not fwd._plan(off, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+    # the count that matters is the query's: keys do not pair
+    cfg = fwd.default_config(64, False, 4096)
+    assert not fwd._plan(cfg, 1, 4324, 4096, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+    assert fwd._plan(cfg, 1, 4096, 4324, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
 
 
 def test_late_k_release_moves_one_arrive(census):
@@ -2428,7 +2481,7 @@ def _unpaired_base(head_dim):
 # the ways of running a pair: Gluon's producer waits and Q copies or inline ones
 # (producer_unsynced), the consumers' own remote releases or the producers' relay (relay_release)
 # (the unsynced producer with one Q buffer and the decode by division: check() refuses it beside the
-# short shapes' two Q buffers and multiply-high decode, with which its launches hung)
+# short shapes' two Q buffers and multiply-high decode, not run clean with them on the H200)
 _UNSYNCED = dict(producer_unsynced=True, num_q_stages=1, fast_divide_producer=False, fast_divide_consumers=False)
 PAIRED_WAYS = {"consumers-release": {}, "unsynced": _UNSYNCED,
                "relay": dict(relay_release=True), "unsynced-relay": dict(_UNSYNCED, relay_release=True)}

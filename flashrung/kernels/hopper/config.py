@@ -603,12 +603,15 @@ class HopperFwdConfig:
                              "bar.sync: it needs kv_multicast=True, got kv_multicast=False")
         if self.producer_unsynced and not _can_run_unsynced(self):
             # Forced with both (d64 non-causal B16 H32 S2048, the 192-row tile's default there), its
-            # launches hung on the H200 in 3 of 4 runs (within 500 calls; in two paired compares); with
-            # Gluon's producer, or with either one alone, 4000 calls ran (one run each). The cause is not
-            # isolated, so neither is allowed beside it: every default with it has one Q buffer and the
-            # decode by division (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts at 4096, past both rules)
-            raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (forced with "
-                             "two Q buffers and the multiply-high decode its launches hung): it needs num_q_stages=1, "
+            # launches hung on the H200 in 3 of 4 runs. S2048 has 11 q-tiles: the hang was later
+            # found with Gluon's producer too, with one Q buffer and with division, and not without
+            # skip_empty_rows — the pair whose second tile lies past the sequence, which launches
+            # now build without the skip (fwd._skip_empty_rows, change 48). The two are still
+            # refused here: with them the unsynced producer has not run clean at any length since.
+            # Every default with it has one Q buffer and the decode by division
+            # (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts at 4096, past both rules)
+            raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (with them it has "
+                             "not run clean on the H200): it needs num_q_stages=1, "
                              f"fast_divide_producer=False and fast_divide_consumers=False, got num_q_stages="
                              f"{self.num_q_stages}, fast_divide_producer={self.fast_divide_producer}, "
                              f"fast_divide_consumers={self.fast_divide_consumers}")

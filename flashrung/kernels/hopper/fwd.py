@@ -1739,6 +1739,30 @@ def _first_mask_on_need(cfg: HopperFwdConfig, causal: bool, key_tail: bool) -> b
     return cfg.first_mask_on_need and (causal or not key_tail)
 
 
+def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int) -> bool:
+    """The kernel's SKIP_EMPTY_ROWS for one launch: the config's switch, except on a ``kv_multicast``
+    launch with an odd count of q-tiles, whose last pair's second tile lies wholly past the
+    sequence (every consumer of that CTA would skip its rows).
+
+    Why: such launches hung on the H200 with the skip. The d64 non-causal default (192-row tiles,
+    the pair with the unsynced producer) at B8 H32 S4324, 23 q-tiles: 3 of 3 runs hung, two on the
+    first call. The pairing forced at B16 H32 S2048, 11 q-tiles, with Gluon's producer: 5 of 9 runs
+    hung, with one Q buffer or two, the multiply-high decode or division. Without the skip, each ran
+    3 × 1500–2000 calls, bit-identical. With the skip, even counts ran clean (the pairing forced at
+    S2304; the d64 default at S4096, whose last tile leaves two consumers without rows), and so did
+    3 runs at S4416 (odd, the last real tile full) and d128's default at S4146 (odd, two consumers):
+    the rule covers every odd count all the same. A mechanism that fits (derived from the SASS,
+    not measured): a skipping warpgroup's four warps meet only at the top of each step, and its
+    thread 0 passes the turn after its own waits; with every consumer of the CTA skipping, the
+    token can go round the ring of mbarriers and complete a turn barrier twice before a lagging
+    warp has read it by parity, and that warp's own warp 0 then waits for it at the next step's
+    bar.sync. A consumer with rows cannot pass the turn early: its wgmma issue, between the turn's
+    wait and its pass, needs all four warps. Such a CTA exists only in these pairs. Without it an empty warpgroup runs its GEMMs on zero rows and stores nothing, so the rule
+    costs, once per head, the rest of the warpgroups of one tile that have no rows."""
+    pair_has_empty_tile = cfg.kv_multicast and triton.cdiv(seqlen_q, cfg.block_m) % CLUSTER_CTAS != 0
+    return cfg.skip_empty_rows and not pair_has_empty_tile
+
+
 def _strides_reason(name: str, strides, ptr_alignment: int, elem_bytes: int) -> str | None:
     """Why TMA cannot address a (B, S, H, D) tensor with these strides and address alignment."""
     if strides[3] != 1:
@@ -1912,8 +1936,9 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
+    constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q)
     build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
-             constexprs["FIRST_MASK_ON_NEED"])
+             constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
 
@@ -2053,13 +2078,18 @@ def _decode_sizes(heads_q: int, group: int, num_m_blocks: int, batch_heads: int,
 
 def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
     """Compile (into Triton's cache) what :func:`forward` will run for this configuration, without
-    launching: the sizes are runtime arguments, so one compile serves every shape. Needs a CUDA
-    driver (the target is queried from it); the tensors stay on the CPU."""
+    launching: the sizes are runtime arguments, so one compile serves every shape — two for a
+    ``kv_multicast`` configuration, whose launches with an odd count of q-tiles build without the
+    skip of empty rows (:func:`_skip_empty_rows`); the build of even counts is returned. Needs a
+    CUDA driver (the target is queried from it); the tensors stay on the CPU."""
     cfg.check(head_dim, torch.empty((), dtype=dtype).element_size())
-    q = torch.empty((1, cfg.block_m, 1, head_dim), dtype=dtype)
     k = torch.empty((1, cfg.block_n, 1, head_dim), dtype=dtype)
-    lse = torch.empty((1, 1, cfg.block_m), dtype=torch.float32)
-    return _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
+    compiled = None
+    for tiles in ((1, CLUSTER_CTAS) if cfg.kv_multicast else (1,)):
+        q = torch.empty((1, tiles * cfg.block_m, 1, head_dim), dtype=dtype)
+        lse = torch.empty((1, 1, tiles * cfg.block_m), dtype=torch.float32)
+        compiled = _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
+    return compiled
 
 
 def cluster_occupancy(cfg: HopperFwdConfig, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -2281,7 +2311,8 @@ def census_specs():
     short-causal ones and the balanced grids; ``persistent`` alone is host-side and does not change
     the kernel (``balanced`` does: the CTA reads its list). A non-causal configuration comes twice:
     built for a launch with a key tail, and for one whose keys fill their K/V tiles (every
-    benchmark row), whose first tile is not masked (``_first_mask_on_need``)."""
+    benchmark row), whose first tile is not masked (``_first_mask_on_need``); a paired one comes
+    twice more, built for a launch with an odd count of q-tiles (``_skip_empty_rows``)."""
     specs, seen = [], set()
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
@@ -2292,7 +2323,11 @@ def census_specs():
                     seen.add(kernel)
                     tails = (True, False) if cfg.first_mask_on_need and not causal else (True,)
                     # a launch with a key tail runs the configuration of a problem with one
-                    specs += [census_spec(default_config(d, causal, seqlen, key_tail) if key_tail else cfg, d, causal,
-                                          dtype, key_tail=key_tail)
-                              for key_tail in tails for dtype in (torch.float16, torch.bfloat16)]
+                    # a paired launch with an odd count of q-tiles builds its kernel without the
+                    # skip of empty rows (_skip_empty_rows)
+                    skips = (True, False) if cfg.kv_multicast and cfg.skip_empty_rows else (True,)
+                    specs += [census_spec(dataclasses.replace(
+                                  default_config(d, causal, seqlen, key_tail) if key_tail else cfg,
+                                  skip_empty_rows=skip), d, causal, dtype, key_tail=key_tail)
+                              for skip in skips for key_tail in tails for dtype in (torch.float16, torch.bfloat16)]
     return specs

@@ -195,6 +195,11 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["bars"] = named_barriers(sass)
             entry["kv_loops"] = kv_loops(sass)
             entry["producer_loops"] = producer_loops(sass)
+            # the loops that wait and arrive with neither a wgmma nor a TMA copy: a consumer passing
+            # tiles without rows (fwd._pass_tiles), with its named-barrier meetings
+            entry["pass_loops"] = [dict(length=loop["length"], bar=loop["BAR"])
+                                   for loop in innermost_loops(sass, min_length=20)
+                                   if loop["SYNCS"] and not loop["HGMMA"] and not loop["UTMALDG"]]
             entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
@@ -399,6 +404,9 @@ CENSUS_CONFIGS += [("d64-full-s4k-paired-odd", 64, False, {"_seqlen": 4096, "ski
                    ("d128-full-s4k-paired-odd", 128, False, {"_seqlen": 4096, "skip_empty_rows": False}),
                    ("d128-full-s16k-paired-odd", 128, False,
                     {"_seqlen": 16384, "_key_tail": False, "_paired": True, "skip_empty_rows": False})]
+# the passing warpgroup's warps meeting before each turn's pass (meet_before_pass), which would let
+# those launches keep the skip, on the d64 S4k pair
+CENSUS_CONFIGS.append(("d64-full-s4k-paired-meet", 64, False, {"_seqlen": 4096, "meet_before_pass": True}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -876,6 +884,23 @@ def test_paired_defaults_without_the_skip_keep_their_loops(census, label, base_l
     assert entry["loop"]["mufu"] == base["loop"]["mufu"]
 
 
+def test_meet_before_pass_adds_a_barrier_to_the_passing_loops_only(census):
+    # the passing consumers' loops gain one bar.sync a turn; the steady K/V loop, which a consumer
+    # with rows runs, is the paired default's instruction for instruction
+    entry, base = census["d64-full-s4k-paired-meet"], census["d64-full-s4k-paired"]
+    row = entry["row"]
+    assert "error" not in row, row["error"]
+    assert row["config"]["meet_before_pass"] and row["config"]["skip_empty_rows"]
+    # d64's three consumers each pass tiles in one loop: the warps meet at its top, and now also
+    # between the turn's wait and its pass
+    assert [loop["bar"] for loop in base["pass_loops"]] == [1, 1, 1]
+    assert [loop["bar"] for loop in entry["pass_loops"]] == [2, 2, 2]
+    assert [b["length"] + 1 for b in base["pass_loops"]] == [loop["length"] for loop in entry["pass_loops"]]
+    assert entry["loop"] == base["loop"]
+    assert [loop["length"] for loop in entry["kv_loops"]] == [loop["length"] for loop in base["kv_loops"]]
+    assert row["spill_bytes"] == base["row"]["spill_bytes"] == 0
+
+
 def test_d128_paired_default_relays_and_keeps_the_unpaired_loop(census):
     # d128 non-causal from S8k pairs its CTAs and relays the pair's releases through the producers
     # (change 46): the consumers' steady loop is the unpaired kernel's (the remote arrivals moved
@@ -1259,6 +1284,15 @@ def test_kv_multicast_plan_pairs_q_tiles():
     assert odd.num_m_blocks == 2 and odd.grid == 2 * odd.num_items
 
 
+def test_meet_before_pass_needs_the_skip_and_the_pingpong():
+    paired = dataclasses.replace(fwd.default_config(64, False, 4096), meet_before_pass=True)
+    paired.check(64)
+    with pytest.raises(ValueError, match="meet_before_pass"):
+        dataclasses.replace(paired, skip_empty_rows=False).check(64)
+    with pytest.raises(ValueError, match="meet_before_pass"):
+        HopperFwdConfig(meet_before_pass=True, pingpong=False).check(64)
+
+
 def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows():
     # an odd count of q-tiles leaves a pair whose second tile lies wholly past the sequence; with
     # skip_empty_rows such launches hung on the H200 (d64 S4324, S2048), so their build computes
@@ -1276,6 +1310,9 @@ def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows()
             assert fwd._plan(unpaired, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
             off = dataclasses.replace(cfg, skip_empty_rows=False)
             assert not fwd._plan(off, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+            # the warps meeting before each pass (the hazard's fix, not yet run on the H200) keep it
+            meet = dataclasses.replace(cfg, meet_before_pass=True)
+            assert fwd._plan(meet, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
     # the count that matters is the query's: keys do not pair
     cfg = fwd.default_config(64, False, 4096)
     assert not fwd._plan(cfg, 1, 4324, 4096, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]

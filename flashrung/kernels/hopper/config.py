@@ -228,6 +228,14 @@ class HopperFwdConfig:
     # Census: every steady loop within two instructions of computing them, no new local memory.
     # Where every m-tile is full the branch is one compare per tile: on everywhere
     skip_empty_rows: bool = True
+    # a passing consumer's four warps meet (bar.sync) between the pingpong turn's wait and its pass,
+    # so thread 0 passes a turn that every warp of the warpgroup has read. The hazard it answers
+    # (derived from the SASS, not measured): a skipping warpgroup's warps otherwise meet only at the
+    # top of each step, and where every consumer of a CTA skips (the second tile of a kv_multicast
+    # pair past the sequence) the token can complete a turn barrier twice before a lagging warp has
+    # read it by parity, a deadlock. Such launches build without the skip (fwd._skip_empty_rows)
+    # unless this is on. Built for the test of that mechanism; not run on the H200: off
+    meet_before_pass: bool = False
     # each tile's epilogue (normalization, LSE store, O through shared memory and TMA) runs after
     # the next tile's first QK is issued, under that product: the first QK of a tile is the one
     # GEMM no softmax overlaps, and at S = 1k a tile has 4.5 K/V steps on average (causal), so its
@@ -529,6 +537,10 @@ class HopperFwdConfig:
                              "dynamic hand-out: it needs balanced=True and overlap_epilogue=False, got "
                              f"dynamic_pool_share={self.dynamic_pool_share}, balanced={self.balanced}, "
                              f"overlap_epilogue={self.overlap_epilogue}")
+        if self.meet_before_pass and not (self.skip_empty_rows and self.pingpong):
+            raise ValueError("meet_before_pass makes a consumer that skips its empty rows meet before it passes the "
+                             "pingpong turn: it needs skip_empty_rows=True and pingpong=True, got skip_empty_rows="
+                             f"{self.skip_empty_rows}, pingpong={self.pingpong}")
         if self.balanced_partial_tiles and not (self.balanced and self.skip_empty_rows):
             raise ValueError("balanced_partial_tiles estimates a partial query tile by the consumer warpgroups "
                              "that have rows, as skip_empty_rows runs it: it needs balanced=True and "

@@ -354,6 +354,7 @@ class _Schedule:
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
     SKIP_EMPTY_ROWS: gl.constexpr  # a consumer whose rows all lie past seqlen_q only keeps the protocol
+    MEET_BEFORE_PASS: gl.constexpr  # such a consumer's warps meet between a turn's wait and its pass
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
     FAST_DIVIDE_PRODUCER: gl.constexpr  # the producer decodes work items by multiply-high (schedule.fast_divisor)
@@ -1230,6 +1231,16 @@ def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, cou
 
 
 @gluon.jit
+def _meet_before_pass(c):
+    """With ``MEET_BEFORE_PASS``, the passing warpgroup's four warps meet before its thread 0 passes
+    the turn: every warp has then read the turn it passes. Without a wgmma between the wait and the
+    pass nothing else holds warps 1–3 to warp 0, and a parity wait cannot tell a turn from the one
+    after the next (config.meet_before_pass)."""
+    if c.MEET_BEFORE_PASS:
+        gl.thread_barrier()
+
+
+@gluon.jit
 def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
     """A consumer whose rows all lie past the last query row walks ``n_tiles`` K/V tiles from ring
     position ``count`` issuing no GEMM: every wait, turn and release of :func:`_attend_overlapped`
@@ -1250,6 +1261,7 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
                 ready_wait(sh.k_ready_bars, k_idx, k_phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
                 ready_wait(sh.v_ready_bars, v_idx, v_phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
                 turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+                _meet_before_pass(c)
                 pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
                 pass_exp_turn_through(WG, c.NUM_CONSUMERS, c.EXP_TURNS)
                 release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
@@ -1262,10 +1274,12 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
             idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
             ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+            _meet_before_pass(c)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
             release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
             ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
             turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
+            _meet_before_pass(c)
             pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
             release(sh.v_empty_bars, idx, c.THREAD_RELEASE, c.V_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     return turn
@@ -1519,7 +1533,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      STAGGER_KV: gl.constexpr,
                      STAGGER_SUBTRACT: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
-                     SKIP_EMPTY_ROWS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr, FIRST_MASK_ON_NEED: gl.constexpr,
+                     SKIP_EMPTY_ROWS: gl.constexpr, MEET_BEFORE_PASS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
+                     FIRST_MASK_ON_NEED: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
@@ -1623,7 +1638,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, STAGGER_KV=STAGGER_KV,
                   STAGGER_SUBTRACT=STAGGER_SUBTRACT,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
-                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
+                  SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, MEET_BEFORE_PASS=MEET_BEFORE_PASS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
@@ -1711,7 +1726,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
-        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
+        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, MEET_BEFORE_PASS=cfg.meet_before_pass, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
@@ -1758,9 +1773,10 @@ def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int) -> bool:
     warp has read it by parity, and that warp's own warp 0 then waits for it at the next step's
     bar.sync. A consumer with rows cannot pass the turn early: its wgmma issue, between the turn's
     wait and its pass, needs all four warps. Such a CTA exists only in these pairs. Without it an empty warpgroup runs its GEMMs on zero rows and stores nothing, so the rule
-    costs, once per head, the rest of the warpgroups of one tile that have no rows."""
+    costs, once per head, the rest of the warpgroups of one tile that have no rows. With
+    ``meet_before_pass`` (the mechanism's fix, not yet run on the H200) such launches keep the skip."""
     pair_has_empty_tile = cfg.kv_multicast and triton.cdiv(seqlen_q, cfg.block_m) % CLUSTER_CTAS != 0
-    return cfg.skip_empty_rows and not pair_has_empty_tile
+    return cfg.skip_empty_rows and (cfg.meet_before_pass or not pair_has_empty_tile)
 
 
 def _strides_reason(name: str, strides, ptr_alignment: int, elem_bytes: int) -> str | None:

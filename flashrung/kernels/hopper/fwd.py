@@ -1757,24 +1757,17 @@ def _first_mask_on_need(cfg: HopperFwdConfig, causal: bool, key_tail: bool) -> b
 def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int) -> bool:
     """The kernel's SKIP_EMPTY_ROWS for one launch: the config's switch, except on a ``kv_multicast``
     launch with an odd count of q-tiles, whose last pair's second tile lies wholly past the
-    sequence (every consumer of that CTA would skip its rows).
+    sequence, so that every consumer of its CTA would skip (unless ``meet_before_pass``).
 
-    Why: such launches hung on the H200 with the skip. The d64 non-causal default (192-row tiles,
-    the pair with the unsynced producer) at B8 H32 S4324, 23 q-tiles: 3 of 3 runs hung, two on the
-    first call. The pairing forced at B16 H32 S2048, 11 q-tiles, with Gluon's producer: 5 of 9 runs
-    hung, with one Q buffer or two, the multiply-high decode or division. Without the skip, each ran
-    3 × 1500–2000 calls, bit-identical. With the skip, even counts ran clean (the pairing forced at
-    S2304; the d64 default at S4096, whose last tile leaves two consumers without rows), and so did
-    3 runs at S4416 (odd, the last real tile full) and d128's default at S4146 (odd, two consumers):
-    the rule covers every odd count all the same. A mechanism that fits (derived from the SASS,
-    not measured): a skipping warpgroup's four warps meet only at the top of each step, and its
-    thread 0 passes the turn after its own waits; with every consumer of the CTA skipping, the
-    token can go round the ring of mbarriers and complete a turn barrier twice before a lagging
-    warp has read it by parity, and that warp's own warp 0 then waits for it at the next step's
-    bar.sync. A consumer with rows cannot pass the turn early: its wgmma issue, between the turn's
-    wait and its pass, needs all four warps. Such a CTA exists only in these pairs. Without it an empty warpgroup runs its GEMMs on zero rows and stores nothing, so the rule
-    costs, once per head, the rest of the warpgroups of one tile that have no rows. With
-    ``meet_before_pass`` (the mechanism's fix, not yet run on the H200) such launches keep the skip."""
+    Why: such launches hung on the H200 with the skip — the d64 non-causal default at B8 H32
+    S4324 (23 q-tiles) in 3 of 3 runs, the pairing forced at S2048 (11) in 5 of 9 with Gluon's
+    producer — and ran clean without it (3 × 1500–2000 calls each, bit-identical); even counts
+    ran clean with it (docs/hopper.md, *A pair with a tile past the sequence*). The mechanism that
+    fits, derived from the SASS and not measured: with every consumer of a CTA passing tiles, no
+    wgmma holds a warpgroup's warps together between a turn's wait and thread 0's pass, and the
+    token can complete a turn barrier twice before a lagging warp has read it by parity
+    (``config.meet_before_pass``). Without the skip, an empty warpgroup runs its GEMMs on zero rows
+    and stores nothing: once per head, one tile's warpgroups without rows lose their rest."""
     pair_has_empty_tile = cfg.kv_multicast and triton.cdiv(seqlen_q, cfg.block_m) % CLUSTER_CTAS != 0
     return cfg.skip_empty_rows and (cfg.meet_before_pass or not pair_has_empty_tile)
 
@@ -2338,9 +2331,9 @@ def census_specs():
                 if kernel not in seen:
                     seen.add(kernel)
                     tails = (True, False) if cfg.first_mask_on_need and not causal else (True,)
-                    # a launch with a key tail runs the configuration of a problem with one
                     # a paired launch with an odd count of q-tiles builds its kernel without the
-                    # skip of empty rows (_skip_empty_rows)
+                    # skip of empty rows (_skip_empty_rows); a launch with a key tail runs the
+                    # configuration of a problem with one
                     skips = (True, False) if cfg.kv_multicast and cfg.skip_empty_rows else (True,)
                     specs += [census_spec(dataclasses.replace(
                                   default_config(d, causal, seqlen, key_tail) if key_tail else cfg,

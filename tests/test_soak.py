@@ -66,17 +66,21 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def _soak_verdicts(tmp_path, argv: list[str]) -> list[tuple[str, int]]:
+    """Run the soak on the GPU with ``argv`` (exit status 0 asserted); each run's verdict and calls."""
+    import json
+
+    path = tmp_path / "soak.json"
+    assert soak.main([*argv, "--json", str(path)]) == 0
+    return [(r["verdict"], r["calls"]) for r in json.loads(path.read_text())["runs"]]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (hopper.fwd)")
 def test_soak_of_a_paired_default_completes_with_identical_outputs(tmp_path):
     # d64 non-causal from S4k pairs its CTAs with the unsynced producer (changes 43, 44, 47)
-    path = tmp_path / "soak.json"
-    assert soak.main(["--batch", "1", "--seqlen", "4200", "--heads", "4", "--heads-kv", "2", "--calls", "60",
-                      "--check-every", "20", "--runs", "2", "--json", str(path)]) == 0
-    import json
-
-    runs = json.loads(path.read_text())["runs"]
-    assert [(r["verdict"], r["calls"]) for r in runs] == [("ok", 60), ("ok", 60)]
+    assert _soak_verdicts(tmp_path, ["--batch", "1", "--seqlen", "4200", "--heads", "4", "--heads-kv", "2",
+                                     "--calls", "60", "--check-every", "20", "--runs", "2"]) == [("ok", 60), ("ok", 60)]
 
 
 @pytest.mark.gpu
@@ -86,10 +90,6 @@ def test_soak_of_a_pair_whose_last_tile_lies_past_the_sequence(tmp_path, headdim
     # an odd count of q-tiles (23 of 192 rows, 33 of 128): the last pair's second tile has no rows.
     # With skip_empty_rows the d64 default hung here on the H200 in 3 of 3 runs, two on the first
     # call; such a launch now computes the empty rows (change 48)
-    path = tmp_path / "soak.json"
-    assert soak.main(["--batch", "8", "--seqlen", str(seqlen), "--heads", str(heads), "--headdim", str(headdim),
-                      "--calls", "500", "--check-every", "100", "--runs", "2", "--json", str(path)]) == 0
-    import json
-
-    runs = json.loads(path.read_text())["runs"]
-    assert [(r["verdict"], r["calls"]) for r in runs] == [("ok", 500), ("ok", 500)]
+    assert _soak_verdicts(tmp_path, ["--batch", "8", "--seqlen", str(seqlen), "--heads", str(heads),
+                                     "--headdim", str(headdim), "--calls", "500", "--check-every", "100",
+                                     "--runs", "2"]) == [("ok", 500), ("ok", 500)]

@@ -622,8 +622,8 @@ class HopperFwdConfig:
             # refused here: with them the unsynced producer has not run clean at any length since.
             # Every default with it has one Q buffer and the decode by division
             # (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts at 4096, past both rules)
-            raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (with them it has "
-                             "not run clean on the H200): it needs num_q_stages=1, "
+            raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (with them "
+                             "it has not run clean on the H200): it needs num_q_stages=1, "
                              f"fast_divide_producer=False and fast_divide_consumers=False, got num_q_stages="
                              f"{self.num_q_stages}, fast_divide_producer={self.fast_divide_producer}, "
                              f"fast_divide_consumers={self.fast_divide_consumers}")

@@ -51,9 +51,9 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   K/V tile into both, the empty barriers count both CTAs' releases, and the launch runs in
   clusters of two through ``DirectLaunch``; that producer's waits and Q copies in inline PTX, no
   partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 launches (from S4k)
-  and d128's from S4096 to 8191, +0.3–0.6% paired; with the pairing +0.6–1.1% at d64 S32k); or the pair's K/V releases relayed by the producers, so
-  no consumer arrives on the peer (``relay_release``, ``_relay``: the default of the d128 pairs
-  from S8k, +0.6–2.2% paired);
+  and d128's from S4096 to 8191, +0.3–0.6% paired; with the pairing +0.6–1.1% at d64 S32k); or
+  the pair's K/V releases relayed by the producers, so no consumer arrives on the peer
+  (``relay_release``, ``_relay``: the default of the d128 pairs from S8k, +0.6–2.2% paired);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;
@@ -1726,7 +1726,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
-        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, MEET_BEFORE_PASS=cfg.meet_before_pass, OVERLAP_EPILOGUE=cfg.overlap_epilogue,
+        SKIP_EMPTY_ROWS=cfg.skip_empty_rows, MEET_BEFORE_PASS=cfg.meet_before_pass,
+        OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,

@@ -407,6 +407,9 @@ CENSUS_CONFIGS += [("d64-full-s4k-paired-odd", 64, False, {"_seqlen": 4096, "ski
 # the passing warpgroup's warps meeting before each turn's pass (meet_before_pass), which would let
 # those launches keep the skip, on the d64 S4k pair
 CENSUS_CONFIGS.append(("d64-full-s4k-paired-meet", 64, False, {"_seqlen": 4096, "meet_before_pass": True}))
+# a cluster pairing two consecutive tiles of the launch (cross_head_pairs): a pair across two
+# heads loads its own K/V, both halves, in each CTA
+CENSUS_CONFIGS.append(("d64-full-s4k-paired-cross", 64, False, {"_seqlen": 4096, "cross_head_pairs": True}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -901,6 +904,29 @@ def test_meet_before_pass_adds_a_barrier_to_the_passing_loops_only(census):
     assert row["spill_bytes"] == base["row"]["spill_bytes"] == 0
 
 
+def test_cross_head_pairs_change_the_producer_only(census):
+    # a pair across two heads copies both halves of each K/V tile into its own CTA: ptxas unswitches
+    # the producer's K/V loop on that (uniform) choice, so a pair within a head runs a loop of two
+    # multicast copies within a few instructions of the paired default's, and a solo pair one of
+    # four plain copies. The consumers' steady loop is the paired default's instruction for
+    # instruction, and no loop touches local memory
+    entry, base = census["d64-full-s4k-paired-cross"], census["d64-full-s4k-paired"]
+    row = entry["row"]
+    assert "error" not in row, row["error"]
+    assert row["config"]["cross_head_pairs"] and not base["row"]["config"]["cross_head_pairs"]
+    assert entry["multicast_copies"] == base["multicast_copies"] > 0
+    (base_loop,) = base["producer_loops"]
+    paired = [loop for loop in entry["producer_loops"] if loop["utmaldg"] == base_loop["utmaldg"]]
+    solo = [loop for loop in entry["producer_loops"] if loop["utmaldg"] == 2 * base_loop["utmaldg"]]
+    assert len(paired) == len(solo) == 1, entry["producer_loops"]
+    assert paired[0]["length"] <= base_loop["length"] + 8
+    assert entry["loop"] == base["loop"]
+    assert [loop["length"] for loop in entry["kv_loops"]][:6] == [loop["length"] for loop in base["kv_loops"]][:6]
+    assert all(loop["ldl"] == 0 for loop in entry["kv_loops"])
+    assert entry["remote_arrivals"] == base["remote_arrivals"]
+    assert row["spill_bytes"] == base["row"]["spill_bytes"] == 0
+
+
 def test_d128_paired_default_relays_and_keeps_the_unpaired_loop(census):
     # d128 non-causal from S8k pairs its CTAs and relays the pair's releases through the producers
     # (change 46): the consumers' steady loop is the unpaired kernel's (the remote arrivals moved
@@ -1282,6 +1308,49 @@ def test_kv_multicast_plan_pairs_q_tiles():
     assert (plan.num_full_tiles, plan.splits) == tail_split(plan.num_tiles, 66, 128)
     odd = fwd._plan(cfg, 1, 3 * 128 + 1, 1000, 2, 2, 128, 2, False, True, 132)
     assert odd.num_m_blocks == 2 and odd.grid == 2 * odd.num_items
+
+
+def test_cross_head_pairs_plan_pairs_the_launch_tiles():
+    # with cross_head_pairs a pair is two consecutive tiles of the whole launch: the decode divides
+    # by the per-head q-tile count, and the launch's tiles round up to whole pairs once, not once
+    # per head (d64 B8 H32 S4324: 23 q-tiles a head, 2944 pairs instead of 3072)
+    cfg = fwd.default_config(64, False, 4096)
+    assert cfg.kv_multicast and not cfg.lpt
+    cross = dataclasses.replace(cfg, cross_head_pairs=True)
+    cross.check(64)
+    within = fwd._plan(dataclasses.replace(cfg, cross_head_pairs=False), 8, 4324, 4324, 32, 32, 64, 2, False, True, 132)
+    plan = fwd._plan(cross, 8, 4324, 4324, 32, 32, 64, 2, False, True, 132)
+    assert within.num_m_blocks == 12 and within.num_tiles == 12 * 256
+    assert plan.num_m_blocks == 23 and plan.num_tiles == 23 * 256 // 2
+    assert plan.grid == 132 and plan.cluster_ctas == 2
+    # the kernel's num_m_blocks divisor is the per-head count
+    assert plan.ints[plan_ints_index("num_m_blocks")] == 23
+    # an odd launch total leaves one pair with a tile past the end: only then is the skip of empty
+    # rows off (fwd._skip_empty_rows); per-head odd counts no longer matter
+    for batch, heads, seqlen in ((8, 32, 4324), (1, 3, 4324), (1, 4, 17), (1, 3, 17), (3, 1, 192 * 4)):
+        tiles = triton.cdiv(seqlen, cross.block_m) * batch * heads
+        p = fwd._plan(cross, batch, seqlen, seqlen, heads, heads, 64, 2, False, True, 132)
+        assert p.num_tiles == triton.cdiv(tiles, 2)
+        assert p.constexprs["SKIP_EMPTY_ROWS"] == (tiles % 2 == 0), (batch, heads, seqlen)
+        assert p.build[-1] == p.constexprs["SKIP_EMPTY_ROWS"]
+
+
+def plan_ints_index(name):
+    """Where argument ``name`` sits in a plan's ``ints`` (the kernel's size arguments in order)."""
+    return fwd._SIZE_ARGS.index(name)
+
+
+def test_cross_head_pairs_need_the_plain_order_of_a_pair():
+    paired = fwd.default_config(64, False, 4096)
+    with pytest.raises(ValueError, match="cross_head_pairs"):
+        dataclasses.replace(paired, cross_head_pairs=True, lpt=True).check(64)
+    with pytest.raises(ValueError, match="cross_head_pairs"):
+        HopperFwdConfig(cross_head_pairs=True).check(64)
+    # a way of running a pair: unpairing a configuration drops it unless the change names it
+    cross = dataclasses.replace(paired, cross_head_pairs=True)
+    assert not fwd.replace_following(cross, 64, kv_multicast=False).cross_head_pairs
+    with pytest.raises(ValueError, match="cross_head_pairs"):
+        fwd.replace_following(cross, 64, kv_multicast=False, cross_head_pairs=True).check(64)
 
 
 def test_meet_before_pass_needs_the_skip_and_the_pingpong():
@@ -2535,6 +2604,37 @@ def test_gate_kv_multicast(head_dim, shape, way):
     # waits for ever
     _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way])
     _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way], **SPLIT_GRID)
+
+
+# pairs across heads (cross_head_pairs): odd q-tile counts a head with an even and an odd launch
+# total (the last pair's second tile past the end), one q-tile a head (every pair across two
+# heads), GQA where the two heads of a pair share a K/V head and where they do not
+CROSS_HEAD_SHAPES = MULTICAST_SHAPES + [
+    dict(batch=1, seqlen_q=500, seqlen_k=500, heads_q=3, heads_kv=3),
+    dict(batch=3, seqlen_q=17, seqlen_k=1000, heads_q=1, heads_kv=1),
+    dict(batch=2, seqlen_q=2000, seqlen_k=3001, heads_q=6, heads_kv=3),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", CROSS_HEAD_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_cross_head_pairs(head_dim, shape):
+    # a pair across two heads loads its own K/V in each CTA while the ring's barriers still count
+    # both CTAs: every tile is computed once, on the stride grid and with the split tail
+    _gate_forced(head_dim, shape, False, **_MULTICAST, **_UNSYNCED, cross_head_pairs=True)
+    _gate_forced(head_dim, shape, False, **_MULTICAST, **_UNSYNCED, cross_head_pairs=True, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_cross_head_pairs_match_the_pairs_within_a_head(head_dim):
+    # the same tiles with the same K/V in the same order, only paired otherwise: every bit agrees
+    # with the pairs within a head, run after run (BIT_CHECK_SHAPE: an odd q-tile count a head)
+    mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True, producer_unsynced=True)
+    _assert_same_bits_every_run(mc, dataclasses.replace(mc, cross_head_pairs=True), head_dim, seed=17)
 
 
 @pytest.mark.gpu

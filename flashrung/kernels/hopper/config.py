@@ -447,6 +447,14 @@ class HopperFwdConfig:
     # relays) inside the ring's slack. On by default on the d128 pairs from S8k, where it priced
     # KEEP (RELAY_RELEASE_NONCAUSAL_SEQLEN, change 46); NULL at d128 S4k and d64 S16k
     relay_release: bool = False
+    # with kv_multicast: a cluster takes two consecutive tiles of the launch's whole (batch, head,
+    # m-block) order, not two of one head. Where a head's q-tile count is odd, its last tile pairs
+    # with the next head's first, and that pair ("solo") loads its own K/V in each CTA, both halves,
+    # without multicast. Why: pairs within a head leave one CTA of the head's last pair without a
+    # tile — a CTA's whole K/V loop idle, one in cdiv(Sq, block_m) + 1 (d64 S4324: 23 q-tiles, the
+    # pairing read 0.982 over the unpaired kernel there, H200). Needs the plain tile order (the LPT
+    # order puts other heads' tiles next to each other)
+    cross_head_pairs: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -631,6 +639,10 @@ class HopperFwdConfig:
             raise ValueError("relay_release has the producers of a kv_multicast pair relay its K/V releases: it needs "
                              f"kv_multicast=True and thread_release=False, got kv_multicast={self.kv_multicast}, "
                              f"thread_release={self.thread_release}")
+        if self.cross_head_pairs and not (self.kv_multicast and not self.lpt):
+            raise ValueError("cross_head_pairs pairs consecutive tiles of the plain (batch, head, m-block) order "
+                             "across a cluster: it needs kv_multicast=True and lpt=False, got kv_multicast="
+                             f"{self.kv_multicast}, lpt={self.lpt}")
         if self.kv_multicast and not _can_multicast(self):
             raise ValueError("kv_multicast pairs neighbouring q-tiles on the stride schedule and releases K/V slots "
                              "to both CTAs in inline PTX: it needs asm_arrivals=True, balanced=False, "
@@ -1186,7 +1198,7 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
 
 
 # the switches that are ways of running a kv_multicast pair, and mean nothing without one
-PAIRED_ONLY = ("producer_unsynced", "relay_release")
+PAIRED_ONLY = ("producer_unsynced", "relay_release", "cross_head_pairs")
 
 
 def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:

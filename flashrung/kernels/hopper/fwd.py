@@ -165,7 +165,8 @@ from flashrung.kernels.hopper.schedule import (
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
-                                               join_cluster, kv_tensor_maps, load_half, load_q, max_active_clusters)
+                                               join_cluster, kv_tensor_maps, load_half, load_halves, load_q,
+                                               max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
                                             NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
                                             tile_end, tile_start)
@@ -382,6 +383,7 @@ class _Schedule:
     GATE_PV_WAIT: gl.constexpr   # FA4's order: PV's wait in a block of its own after the row max
     EARLY_EXP_QUARTERS: gl.constexpr  # FA4's order: quarters of the tile's keys exponentiated ahead of PV's wait
     MULTICAST: gl.constexpr      # kv_multicast: a cluster of two CTAs shares each K/V tile (multicast.py)
+    CROSS_HEAD_PAIRS: gl.constexpr  # cross_head_pairs: a cluster takes two consecutive tiles of the launch
     PRODUCER_WARPS: gl.constexpr
     ELEM_BYTES: gl.constexpr
     K_RING_AT: gl.constexpr      # kv_multicast: byte offsets of the K/V rings and their ready barriers,
@@ -422,16 +424,46 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
     """(tile_id, split, batch, q_head, m_block) of work item ``item`` (schedule.work_item and
     tile_coords), its divisions by multiply-high with ``FAST_DIV``."""
     tile_id, split = work_item(item, sz.num_full_tiles, sz.tail_splits, c.SPLIT_TAIL, FAST_DIV)
+    if c.CROSS_HEAD_PAIRS:
+        # the pair is tiles 2·tile_id and 2·tile_id + 1 of the launch's plain order, each CTA its
+        # own; past the launch's last tile (an odd total) lies a tile past the last head's rows
+        own = tile_id * _CLUSTER_CTAS + cta_rank()
+        decoded = gl.minimum(own, _tiles_in_launch(sz) - 1)
+    else:
+        decoded = tile_id
     if FAST_DIV:
-        b, h, m_block = fast_tile_coords(tile_id, sz.num_m_blocks, sz.batch_heads, sz.heads_q, sz.head_section,
+        b, h, m_block = fast_tile_coords(decoded, sz.num_m_blocks, sz.batch_heads, sz.heads_q, sz.head_section,
                                          sz.last_section, sz.per_section, c.LPT)
     else:
-        b, h, m_block = tile_coords(tile_id, sz.num_m_blocks.d, sz.batch_heads, sz.heads_q.d, sz.head_section.d,
+        b, h, m_block = tile_coords(decoded, sz.num_m_blocks.d, sz.batch_heads, sz.heads_q.d, sz.head_section.d,
                                     c.LPT)
-    if c.MULTICAST:
+    if c.CROSS_HEAD_PAIRS:
+        m_block += own - decoded
+    elif c.MULTICAST:
         # the schedule hands out pairs of q-tiles; each CTA of the cluster takes its own
         m_block = m_block * _CLUSTER_CTAS + cta_rank()
     return tile_id, split, b, h, m_block
+
+
+@gluon.jit
+def _tiles_in_launch(sz):
+    """Every (batch, head, m-block) tile of the launch."""
+    return sz.batch_heads * sz.num_m_blocks.d
+
+
+@gluon.jit
+def _solo_pair(tile_id, m_block, sz, c):
+    """With ``CROSS_HEAD_PAIRS``: whether pair ``tile_id``'s two tiles belong to different heads — a
+    head's last tile and the next head's first — so each CTA loads its own K/V (``m_block``: this
+    CTA's). Both CTAs answer alike: rank 0's tile is the last of its head exactly when rank 1's is
+    the first of the next (a tile past the launch's end is neither). False without the switch."""
+    if c.CROSS_HEAD_PAIRS:
+        own = tile_id * _CLUSTER_CTAS + cta_rank()
+        last_of_head = (m_block == sz.num_m_blocks.d - 1) & (own + 1 < _tiles_in_launch(sz))
+        solo = gl.where(cta_rank() == 0, last_of_head, m_block == 0)
+    else:
+        solo = False
+    return solo
 
 
 # --------------------------------------------------------------------------- producer
@@ -476,11 +508,12 @@ def _producer_wait(bars, idx, phase, SMEM_OFFSET: gl.constexpr, c):
 
 
 @gluon.jit
-def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, b, kv_head, j, count, c, sz,
+def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, b, kv_head, j, count, solo, c, sz,
                   KV: gl.constexpr):
     """K/V tile ``j`` into ring slot ``count % stages``: one box, or two (BLOCK_N then EXTRA_KEYS keys)
     completing the same barrier; with ``MULTICAST``, this CTA's half of it into both CTAs of the
-    cluster (``KV``: 0 for K, 1 for V, the tensor map and ring it names)."""
+    cluster, or in a ``solo`` pair (:func:`_solo_pair`) both halves into this CTA (``KV``: 0 for K,
+    1 for V, the tensor map and ring it names)."""
     idx, phase = ring_slot(count, c.NUM_KV_STAGES)
     # with MULTICAST the slot's empty barrier counts both CTAs' consumers: free in both; relayed,
     # it counts this CTA's, and the relay barrier the peer's
@@ -492,7 +525,18 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
         tmap = _tensor_map(sz, KV)
         RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
         ARM_AT: gl.constexpr = c.K_ARM_AT if KV == 0 else c.V_ARM_AT
-        load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
+        if c.CROSS_HEAD_PAIRS:
+            # one branch a copy, uniform across the item; a predicated second copy instead issued
+            # in every pair (census: d64's producer loop 54 -> 90 instructions)
+            if solo:
+                load_halves(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                            c.PRODUCER_WARPS)
+            else:
+                load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                          c.PRODUCER_WARPS)
+        else:
+            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                      c.PRODUCER_WARPS)
     elif c.EXTRA_KEYS > 0:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
@@ -534,6 +578,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
     ring count after it."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
     kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
+    solo = _solo_pair(tile_id, m_block, sz, c)
     row0 = m_block * c.BLOCK_M
     n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
@@ -545,7 +590,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         # the first K first: it streams while the previous tile still holds the Q buffers.
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, b,
-                      kv_head, first, count, c, sz, 0)
+                      kv_head, first, count, solo, c, sz, 0)
         _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
@@ -554,21 +599,21 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
-                              sh.k_relay_bars, b, kv_head, t, base + j, c, sz, 0)
+                              sh.k_relay_bars, b, kv_head, t, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
-                              sh.v_relay_bars, b, kv_head, prev, base + j - 1, c, sz, 1)
+                              sh.v_relay_bars, b, kv_head, prev, base + j - 1, solo, c, sz, 1)
                 prev = t
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
-                          kv_head, prev, base + kv_hi - 1, c, sz, 1)
+                          kv_head, prev, base + kv_hi - 1, solo, c, sz, 1)
         else:
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
-                          kv_head, first, count, c, sz, 1)
+                          kv_head, first, count, solo, c, sz, 1)
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
-                              sh.k_relay_bars, b, kv_head, t, base + j, c, sz, 0)
+                              sh.k_relay_bars, b, kv_head, t, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
-                              sh.v_relay_bars, b, kv_head, t, base + j, c, sz, 1)
+                              sh.v_relay_bars, b, kv_head, t, base + j, solo, c, sz, 1)
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
@@ -1544,7 +1589,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
                      HOIST_SMEM_BASE: gl.constexpr, GATE_PV_WAIT: gl.constexpr,
-                     EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr, PRODUCER_WARPGROUP: gl.constexpr,
+                     EARLY_EXP_QUARTERS: gl.constexpr, MULTICAST: gl.constexpr, CROSS_HEAD_PAIRS: gl.constexpr,
+                     PRODUCER_WARPGROUP: gl.constexpr,
                      K_RING_AT: gl.constexpr, V_RING_AT: gl.constexpr, K_ARM_AT: gl.constexpr, V_ARM_AT: gl.constexpr,
                      PRODUCER_UNSYNCED: gl.constexpr, Q_BUFS_AT: gl.constexpr, Q_ARM_AT: gl.constexpr,
                      Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
@@ -1650,6 +1696,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
                   V_READY_AT=V_READY_AT, TURN_WAIT_AT=TURN_WAIT_AT, HOIST_SMEM_BASE=HOIST_SMEM_BASE,
                   GATE_PV_WAIT=GATE_PV_WAIT, EARLY_EXP_QUARTERS=EARLY_EXP_QUARTERS, MULTICAST=MULTICAST,
+                  CROSS_HEAD_PAIRS=CROSS_HEAD_PAIRS,
                   PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
                   Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
@@ -1738,7 +1785,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},
         HOIST_SMEM_BASE=cfg.hoist_smem_base, GATE_PV_WAIT=cfg.gate_pv_wait,
-        EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast,
+        EARLY_EXP_QUARTERS=cfg.early_exp_quarters, MULTICAST=cfg.kv_multicast, CROSS_HEAD_PAIRS=cfg.cross_head_pairs,
         PRODUCER_WARPGROUP=cfg.producer_warpgroup, PRODUCER_UNSYNCED=cfg.producer_unsynced,
         RELAY_RELEASE=cfg.relay_release,
         CONSUMER_REGS=cfg.consumer_regs,
@@ -1755,21 +1802,25 @@ def _first_mask_on_need(cfg: HopperFwdConfig, causal: bool, key_tail: bool) -> b
     return cfg.first_mask_on_need and (causal or not key_tail)
 
 
-def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int) -> bool:
+def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int, batch_heads: int) -> bool:
     """The kernel's SKIP_EMPTY_ROWS for one launch: the config's switch, except on a ``kv_multicast``
-    launch with an odd count of q-tiles, whose last pair's second tile lies wholly past the
-    sequence, so that every consumer of its CTA would skip (unless ``meet_before_pass``).
+    launch with a pair whose second tile lies wholly past the sequence, so that every consumer of
+    its CTA would skip (unless ``meet_before_pass``): an odd count of q-tiles per head, or with
+    ``cross_head_pairs`` an odd count in the whole launch (``batch_heads`` columns of them).
 
     Why: such launches hung on the H200 with the skip — the d64 non-causal default at B8 H32
     S4324 (23 q-tiles) in 3 of 3 runs, the pairing forced at S2048 (11) in 5 of 9 with Gluon's
     producer — and ran clean without it (3 × 1500–2000 calls each, bit-identical); even counts
     ran clean with it (docs/hopper.md, *A pair with a tile past the sequence*). The mechanism that
-    fits, derived from the SASS and not measured: with every consumer of a CTA passing tiles, no
-    wgmma holds a warpgroup's warps together between a turn's wait and thread 0's pass, and the
-    token can complete a turn barrier twice before a lagging warp has read it by parity
-    (``config.meet_before_pass``). Without the skip, an empty warpgroup runs its GEMMs on zero rows
-    and stores nothing: once per head, one tile's warpgroups without rows lose their rest."""
-    pair_has_empty_tile = cfg.kv_multicast and triton.cdiv(seqlen_q, cfg.block_m) % CLUSTER_CTAS != 0
+    fits, derived from the SASS: with every consumer of a CTA passing tiles, no wgmma holds a
+    warpgroup's warps together between a turn's wait and thread 0's pass, and the token can
+    complete a turn barrier twice before a lagging warp has read it by parity; with
+    ``config.meet_before_pass`` the S4324 default ran clean (3 of 3). Without the skip, an empty
+    warpgroup runs its GEMMs on zero rows and stores nothing."""
+    tiles = triton.cdiv(seqlen_q, cfg.block_m)
+    if cfg.cross_head_pairs:
+        tiles *= batch_heads
+    pair_has_empty_tile = cfg.kv_multicast and tiles % CLUSTER_CTAS != 0
     return cfg.skip_empty_rows and (cfg.meet_before_pass or not pair_has_empty_tile)
 
 
@@ -1917,11 +1968,16 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
 
-    With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs)
+    With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
+    with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
     and its persistent workers are clusters of two; ``grid`` counts CTAs."""
     pair = CLUSTER_CTAS if cfg.kv_multicast else 1
-    num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m * pair)
-    num_tiles = num_m_blocks * batch * heads_q
+    if cfg.cross_head_pairs:
+        num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+        num_tiles = triton.cdiv(num_m_blocks * batch * heads_q, pair)
+    else:
+        num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m * pair)
+        num_tiles = num_m_blocks * batch * heads_q
     num_full_tiles, splits = num_tiles, 1
     resident = None
     if sm_count is not None:
@@ -1946,7 +2002,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
-    constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q)
+    constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
     build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,

@@ -104,28 +104,41 @@ def load_q(tmap_addr, slot, row0, h, b, BUFS_AT: gl.constexpr, READY_AT: gl.cons
 
 
 @gluon.constexpr_function
-def _copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, half_rows=0, half_bytes=0):
+def _copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, half_rows=0, half_bytes=0,
+              both_halves=False):
     # $1: the thread's index in the producer, $2: the tensor map's global address, $3: the slot,
     # $4: the box's first row, $5: the head, $6: the batch; with ``half_rows`` (multicast), $7: this
     # CTA's rank. The producer's thread 0 arms its own ready barrier for the whole tile and copies
     # it in ``chunks`` 128-B column chunks. Triton lays a [rows, D] NVMMA tile out as column chunks
     # of [rows, 64 bf16] one after the other (its own TMA copy issues one box per chunk at
-    # chunk · rows · 128 B). Multicast (K/V): the copy is this CTA's half — rows
-    # [rank · half_rows, +half_rows) — into the same offset of both CTAs, and a half's rows sit at
-    # rank · half_bytes inside each chunk; the half is a multiple of the 1024-B swizzle period, so
-    # the swizzle agrees. Without it (Q): the whole box into this CTA alone
-    multicast = half_rows > 0
+    # chunk · rows · 128 B).
+    # Multicast (K/V): the copy is this CTA's half — rows [rank · half_rows, +half_rows) — into the
+    # same offset of both CTAs, and a half's rows sit at rank · half_bytes inside each chunk; the
+    # half is a multiple of the 1024-B swizzle period, so the swizzle agrees. With ``both_halves``
+    # (a solo pair, K/V): both halves into this CTA alone. Without either (Q): the whole box into
+    # this CTA alone
+    multicast = half_rows > 0 and not both_halves
     suffix = ".multicast::cluster" if multicast else ""
-    row = "row" if multicast else "$4"
     tail = ", mask" if multicast else ""
-    copies = []
-    for chunk in range(chunks):
-        if chunk:
-            copies.append(f"add.u32 dst, dst, {chunk_bytes}; ")
-        copies.append(
-            f"@leader cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix} "
-            f"[dst], [$2, {{{chunk * chunk_cols}, $5, {row}, $6}}], [ready]{tail}; ")
-    if multicast:
+
+    def copy_chunks(pred, dst, row):
+        out = []
+        for chunk in range(chunks):
+            if chunk:
+                out.append(f"add.u32 {dst}, {dst}, {chunk_bytes}; ")
+            out.append(
+                f"@{pred} cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes{suffix} "
+                f"[{dst}], [$2, {{{chunk * chunk_cols}, $5, {row}, $6}}], [ready]{tail}; ")
+        return out
+
+    copies = copy_chunks("leader", "dst", "row" if multicast else "$4")
+    if both_halves:
+        # a solo pair's copy: both halves of the K/V tile, each into this CTA alone, where the
+        # multicast copies of the pair place them (the ready barrier's bytes are the same)
+        regs = ".reg .b32 base, ready, dst, dst2, row2; "
+        half = f"add.u32 dst2, dst, {half_bytes}; add.u32 row2, $4, {half_rows}; "
+        copies += copy_chunks("leader", "dst2", "row2")
+    elif multicast:
         regs = ".reg .b32 base, ready, dst, row; .reg .b16 mask; "
         half = (f"mad.lo.u32 dst, $7, {half_bytes}, dst; mad.lo.u32 row, $7, {half_rows}, $4; "
                 f"mov.u16 mask, {PAIR_MASK}; ")
@@ -152,10 +165,29 @@ def load_half(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT:
     row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
     gl.inline_asm_elementwise(
         _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
-                       chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
+                  chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
         "=r,r,l,r,r,r,r,r",
         [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,
          zeros + key0, zeros + kv_head, zeros + b, zeros + cta_rank()],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def load_halves(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr,
+                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
+    """:func:`load_half` for a pair whose CTAs read different heads (``cross_head_pairs``): both
+    halves of the tile into slot ``idx`` of this CTA alone, through the same half-tile map."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
+    threads: gl.constexpr = WARPS * _THREADS_PER_WARP
+    zeros = gl.full([threads], 0, gl.int32, layout)
+    chunk_cols: gl.constexpr = _SWIZZLE_BYTES // ELEM_BYTES
+    row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
+    gl.inline_asm_elementwise(
+        _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+                  chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES, True),
+        "=r,r,l,r,r,r,r",
+        [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,
+         zeros + key0, zeros + kv_head, zeros + b],
         dtype=gl.int32, is_pure=False, pack=1)
 
 

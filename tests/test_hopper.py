@@ -407,9 +407,8 @@ CENSUS_CONFIGS += [("d64-full-s4k-paired-odd", 64, False, {"_seqlen": 4096, "ski
 # the passing warpgroup's warps meeting before each turn's pass (meet_before_pass), which would let
 # those launches keep the skip, on the d64 S4k pair
 CENSUS_CONFIGS.append(("d64-full-s4k-paired-meet", 64, False, {"_seqlen": 4096, "meet_before_pass": True}))
-# a cluster pairing two consecutive tiles of the launch (cross_head_pairs): a pair across two
-# heads loads its own K/V, both halves, in each CTA
-CENSUS_CONFIGS.append(("d64-full-s4k-paired-cross", 64, False, {"_seqlen": 4096, "cross_head_pairs": True}))
+# the d64 pairs as they were before change 49: two tiles of one head (no cross_head_pairs)
+CENSUS_CONFIGS.append(("d64-full-s4k-paired-within", 64, False, {"_seqlen": 4096, "cross_head_pairs": False}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
 CENSUS_CONFIGS.append(("d256-full-whole-tiles", 256, False, {"_key_tail": False}))
 # a 192-key K/V tile (128 + 64 extra keys) on FA4's schedule, O staged in Q's buffer (shared
@@ -905,12 +904,13 @@ def test_meet_before_pass_adds_a_barrier_to_the_passing_loops_only(census):
 
 
 def test_cross_head_pairs_change_the_producer_only(census):
-    # a pair across two heads copies both halves of each K/V tile into its own CTA: ptxas unswitches
+    # the d64 pairs take two consecutive tiles of the launch (change 49), and a pair across two
+    # heads copies both halves of each K/V tile into its own CTA: ptxas unswitches
     # the producer's K/V loop on that (uniform) choice, so a pair within a head runs a loop of two
     # multicast copies within a few instructions of the paired default's, and a solo pair one of
     # four plain copies. The consumers' steady loop is the paired default's instruction for
     # instruction, and no loop touches local memory
-    entry, base = census["d64-full-s4k-paired-cross"], census["d64-full-s4k-paired"]
+    entry, base = census["d64-full-s4k-paired"], census["d64-full-s4k-paired-within"]
     row = entry["row"]
     assert "error" not in row, row["error"]
     assert row["config"]["cross_head_pairs"] and not base["row"]["config"]["cross_head_pairs"]
@@ -1315,9 +1315,11 @@ def test_cross_head_pairs_plan_pairs_the_launch_tiles():
     # by the per-head q-tile count, and the launch's tiles round up to whole pairs once, not once
     # per head (d64 B8 H32 S4324: 23 q-tiles a head, 2944 pairs instead of 3072)
     cfg = fwd.default_config(64, False, 4096)
-    assert cfg.kv_multicast and not cfg.lpt
-    cross = dataclasses.replace(cfg, cross_head_pairs=True)
+    assert cfg.kv_multicast and not cfg.lpt and cfg.cross_head_pairs
+    cross = cfg
     cross.check(64)
+    # d128's pairs stay within a head (its census: the consumers' loop rescheduled)
+    assert not fwd.default_config(128, False, 4096).cross_head_pairs
     within = fwd._plan(dataclasses.replace(cfg, cross_head_pairs=False), 8, 4324, 4324, 32, 32, 64, 2, False, True, 132)
     plan = fwd._plan(cross, 8, 4324, 4324, 32, 32, 64, 2, False, True, 132)
     assert within.num_m_blocks == 12 and within.num_tiles == 12 * 256
@@ -1366,9 +1368,11 @@ def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows()
     # an odd count of q-tiles leaves a pair whose second tile lies wholly past the sequence; with
     # skip_empty_rows such launches hung on the H200 (d64 S4324, S2048), so their build computes
     # the empty rows (change 48). Even counts, unpaired launches and a config without the skip
-    # are unchanged, and the build (what picks the compiled kernel) tells the two apart
+    # are unchanged, and the build (what picks the compiled kernel) tells the two apart. Pairs
+    # within a head (d128's; d64's before change 49, whose launch-wide count is
+    # test_cross_head_pairs_plan_pairs_the_launch_tiles')
     for d in (64, 128):
-        cfg = fwd.default_config(d, False, 4096)
+        cfg = dataclasses.replace(fwd.default_config(d, False, 4096), cross_head_pairs=False)
         assert cfg.kv_multicast and cfg.skip_empty_rows
         for seqlen in (4096, 4224, 4324, 4416, 8320, 17, 1):
             plan = fwd._plan(cfg, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132)
@@ -1379,11 +1383,11 @@ def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows()
             assert fwd._plan(unpaired, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
             off = dataclasses.replace(cfg, skip_empty_rows=False)
             assert not fwd._plan(off, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
-            # the warps meeting before each pass (the hazard's fix, not yet run on the H200) keep it
+            # the warps meeting before each pass (the hazard's fix, soaked clean at d64 S4324) keep it
             meet = dataclasses.replace(cfg, meet_before_pass=True)
             assert fwd._plan(meet, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
     # the count that matters is the query's: keys do not pair
-    cfg = fwd.default_config(64, False, 4096)
+    cfg = dataclasses.replace(fwd.default_config(64, False, 4096), cross_head_pairs=False)
     assert not fwd._plan(cfg, 1, 4324, 4096, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
     assert fwd._plan(cfg, 1, 4096, 4324, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
 

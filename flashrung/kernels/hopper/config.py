@@ -453,7 +453,8 @@ class HopperFwdConfig:
     # without multicast. Why: pairs within a head leave one CTA of the head's last pair without a
     # tile — a CTA's whole K/V loop idle, one in cdiv(Sq, block_m) + 1 (d64 S4324: 23 q-tiles, the
     # pairing read 0.982 over the unpaired kernel there, H200). Needs the plain tile order (the LPT
-    # order puts other heads' tiles next to each other)
+    # order puts other heads' tiles next to each other). On by default on the d64 pairs
+    # (CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN, change 49)
     cross_head_pairs: bool = False
 
     @property
@@ -1129,6 +1130,18 @@ PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, FA4_ORDER
 # 1.0026 (NULL) (h200-compare-relay-release-*-6f7c09a.json).
 RELAY_RELEASE_NONCAUSAL_SEQLEN = {128: (FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128], 1 << 62)}
 
+# A cluster's pair as two consecutive tiles of the launch (cross_head_pairs), so a head with an odd
+# count of q-tiles leaves no CTA without a tile. Paired on the H200 over the paired default
+# (pairs within a head), preheated 150 ms (t_keep 1.002164), bf16 d64 H32 non-causal, both gates
+# passed: B8 S4324 (23 q-tiles of 192 rows a head) 1.0340 / 1.0384, B2 S8192 (43) 1.0260 / 1.0256
+# (KEEP; the pairs within a head had read 0.982 against the unpaired kernel at S4324). Predicted
+# from the idle CTAs alone, 1/24 and 1/44 of the CTA-time: 4.2% and 2.3%
+# (h200-compare-cross-head-d64-full-s{4324,8192}-70cc28e.json). Even counts (S4096, S16384) pair
+# as before, through the same decode. Not at d128: there the producer's branch between the two
+# copies made ptxas reschedule the consumers' steady loop (census, d128 S16k: 488 -> 573
+# instructions, 68 B of spill) — and d128's 128-row tiles give its power-of-two lengths even counts
+CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN = {64: KV_MULTICAST_NONCAUSAL_SEQLEN[64]}
+
 
 @functools.lru_cache(maxsize=None)
 def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_tail: bool,
@@ -1137,7 +1150,8 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
             rescale_by_warp: bool, asm_arrivals: bool = False, fa4_named: bool = False,
             fa3_named: bool = False, gate_pv_wait: bool = False,
             mask_first_always: bool = False, kv_multicast: bool = False,
-            producer_unsynced: bool = False, relay_release: bool = False) -> HopperFwdConfig:
+            producer_unsynced: bool = False, relay_release: bool = False,
+            cross_head_pairs: bool = False) -> HopperFwdConfig:
     base = dataclasses.replace(_BY_HEAD_DIM[head_dim], **_LEVERS.get((head_dim, causal), {}))
     if rescale_by_warp:
         base = dataclasses.replace(base, rescale_threshold=DEFAULT_RESCALE_THRESHOLD, rescale_by_warp=True,
@@ -1162,6 +1176,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                fast_divide_consumers=fast_divide, skip_unseen_half=skip_unseen_half,
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
                                producer_unsynced=producer_unsynced, relay_release=relay_release,
+                               cross_head_pairs=cross_head_pairs,
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1183,8 +1198,9 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
     re-derived; a derived field named in ``changes`` keeps the value given. A default
     ``kv_multicast`` steps aside for a change it cannot run with (the staggered sweep, Gluon's
-    arrivals, ...), and a default ``producer_unsynced`` for a second Q buffer or the multiply-high
-    decode, unless the change names it too (then check() refuses)."""
+    arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
+    decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
+    (then check() refuses)."""
     out = dataclasses.replace(cfg, **changes)
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
@@ -1194,6 +1210,9 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
         # a second Q buffer or the multiply-high decode forced on a paired default: the pair keeps
         # Gluon's producer (check() refuses the unsynced one beside them)
         out = dataclasses.replace(out, producer_unsynced=False)
+    if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
+        # the LPT order forced on a paired default: its pairs stay within a head
+        out = dataclasses.replace(out, cross_head_pairs=False)
     return unpaired_producer_follows(out, changes)
 
 
@@ -1259,8 +1278,11 @@ def select_config(problem) -> HopperFwdConfig:
     producer_unsynced = kv_multicast and pu_first <= seqlen <= pu_last
     rr_first, rr_last = RELAY_RELEASE_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
     relay_release = kv_multicast and rr_first <= seqlen <= rr_last
+    ch_first, ch_last = CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    cross_head_pairs = kv_multicast and ch_first <= seqlen <= ch_last
     return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release)
+                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
+                   cross_head_pairs)

@@ -87,9 +87,11 @@ def test_soak_of_a_paired_default_completes_with_identical_outputs(tmp_path):
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU (hopper.fwd)")
 @pytest.mark.parametrize("headdim, heads, seqlen", [(64, 32, 4324), (128, 16, 4146)])
 def test_soak_of_a_pair_whose_last_tile_lies_past_the_sequence(tmp_path, headdim, heads, seqlen):
-    # an odd count of q-tiles (23 of 192 rows, 33 of 128): the last pair's second tile has no rows.
-    # With skip_empty_rows the d64 default hung here on the H200 in 3 of 3 runs, two on the first
-    # call; such a launch now computes the empty rows (change 48)
+    # an odd count of q-tiles a head (23 of 192 rows, 33 of 128). Paired within a head (d128's
+    # default), the last pair's second tile has no rows: with skip_empty_rows the d64 default hung
+    # here on the H200 in 3 of 3 runs, two on the first call, and such a launch now computes the
+    # empty rows (change 48). d64's default pairs across heads (change 49): every head's last tile
+    # pairs with the next head's first, each CTA loading its own K/V
     assert _soak_verdicts(tmp_path, ["--batch", "8", "--seqlen", str(seqlen), "--heads", str(heads),
                                      "--headdim", str(headdim), "--calls", "500", "--check-every", "100",
                                      "--runs", "2"]) == [("ok", 500), ("ok", 500)]

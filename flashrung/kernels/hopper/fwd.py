@@ -53,7 +53,10 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   partition ``bar.sync`` (``producer_unsynced``: the default of the paired d64 launches (from S4k)
   and d128's from S4096 to 8191, +0.3–0.6% paired; with the pairing +0.6–1.1% at d64 S32k); or
   the pair's K/V releases relayed by the producers, so no consumer arrives on the peer
-  (``relay_release``, ``_relay``: the default of the d128 pairs from S8k, +0.6–2.2% paired);
+  (``relay_release``, ``_relay``: the default of the d128 pairs from S8k, +0.6–2.2% paired); at
+  d64 a pair is two consecutive tiles of the launch, so a head with an odd q-tile count leaves no
+  CTA idle — a pair across two heads loads its own K/V in each CTA (``cross_head_pairs``,
+  ``_solo_pair``, ``multicast.load_halves``: +2.6–3.8% paired at odd counts);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;

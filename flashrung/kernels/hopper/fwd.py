@@ -56,7 +56,7 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``relay_release``, ``_relay``: the default of the d128 pairs from S8k, +0.6–2.2% paired); at
   d64 a pair is two consecutive tiles of the launch, so a head with an odd q-tile count leaves no
   CTA idle — a pair across two heads loads its own K/V in each CTA (``cross_head_pairs``,
-  ``_solo_pair``, ``multicast.load_halves``: +2.6–3.8% paired at odd counts);
+  ``_solo_pair``, ``multicast.load_half``: +2.6–3.8% paired at odd counts);
 * the overlapped K/V loop may carry its ring slot and phase from step to step
   (``carry_ring_slot``, ``pipeline.next_ring_slot``: measured, off) instead of recomputing both
   from the ring count;
@@ -168,8 +168,7 @@ from flashrung.kernels.hopper.schedule import (
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
-                                               join_cluster, kv_tensor_maps, load_half, load_halves, load_q,
-                                               max_active_clusters)
+                                               join_cluster, kv_tensor_maps, load_half, load_q, max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
                                             NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
                                             tile_end, tile_start)
@@ -532,8 +531,8 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
             # one branch a copy, uniform across the item; a predicated second copy instead issued
             # in every pair (census: d64's producer loop 54 -> 90 instructions)
             if solo:
-                load_halves(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
-                            c.PRODUCER_WARPS)
+                load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                          c.PRODUCER_WARPS, True)
             else:
                 load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
                           c.PRODUCER_WARPS)

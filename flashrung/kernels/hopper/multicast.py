@@ -154,41 +154,34 @@ def _copy_asm(bufs_at, ready_at, tile_bytes, chunk_bytes, chunks, chunk_cols, ha
 
 @gluon.jit
 def load_half(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr,
-              ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
+              ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr,
+              BOTH_HALVES: gl.constexpr = False):
     """Arm ring slot ``idx``'s ready barrier for a whole ``ROWS``-key tile and multicast this CTA's
     half of keys ``[key0, key0 + ROWS)`` into slot ``idx`` of both CTAs (``BUFS_AT``, ``READY_AT``:
-    the byte offsets of the ring's buffers and ready barriers in shared memory)."""
+    the byte offsets of the ring's buffers and ready barriers in shared memory). With
+    ``BOTH_HALVES`` (a pair whose CTAs read different heads, ``cross_head_pairs``): both halves
+    into slot ``idx`` of this CTA alone, through the same half-tile map."""
     layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
     threads: gl.constexpr = WARPS * _THREADS_PER_WARP
     zeros = gl.full([threads], 0, gl.int32, layout)
     chunk_cols: gl.constexpr = _SWIZZLE_BYTES // ELEM_BYTES
     row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
-    gl.inline_asm_elementwise(
-        _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
-                  chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
-        "=r,r,l,r,r,r,r,r",
-        [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,
-         zeros + key0, zeros + kv_head, zeros + b, zeros + cta_rank()],
-        dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def load_halves(tmap_addr, idx, key0, kv_head, b, BUFS_AT: gl.constexpr, READY_AT: gl.constexpr,
-                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, ELEM_BYTES: gl.constexpr, WARPS: gl.constexpr):
-    """:func:`load_half` for a pair whose CTAs read different heads (``cross_head_pairs``): both
-    halves of the tile into slot ``idx`` of this CTA alone, through the same half-tile map."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [_THREADS_PER_WARP], [WARPS], [0])
-    threads: gl.constexpr = WARPS * _THREADS_PER_WARP
-    zeros = gl.full([threads], 0, gl.int32, layout)
-    chunk_cols: gl.constexpr = _SWIZZLE_BYTES // ELEM_BYTES
-    row_bytes: gl.constexpr = HEAD_DIM * ELEM_BYTES
-    gl.inline_asm_elementwise(
-        _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
-                  chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES, True),
-        "=r,r,l,r,r,r,r",
-        [gl.arange(0, threads, layout=layout), gl.full([threads], 0, gl.int64, layout) + tmap_addr, zeros + idx,
-         zeros + key0, zeros + kv_head, zeros + b],
-        dtype=gl.int32, is_pure=False, pack=1)
+    thread = gl.arange(0, threads, layout=layout)
+    tmap = gl.full([threads], 0, gl.int64, layout) + tmap_addr
+    if BOTH_HALVES:
+        # no rank: each CTA copies both halves
+        gl.inline_asm_elementwise(
+            _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+                      chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES, True),
+            "=r,r,l,r,r,r,r", [thread, tmap, zeros + idx, zeros + key0, zeros + kv_head, zeros + b],
+            dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            _copy_asm(BUFS_AT, READY_AT, ROWS * row_bytes, ROWS * _SWIZZLE_BYTES, row_bytes // _SWIZZLE_BYTES,
+                      chunk_cols, ROWS // 2, ROWS // 2 * _SWIZZLE_BYTES),
+            "=r,r,l,r,r,r,r,r",
+            [thread, tmap, zeros + idx, zeros + key0, zeros + kv_head, zeros + b, zeros + cta_rank()],
+            dtype=gl.int32, is_pure=False, pack=1)
 
 
 # --------------------------------------------------------------------------- host

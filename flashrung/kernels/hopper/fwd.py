@@ -2148,8 +2148,9 @@ def _decode_sizes(heads_q: int, group: int, num_m_blocks: int, batch_heads: int,
 def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
     """Compile (into Triton's cache) what :func:`forward` will run for this configuration, without
     launching: the sizes are runtime arguments, so one compile serves every shape — two for a
-    ``kv_multicast`` configuration, whose launches with an odd count of q-tiles build without the
-    skip of empty rows (:func:`_skip_empty_rows`); the build of even counts is returned. Needs a
+    ``kv_multicast`` configuration, whose launches with a pair past the sequence (an odd count of
+    q-tiles a head, or with ``cross_head_pairs`` in the launch) build without the skip of empty
+    rows (:func:`_skip_empty_rows`); the build of even counts is returned. Needs a
     CUDA driver (the target is queried from it); the tensors stay on the CPU."""
     cfg.check(head_dim, torch.empty((), dtype=dtype).element_size())
     k = torch.empty((1, cfg.block_n, 1, head_dim), dtype=dtype)
@@ -2381,7 +2382,7 @@ def census_specs():
     the kernel (``balanced`` does: the CTA reads its list). A non-causal configuration comes twice:
     built for a launch with a key tail, and for one whose keys fill their K/V tiles (every
     benchmark row), whose first tile is not masked (``_first_mask_on_need``); a paired one comes
-    twice more, built for a launch with an odd count of q-tiles (``_skip_empty_rows``)."""
+    twice more, built for a launch with a pair past the sequence (``_skip_empty_rows``)."""
     specs, seen = [], set()
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
@@ -2391,7 +2392,7 @@ def census_specs():
                 if kernel not in seen:
                     seen.add(kernel)
                     tails = (True, False) if cfg.first_mask_on_need and not causal else (True,)
-                    # a paired launch with an odd count of q-tiles builds its kernel without the
+                    # a paired launch with a pair past the sequence builds its kernel without the
                     # skip of empty rows (_skip_empty_rows); a launch with a key tail runs the
                     # configuration of a problem with one
                     skips = (True, False) if cfg.kv_multicast and cfg.skip_empty_rows else (True,)

@@ -527,16 +527,13 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
         tmap = _tensor_map(sz, KV)
         RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
         ARM_AT: gl.constexpr = c.K_ARM_AT if KV == 0 else c.V_ARM_AT
-        if c.CROSS_HEAD_PAIRS:
-            # a branch, uniform across the item, which ptxas unswitches the producer's loop on; a
-            # predicated second copy would issue in every pair (census: d64's loop 54 -> 90
-            # instructions, against 58 in a pair within a head this way)
-            if solo:
-                load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
-                          c.PRODUCER_WARPS, True)
-            else:
-                load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
-                          c.PRODUCER_WARPS)
+        # ``solo`` is a constant False without CROSS_HEAD_PAIRS, and the branch vanishes. With it, a
+        # branch uniform across the item, which ptxas unswitches the producer's loop on; a
+        # predicated second copy would issue in every pair (census: d64's loop 54 -> 90
+        # instructions, against 58 in a pair within a head this way)
+        if solo:
+            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+                      c.PRODUCER_WARPS, True)
         else:
             load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
                       c.PRODUCER_WARPS)

@@ -1251,16 +1251,19 @@ def test_producer_unsynced_is_refused_beside_two_q_buffers_or_the_multiply_high_
 
 
 @pytest.mark.parametrize("head_dim, seqlen, paired, unsynced, relay", [
-    (64, 4095, False, False, False), (64, 4096, True, True, False), (64, 16384, True, True, False),
+    (64, 1024, False, False, False), (64, 2047, False, False, False), (64, 2048, True, False, False),
+    (64, 2049, True, True, False), (64, 3071, True, True, False), (64, 3072, True, True, False),
+    (64, 4095, True, True, False), (64, 4096, True, True, False), (64, 16384, True, True, False),
     (64, 16385, True, True, False), (64, 32768, True, True, False), (64, 1 << 20, True, True, False),
     (128, 4095, False, False, False), (128, 4096, True, True, False),
     (128, 6143, True, True, False), (128, 6144, True, True, False), (128, 8191, True, True, False),
     (128, 8192, True, False, True), (128, 8193, True, False, True), (128, 16384, True, False, True),
     (128, 1 << 20, True, False, True), (256, 8192, False, False, False)])
 def test_paired_ways_follow_the_measured_rule(head_dim, seqlen, paired, unsynced, relay):
-    # the pairing where it priced KEEP (d64 from S4k; d128 from S4k, past S8k with the relay); the
-    # paired producer waits and copies Q in inline PTX where that priced KEEP over Gluon's (d64
-    # S4k, S16k and S32k, d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL), where
+    # the pairing where it priced KEEP (d64 from S2k — NULL at S1536, REVERT on the short tile at
+    # S1k; d128 from S4k, past S8k with the relay); the paired producer waits and copies Q in inline
+    # PTX where that priced KEEP over Gluon's (d64 S2560-S32k, not with S2048's two Q buffers and
+    # multiply-high decode; d128 S4k and S6144 in FA3's order), not on d128's FA4 order (S8k: NULL), where
     # the producers relay the pair's releases instead (S8k-S32k: KEEP); never on a causal problem
     # (never paired); unpairing the default, by name or by a change the pairing cannot run with,
     # drops both switches and leaves a configuration check() accepts
@@ -2219,6 +2222,27 @@ def test_gate_defaults_between_1k_and_4k(head_dim, causal, batch, seqlen_q, seql
     # `flashrung check` jumps from 1000 to 4097
     _gate(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
           head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, heads_q, heads_kv, two_q", [
+    (1, 2048, 2048, 1, 1, True),    # two Q buffers, Gluon's producer; 11 q-tiles: an odd launch total
+    (2, 2049, 2049, 3, 3, False),   # one Q buffer, the unsynced producer; a 1-row consumer in each last tile
+    (1, 2100, 2100, 4, 2, False),   # GQA: 11 q-tiles a head, pairs across heads, two of them on one K/V head
+    (1, 3000, 2100, 2, 1, False),   # MQA, Sq > Sk (the longer decides), key tail
+    (1, 1000, 3500, 2, 2, False),   # Sq < Sk: 6 q-tiles a head
+])
+def test_gate_d64_paired_default_from_2k(batch, seqlen_q, seqlen_k, heads_q, heads_kv, two_q):
+    # d64 non-causal pairs its CTAs from 2k (change 50): at S2048 beside two Q buffers and the
+    # multiply-high decode (with Gluon's producer, which check() requires there), from 2049 on one Q
+    # buffer with the unsynced producer — odd and even launch totals, row and key tails, GQA/MQA,
+    # Sq != Sk, against the oracle
+    cfg = select_config(_problem(head_dim=64, head_dim_v=64, causal=False, seqlen_q=seqlen_q, seqlen_k=seqlen_k))
+    assert cfg.kv_multicast and cfg.cross_head_pairs and not cfg.stagger_kv
+    assert (cfg.num_q_stages == 2) is two_q and cfg.producer_unsynced is not two_q
+    _gate(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=64,
+          dtype=torch.bfloat16, causal=False)
 
 
 @pytest.mark.gpu

@@ -630,7 +630,7 @@ class HopperFwdConfig:
             # now build without the skip (fwd._skip_empty_rows, change 48). The two are still
             # refused here: with them the unsynced producer has not run clean at any length since.
             # Every default with it has one Q buffer and the decode by division
-            # (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts at 4096, past both rules)
+            # (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN starts past both rules)
             raise ValueError("producer_unsynced runs only with one Q buffer and the decode by division (with them "
                              "it has not run clean on the H200): it needs num_q_stages=1, "
                              f"fast_divide_producer=False and fast_divide_consumers=False, got num_q_stages="
@@ -1103,7 +1103,14 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json). From S8k at d128 the pair
 # relays its releases through the producers (RELAY_RELEASE_NONCAUSAL_SEQLEN), which took the remote
 # arrivals out of the consumers' loop and made the pairing win past S8k (change 46).
-KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, 1 << 62)}
+# d64 below S4k, with the pairs across heads (CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN), each kernel of the
+# range over its default (h200-compare-pair-s*-d64-full-5682a49.json): the 128-row short tile, B32
+# S1024, 0.9880 / 0.9875 (REVERT); the 192-row tile with two Q buffers and the multiply-high decode
+# (Gluon's producer), B16 S1536 1.0026 / 1.0032 (NULL, run 2's halves disagreeing) and B16 S2048
+# 1.0211 / 1.0175 (KEEP; with the unsynced producer on one Q buffer 1.0154 / 1.0196); one Q buffer
+# with the unsynced producer, B12 S2560 1.0157 / 1.0169 and, over the staggered sweep, B10 S3072
+# 1.0180 / 1.0158 (KEEP). So d64 pairs from S2048 (change 50)
+KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (2048, 1 << 62), 128: (4096, 1 << 62)}
 
 # The paired producer's waits and Q copies in inline PTX (producer_unsynced) on the paired defaults
 # of this range. Paired on the H200 over the paired default with Gluon's producer, preheated 150 ms
@@ -1116,7 +1123,11 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, 1 << 62)}
 # on past S16k at d64 (change 47)
 # (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json,
 # h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json, h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json).
-PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (4096, 1 << 62), 128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
+# d64 from where its kernel has one Q buffer and the decode by division (check() refuses the rest),
+# the pairs below S4k priced with it (KV_MULTICAST_NONCAUSAL_SEQLEN, change 50)
+PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (max(TWO_Q_STAGES_MAX_SEQLEN[(64, False)], FAST_DIVIDE_MAX_SEQLEN[(64, False)]) + 1,
+                                           1 << 62),
+                                      128: (4096, FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128] - 1)}
 
 # The pair's releases relayed by the producers (relay_release): each consumer releases its K/V slot
 # in its own CTA, and the producer that sees the release passes it to the peer, one remote arrival a

@@ -2358,10 +2358,11 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
 # checks each 1k step to 64k): 32k (d128's split tail masking its first tile always, the balanced
 # causal grids), 8k and 4k (d128 non-causal's split tail in FA4's and FA3's named orders, first tile
 # masked on need), 6k (d128 non-causal's FA3 order on the mbarrier token; d128 causal between the two
-# Q buffers and the per-warp rescale), 3k (d64 non-causal's staggered sweeps, which pair from 4k),
-# 4k and 2k (the multiply-high decode with two Q buffers on
-# d64's 192-row tile and d128 causal), 2.5k (d64's 192-row tile before its staggered sweeps; d128
-# non-causal's one Q buffer before the pairing), 1.5k (d128 causal before the inline arrivals), 1k
+# Q buffers and the per-warp rescale), 3k (d64 causal's staggered sweeps; non-causal d64 pairs
+# from 2k), 4k and 2k (the multiply-high decode with two Q buffers on d64's 192-row tile — at 2k
+# non-causal, paired with Gluon's producer — and d128 causal), 2.5k (d64 non-causal's pair on one Q
+# buffer before the 4k kernels; d128 non-causal's one Q buffer before the pairing), 1.5k (d128
+# causal before the inline arrivals; d64 non-causal's unpaired 192-row tile), 1k
 # (the short-causal configurations of d64 and d128, on the balanced lists like every causal d64 and
 # d128 problem)
 _CENSUS_SEQLENS = (32768, 8192, 6144, 4096, 3072, 2560, 2048, 1536, 1024)

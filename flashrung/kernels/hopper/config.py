@@ -874,6 +874,7 @@ PARTIAL_TILE_COST_SHARE = {(64, 192): (0.65, 0.83, 1.0)}
 # and preheated: B8 H32 S4096 non-causal 1.0060 / 1.0080; causal with the tile (above) B10 H32
 # S3072 1.0274 / 1.0263 and B8 H32 S4096 1.0062 / 1.0109 over the 128-row tile — so d64 staggers
 # from 3072 (the shortest length timed), where causal problems are on the 192-row tile too.
+# Non-causal d64 pairs its CTAs from 2048 instead, unstaggered (KV_MULTICAST_NONCAUSAL_SEQLEN).
 STAGGER_KV_MIN_SEQLEN = {64: 3072}
 # ... and wherever the sweep staggers it wraps by compare and subtract (stagger_subtract, change 41):
 # the same tiles in the same order (outputs bit-identical), the producer's step 70 -> 44

@@ -1730,12 +1730,12 @@ def test_staggered_sweeps_follow_the_measured_rule(head_dim, seqlen, stagger):
     # staggered K/V sweeps only where they measured faster: d64 from 3072, both masks
     # (config.STAGGER_KV_MIN_SEQLEN); d128 lost at every row timed; the longer of Sq and Sk decides —
     # except where the non-causal default pairs its CTAs (kv_multicast, priced without the stagger,
-    # which it cannot run with: d64 and d128 from S4096)
+    # which it cannot run with: d64 from S2048, d128 from S4096)
     for causal in (False, True):
         for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
                                          seqlen_k=sk))
-            paired = not causal and head_dim in (64, 128) and seqlen >= 4096
+            paired = not causal and seqlen >= {64: 2048, 128: 4096}.get(head_dim, 1 << 62)
             assert cfg.kv_multicast is paired, (head_dim, causal, sq, sk)
             assert cfg.stagger_kv is (stagger and not paired), (head_dim, causal, sq, sk)
             cfg.check(head_dim)

@@ -27,8 +27,11 @@ def barriers(spec):
     return dict(ids=ids, lds_u8=len(re.findall(r"LDS\.U8", sass)), setmaxnreg=len(re.findall(r"USETMAXREG", sass)))
 
 out = {spec.kernel: barriers(spec) for spec in ws_probe.census_specs()}
-# d64 non-causal's unpaired kernel (its default pairs CTAs from 4k, with a 4-warp producer; 3k staggers)
-out["hopper.fwd"] = barriers(fwd.census_spec(fwd.default_config(64, False, 3072), 64, False, torch.bfloat16))
+# d64 non-causal's unpaired staggered kernel, the S3072 default before change 50 field for field (its
+# default pairs CTAs from 2k, with a 4-warp producer)
+unpaired = fwd.replace_following(fwd.default_config(64, False, 3072), 64, kv_multicast=False, asm_arrivals=False,
+                                 stagger_kv=True, stagger_subtract=True)
+out["hopper.fwd"] = barriers(fwd.census_spec(unpaired, 64, False, torch.bfloat16))
 print(json.dumps(out))
 """
 

@@ -34,12 +34,13 @@ from triton.experimental.gluon import language as gl
 
 PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
 # (head_dim, causal, length whose default schedule is forced): between them every synchronisation
-# mechanism the defaults compile — d64's 192-row tile with two Q buffers (2k), with staggered sweeps
-# (3k) and as a pair of CTAs multicasting K/V (16k), d64's short-causal tile on the balanced lists
-# (1k); d128 non-causal's split tail in FA3's named order with the inline arrivals (4k) and in
+# mechanism the defaults compile — d64's 192-row tile with two Q buffers as a pair of CTAs
+# multicasting K/V with Gluon's producer (2k), with the unsynced producer (16k), and causal on the
+# balanced lists with staggered sweeps (3k), d64's short-causal tile on the balanced lists (1k);
+# d128 non-causal's split tail in FA3's named order with the inline arrivals (4k) and in
 # FA4's with PV's gated wait (16k); d128 causal's named turns with two Q buffers (2k) and with each
 # warp's rescale (16k); d256's inline arrivals on the plain grid and its balanced causal grid (8k)
-SCHEDULES = ((64, False, 2048), (64, False, 3072), (64, False, 16384), (64, True, 1024), (128, False, 4096),
+SCHEDULES = ((64, False, 2048), (64, True, 3072), (64, False, 16384), (64, True, 1024), (128, False, 4096),
              (128, False, 16384), (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))
 PROBE_SEQLEN = 300                             # partial query and key tiles at every tile shape
 PROBE_MAX_ERR = 2e-2                           # bf16 outputs against the fp32 reference

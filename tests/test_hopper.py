@@ -2422,6 +2422,12 @@ def _gate_forced(head_dim, shape, causal, **changes):
 SPLIT_GRID = dict(split_tail=True, persistent=True, balanced=False)
 
 
+def _gate_forced_both_grids(head_dim, shape, **changes):
+    """:func:`_gate_forced`, non-causal, on the stride grid and again with the split tail."""
+    _gate_forced(head_dim, shape, False, **changes)
+    _gate_forced(head_dim, shape, False, **changes, **SPLIT_GRID)
+
+
 # staggered K/V sweeps start mid-row: tails and causal diagonals must stay last and masked,
 # split-tail items rotate inside their own key range, GQA heads share the offsets of their tile
 STAGGER_SHAPES = [
@@ -2630,8 +2636,7 @@ def test_gate_kv_multicast(head_dim, shape, way):
     # each way on the stride grid and with the split tail: a pair whose second tile is empty, key
     # tails, Sq != Sk, GQA and MQA — both CTAs must make every copy, release and relay, or one
     # waits for ever
-    _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way])
-    _gate_forced(head_dim, shape, False, **_MULTICAST, **PAIRED_WAYS[way], **SPLIT_GRID)
+    _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **PAIRED_WAYS[way])
 
 
 # pairs across heads (cross_head_pairs): odd q-tile counts a head with an even and an odd launch
@@ -2651,8 +2656,7 @@ CROSS_HEAD_SHAPES = MULTICAST_SHAPES + [
 def test_gate_cross_head_pairs(head_dim, shape):
     # a pair across two heads loads its own K/V in each CTA while the ring's barriers still count
     # both CTAs: every tile is computed once, on the stride grid and with the split tail
-    _gate_forced(head_dim, shape, False, **_MULTICAST, **_UNSYNCED, cross_head_pairs=True)
-    _gate_forced(head_dim, shape, False, **_MULTICAST, **_UNSYNCED, cross_head_pairs=True, **SPLIT_GRID)
+    _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **_UNSYNCED, cross_head_pairs=True)
 
 
 @pytest.mark.gpu
@@ -2677,9 +2681,8 @@ def test_gate_meet_before_pass(head_dim, shape, cross):
     assert fwd._skip_empty_rows(replace_following(fwd.default_config(head_dim, False, 4096), head_dim,
                                                   meet_before_pass=True, cross_head_pairs=cross),
                                 1, 1, 1)
-    changes = dict(_MULTICAST, **_UNSYNCED, meet_before_pass=True, cross_head_pairs=cross)
-    _gate_forced(head_dim, shape, False, **changes)
-    _gate_forced(head_dim, shape, False, **changes, **SPLIT_GRID)
+    _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **_UNSYNCED, meet_before_pass=True,
+                            cross_head_pairs=cross)
 
 
 @pytest.mark.gpu

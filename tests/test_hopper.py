@@ -2556,12 +2556,15 @@ def test_dynamic_tiles_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("causal", [False, True])
 def test_stagger_subtract_changes_no_output(causal):
     # the same tiles in the same order: the two wraps must agree bit for bit (the default wraps
-    # by compare and subtract since change 41), at a key tail and a partial last m-tile; non-causal
-    # at S3073, below the lengths where K/V multicast (which sweeps unstaggered) is the default
+    # by compare and subtract since change 41), at a key tail and a partial last m-tile. Non-causal
+    # d64 pairs its CTAs from S2048 (change 50), unstaggered, so its staggered sweep is forced: the
+    # unpaired S3073 kernel from before that change, field for field
     seqlen = 4097 if causal else 3073
     q, k, v = _seeded_qkv(1, seqlen, 8, 64)
-    cfg = fwd.default_config(64, causal, seqlen)
-    assert cfg.stagger_kv and cfg.stagger_subtract
+    cfg = (fwd.default_config(64, True, seqlen) if causal else
+           replace_following(fwd.default_config(64, False, seqlen), 64, kv_multicast=False, asm_arrivals=False,
+                             stagger_kv=True, stagger_subtract=True))
+    assert cfg.stagger_kv and cfg.stagger_subtract and not cfg.kv_multicast
     out, lse = fwd.forward(q, k, v, causal, 0.125, cfg)
     out_mod, lse_mod = fwd.forward(q, k, v, causal, 0.125, dataclasses.replace(cfg, stagger_subtract=False))
     assert torch.equal(out, out_mod) and torch.equal(lse, lse_mod)
@@ -2678,9 +2681,11 @@ def test_gate_meet_before_pass(head_dim, shape, cross):
     # the passing warpgroup's warps meet before each turn's pass (meet_before_pass), so a launch
     # with a pair past the sequence keeps skip_empty_rows (fwd._skip_empty_rows): every CTA-tile
     # past the rows passes its K/V tiles, with either pairing, on the stride grid and the split tail
-    assert fwd._skip_empty_rows(replace_following(fwd.default_config(head_dim, False, 4096), head_dim,
-                                                  meet_before_pass=True, cross_head_pairs=cross),
-                                1, 1, 1)
+    # (one q-tile in a one-head launch: the pair's second tile lies past the sequence)
+    meet = replace_following(fwd.default_config(head_dim, False, 4096), head_dim, meet_before_pass=True,
+                             cross_head_pairs=cross)
+    assert fwd._skip_empty_rows(meet, 1, 1)
+    assert not fwd._skip_empty_rows(dataclasses.replace(meet, meet_before_pass=False), 1, 1)
     _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **_UNSYNCED, meet_before_pass=True,
                             cross_head_pairs=cross)
 

@@ -234,7 +234,9 @@ class HopperFwdConfig:
     # top of each step, and where every consumer of a CTA skips (the second tile of a kv_multicast
     # pair past the sequence) the token can complete a turn barrier twice before a lagging warp has
     # read it by parity, a deadlock. Such launches build without the skip (fwd._skip_empty_rows)
-    # unless this is on. Built for the test of that mechanism; not run on the H200: off
+    # unless this is on. On the H200: the d64 default at B8 H32 S4324, which hung 3 of 3 with the
+    # skip alone, ran 3 x 2000 calls clean with this on; gated (d64, d128, both pairings, eight
+    # shapes) and bit-identical to the build without the skip. Not priced: off, the rule stands
     meet_before_pass: bool = False
     # each tile's epilogue (normalization, LSE store, O through shared memory and TMA) runs after
     # the next tile's first QK is issued, under that product: the first QK of a tile is the one

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import flashrung
+from conftest import ORACLE_EXCLUSIVE_SCORE_BYTES
 from flashrung import dispatch, gate
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +32,9 @@ def test_forward_gate_on_device(backend, case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label())
-def test_backward_gate_on_device(case):
+def test_backward_gate_on_device(case, request):
+    if case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * 4 > ORACLE_EXCLUSIVE_SCORE_BYTES:
+        request.getfixturevalue("gpu_memory_turn")
     problem = _problem(case)
     fwd_module, _ = dispatch.select(problem, "fwd")
     bwd_module, d = dispatch.select(problem, "bwd")

@@ -120,7 +120,8 @@ def _schedule_outputs_right(schedules=SCHEDULES) -> bool:
         err = _max_err(out, q, k, v, causal, scale)
         right = err < PROBE_MAX_ERR
         ok &= right
-        on = [name for name in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv")
+        on = [name for name in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
+                                "kv_multicast", "producer_unsynced", "relay_release", "cross_head_pairs")
               if getattr(cfg, name)]
         print(f"d{head_dim} {'causal' if causal else 'non-causal'} S{seqlen}'s schedule ({cfg.block_m}x{cfg.block_n}, "
               f"q_stages={cfg.num_q_stages}{', ' if on else ''}{', '.join(on)}): max |err| {err:.2e} "

@@ -1340,6 +1340,23 @@ def test_cross_head_pairs_plan_pairs_the_launch_tiles():
         assert p.build[-1] == p.constexprs["SKIP_EMPTY_ROWS"]
 
 
+def test_meet_before_pass_keeps_the_skip_where_the_rule_drops_it():
+    # change 48's rule builds a launch whose last pair has a tile past the sequence without the skip
+    # of empty rows; with the passing warps meeting before each pass (meet_before_pass) the same
+    # launches keep it — d64 pairing across heads (an odd launch total), d128 within a head (an odd
+    # count a head) — and launches without such a pair keep it either way
+    for head_dim, batch, heads, seqlen, odd in ((64, 1, 3, 17, True), (64, 1, 3, 4324, True),
+                                                (64, 8, 32, 4324, False), (128, 1, 2, 300, True),
+                                                (128, 8, 16, 4160, True), (128, 8, 16, 4096, False)):
+        rule = fwd.default_config(head_dim, False, 4096)
+        meet = dataclasses.replace(rule, meet_before_pass=True)
+        meet.check(head_dim)
+        plans = [fwd._plan(cfg, batch, seqlen, seqlen, heads, heads, head_dim, 2, False, True, 132)
+                 for cfg in (rule, meet)]
+        assert [p.constexprs["SKIP_EMPTY_ROWS"] for p in plans] == [not odd, True], (head_dim, batch, heads, seqlen)
+        assert plans[0].build != plans[1].build
+
+
 def plan_ints_index(name):
     """Where argument ``name`` sits in a plan's ``ints`` (the kernel's size arguments in order)."""
     return fwd._SIZE_ARGS.index(name)
@@ -2681,11 +2698,10 @@ def test_gate_meet_before_pass(head_dim, shape, cross):
     # the passing warpgroup's warps meet before each turn's pass (meet_before_pass), so a launch
     # with a pair past the sequence keeps skip_empty_rows (fwd._skip_empty_rows): every CTA-tile
     # past the rows passes its K/V tiles, with either pairing, on the stride grid and the split tail
-    # (one q-tile in a one-head launch: the pair's second tile lies past the sequence)
+    # (test_meet_before_pass_keeps_the_skip_where_the_rule_drops_it checks the build's switch on the CPU)
     meet = replace_following(fwd.default_config(head_dim, False, 4096), head_dim, meet_before_pass=True,
                              cross_head_pairs=cross)
     assert fwd._skip_empty_rows(meet, 1, 1)
-    assert not fwd._skip_empty_rows(dataclasses.replace(meet, meet_before_pass=False), 1, 1)
     _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **_UNSYNCED, meet_before_pass=True,
                             cross_head_pairs=cross)
 

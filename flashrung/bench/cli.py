@@ -323,7 +323,7 @@ def cmd_bench(args) -> int:
     else:
         print(table)
     if args.json:
-        _emit_json(doc, args.json)
+        _emit_json(report.with_targets(doc), args.json)
     _plot(doc, args)
     return 0
 

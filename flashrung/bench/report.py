@@ -2,8 +2,9 @@
 
 The table has one line per row: each implementation's TFLOP/s, the best peer, and for each
 flashrung kernel its paired margin over the best peer (median of per-round ratios, > 1 means
-ours is faster, with p10–p90) and its share of the GEMM ceiling measured in the same run. The
-FLOP convention heads the table; unsupported implementations show ``unsup`` / ``error`` in
+ours is faster, with p10–p90) and its share of the GEMM ceiling measured in the same run; where
+a row has a speed target (``targets``), the target and what the product's kernel still needs to
+meet it, with a count of the rows met below the table. The FLOP convention heads the table; unsupported implementations show ``unsup`` / ``error`` in
 their cell and their reasons below, never a blank; a cell whose calls were host-bound carries a
 ``*`` and a footnote.
 """
@@ -13,7 +14,7 @@ import json
 import pathlib
 from typing import Iterable, Sequence
 
-from flashrung.bench import numerators, peers, timing
+from flashrung.bench import numerators, peers, targets, timing
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
 
@@ -66,9 +67,22 @@ def host_bound_note(doc: dict) -> str | None:
             f"{'s' if len(cells) > 1 else ''}; {example})")
 
 
+def target_impls(impls: Sequence[str]) -> list[str]:
+    """The implementations the speed targets read: the product's dispatch and the Hopper kernel
+    named directly (the portable kernels are not held to them)."""
+    return [i for i in impls if i == "flashrung" or i.startswith("flashrung:hopper")]
+
+
+def with_targets(doc: dict) -> dict:
+    """``doc`` with its rows' targets and readings as data (``targets``), for the JSON on disk."""
+    readings = [r for impl in target_impls(doc["impls"]) for r in targets.to_json(doc, impl)]
+    return {**doc, "targets": readings} if readings else doc
+
+
 def results_table(doc: dict) -> str:
     impls = doc["impls"]
     ours = [i for i in impls if peers.is_ours(i)]
+    held = [i for i in target_impls(impls) if any(targets.target_for(row) for row in doc["rows"])]
     conv = doc.get("causal_convention", numerators.FA_HALF)
     head = [f"suite {doc.get('suite', '?')} — TFLOP/s = FLOPs / median time per call; causal rows count "
             f"{numerators.LABELS[conv]}; backward = 2.5 × forward"]
@@ -84,6 +98,8 @@ def results_table(doc: dict) -> str:
     header = ["row"] + [_short(i) for i in impls] + ["best peer"]
     for o in ours:
         header += [f"{_short(o)}/best [p10,p90]", f"{_short(o)} %ceil"]
+    if held:
+        header += ["target"] + [f"{_short(o)} needs" for o in held]
     lines = []
     for row in doc["rows"]:
         res = row["results"]
@@ -93,8 +109,14 @@ def results_table(doc: dict) -> str:
             line.append(f"{cmp['margin']:.3f} [{cmp['lo']:.3f},{cmp['hi']:.3f}]" if cmp else "-")
             pct = res.get(o, {}).get("percent_of_gemm_ceiling")
             line.append(f"{pct:.1f}%" if pct is not None else "-")
+        if held:
+            target = targets.target_for(row)
+            line.append(target.label() if target else "-")
+            line += [targets.reading(row, o).cell() if target else "-" for o in held]
         lines.append(line)
     out = "\n".join(head) + "\n" + _table(header, lines)
+    for o in held:
+        out += "\n" + targets.summary(doc, o)
     bound = host_bound_note(doc)
     if bound:
         out += "\n" + bound

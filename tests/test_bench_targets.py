@@ -1,0 +1,105 @@
+"""The speed targets read off a bench document (no GPU): which rows carry one, how a row's paired
+reading and rate turn into what it still needs, and the count below the table."""
+import json
+import pathlib
+
+import pytest
+
+from flashrung.bench import report, suites, targets
+
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def _plan(**kw):
+    base = dict(batch=8, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, headdim=128, dtype="bfloat16",
+                causal=False, mode="fwd", suite="fa4-protocol")
+    return suites.Row(**{**base, **kw}).plan()
+
+
+def _row(margin=None, tflops=500.0, best="fa4", impl="flashrung", **kw):
+    """A bench row as the runner writes it: ``impl``'s paired margin over ``best`` and its rate."""
+    row = {**_plan(**kw), "best_peer": best, "results": {impl: {"status": "ok", "tflops": tflops}}}
+    row["label"] = suites.Row.from_plan(row).label()
+    row["comparisons"] = {impl: {best: {"margin": margin, "lo": margin, "hi": margin}}} if margin else {}
+    return row
+
+
+def test_the_suite_rows_carry_the_specification_targets():
+    # S1k at 1.00x the best peer, S >= 2k at 1.05x, the d128 S16k non-causal row 700 TFLOP/s besides
+    rows = suites.fa4_protocol(("fwd",))
+    got = {(r.headdim, r.seqlen_q, r.causal): targets.target_for(r.plan()) for r in rows}
+    assert len(got) == 24 and all(t is not None for t in got.values())
+    assert {t.min_ratio for (d, s, c), t in got.items() if s == 1024} == {1.00}
+    assert {t.min_ratio for (d, s, c), t in got.items() if s >= 2048} == {1.05}
+    assert [k for k, t in got.items() if t.min_tflops is not None] == [(128, 16384, False)]
+    assert got[(128, 16384, False)].min_tflops == 700.0 and all(t.peer is None for t in got.values())
+
+
+@pytest.mark.parametrize("kw", [dict(mode="bwd"), dict(dtype="float16"), dict(suite="free"),
+                                dict(seqlen_k=2048), dict(headdim=256, seqlen_q=4096, seqlen_k=4096)],
+                         ids=["backward", "fp16", "free-shape", "sq-ne-sk", "d256-4k"])
+def test_rows_the_specification_names_nothing_for_carry_no_target(kw):
+    assert targets.target_for(_plan(**kw)) is None
+    assert targets.reading(_row(1.2, **kw), "flashrung") is None
+
+
+def test_d256_s8k_is_held_to_fa4_in_any_bench():
+    t = targets.target_for(_plan(headdim=256, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=16, suite="free"))
+    assert t == targets.Target(1.05, peer="fa4")
+    # against FA4 even where another peer is the run's best
+    row = _row(1.10, best="cudnn", headdim=256, seqlen_q=8192, seqlen_k=8192, suite="free")
+    row["comparisons"]["flashrung"]["fa4"] = {"margin": 1.02, "lo": 1.0, "hi": 1.04}
+    assert targets.reading(row, "flashrung").needs == pytest.approx(1.05 / 1.02)
+
+
+def test_needs_is_the_target_over_the_paired_reading():
+    short = targets.reading(_row(1.02, seqlen_q=2048, seqlen_k=2048), "flashrung")
+    assert short.needs == pytest.approx(1.05 / 1.02) and not short.met and short.cell() == "+2.9%"
+    level = targets.reading(_row(1.05, seqlen_q=2048, seqlen_k=2048), "flashrung")
+    assert level.met and level.cell() == "met"
+    one_k = targets.reading(_row(0.999, seqlen_q=1024, seqlen_k=1024), "flashrung")
+    assert one_k.needs == pytest.approx(1 / 0.999) and not one_k.met
+
+
+def test_the_target_row_needs_both_its_ratio_and_its_rate():
+    kw = dict(batch=2, seqlen_q=16384, seqlen_k=16384)
+    rate_binds = targets.reading(_row(1.10, tflops=650.0, **kw), "flashrung")
+    assert rate_binds.needs == pytest.approx(700 / 650) and not rate_binds.met
+    ratio_binds = targets.reading(_row(1.00, tflops=720.0, **kw), "flashrung")
+    assert ratio_binds.needs == pytest.approx(1.05) and not ratio_binds.met
+    assert targets.reading(_row(1.06, tflops=701.0, **kw), "flashrung").met
+
+
+def test_a_row_without_a_paired_reading_is_not_read_as_met_or_missed():
+    r = targets.reading(_row(None), "flashrung")
+    assert r.needs is None and not r.met and r.cell() == "n/a"
+    doc = {"rows": [_row(None), _row(1.06)], "impls": ["fa4", "flashrung"]}
+    text = targets.summary(doc, "flashrung")
+    assert text.startswith("targets (flashrung): 1 of 2 rows met") and "no paired reading" in text
+
+
+def test_the_table_counts_the_stored_run_at_change_50():
+    # the fa4-protocol forward at e9a4991, read by hand in docs/hopper.md: four rows at target,
+    # d128 causal S8k the nearest below (1.048, needs 0.2%), the target row 641.3 TFLOP/s (needs 9.2%)
+    doc = json.loads((RESULTS / "fa4-fwd-e9a4991.json").read_text())
+    text = report.results_table(doc)
+    assert "targets (flashrung): 4 of 24 rows met" in text and "flashrung needs" in text
+    assert "nearest below: B4 H16 S8192 d128 bf16 causal fwd +0.2%" in text
+    rows = {r["row"]: r for r in report.with_targets(doc)["targets"]}
+    assert len(rows) == 24 and sum(r["met"] for r in rows.values()) == 4
+    target_row = rows["B2 H16 S16384 d128 bf16 full fwd"]
+    assert target_row["min_tflops"] == 700.0 and target_row["needs"] == pytest.approx(700 / target_row["tflops"])
+    json.dumps(report.with_targets(doc))
+
+
+def test_a_run_without_targets_shows_no_target_columns():
+    doc = {"suite": "seed-frozen", "impls": ["cudnn", "flashrung"], "rows": [
+        {**_row(1.1, dtype="float16", seqlen_q=2048, seqlen_k=2048, batch=2, suite="seed-frozen"), "best_peer": "fa4"}]}
+    doc["rows"][0]["results"]["cudnn"] = {"status": "ok", "tflops": 400.0}
+    text = report.results_table(doc)
+    assert "target" not in text and report.with_targets(doc) is doc
+
+
+def test_the_portable_kernels_are_not_held_to_the_targets():
+    assert report.target_impls(["cudnn", "flashrung", "flashrung:portable", "flashrung:hopper.fwd@pack_p=true"]) == [
+        "flashrung", "flashrung:hopper.fwd@pack_p=true"]

@@ -103,3 +103,15 @@ def test_a_run_without_targets_shows_no_target_columns():
 def test_the_portable_kernels_are_not_held_to_the_targets():
     assert report.target_impls(["cudnn", "flashrung", "flashrung:portable", "flashrung:hopper.fwd@pack_p=true"]) == [
         "flashrung", "flashrung:hopper.fwd@pack_p=true"]
+
+
+def test_the_plot_adds_a_row_of_target_panels_where_rows_carry_targets(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from flashrung.bench import plot
+    shapes = []
+    monkeypatch.setattr(plot, "save", lambda fig, path: shapes.append(fig.axes[0].get_gridspec().get_geometry()))
+    doc = json.loads((RESULTS / "fa4-fwd-e9a4991.json").read_text())
+    plot.plot(doc, tmp_path / "with.png")
+    doc["impls"] = [i for i in doc["impls"] if i != "flashrung"]
+    plot.plot(doc, tmp_path / "without.png")
+    assert shapes == [(2, 4), (1, 4)]   # the forward's TFLOP/s panels, then the targets' below them

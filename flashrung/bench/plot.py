@@ -3,14 +3,16 @@
 Panels split the rows by direction (rows of the grid) and by head dim, heads, mask and dtype
 (columns), so each panel compares implementations on one problem family; the GEMM ceiling of the
 panel's dtype, measured in the same run, is drawn as a dashed line. Flashrung kernels are drawn
-solid and thick, peers thin. Needs matplotlib (``pip install flashrung[plot]``); it is imported
+solid and thick, peers thin. Where rows carry a speed target (``targets``), a last row of panels
+draws the product's paired ratio over the best peer (median, p10–p90) against the target line,
+filled where met, and the target row's rate target sits as a bar on its TFLOP/s panel. Needs matplotlib (``pip install flashrung[plot]``); it is imported
 here only, with the non-interactive Agg backend.
 """
 from __future__ import annotations
 
 import pathlib
 
-from flashrung.bench import numerators, peers
+from flashrung.bench import numerators, peers, report, targets
 
 
 class PlotUnavailable(RuntimeError):
@@ -73,8 +75,10 @@ def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
     if not rows:
         raise ValueError("no rows to plot")
     impls = doc["impls"]
+    held = [i for i in report.target_impls(impls) if any(targets.reading(r, i) for r in rows)]
     ncols, nrows = len(facets), len(modes)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows + bool(held), ncols, figsize=(4.2 * ncols, 3.6 * nrows + 3.0 * bool(held)),
+                             squeeze=False, sharey="row")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     conv = numerators.LABELS[doc.get("causal_convention", numerators.FA_HALF)]
     for i, mode in enumerate(modes):
@@ -90,6 +94,11 @@ def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
                 ours = peers.is_ours(impl)
                 ax.plot(xs, ys, marker="o", ms=4 if ours else 3, lw=2.4 if ours else 1.2,
                         color=colors[k % len(colors)], label=impl, zorder=3 if ours else 2)
+            for r in sel:
+                target = targets.target_for(r)
+                if target is not None and target.min_tflops is not None:
+                    ax.plot([r["seqlen_q"]], [target.min_tflops], marker="_", ms=16, mew=2, color="k", ls="none",
+                            label="rate target", zorder=4)
             gemm = doc.get("ceilings", {}).get(f"gemm:{facet[4]}")
             if gemm:
                 ax.axhline(gemm["value"], ls="--", color="0.4", lw=1, label=f"GEMM ceiling {gemm['value']:.0f}")
@@ -105,6 +114,10 @@ def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
                 ax.set_ylabel("TFLOP/s")
             if i == nrows - 1:
                 ax.set_xlabel("sequence length")
+    if held:
+        for j, facet in enumerate(facets):
+            _target_panel(axes[nrows][j], [r for r in rows if _facet(r) == facet], held, impls, colors,
+                          first_column=j == 0)
     handles, labels = {}, {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -118,3 +131,34 @@ def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return save(fig, path)
+
+
+def _target_panel(ax, rows: list, held: list, impls: list, colors: list, first_column: bool) -> None:
+    """Each held implementation's paired ratio over the row's target peer against the target."""
+    sel = sorted((r for r in rows if targets.target_for(r) is not None), key=lambda r: r["seqlen_q"])
+    for impl in held:
+        pts = [(r["seqlen_q"], targets.reading(r, impl), r) for r in sel]
+        pts = [(x, rd, r) for x, rd, r in pts if rd is not None and rd.ratio is not None]
+        if not pts:
+            continue
+        color = colors[impls.index(impl) % len(colors)]
+        xs = [x for x, _, _ in pts]
+        ys = [rd.ratio for _, rd, _ in pts]
+        cmps = [r["comparisons"][impl][rd.target.peer or r["best_peer"]] for _, rd, r in pts]
+        err = [[y - c["lo"] for y, c in zip(ys, cmps)], [c["hi"] - y for y, c in zip(ys, cmps)]]
+        ax.errorbar(xs, ys, yerr=err, color=color, lw=2, capsize=3, marker="none", label=f"{impl} ÷ peer (paired)")
+        for (x, rd, _), y in zip(pts, ys):
+            ax.plot([x], [y], marker="o", ms=6, color=color, mfc=color if rd.met else "white", ls="none", zorder=3)
+    ax.set_xscale("log", base=2)
+    if sel:
+        xs = [r["seqlen_q"] for r in sel]
+        ax.plot(xs, [targets.target_for(r).min_ratio for r in sel], ls=":", color="k", lw=1.5,
+                drawstyle="steps-mid", label="target (filled: met)")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{x // 1024}k" if x >= 1024 else str(x) for x in xs])
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax.set_title("fwd · against the target", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.set_xlabel("sequence length")
+    if first_column:
+        ax.set_ylabel("÷ best peer (paired)")

@@ -5,8 +5,9 @@ Panels split the rows by direction (rows of the grid) and by head dim, heads, ma
 panel's dtype, measured in the same run, is drawn as a dashed line. Flashrung kernels are drawn
 solid and thick, peers thin. Where rows carry a speed target (``targets``), a last row of panels
 draws the product's paired ratio over the best peer (median, p10–p90) against the target line,
-filled where met, and the target row's rate target sits as a bar on its TFLOP/s panel. Needs matplotlib (``pip install flashrung[plot]``); it is imported
-here only, with the non-interactive Agg backend.
+filled where met, and the target row's rate target sits as a bar on its TFLOP/s panel. Needs
+matplotlib (``pip install flashrung[plot]``); it is imported here only, with the non-interactive
+Agg backend.
 """
 from __future__ import annotations
 
@@ -137,18 +138,17 @@ def _target_panel(ax, rows: list, held: list, impls: list, colors: list, first_c
     """Each held implementation's paired ratio over the row's target peer against the target."""
     sel = sorted((r for r in rows if targets.target_for(r) is not None), key=lambda r: r["seqlen_q"])
     for impl in held:
-        pts = [(r["seqlen_q"], targets.reading(r, impl), r) for r in sel]
-        pts = [(x, rd, r) for x, rd, r in pts if rd is not None and rd.ratio is not None]
+        pts = [(r["seqlen_q"], rd) for r in sel if (rd := targets.reading(r, impl)).ratio is not None]
         if not pts:
             continue
         color = colors[impls.index(impl) % len(colors)]
-        xs = [x for x, _, _ in pts]
-        ys = [rd.ratio for _, rd, _ in pts]
-        cmps = [r["comparisons"][impl][rd.target.peer or r["best_peer"]] for _, rd, r in pts]
-        err = [[y - c["lo"] for y, c in zip(ys, cmps)], [c["hi"] - y for y, c in zip(ys, cmps)]]
+        xs = [x for x, _ in pts]
+        ys = [rd.ratio for _, rd in pts]
+        err = [[rd.ratio - rd.lo for _, rd in pts], [rd.hi - rd.ratio for _, rd in pts]]
         ax.errorbar(xs, ys, yerr=err, color=color, lw=2, capsize=3, marker="none", label=f"{impl} ÷ peer (paired)")
-        for (x, rd, _), y in zip(pts, ys):
-            ax.plot([x], [y], marker="o", ms=6, color=color, mfc=color if rd.met else "white", ls="none", zorder=3)
+        for x, rd in pts:
+            ax.plot([x], [rd.ratio], marker="o", ms=6, color=color, mfc=color if rd.met else "white", ls="none",
+                    zorder=3)
     ax.set_xscale("log", base=2)
     if sel:
         xs = [r["seqlen_q"] for r in sel]

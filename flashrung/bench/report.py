@@ -4,9 +4,9 @@ The table has one line per row: each implementation's TFLOP/s, the best peer, an
 flashrung kernel its paired margin over the best peer (median of per-round ratios, > 1 means
 ours is faster, with p10–p90) and its share of the GEMM ceiling measured in the same run; where
 a row has a speed target (``targets``), the target and what the product's kernel still needs to
-meet it, with a count of the rows met below the table. The FLOP convention heads the table; unsupported implementations show ``unsup`` / ``error`` in
-their cell and their reasons below, never a blank; a cell whose calls were host-bound carries a
-``*`` and a footnote.
+meet it, with a count of the rows met below the table. The FLOP convention heads the table;
+unsupported implementations show ``unsup`` / ``error`` in their cell and their reasons below,
+never a blank; a cell whose calls were host-bound carries a ``*`` and a footnote.
 """
 from __future__ import annotations
 

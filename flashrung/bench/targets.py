@@ -45,6 +45,8 @@ class Reading:
     ratio: float | None
     tflops: float | None
     needs: float | None
+    lo: float | None = None       # the paired reading's p10 and p90
+    hi: float | None = None
 
     @property
     def met(self) -> bool:
@@ -79,13 +81,15 @@ def reading(row: dict, impl: str) -> Reading | None:
     cmp = row.get("comparisons", {}).get(impl, {}).get(peer or "")
     result = row.get("results", {}).get(impl, {})
     tflops = result.get("tflops") if result.get("status") == "ok" else None
-    ratio = cmp["margin"] if cmp else None
-    if ratio is None or (target.min_tflops is not None and tflops is None):
-        return Reading(target, ratio, tflops, None)
+    if not cmp:
+        return Reading(target, None, tflops, None)
+    ratio, spread = cmp["margin"], dict(lo=cmp["lo"], hi=cmp["hi"])
+    if target.min_tflops is not None and tflops is None:
+        return Reading(target, ratio, tflops, None, **spread)
     needs = target.min_ratio / ratio
     if target.min_tflops is not None:
         needs = max(needs, target.min_tflops / tflops)
-    return Reading(target, ratio, tflops, needs)
+    return Reading(target, ratio, tflops, needs, **spread)
 
 
 def summary(doc: dict, impl: str) -> str | None:

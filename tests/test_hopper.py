@@ -404,9 +404,9 @@ CENSUS_CONFIGS += [("d64-full-s4k-paired-odd", 64, False, {"_seqlen": 4096, "ski
                    ("d128-full-s4k-paired-odd", 128, False, {"_seqlen": 4096, "skip_empty_rows": False}),
                    ("d128-full-s16k-paired-odd", 128, False,
                     {"_seqlen": 16384, "_key_tail": False, "_paired": True, "skip_empty_rows": False})]
-# the passing warpgroup's warps meeting before each turn's pass (meet_before_pass), which would let
-# those launches keep the skip, on the d64 S4k pair
-CENSUS_CONFIGS.append(("d64-full-s4k-paired-meet", 64, False, {"_seqlen": 4096, "meet_before_pass": True}))
+# the paired default before change 51, whose passing warpgroups' warps did not meet before each
+# turn's pass (meet_before_pass, on with every pairing since: those launches keep the skip)
+CENSUS_CONFIGS.append(("d64-full-s4k-paired-no-meet", 64, False, {"_seqlen": 4096, "meet_before_pass": False}))
 # the d64 pairs as they were before change 49: two tiles of one head (no cross_head_pairs)
 CENSUS_CONFIGS.append(("d64-full-s4k-paired-within", 64, False, {"_seqlen": 4096, "cross_head_pairs": False}))
 # d256 non-causal's default where the keys fill their tiles takes them (a key tail's does not)
@@ -888,11 +888,13 @@ def test_paired_defaults_without_the_skip_keep_their_loops(census, label, base_l
 
 def test_meet_before_pass_adds_a_barrier_to_the_passing_loops_only(census):
     # the passing consumers' loops gain one bar.sync a turn; the steady K/V loop, which a consumer
-    # with rows runs, is the paired default's instruction for instruction
-    entry, base = census["d64-full-s4k-paired-meet"], census["d64-full-s4k-paired"]
+    # with rows runs, is the build without it instruction for instruction (the paired default
+    # carries it since change 51)
+    entry, base = census["d64-full-s4k-paired"], census["d64-full-s4k-paired-no-meet"]
     row = entry["row"]
     assert "error" not in row, row["error"]
     assert row["config"]["meet_before_pass"] and row["config"]["skip_empty_rows"]
+    assert not base["row"]["config"]["meet_before_pass"]
     # d64's three consumers each pass tiles in one loop: the warps meet at its top, and now also
     # between the turn's wait and its pass
     assert [loop["bar"] for loop in base["pass_loops"]] == [1, 1, 1]
@@ -1331,13 +1333,16 @@ def test_cross_head_pairs_plan_pairs_the_launch_tiles():
     # the kernel's num_m_blocks divisor is the per-head count
     assert plan.ints[plan_ints_index("num_m_blocks")] == 23
     # an odd launch total leaves one pair with a tile past the end: only then is the skip of empty
-    # rows off (fwd._skip_empty_rows); per-head odd counts no longer matter
+    # rows off (fwd._skip_empty_rows) where the passing warps do not meet (meet_before_pass, on by
+    # default since change 51); per-head odd counts no longer matter
     for batch, heads, seqlen in ((8, 32, 4324), (1, 3, 4324), (1, 4, 17), (1, 3, 17), (3, 1, 192 * 4)):
         tiles = triton.cdiv(seqlen, cross.block_m) * batch * heads
-        p = fwd._plan(cross, batch, seqlen, seqlen, heads, heads, 64, 2, False, True, 132)
+        p = fwd._plan(dataclasses.replace(cross, meet_before_pass=False), batch, seqlen, seqlen, heads, heads, 64, 2,
+                      False, True, 132)
         assert p.num_tiles == triton.cdiv(tiles, 2)
         assert p.constexprs["SKIP_EMPTY_ROWS"] == (tiles % 2 == 0), (batch, heads, seqlen)
         assert p.build[-1] == p.constexprs["SKIP_EMPTY_ROWS"]
+        assert fwd._plan(cross, batch, seqlen, seqlen, heads, heads, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
 
 
 def test_meet_before_pass_keeps_the_skip_where_the_rule_drops_it():
@@ -1348,7 +1353,7 @@ def test_meet_before_pass_keeps_the_skip_where_the_rule_drops_it():
     for head_dim, batch, heads, seqlen, odd in ((64, 1, 3, 17, True), (64, 1, 3, 4324, True),
                                                 (64, 8, 32, 4324, False), (128, 1, 2, 300, True),
                                                 (128, 8, 16, 4160, True), (128, 8, 16, 4096, False)):
-        rule = fwd.default_config(head_dim, False, 4096)
+        rule = dataclasses.replace(fwd.default_config(head_dim, False, 4096), meet_before_pass=False)
         meet = dataclasses.replace(rule, meet_before_pass=True)
         meet.check(head_dim)
         plans = [fwd._plan(cfg, batch, seqlen, seqlen, heads, heads, head_dim, 2, False, True, 132)
@@ -1375,6 +1380,28 @@ def test_cross_head_pairs_need_the_plain_order_of_a_pair():
         fwd.replace_following(cross, 64, kv_multicast=False, cross_head_pairs=True).check(64)
 
 
+def test_every_paired_default_meets_before_it_passes_and_keeps_the_skip():
+    # change 51: meet_before_pass replaces change 48's rule on the defaults — every kv_multicast
+    # default carries it, so a launch whose last pair has a tile past the sequence keeps the skip
+    # of empty rows (priced KEEP at d128 B8 H16 S4160); unpairing or forcing the skip or the
+    # pingpong off drops it with the pairing's other ways, unless the change names it
+    import torch
+
+    from flashrung.dispatch import Problem
+
+    for d, seqlen in ((64, 2048), (64, 4324), (64, 32768), (128, 4160), (128, 8320), (128, 32768)):
+        cfg = fwd.select_config(Problem(1, seqlen, seqlen, 3, 3, d, d, torch.bfloat16, False, "cuda", (9, 0)))
+        assert cfg.kv_multicast and cfg.meet_before_pass, (d, seqlen)
+        assert fwd._plan(cfg, 1, seqlen, seqlen, 3, 3, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+        for change in ({"kv_multicast": False}, {"skip_empty_rows": False}, {"pingpong": False}):
+            assert not fwd.replace_following(cfg, d, **change).meet_before_pass, (d, seqlen, change)
+        with pytest.raises(ValueError, match="meet_before_pass"):
+            fwd.replace_following(cfg, d, skip_empty_rows=False, meet_before_pass=True).check(d)
+    for d, causal, seqlen in ((64, False, 1024), (128, False, 2048), (128, True, 8192), (256, False, 8192)):
+        cfg = fwd.select_config(Problem(1, seqlen, seqlen, 3, 3, d, d, torch.bfloat16, causal, "cuda", (9, 0)))
+        assert not cfg.kv_multicast and not cfg.meet_before_pass, (d, causal, seqlen)
+
+
 def test_meet_before_pass_needs_the_skip_and_the_pingpong():
     paired = dataclasses.replace(fwd.default_config(64, False, 4096), meet_before_pass=True)
     paired.check(64)
@@ -1392,7 +1419,8 @@ def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows()
     # within a head (d128's; d64's before change 49, whose launch-wide count is
     # test_cross_head_pairs_plan_pairs_the_launch_tiles')
     for d in (64, 128):
-        cfg = dataclasses.replace(fwd.default_config(d, False, 4096), cross_head_pairs=False)
+        # the build before change 51 (the passing warps meeting is the default since)
+        cfg = dataclasses.replace(fwd.default_config(d, False, 4096), cross_head_pairs=False, meet_before_pass=False)
         assert cfg.kv_multicast and cfg.skip_empty_rows
         for seqlen in (4096, 4224, 4324, 4416, 8320, 17, 1):
             plan = fwd._plan(cfg, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132)
@@ -1407,7 +1435,7 @@ def test_a_pair_with_a_tile_past_the_sequence_runs_without_skipping_empty_rows()
             meet = dataclasses.replace(cfg, meet_before_pass=True)
             assert fwd._plan(meet, 2, seqlen, seqlen, 4, 4, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
     # the count that matters is the query's: keys do not pair
-    cfg = dataclasses.replace(fwd.default_config(64, False, 4096), cross_head_pairs=False)
+    cfg = dataclasses.replace(fwd.default_config(64, False, 4096), cross_head_pairs=False, meet_before_pass=False)
     assert not fwd._plan(cfg, 1, 4324, 4096, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
     assert fwd._plan(cfg, 1, 4096, 4324, 4, 4, 64, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
 

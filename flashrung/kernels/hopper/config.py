@@ -236,7 +236,11 @@ class HopperFwdConfig:
     # read it by parity, a deadlock. Such launches build without the skip (fwd._skip_empty_rows)
     # unless this is on. On the H200: the d64 default at B8 H32 S4324, which hung 3 of 3 with the
     # skip alone, ran 3 x 2000 calls clean with this on; gated (d64, d128, both pairings, eight
-    # shapes) and bit-identical to the build without the skip. Not priced: off, the rule stands
+    # shapes) and bit-identical to the build without the skip. Paired over the rule's build
+    # (H200, bf16, non-causal, preheated 150 ms): d128 B8 H16 S4160 (33 q-tiles a head, the pair
+    # past the end every 17th) 1.0124 / 1.0177 KEEP, d64 B1 H31 S4324 (one such tile in the
+    # launch) 1.0012 / 1.0019 NULL. On with every kv_multicast default (change 51): the passing
+    # loops gain the meeting, the steady loops are unchanged (census)
     meet_before_pass: bool = False
     # each tile's epilogue (normalization, LSE store, O through shared memory and TMA) runs after
     # the next tile's first QK is issued, under that product: the first QK of a tile is the one
@@ -1191,6 +1195,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
                                producer_unsynced=producer_unsynced, relay_release=relay_release,
                                cross_head_pairs=cross_head_pairs,
+                               meet_before_pass=kv_multicast and base.skip_empty_rows and base.pingpong,
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1227,11 +1232,16 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
+    if out.meet_before_pass and "meet_before_pass" not in changes and not (out.skip_empty_rows and out.pingpong):
+        # the skip of empty rows or the pingpong forced off a paired default: nothing passes a turn
+        out = dataclasses.replace(out, meet_before_pass=False)
     return unpaired_producer_follows(out, changes)
 
 
 # the switches that are ways of running a kv_multicast pair, and mean nothing without one
-PAIRED_ONLY = ("producer_unsynced", "relay_release", "cross_head_pairs")
+# (meet_before_pass runs unpaired, but only a pair's tile past the sequence needs it: dropped with
+# the pairing, `@kv_multicast=false` builds the unpaired kernel that was priced before change 51)
+PAIRED_ONLY = ("producer_unsynced", "relay_release", "cross_head_pairs", "meet_before_pass")
 
 
 def unpaired_producer_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:

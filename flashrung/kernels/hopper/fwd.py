@@ -1815,8 +1815,10 @@ def _skip_empty_rows(cfg: HopperFwdConfig, seqlen_q: int, batch_heads: int) -> b
     fits, derived from the SASS: with every consumer of a CTA passing tiles, no wgmma holds a
     warpgroup's warps together between a turn's wait and thread 0's pass, and the token can
     complete a turn barrier twice before a lagging warp has read it by parity; with
-    ``config.meet_before_pass`` the S4324 default ran clean (3 of 3). Without the skip, an empty
-    warpgroup runs its GEMMs on zero rows and stores nothing."""
+    ``config.meet_before_pass`` the S4324 default ran clean (3 of 3), and every paired default
+    carries it since change 51 (d128 B8 H16 S4160 1.0124 / 1.0177 over this rule's build): the rule
+    remains for a pair built with it off. Without the skip, an empty warpgroup runs its GEMMs on
+    zero rows and stores nothing."""
     tiles = triton.cdiv(seqlen_q, cfg.block_m)
     if cfg.cross_head_pairs:
         tiles *= batch_heads

@@ -3505,7 +3505,7 @@ def test_split_tail_is_deterministic_and_refuses_causal():
 def _retained_reference_config():
     # the retained reference in FA3's order, where it was first priced (d64's default is FA4's)
     return dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0,
-                               wait_pv_early=False, pingpong=False)
+                               wait_pv_early=False, pingpong=False, meet_before_pass=False)
 
 
 def _three_consumer_config():
@@ -3824,7 +3824,8 @@ def test_trace_steps_needs_the_overlapped_schedule_without_the_split_tail():
     base = dataclasses.replace(fwd.default_config(128, False, 8192), split_tail=False)
     dataclasses.replace(base, trace_steps=64).check(128)
     for changes in (dict(split_tail=True), dict(overlap=False, pingpong=False, rescale_threshold=0.0,
-                                                rescale_by_warp=False, wait_pv_early=False, named_turns=False),
+                                                rescale_by_warp=False, wait_pv_early=False, named_turns=False,
+                                                meet_before_pass=False),
                     dict(trace_steps=-1)):
         with pytest.raises(ValueError, match="trace_steps"):
             dataclasses.replace(base, **{"trace_steps": 64, **changes}).check(128)

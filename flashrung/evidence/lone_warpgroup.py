@@ -12,8 +12,9 @@ Arms: ``w`` live warpgroups, ``w = 1 … block_m / 64``, each a launch of one qu
 warpgroups attending; ``--batch`` × ``--heads`` tiles (default 33 × 8 = 264, two rounds of 132
 SMs). Every arm runs one configuration: the default of the full arm's problem, unpaired
 (``kv_multicast=false``: a pair's empty second tile builds without the skip) and without the split
-tail (its last round is the same in every arm then); ``--set`` applies on top. Each arm's output is
-checked against an fp32 reference on the first batch before anything is timed.
+tail (its last round is the same in every arm then); ``--set`` applies on top. Each arm passes the
+correctness gate (``flashrung.gate``: poisoned outputs, the fp32 oracle and the low-precision
+reference) on its first batch before anything is timed.
 
 Timing: ``--blocks`` blocks of ``--calls`` calls per arm, round-robin over the arms, CUDA events
 around each block; medians and p10/p90. ``L_w = t_w / t_full`` against ``w / (block_m / 64)``,
@@ -29,7 +30,8 @@ import argparse
 import dataclasses
 import sys
 
-ROWS_PER_WARPGROUP = 64
+from flashrung.kernels.hopper.config import ROWS_PER_CONSUMER_WARPGROUP
+
 FIXED = {"kv_multicast": "false", "split_tail": "false"}
 
 
@@ -60,15 +62,18 @@ def check_args(args) -> None:
         raise SystemExit(f"--set must not name {', '.join(sorted(fixed))}: the probe sets it for every arm")
 
 
-def _problem(args, seqlen_q: int, capability=(9, 0)):
+def _dtype(args):
     import torch
 
+    return torch.bfloat16 if args.dtype == "bf16" else torch.float16
+
+
+def _problem(args, seqlen_q: int, capability=(9, 0)):
     from flashrung.dispatch import Problem
 
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     return Problem(batch=args.batch, seqlen_q=seqlen_q, seqlen_k=args.seqlen_k, heads_q=args.heads,
-                   heads_kv=args.heads, head_dim=args.headdim, head_dim_v=args.headdim, dtype=dtype, causal=False,
-                   device_type="cuda", capability=capability)
+                   heads_kv=args.heads, head_dim=args.headdim, head_dim_v=args.headdim, dtype=_dtype(args),
+                   causal=False, device_type="cuda", capability=capability)
 
 
 def arm_config(args, capability=(9, 0)):
@@ -84,8 +89,8 @@ def arm_config(args, capability=(9, 0)):
 
 def arm_rows(cfg) -> dict[int, int]:
     """``{live warpgroups: Sq}``: one query tile per head, its first ``w`` warpgroups holding rows."""
-    warpgroups = cfg.block_m // ROWS_PER_WARPGROUP
-    return {w: w * ROWS_PER_WARPGROUP for w in range(1, warpgroups + 1)}
+    warpgroups = cfg.block_m // ROWS_PER_CONSUMER_WARPGROUP
+    return {w: w * ROWS_PER_CONSUMER_WARPGROUP for w in range(1, warpgroups + 1)}
 
 
 def derive(ms: dict[int, float], warpgroups: int) -> dict[int, dict]:
@@ -96,9 +101,12 @@ def derive(ms: dict[int, float], warpgroups: int) -> dict[int, dict]:
 
 
 def run(args) -> dict:
+    import functools
+
     import numpy as np
     import torch
 
+    from flashrung import gate
     from flashrung.kernels.hopper import fwd
 
     if not torch.cuda.is_available():
@@ -107,7 +115,8 @@ def run(args) -> dict:
     capability = torch.cuda.get_device_capability(device)
     cfg = arm_config(args, capability)
     rows = arm_rows(cfg)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    warpgroups = max(rows)
+    dtype = _dtype(args)
     gen = torch.Generator(device).manual_seed(0)
     shape_k = (args.batch, args.seqlen_k, args.heads, args.headdim)
     k, v = (torch.randn(shape_k, device=device, dtype=dtype, generator=gen) for _ in range(2))
@@ -115,16 +124,12 @@ def run(args) -> dict:
           for w, sq in rows.items()}
     scale = args.headdim ** -0.5
     for w, q in qs.items():
-        out, lse = fwd.forward(q, k, v, False, scale, cfg)
-        # the first batch's heads against fp32 (no score matrix past 8 heads × 192 × Sk at once)
-        s = torch.einsum("qhd,khd->hqk", q[0].float(), k[0].float()) * scale
-        ref = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v[0].float())
-        err = (out[0].float() - ref).abs().max().item()
-        lse_err = (lse[0].float() - torch.logsumexp(s, dim=-1)).abs().max().item()
-        if not (err < 2e-2 and lse_err < 1e-3):
-            raise SystemExit(f"arm of {w} warpgroup(s) (Sq {rows[w]}): max |out - ref| {err:.3g}, "
-                             f"max |lse - ref| {lse_err:.3g} — not timed")
-        del s, ref
+        # the first batch: the same build (one configuration, unpaired, so the skip of empty rows is
+        # on at every launch) with the oracles' score matrices a batch's worth
+        result = gate.check_forward_inputs(functools.partial(fwd.forward, config=cfg), q[:1], k[:1], v[:1], False,
+                                           scale, kernel=f"hopper.fwd ({w} of {warpgroups} warpgroups)")
+        if not result.passed:
+            raise SystemExit(f"{result} — not timed")
 
     def calls(w, n):
         for _ in range(n):
@@ -144,7 +149,6 @@ def run(args) -> dict:
             times[w].append(start.elapsed_time(end) / args.calls)
     ms = {w: float(np.median(t)) for w, t in times.items()}
     spread = {w: [float(np.percentile(t, 10)), float(np.percentile(t, 90))] for w, t in times.items()}
-    warpgroups = cfg.block_m // ROWS_PER_WARPGROUP
     plan = fwd._plan(cfg, args.batch, rows[warpgroups], args.seqlen_k, args.heads, args.heads, args.headdim,
                      k.element_size(), False, True, torch.cuda.get_device_properties(device).multi_processor_count)
     return {

@@ -1195,7 +1195,7 @@ def _select(head_dim: int, causal: bool, persistent: bool, short: bool, split_ta
                                single_kv_loop=single_kv_loop, asm_arrivals=asm_arrivals, kv_multicast=kv_multicast,
                                producer_unsynced=producer_unsynced, relay_release=relay_release,
                                cross_head_pairs=cross_head_pairs,
-                               meet_before_pass=kv_multicast and base.skip_empty_rows and base.pingpong,
+                               meet_before_pass=kv_multicast and _can_meet_before_pass(base),
                                balanced_partial_tiles=_partial_tiles_estimable(base, balanced, head_dim))
 
 
@@ -1232,7 +1232,7 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
-    if out.meet_before_pass and "meet_before_pass" not in changes and not (out.skip_empty_rows and out.pingpong):
+    if out.meet_before_pass and "meet_before_pass" not in changes and not _can_meet_before_pass(out):
         # the skip of empty rows or the pingpong forced off a paired default: nothing passes a turn
         out = dataclasses.replace(out, meet_before_pass=False)
     return unpaired_producer_follows(out, changes)
@@ -1259,6 +1259,12 @@ def _can_run_unsynced(cfg: HopperFwdConfig) -> bool:
     """What ``producer_unsynced`` needs besides the pairing (``HopperFwdConfig.check``): one Q
     buffer and the decode by division."""
     return cfg.num_q_stages == 1 and not (cfg.fast_divide_producer or cfg.fast_divide_consumers)
+
+
+def _can_meet_before_pass(cfg: HopperFwdConfig) -> bool:
+    """What ``meet_before_pass`` needs (``HopperFwdConfig.check``): a consumer that skips its empty
+    rows, and a pingpong turn for it to pass."""
+    return cfg.skip_empty_rows and cfg.pingpong
 
 
 def _can_multicast(cfg: HopperFwdConfig) -> bool:

@@ -1402,6 +1402,27 @@ def test_every_paired_default_meets_before_it_passes_and_keeps_the_skip():
         assert not cfg.kv_multicast and not cfg.meet_before_pass, (d, causal, seqlen)
 
 
+def test_the_pairing_forced_onto_an_unpaired_default_meets_before_it_passes():
+    # meet_before_pass follows the pairing in replace_following as select_config derives it: the
+    # pairing forced onto an unpaired default (`@kv_multicast=true`) meets before each pass, so a
+    # launch whose last pair has a tile past the sequence (odd q-tile count) keeps the skip of
+    # empty rows; naming the switch keeps the value given, and forcing the pingpong off with the
+    # pairing leaves no turn to meet before
+    for d, seqlen in ((64, 1024), (128, 2048)):
+        base = fwd.default_config(d, False, seqlen)
+        assert not base.kv_multicast and not base.meet_before_pass, (d, seqlen)
+        paired = fwd.replace_following(base, d, **_MULTICAST)
+        assert paired.kv_multicast and paired.meet_before_pass, (d, seqlen)
+        paired.check(d)
+        odd = 2 * paired.block_m * 3 + 1  # seven q-tiles a head: the last pair's second tile lies past it
+        plan = fwd._plan(paired, 1, odd, odd, 2, 2, d, 2, False, True, 132)
+        assert plan.constexprs["SKIP_EMPTY_ROWS"], (d, seqlen)
+        named = fwd.replace_following(base, d, **_MULTICAST, meet_before_pass=False)
+        assert not named.meet_before_pass
+        assert not fwd._plan(named, 1, odd, odd, 2, 2, d, 2, False, True, 132).constexprs["SKIP_EMPTY_ROWS"]
+        assert not fwd.replace_following(base, d, **_MULTICAST, pingpong=False).meet_before_pass
+
+
 def test_meet_before_pass_needs_the_skip_and_the_pingpong():
     paired = dataclasses.replace(fwd.default_config(64, False, 4096), meet_before_pass=True)
     paired.check(64)

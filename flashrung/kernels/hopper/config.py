@@ -1219,7 +1219,8 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     ``kv_multicast`` steps aside for a change it cannot run with (the staggered sweep, Gluon's
     arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
     decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
-    (then check() refuses)."""
+    (then check() refuses). ``meet_before_pass`` follows the pairing, the skip of empty rows and the
+    pingpong, as ``select_config`` derives it."""
     out = dataclasses.replace(cfg, **changes)
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
@@ -1232,10 +1233,17 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
-    if out.meet_before_pass and "meet_before_pass" not in changes and not _can_meet_before_pass(out):
-        # the skip of empty rows or the pingpong forced off a paired default: nothing passes a turn
-        out = dataclasses.replace(out, meet_before_pass=False)
+    if "meet_before_pass" not in changes and _MEET_DERIVED_FROM & set(changes):
+        # the meeting follows the pairing as select_config derives it: the skip of empty rows or the
+        # pingpong forced off a paired default leaves no turn to meet before; the pairing forced
+        # onto an unpaired default gains it, so a tile past the sequence keeps the skip there too
+        out = dataclasses.replace(out, meet_before_pass=out.kv_multicast and _can_meet_before_pass(out))
     return unpaired_producer_follows(out, changes)
+
+
+# The fields meet_before_pass's default is derived from (select_config: every pairing that skips
+# its empty rows and passes a pingpong turn meets before the pass)
+_MEET_DERIVED_FROM = frozenset({"kv_multicast", "skip_empty_rows", "pingpong"})
 
 
 # the switches that are ways of running a kv_multicast pair, and mean nothing without one

@@ -1,5 +1,6 @@
 """`flashrung bench | null | compare | reanchor` argument handling and the no-GPU paths."""
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -161,6 +162,21 @@ def test_null_compare_reanchor_run_their_fresh_process_path_on_cpu(capsys, tmp_p
 def test_compare_without_a_calibration_asks_for_the_null(capsys, tmp_path):
     rc, _, err = run(capsys, "compare", "flash", "flash", "--calibration", str(tmp_path / "none.json"), *TINY)
     assert rc == 2 and "flashrung null" in err
+
+
+def test_rounds_reach_the_bench_protocol_and_must_be_even(capsys):
+    # more rounds put more pairs behind a row's ratio (six by default); the halves stay in
+    # opposite orders, so an odd count or fewer than two is refused, naming the flag
+    assert cli.bench_protocol(parse("bench")) == timing.BenchProtocol()
+    proto = cli.bench_protocol(parse("bench", "--rounds", "24"))
+    assert proto.rounds == 24 and proto.block_preheat_ms == timing.BenchProtocol().block_preheat_ms
+    assert cli.bench_protocol(parse("bench", "--quick", "--rounds", "8")) == \
+        dataclasses.replace(timing.QUICK_BENCH, rounds=8)
+    for bad in ("5", "0", "-2", "six"):
+        with pytest.raises(SystemExit):
+            parse("bench", "--rounds", bad)
+        assert "--rounds" in capsys.readouterr().err
+    assert len(timing.half_reversed_orders(["a", "b"], proto.rounds)) == 24
 
 
 def test_block_preheat_reaches_the_paired_protocol():

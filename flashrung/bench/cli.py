@@ -19,6 +19,7 @@ so ``flashrung bench --dry-run`` plans without one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -36,6 +37,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def even_rounds(text: str) -> int:
+    """``--rounds``: an even count, half of the rounds in order and half reversed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an even integer >= 2, got {text!r}") from None
+    if value < 2 or value % 2:
+        raise argparse.ArgumentTypeError(f"expected an even integer >= 2 (half the rounds in order, half "
+                                         f"reversed), got {text!r}")
     return value
 
 
@@ -157,6 +170,9 @@ def register(subparsers) -> None:
     b.add_argument("--plot", type=pathlib.Path, metavar="PNG",
                    help="write the plot here (default: next to --json PATH, same stem)")
     b.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (a smoke run)")
+    b.add_argument("--rounds", type=even_rounds, metavar="N",
+                   help=f"round-robin rounds per row, even: half in order, half reversed (default "
+                        f"{timing.BenchProtocol().rounds}); more rounds, more pairs behind each row's ratio")
     b.add_argument("--no-gate", action="store_true", help="skip the correctness gate of flashrung kernels")
     b.add_argument("--flex-dynamic", action="store_true",
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
@@ -310,9 +326,10 @@ def cmd_bench(args) -> int:
             print(report.plan_table(plan))
         return 0
     from flashrung.bench import runner
-    protocol = timing.QUICK_BENCH if args.quick else timing.BenchProtocol()
+    protocol = bench_protocol(args)
+    kind = "quick" if args.quick else "default"
     print(f"flashrung bench on {what}: suite {suite}, {len(rows)} rows × {len(impls)} implementations "
-          f"({', '.join(impls)}), {'quick' if args.quick else 'default'} protocol {protocol.to_json()}",
+          f"({', '.join(impls)}), {kind} protocol{' with --rounds' if args.rounds else ''} {protocol.to_json()}",
           file=sys.stderr)
     doc = runner.run(rows, impls, protocol=protocol, causal_convention=args.causal_flops, gate=not args.no_gate,
                      suite=suite, progress=not args.no_progress, command=list(sys.argv),
@@ -330,6 +347,12 @@ def cmd_bench(args) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # null / compare / reanchor
+
+
+def bench_protocol(args) -> timing.BenchProtocol:
+    """The bench protocol: the default or ``--quick``'s, with ``--rounds`` if given."""
+    base = timing.QUICK_BENCH if args.quick else timing.BenchProtocol()
+    return dataclasses.replace(base, rounds=args.rounds) if args.rounds else base
 
 
 def pair_row(args) -> suites.Row:

@@ -37,7 +37,8 @@ def test_derived_ratios_read_against_the_full_arm():
                                            (("--seqlen-k", "0"), "--seqlen-k must be at least 1"),
                                            (("--set", "split_tail=true"), "--set must not name split_tail"),
                                            (("--set", "block_m=64,kv_multicast=true"),
-                                            "--set must not name block_m, kv_multicast")])
+                                            "--set must not name block_m, kv_multicast"),
+                                           (("--set", "pingpong"), "--set: impl .*expected name@key=value")])
 def test_bad_arguments_are_refused_by_name(argv, message):
     with pytest.raises(SystemExit, match=message):
         lone_warpgroup.check_args(_args(*argv))

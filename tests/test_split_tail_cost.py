@@ -39,7 +39,9 @@ def test_the_merge_is_skipped_only_inside_the_context():
 
 @pytest.mark.parametrize("argv, message", [(("--blocks", "0"), "--blocks must be at least 1"),
                                            (("--calls", "0"), "--calls must be at least 1"),
-                                           (("--set", "split_tail=true"), "--set must not name split_tail")])
+                                           (("--set", "split_tail=true"), "--set must not name split_tail"),
+                                           (("--set", " split_tail = true"), "--set must not name split_tail"),
+                                           (("--set", "pingpong"), "--set: impl .*expected name@key=value")])
 def test_bad_arguments_are_refused_by_name(argv, message):
     with pytest.raises(SystemExit, match=message):
         split_tail_cost.check_args(_args(*argv))

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import sys
 
+from flashrung.evidence.probe_args import require_positive, set_keys
 from flashrung.kernels.hopper.config import ROWS_PER_CONSUMER_WARPGROUP
 
 FIXED = {"kv_multicast": "false", "split_tail": "false"}
@@ -53,11 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> None:
     """Refuse what cannot be timed, naming the argument."""
-    for name in ("seqlen_k", "batch", "heads", "blocks", "calls"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    named = {item.split("=")[0].strip() for item in args.set.split(",") if item.strip()}
-    fixed = named & (set(FIXED) | {"block_m"})
+    require_positive(args, ("seqlen_k", "batch", "heads", "blocks", "calls"))
+    fixed = set_keys(args.set) & (set(FIXED) | {"block_m"})
     if fixed:
         raise SystemExit(f"--set must not name {', '.join(sorted(fixed))}: the probe sets it for every arm")
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flashrung.evidence.probe_args import require_positive
+
 # one row in this many gets -inf from every split: a row no split saw, merged to 0 / -inf
 EMPTY_ROW_EVERY = 8
 
@@ -47,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> None:
     """Refuse what cannot be timed, naming the argument."""
-    for name in ("batch", "seqlen", "heads", "reps", "calls"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
+    require_positive(args, ("batch", "seqlen", "heads", "reps", "calls"))
     if args.alternations < 2 or args.alternations % 2:
         raise SystemExit(f"--alternations must be an even number >= 2, got {args.alternations}")
 

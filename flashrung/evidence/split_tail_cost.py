@@ -28,6 +28,8 @@ import contextlib
 import dataclasses
 import sys
 
+from flashrung.evidence.probe_args import require_positive, set_keys
+
 ARMS = ("whole", "split", "split_kernel")
 
 
@@ -50,10 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> None:
     """Refuse what cannot be timed, naming the argument."""
-    for name in ("batch", "seqlen", "heads", "blocks", "calls"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if "split_tail=" in args.set.replace(" ", ""):
+    require_positive(args, ("batch", "seqlen", "heads", "blocks", "calls"))
+    if "split_tail" in set_keys(args.set):
         raise SystemExit("--set must not name split_tail: the arms set it themselves")
 
 

@@ -110,13 +110,29 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
             tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_row, lse)
 
 
+def workspace_words(items: int, tiles: int, block_m: int, head_dim: int) -> int:
+    """The 4-byte words of the split tail's workspace: every item's O and LSE, every tile's coordinates."""
+    return items * block_m * head_dim + items * block_m + tiles * 3
+
+
+def carve_workspace(buf: torch.Tensor, items: int, tiles: int, block_m: int,
+                    head_dim: int) -> tuple[torch.Tensor, ...]:
+    """``(part_o, part_lse, coords)`` as views of ``buf``, a contiguous fp32 tensor of exactly
+    :func:`workspace_words` words."""
+    words = workspace_words(items, tiles, block_m, head_dim)
+    if buf.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous() or buf.numel() != words:
+        raise ValueError(f"buf must be a contiguous 1-D fp32 tensor of {words} words, got "
+                         f"{tuple(buf.shape)} {buf.dtype}")
+    o_words, lse_words = items * block_m * head_dim, items * block_m
+    return (buf[:o_words].view(items, block_m, head_dim), buf[o_words:o_words + lse_words].view(items, block_m),
+            buf[o_words + lse_words:].view(torch.int32).view(tiles, 3))
+
+
 def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tuple[torch.Tensor, ...]:
     """``(part_o, part_lse, coords)`` for ``items`` work items over ``tiles`` tail tiles, carved from
     one allocation (one allocator call per forward)."""
-    o_words, lse_words = items * block_m * head_dim, items * block_m
-    buf = torch.empty(o_words + lse_words + tiles * 3, dtype=torch.float32, device=device)
-    return (buf[:o_words].view(items, block_m, head_dim), buf[o_words:o_words + lse_words].view(items, block_m),
-            buf[o_words + lse_words:].view(torch.int32).view(tiles, 3))
+    buf = torch.empty(workspace_words(items, tiles, block_m, head_dim), dtype=torch.float32, device=device)
+    return carve_workspace(buf, items, tiles, block_m, head_dim)
 
 
 def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,

@@ -45,6 +45,11 @@ def test_time_row_measures_every_impl_and_pairs_ours_with_the_best_peer(row_resu
     flops = ROW.flops(numerators.FA_HALF)[0]
     assert ours["ms"] == pytest.approx(1.6) and ours["tflops"] == pytest.approx(flops / 1.6e-3 / 1e12)
     assert ours["reps_per_block"] == 5 and ours["distribution"]["n"] == 4 * 5
+    # the raw calls behind the summary, block by block, and the order each round ran in (a slow
+    # block can be traced to what ran before it)
+    assert [len(b) for b in ours["blocks_ms"]] == [5] * 4
+    assert all(t == pytest.approx(1.6) for b in ours["blocks_ms"] for t in b)
+    assert r["round_orders"] == [["cudnn", "flex", "flashrung:portable"]] * 2 + [["flashrung:portable", "flex", "cudnn"]] * 2
     cmp = r["comparisons"]["flashrung:portable"]
     assert cmp["cudnn"]["margin"] == pytest.approx(2.0 / 1.6) and cmp["flex"]["margin"] == pytest.approx(2.5 / 1.6)
     assert r["flops_convention"] == "fa-half" and "dense/2" in r["flops_convention_label"]

@@ -144,6 +144,8 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
             "status": "ok", "ms": dist.median, "tflops": numerators.tflops(flops, dist.median),
             "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": protocol.rounds,
             "preheat_calls_per_block": preheat[impl],
+            # every timed call, block by block in round order (``round_orders`` says which ran before it)
+            "blocks_ms": inter.times[impl],
             "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
             "dispatch": p.dispatch, "host_path": probes[impl], "host_bound": timing.host_bound(probes[impl]),
         }
@@ -159,7 +161,8 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         comparisons[ours] = {peer: stats.summarize(inter.paired(peer, ours)).to_json() for peer in ok_peers}
     del prepared
     return {**row.plan(causal_convention), "label": row.label(), "results": results, "best_peer": best_peer,
-            "comparisons": comparisons, "flops_convention_label": numerators.LABELS[convention]}
+            "comparisons": comparisons, "flops_convention_label": numerators.LABELS[convention],
+            "round_orders": [list(o) for o in inter.orders] if inter is not None else []}
 
 
 def _group_by_shape(rows: Sequence[Row]):

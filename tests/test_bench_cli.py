@@ -179,6 +179,17 @@ def test_rounds_reach_the_bench_protocol_and_must_be_even(capsys):
     assert len(timing.half_reversed_orders(["a", "b"], proto.rounds)) == 24
 
 
+def test_order_reaches_the_bench_protocol_balanced_by_default(capsys):
+    # the balanced design by default; the fixed order and its reverse on request (the protocol the
+    # suite ran before), anything else refused naming the flag
+    assert cli.bench_protocol(parse("bench")).order == "balanced"
+    proto = cli.bench_protocol(parse("bench", "--order", "halves", "--rounds", "8"))
+    assert proto.order == "halves" and proto.rounds == 8
+    with pytest.raises(SystemExit):
+        parse("bench", "--order", "shuffled")
+    assert "--order" in capsys.readouterr().err
+
+
 def test_block_preheat_reaches_the_paired_protocol():
     # off by default (the A/A calibration was taken without it); given, it travels with the
     # protocol into the fresh-process worker's spec

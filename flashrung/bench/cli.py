@@ -41,14 +41,14 @@ def positive_int(text: str) -> int:
 
 
 def even_rounds(text: str) -> int:
-    """``--rounds``: an even count, half of the rounds in order and half reversed."""
+    """``--rounds``: an even count (a balanced design's rounds are even; the halves schedule needs it)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an even integer >= 2, got {text!r}") from None
     if value < 2 or value % 2:
-        raise argparse.ArgumentTypeError(f"expected an even integer >= 2 (half the rounds in order, half "
-                                         f"reversed), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an even integer >= 2 (a balanced design's rounds, or half "
+                                         f"in order and half reversed), got {text!r}")
     return value
 
 
@@ -171,8 +171,12 @@ def register(subparsers) -> None:
                    help="write the plot here (default: next to --json PATH, same stem)")
     b.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (a smoke run)")
     b.add_argument("--rounds", type=even_rounds, metavar="N",
-                   help=f"round-robin rounds per row, even: half in order, half reversed (default "
-                        f"{timing.BenchProtocol().rounds}); more rounds, more pairs behind each row's ratio")
+                   help=f"round-robin rounds per row, at least (default {timing.BenchProtocol().rounds}), even; "
+                        "with --order balanced rounded up to whole designs (six implementations: 6, seven: 14); "
+                        "more rounds, more pairs behind each row's ratio")
+    b.add_argument("--order", choices=timing.ORDERS, default=None,
+                   help="each round's order: balanced (default: every implementation in every position and right "
+                        "after every other equally often) or halves (one fixed order, then reversed)")
     b.add_argument("--no-gate", action="store_true", help="skip the correctness gate of flashrung kernels")
     b.add_argument("--flex-dynamic", action="store_true",
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
@@ -329,7 +333,7 @@ def cmd_bench(args) -> int:
     protocol = bench_protocol(args)
     kind = "quick" if args.quick else "default"
     print(f"flashrung bench on {what}: suite {suite}, {len(rows)} rows × {len(impls)} implementations "
-          f"({', '.join(impls)}), {kind} protocol{' with --rounds' if args.rounds else ''} {protocol.to_json()}",
+          f"({', '.join(impls)}), {kind} protocol {protocol.to_json()}",
           file=sys.stderr)
     doc = runner.run(rows, impls, protocol=protocol, causal_convention=args.causal_flops, gate=not args.no_gate,
                      suite=suite, progress=not args.no_progress, command=list(sys.argv),
@@ -350,9 +354,10 @@ def cmd_bench(args) -> int:
 
 
 def bench_protocol(args) -> timing.BenchProtocol:
-    """The bench protocol: the default or ``--quick``'s, with ``--rounds`` if given."""
+    """The bench protocol: the default or ``--quick``'s, with ``--rounds`` and ``--order`` if given."""
     base = timing.QUICK_BENCH if args.quick else timing.BenchProtocol()
-    return dataclasses.replace(base, rounds=args.rounds) if args.rounds else base
+    changes = {name: getattr(args, name) for name in ("rounds", "order") if getattr(args, name, None)}
+    return dataclasses.replace(base, **changes)
 
 
 def pair_row(args) -> suites.Row:

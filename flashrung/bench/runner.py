@@ -121,8 +121,9 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
     preheat = {i: timing.preheat_calls(warm[i].estimate_ms, protocol.block_preheat_ms) for i in prepared}
     if prepared:
         on_impl("timing")
-        inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, protocol.rounds, timer,
-                                  block_warmup=preheat)
+        orders = protocol.orders_for(list(prepared))
+        inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, len(orders), timer,
+                                  block_warmup=preheat, orders=orders)
 
     for impl in list(prepared):
         times = inter.per_call(impl)
@@ -142,7 +143,7 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         dist = stats.Distribution.of(inter.per_call(impl))
         results[impl] = {
             "status": "ok", "ms": dist.median, "tflops": numerators.tflops(flops, dist.median),
-            "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": protocol.rounds,
+            "distribution": dist.to_json(), "reps_per_block": reps[impl], "rounds": len(inter.orders),
             "preheat_calls_per_block": preheat[impl],
             # every timed call, block by block in round order (``round_orders`` says which ran before it)
             "blocks_ms": inter.times[impl],
@@ -223,10 +224,14 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
     bar.close()
 
     manifest_mod.finish(manifest)
+    order_text = ("implementations interleaved round-robin in a carryover-balanced design (each in every position "
+                  "and right after every other equally often; round_orders in each row)"
+                  if protocol.order == "balanced" else
+                  "implementations interleaved round-robin, first half of the rounds in order, second half reversed")
     return {"suite": suite, "impls": list(impls), "causal_convention": causal_convention,
             "protocol": protocol.to_json(), "peer_options": dataclasses.asdict(peer_options), "timing": "CUDA events between back-to-back calls; warm kernel time "
             "(compile, allocation of inputs, and the forward of backward rows excluded); statistic: median per call; "
-            "implementations interleaved round-robin, first half of the rounds in order, second half reversed; "
+            f"{order_text}; "
             "each block preceded by untimed calls of the same implementation for block_preheat_ms (its own "
             "power/clock steady state); after each row, a host-path probe per implementation (host_path: host "
             "time to issue back-to-back calls beside their GPU time; host_bound when the host took at least "

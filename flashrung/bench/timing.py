@@ -6,12 +6,17 @@ between neighbours, so no call is timed twice and nothing but the kernels sits b
 resolves them after one synchronisation; :class:`ClockTimer` reads any clock and serves CPU runs
 and synthetic tests, where the "kernel" advances a virtual clock.
 
-Two schedules, one rule: implementations alternate inside one process, the first half of the
-rounds in one order and the second half reversed, so every implementation is measured next to
-every other under the same clock state, and an advantage from running first or second shows up
-as a difference between the halves instead of hiding in the margin.
+Two schedules, one rule: implementations alternate inside one process, so every implementation is
+measured next to every other under the same clock state, and no order favours one of them.
 
-- :func:`interleave` — the bench: n implementations, round-robin blocks, per-call times kept.
+- :func:`interleave` — the bench: n implementations, round-robin blocks, per-call times kept. The
+  bench's rounds follow a carryover-balanced design (:func:`balanced_orders`): every implementation
+  runs in every position of a round and right after every other implementation equally often. An
+  H200 at its power limit sets each block's clock from what ran in the seconds before it, which a
+  block's preheat does not undo: with seven implementations in one fixed order and its reverse, the
+  target row's ratio to FA4 read 0.984–0.990 with FA4 fifth and `flashrung` sixth and 1.036–1.038
+  with the two swapped (docs/hopper.md, *Against the peers*). The halves schedule below is kept for
+  the paired tools and as the bench's ``order="halves"``.
 - :func:`paired_run` — compare / null / reanchor: two arms, AB then BA halves, one block time per
   arm per alternation (the median of its calls), returned as a :class:`~flashrung.bench.stats.PairedRun`.
 """
@@ -160,6 +165,36 @@ def half_reversed_orders(names: Sequence[str], rounds: int) -> list[tuple[str, .
     return [fwd if r < rounds // 2 else rev for r in range(rounds)]
 
 
+def balanced_orders(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """A Williams design over ``names``: n rounds for an even count n, 2n for an odd one (each round
+    of the square and its mirror). Every name runs in every position equally often, right after
+    every other name equally often, and before every other name in exactly half of the rounds — so
+    neither a block's place in the round nor the implementation before it favours one of them, and
+    every pair's paired ratio has rounds in both orders."""
+    n = len(names)
+    if n < 1 or len(set(names)) != n:
+        raise ValueError(f"names must be distinct and at least one, got {list(names)!r}")
+    # first row 0, 1, n-1, 2, n-2, ...; row i adds i (mod n): each name follows each other once
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low if len(first) % 2 else high)
+        low, high = (low + 1, high) if len(first) % 2 == 0 else (low, high - 1)
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [tuple(names[x] for x in row) for row in rows]
+
+
+def balanced_rounds(count: int, at_least: int) -> int:
+    """Rounds for ``count`` implementations: the smallest whole number of balanced designs that gives
+    at least ``at_least`` rounds."""
+    design = count if count % 2 == 0 else 2 * count
+    return design * max(1, math.ceil(at_least / design))
+
+
+ORDERS = ("balanced", "halves")
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchProtocol:
     """How each (row, implementation) is timed in ``flashrung bench``.
@@ -170,7 +205,10 @@ class BenchProtocol:
 
     warmup_calls: int = 3          # at least, after the untimed first call
     warmup_ms: float = 25.0        # at least, ms of warm-up per implementation per row
-    rounds: int = 6                # round-robin rounds (even: half forward order, half reversed)
+    # round-robin rounds, at least: with order="balanced" rounded up to whole designs of the row's
+    # implementations (six: 6; seven: 14); with "halves", half in order and half reversed
+    rounds: int = 6
+    order: str = "balanced"
     block_ms: float = 20.0         # target ms per block
     block_reps_min: int = 2
     block_reps_max: int = 20
@@ -184,6 +222,17 @@ class BenchProtocol:
     # clock's settling, measured per call (FA4 at that shape): up to +13 % after idle and +19 %
     # after a lighter kernel for the first ~75–100 ms, steady from ~150 ms on.
     block_preheat_ms: float = 150.0
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+
+    def orders_for(self, names: Sequence[str]) -> list[tuple[str, ...]]:
+        """Each round's order for a row timing ``names``."""
+        if self.order == "halves":
+            return half_reversed_orders(names, self.rounds)
+        design = balanced_orders(names)
+        return design * (balanced_rounds(len(names), self.rounds) // len(design))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -247,12 +296,20 @@ class Interleaved:
 
 
 def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], rounds: int, timer, *,
-               block_warmup: int | Mapping[str, int] = 0) -> Interleaved:
+               block_warmup: int | Mapping[str, int] = 0,
+               orders: Sequence[Sequence[str]] | None = None) -> Interleaved:
     """Round-robin blocks over ``fns``; times resolve after the last round (one synchronisation).
 
-    ``block_warmup``: untimed calls before each block, one count for all or one per name."""
+    ``block_warmup``: untimed calls before each block, one count for all or one per name.
+    ``orders``: each round's order (``rounds`` of them, each naming every fn once); default: the
+    halves schedule."""
     names = list(fns)
-    orders = half_reversed_orders(names, rounds)
+    if orders is None:
+        orders = half_reversed_orders(names, rounds)
+    else:
+        orders = [tuple(o) for o in orders]
+        if len(orders) != rounds or any(sorted(o) != sorted(names) for o in orders):
+            raise ValueError(f"orders must give {rounds} rounds, each naming {names} once")
     warm = block_warmup if isinstance(block_warmup, Mapping) else {n: block_warmup for n in names}
     handles: dict[str, list] = {n: [] for n in names}
     for order in orders:

@@ -194,6 +194,16 @@ def test_paired_alternations_fill_the_time_budget():
     assert stats.half_orders(proto.alternations)                  # valid for the paired runner
 
 
+def test_the_rungs_rates_say_the_order_they_run_in():
+    # the climb keeps one order and its reverse (a balanced design would take a round per rung):
+    # its protocol and timing text must say so, not the bench's balanced default
+    for proto in (cli.DEFAULT_PROTOCOL, cli.QUICK_PROTOCOL):
+        assert proto.rates.order == "halves" and proto.to_json()["rates"]["order"] == "halves"
+        names = [f"ladder.v{i}" for i in range(5)]
+        assert proto.rates.orders_for(names) == timing.half_reversed_orders(names, proto.rates.rounds)
+    assert "second half reversed" in cli.TIMING_TEXT
+
+
 # ------------------------------------------------------------------------------------------
 # Rates, table and JSON from synthetic rows
 # ------------------------------------------------------------------------------------------

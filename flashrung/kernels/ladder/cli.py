@@ -87,7 +87,9 @@ class LadderProtocol:
     median); each margin is one paired AB/BA run whose alternations fill ``pair_budget_s`` of
     kernel time, within [min_alternations, max_alternations] (max: seed 000's 120)."""
 
-    rates: timing.BenchProtocol = timing.BenchProtocol()
+    # the rungs keep one fixed order and its reverse: a balanced design needs a round per rung
+    # (two dozen), four times the climb's rounds; each margin is its own paired AB/BA run
+    rates: timing.BenchProtocol = timing.BenchProtocol(order="halves")
     paired_reps: int = 5               # timed calls per arm per alternation (block = their median)
     paired_block_warmup: int = 1       # untimed calls before each block
     pair_budget_s: float = 8.0         # kernel time per rung-vs-parent margin
@@ -111,7 +113,7 @@ class LadderProtocol:
 
 
 DEFAULT_PROTOCOL = LadderProtocol()
-QUICK_PROTOCOL = LadderProtocol(rates=timing.QUICK_BENCH, paired_reps=3, pair_budget_s=2.0, max_alternations=40)
+QUICK_PROTOCOL = LadderProtocol(rates=dataclasses.replace(timing.QUICK_BENCH, order="halves"), paired_reps=3, pair_budget_s=2.0, max_alternations=40)
 
 TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs interleaved round-robin "
                "(first half of the rounds in ladder order, second half reversed)")
@@ -628,7 +630,8 @@ def interleave_warmed(fns: dict, warm: dict, protocol: LadderProtocol, timer) ->
     reps = {n: timing.reps_for(warm[n].estimate_ms, target_ms=rates.block_ms, lo=rates.block_reps_min,
                                hi=rates.block_reps_max) for n in fns}
     preheat = {n: timing.preheat_calls(warm[n].estimate_ms, rates.block_preheat_ms) for n in fns}
-    return timing.interleave(fns, reps, rates.rounds, timer, block_warmup=preheat), reps, preheat
+    orders = rates.orders_for(list(fns))
+    return timing.interleave(fns, reps, len(orders), timer, block_warmup=preheat, orders=orders), reps, preheat
 
 
 def measure_config(name: str, config: suites.Row, rungs: list[ladder.Rung], chosen: set[str],

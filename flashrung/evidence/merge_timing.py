@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flashrung.evidence.probe_args import require_positive
+from flashrung.evidence.probe_args import add_square_problem, require_positive
 
 # one row in this many gets -inf from every split: a row no split saw, merged to 0 / -inf
 EMPTY_ROW_EVERY = 8
@@ -35,11 +35,7 @@ EMPTY_ROW_EVERY = 8
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashrung.evidence.merge_timing",
                                 description="the split tail's merge alone: the chunked merge against loads_first (the default), paired")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seqlen", type=int, default=16384, help="Sq = Sk (default 16384)")
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    add_square_problem(p, batch=2, seqlen=16384)
     p.add_argument("--alternations", type=int, default=40, help="paired alternations, even (default 40)")
     p.add_argument("--reps", type=int, default=3, help="graph replays per arm per alternation (default 3)")
     p.add_argument("--calls", type=int, default=50, help="merge launches per CUDA graph (default 50)")

@@ -28,7 +28,7 @@ import argparse
 import contextlib
 import sys
 
-from flashrung.evidence.probe_args import require_positive
+from flashrung.evidence.probe_args import add_square_problem, require_positive
 
 MOVES = ("out", "inputs", "workspace", "all")
 POOL_ALIGN_BYTES = 2 << 20      # the caching allocator's large segments start 2 MiB-aligned
@@ -59,11 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashrung.evidence.placement",
                                 description="hopper.fwd with its tensors at chosen byte offsets, each paired "
                                             "against offset 0")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seqlen", type=int, default=16384, help="Sq = Sk (default 16384)")
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    add_square_problem(p, batch=2, seqlen=16384)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--move", nargs="+", default=["all"], choices=MOVES,
                    help="what each arm moves (default all); several values run one set of pairs each")

@@ -1,6 +1,19 @@
-"""Argument checks the timing probes share: counts that must be positive, and the config keys a
-``--set key=value,...`` names (refused by name where the probe fixes them itself)."""
+"""Arguments the timing probes share: the square problem they time, counts that must be positive,
+and the config keys a ``--set key=value,...`` names (refused by name where the probe fixes them
+itself)."""
 from __future__ import annotations
+
+HEAD_DIMS = (64, 128, 256)      # hopper.fwd's head dims
+DTYPES = ("bf16", "fp16")
+
+
+def add_square_problem(p, batch: int, seqlen: int, heads: int = 16) -> None:
+    """``--batch --seqlen --heads --headdim --dtype`` of a problem with Sq = Sk, with the probe's defaults."""
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--seqlen", type=int, default=seqlen, help=f"Sq = Sk (default {seqlen})")
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--headdim", type=int, default=128, choices=HEAD_DIMS)
+    p.add_argument("--dtype", default="bf16", choices=DTYPES)
 
 
 def require_positive(args, names) -> None:

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import sys
 
-from flashrung.evidence.probe_args import require_positive, set_keys
+from flashrung.evidence.probe_args import add_square_problem, require_positive, set_keys
 
 ARMS = ("whole", "split", "split_kernel")
 
@@ -37,11 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashrung.evidence.split_tail_cost",
                                 description="a split tail's time taken apart: whole tiles, the split tail, "
                                             "its kernel without the merge")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seqlen", type=int, default=2048, help="Sq = Sk (default 2048)")
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    add_square_problem(p, batch=16, seqlen=2048)
     p.add_argument("--blocks", type=int, default=15, help="timed blocks per arm and way (default 15)")
     p.add_argument("--calls", type=int, default=20, help="calls per block (default 20)")
     p.add_argument("--set", default="", help="config overrides for every arm, key=value,... "

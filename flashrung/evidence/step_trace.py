@@ -231,14 +231,11 @@ def _parse_set(text: str) -> dict:
 def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
     from flashrung.bench.cli import non_negative_float
+    from flashrung.evidence.probe_args import add_square_problem
 
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seqlen", type=int, default=16384)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=128, choices=(64, 128, 256))
+    add_square_problem(p, batch=2, seqlen=16384)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
     p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
     p.add_argument("--preheat-ms", type=non_negative_float, default=0.0, metavar="MS",

@@ -56,6 +56,17 @@ def test_time_row_measures_every_impl_and_pairs_ours_with_the_best_peer(row_resu
     assert r["flops_convention"] == "fa-half" and "dense/2" in r["flops_convention_label"]
 
 
+def test_the_table_says_how_the_rounds_were_ordered(row_result):
+    # a reader must see whether the ratios came from the balanced design or from the halves
+    # schedule, under which a place in the list moved the target row by 5% (a stored run from
+    # before the design has no order in its protocol: it ran the halves)
+    doc = {**_doc([row_result]), "impls": ["cudnn", "flash", "flex", "flashrung:portable"]}
+    doc["protocol"] = timing.BenchProtocol(rounds=4).to_json()
+    assert "rounds: 6 a row in a carryover-balanced design" in report.results_table(doc)
+    del doc["protocol"]["order"]
+    assert "rounds: 6 a row, one listed order then reversed" in report.results_table(doc)
+
+
 def test_a_row_says_when_its_calls_were_host_bound(monkeypatch):
     # the probe after the timing: when issuing a call takes the host as long as the call takes the
     # GPU (here the synthetic calls advance one clock that both read), the cell is marked and the

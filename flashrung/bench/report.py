@@ -79,6 +79,22 @@ def with_targets(doc: dict) -> dict:
     return {**doc, "targets": readings} if readings else doc
 
 
+def rounds_line(doc: dict) -> str:
+    """How the rows' rounds were ordered (a run stored before the balanced design has no ``order``:
+    it ran the halves schedule), with the rounds a row took."""
+    protocol = doc.get("protocol") or {}
+    if not protocol:
+        return ""
+    rounds = sorted({r["rounds"] for row in doc.get("rows", []) for r in row["results"].values()
+                     if r.get("status") == "ok" and "rounds" in r})
+    count = "/".join(str(n) for n in rounds) if rounds else str(protocol.get("rounds", "?"))
+    if protocol.get("order", "halves") == "balanced":
+        return (f"rounds: {count} a row in a carryover-balanced design (every implementation in every position "
+                "and right after every other equally often)")
+    return (f"rounds: {count} a row, one listed order then reversed — at the power limit an implementation's "
+            "place in the list can move its rate by several % (flashrung bench --order balanced)")
+
+
 def results_table(doc: dict) -> str:
     impls = doc["impls"]
     ours = [i for i in impls if peers.is_ours(i)]
@@ -95,6 +111,9 @@ def results_table(doc: dict) -> str:
         head.append("%ceil: each kernel at the clock it sustains; at the power limit a GEMM may sustain another "
                     "clock than attention (the ladder's mma.sync GEMM: ~10% lower on the H200), so %ceil is not a "
                     "share at one clock")
+    schedule = rounds_line(doc)
+    if schedule:
+        head.append(schedule)
     header = ["row"] + [_short(i) for i in impls] + ["best peer"]
     for o in ours:
         header += [f"{_short(o)}/best [p10,p90]", f"{_short(o)} %ceil"]

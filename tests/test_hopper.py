@@ -4359,10 +4359,14 @@ def test_traced_warps_change_no_output_and_each_warp_stamps_its_own_events(head_
 
 
 def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():
-    from flashrung.evidence import step_trace
+    from flashrung.evidence import step_trace, tile_trace
+    from flashrung.evidence.probe_args import set_overrides
 
     with pytest.raises(SystemExit, match="--steps"):
         step_trace.main(["--steps", "2"])
-    with pytest.raises(ValueError, match="key=value"):
-        step_trace._parse_set("pingpong")
-    assert step_trace._parse_set("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}
+    # --set is read as impl="hopper.fwd@..." reads it, one parser for every probe
+    with pytest.raises(SystemExit, match="--set: .*expected name@key=value"):
+        step_trace.main(["--set", "pingpong"])
+    with pytest.raises(SystemExit, match="--set: "):
+        tile_trace.main(["--set", "pingpong=true,named_turns"])
+    assert set_overrides("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}

@@ -30,7 +30,7 @@ import argparse
 import dataclasses
 import sys
 
-from flashrung.evidence.probe_args import require_positive, set_keys
+from flashrung.evidence.probe_args import require_positive, set_keys, set_overrides
 from flashrung.kernels.hopper.config import ROWS_PER_CONSUMER_WARPGROUP
 
 FIXED = {"kv_multicast": "false", "split_tail": "false"}
@@ -77,10 +77,9 @@ def _problem(args, seqlen_q: int, capability=(9, 0)):
 def arm_config(args, capability=(9, 0)):
     """The one configuration every arm runs: the full arm's default (its tile of ``block_m`` rows),
     unpaired, without the split tail, ``--set`` applied."""
-    from flashrung.dispatch import parse_impl
     from flashrung.kernels.hopper import fwd
 
-    overrides = parse_impl(f"hopper.fwd@{args.set}")[1]
+    overrides = set_overrides(args.set)
     block_m = fwd.select_config(_problem(args, 1, capability)).block_m
     return fwd.config_with(_problem(args, block_m, capability), dict(overrides, **FIXED))
 

@@ -23,11 +23,17 @@ def require_positive(args, names) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
 
-def set_keys(text: str) -> set[str]:
-    """The config keys ``--set`` names, read as ``impl="hopper.fwd@..."`` reads them."""
+def set_overrides(text: str) -> dict[str, str]:
+    """``--set key=value,...`` as ``impl="hopper.fwd@..."`` reads it: ``{key: value}``, a malformed
+    item refused by name before anything runs."""
     from flashrung.dispatch import parse_impl
 
     try:
-        return set(parse_impl(f"hopper.fwd@{text}")[1])
+        return parse_impl(f"hopper.fwd@{text}")[1]
     except ValueError as exc:
         raise SystemExit(f"--set: {exc}") from None
+
+
+def set_keys(text: str) -> set[str]:
+    """The config keys ``--set`` names."""
+    return set(set_overrides(text))

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import sys
 
-from flashrung.evidence.probe_args import add_square_problem, require_positive, set_keys
+from flashrung.evidence.probe_args import add_square_problem, require_positive, set_keys, set_overrides
 
 ARMS = ("whole", "split", "split_kernel")
 
@@ -58,14 +58,14 @@ def arm_configs(args, capability=(9, 0)) -> dict:
     tail off, and on (``split`` and ``split_kernel`` share it)."""
     import torch
 
-    from flashrung.dispatch import Problem, parse_impl
+    from flashrung.dispatch import Problem
     from flashrung.kernels.hopper import fwd
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     problem = Problem(batch=args.batch, seqlen_q=args.seqlen, seqlen_k=args.seqlen, heads_q=args.heads,
                       heads_kv=args.heads, head_dim=args.headdim, head_dim_v=args.headdim, dtype=dtype, causal=False,
                       device_type="cuda", capability=capability)
-    overrides = parse_impl(f"hopper.fwd@{args.set}")[1]
+    overrides = set_overrides(args.set)
     whole = fwd.config_with(problem, dict(overrides, split_tail="false"))
     split = fwd.config_with(problem, dict(overrides, split_tail="true"))
     return {"whole": whole, "split": split, "split_kernel": split}

@@ -25,6 +25,8 @@ import argparse
 import dataclasses
 import sys
 
+from flashrung.evidence.probe_args import add_square_problem, set_overrides
+
 # the phases between consecutive events of one step (trace.EVENTS), and what each is
 PHASES = (
     ("kv_wait", "top", "ready", "waiting for K(j) and V(j-1) to land"),
@@ -218,20 +220,9 @@ def table(summary: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
 
 
-def _parse_set(text: str) -> dict:
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        if "=" not in item:
-            raise ValueError(f"--set takes key=value pairs separated by commas, got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip()] = value.strip()
-    return out
-
-
 def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
     from flashrung.bench.cli import non_negative_float
-    from flashrung.evidence.probe_args import add_square_problem
 
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_square_problem(p, batch=2, seqlen=16384)
@@ -314,7 +305,7 @@ def traced_run(args, **trace) -> dict:
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     problem = Problem.of(q, k, v, args.causal)
-    base = fwd.overridden_config(problem, _parse_set(args.set))
+    base = fwd.overridden_config(problem, set_overrides(args.set))
     # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
@@ -363,6 +354,7 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     fields, common)``, ``common`` the run's shape, configuration and launch plan), print the table
     and the timing line, write the JSON; exit status 1 if the outputs moved. ``scope(summary)``:
     what the stamps cover, for the heading."""
+    set_overrides(args.set)        # a malformed --set is refused before the GPU is touched
     run = traced_run(args, **trace)
     summary = summarize_fn(run["stamps"], fields, run["common"])
     summary.update(run["common"])

@@ -232,8 +232,9 @@ def table(result: dict) -> str:
              f"{'AB':>7} {'BA':>7}  identical"]
     for r in result["pairs"]:
         p = r["paired"]
-        lines.append(f"  {r['move']:<10} {r['offset']:>9} {r['ms_base']:>8.4f} {r['ms_moved']:>9.4f} {p['margin']:>7.4f} "
-                     f"{p['lo']:>7.4f} {p['hi']:>7.4f} {p['margin_ab']:>7.4f} {p['margin_ba']:>7.4f}  {r['identical']}")
+        lines.append(f"  {r['move']:<10} {r['offset']:>9} {r['ms_base']:>8.4f} {r['ms_moved']:>9.4f} "
+                     f"{p['margin']:>7.4f} {p['lo']:>7.4f} {p['hi']:>7.4f} {p['margin_ab']:>7.4f} "
+                     f"{p['margin_ba']:>7.4f}  {r['identical']}")
     return "\n".join(lines)
 
 

@@ -113,7 +113,8 @@ class LadderProtocol:
 
 
 DEFAULT_PROTOCOL = LadderProtocol()
-QUICK_PROTOCOL = LadderProtocol(rates=dataclasses.replace(timing.QUICK_BENCH, order="halves"), paired_reps=3, pair_budget_s=2.0, max_alternations=40)
+QUICK_PROTOCOL = LadderProtocol(rates=dataclasses.replace(timing.QUICK_BENCH, order="halves"), paired_reps=3,
+                                pair_budget_s=2.0, max_alternations=40)
 
 TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs interleaved round-robin "
                "(first half of the rounds in ladder order, second half reversed)")

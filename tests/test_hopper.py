@@ -215,6 +215,8 @@ CENSUS_CONFIGS = [(f"d{d}-{'causal' if c else 'full'}", d, c, {}) for d in HEAD_
 # O rescaled at every K/V step (the plain online softmax): the long defaults without FA4's retained
 # reference (config.RESCALE_BY_WARP_MIN_SEQLEN), the kernel the switches below were built and priced on
 _ALWAYS_RESCALE = {"rescale_threshold": 0.0, "rescale_by_warp": False}
+# one Q buffer and the decode by division: d128 causal's long kernel before change 52
+_ONE_Q_DIVIDE = {"num_q_stages": 1, "fast_divide_producer": False, "fast_divide_consumers": False}
 # d128 non-causal's long kernel before change 35 (FA3's order, the token on mbarriers, Gluon's
 # arrivals), the kernel the d128 switches below were built and measured on
 _D128_FA3_ORDER = {"wait_pv_early": False, "named_turns": False, "asm_arrivals": False}
@@ -1834,13 +1836,13 @@ def test_short_schedules_follow_the_measured_rule(head_dim, seqlen, short, short
 @pytest.mark.parametrize("head_dim, seqlen, causal_on, full_on", [
     (64, 1, True, True), (64, 1024, True, True), (64, 2048, True, True), (64, 2049, True, False),
     (64, 4096, True, False), (64, 4097, False, False), (128, 1, True, True), (128, 1024, True, True),
-    (128, 2048, True, True), (128, 2049, True, False), (128, 4096, True, False), (128, 4097, False, False),
-    (128, 16384, False, False), (256, 1024, False, False)])
+    (128, 2048, True, True), (128, 2049, True, False), (128, 4096, True, False), (128, 4097, True, False),
+    (128, 8192, True, False), (128, 16384, True, False), (128, 32768, True, False), (256, 1024, False, False)])
 def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full_on):
     # the multiply-high decode in every partition only where it measured faster
     # (config.FAST_DIVIDE_MAX_SEQLEN): d64's 128-row tiles and, with two Q buffers, d64's 192-row
-    # tile and d128 up to 2048 non-causal and 4096 causal; both partitions' switches together; the
-    # longer of Sq and Sk decides
+    # tile up to 4096 causal, d128 up to 2048 non-causal and d128 causal at every length (change
+    # 52); both partitions' switches together; the longer of Sq and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, on in ((True, causal_on), (False, full_on)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
@@ -1852,12 +1854,13 @@ def test_fast_divide_follows_the_measured_rule(head_dim, seqlen, causal_on, full
 @pytest.mark.parametrize("head_dim, seqlen, causal_stages, full_stages", [
     (64, 1, 2, 2), (64, 1024, 2, 2), (64, 2048, 2, 2), (64, 2049, 2, 1), (64, 4096, 2, 1), (64, 4097, 1, 1),
     (64, 8192, 1, 1), (128, 1, 2, 2), (128, 1024, 2, 2), (128, 2048, 2, 2), (128, 2049, 2, 1), (128, 4096, 2, 1),
-    (128, 4097, 1, 1), (128, 16384, 1, 1),
+    (128, 4097, 2, 1), (128, 8192, 2, 1), (128, 16384, 2, 1), (128, 32768, 2, 1),
     (256, 1024, 1, 1)])
 def test_q_stages_follow_the_measured_rule(head_dim, seqlen, causal_stages, full_stages):
     # two Q buffers only where they measured faster (config.TWO_Q_STAGES_MAX_SEQLEN): d64's
-    # short-causal tile and, with the multiply-high decode, d64's 192-row tile and d128 causal up to
-    # 4096; d64 and d128 non-causal up to 2048; the longer of Sq and Sk decides
+    # short-causal tile and, with the multiply-high decode, d64's 192-row tile up to 4096 causal and
+    # d128 causal at every length (change 52); d64 and d128 non-causal up to 2048; the longer of Sq
+    # and Sk decides
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
         for causal, stages in ((True, causal_stages), (False, full_stages)):
             cfg = select_config(_problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=sq,
@@ -3549,8 +3552,10 @@ def _switch_base(causal):
     is gated on (the half switches, the serial step and the 192-key tile need the plain online
     softmax); the default itself, with FA4's retained reference and the per-warp skip, is the first
     switch. PV's gated wait (non-causal's default from S16k, change 37) is off here: half the
-    switches take FA4's order away, and two entries below put the gate back on."""
-    return dataclasses.replace(_d128_unpaired(causal), gate_pv_wait=False, **_ALWAYS_RESCALE)
+    switches take FA4's order away, and two entries below put the gate back on. One Q buffer and the
+    division-based decode, as the switches were built on: the causal default takes two Q buffers and
+    the multiply-high decode at every length since change 52, one entry below."""
+    return dataclasses.replace(_d128_unpaired(causal), gate_pv_wait=False, **_ALWAYS_RESCALE, **_ONE_Q_DIVIDE)
 
 
 def _switches():
@@ -3597,6 +3602,8 @@ def _switches():
         dict(first_mask_on_need=not base.first_mask_on_need),
         dict(num_q_stages=2),
         dict(num_q_stages=2, overlap_epilogue=True),
+        # ... with the multiply-high decode (d128 causal's default at every length, change 52)
+        dict(num_q_stages=2, fast_divide_producer=True, fast_divide_consumers=True),
         # a masked tile's unseen second half skipped: FA4's order (d128 causal's) and FA3's
         dict(skip_unseen_half=True),
         dict(skip_unseen_half=True, pingpong=False, wait_pv_early=False, named_turns=False),

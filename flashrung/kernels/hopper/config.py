@@ -928,8 +928,9 @@ CAUSAL_SMALL_SECTION_MIN_SEQLEN = {64: 1, 128: 1, 256: 1}
 # d256 has no room (its O is staged in Q's buffer). d64 non-causal up to S1024 runs the 128-row
 # tile with two Q buffers as part of one stack (SHORT_NONCAUSAL_MAX_SEQLEN); d128 causal up to
 # S4096, d64 causal up to S4096 (its 192-row tile from 2049) and d64 non-causal up to S2048 (the
-# 192-row tile from 1025) take them together with the multiply-high decode (FAST_DIVIDE_MAX_SEQLEN)
-TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 2048, (128, True): 4096}
+# 192-row tile from 1025) take them together with the multiply-high decode (FAST_DIVIDE_MAX_SEQLEN).
+# d128 causal takes the pair at every length since change 52 (margins under FAST_DIVIDE_MAX_SEQLEN).
+TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 2048, (128, True): 1 << 62}
 
 
 # The work-item decode by multiply-high in every partition (fast_divide_producer and
@@ -948,8 +949,13 @@ TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 20
 # in fresh processes on another day, 1.0067 / 1.0073 (h200-compare-d128-causal-s2k-fd-2q.json,
 # -d128-full-s2k-fd, -d128-causal-s4k-fd-2q, -d64-causal-s4k-fd-2q, -d64-full-s2k-fd-2q-rerun and
 # h200-compare-d64-full-s2k-fast-divide-two-q.json). Not taken: d128 B8 H16 S4096 non-causal
-# 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json).
-FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 4096, (128, False): 2048}
+# 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json). Change 52, d128 causal past S4096,
+# both with two Q buffers over neither (quick protocol, n = 40 a run): B4 H16 S8192 1.0108 / 1.0008
+# (run 2's halves disagreeing: NULL), again 1.0038 / 1.0058 (KEEP); B2 S16384 1.0039 / 1.0069, again
+# 1.0083 / 1.0093; B1 S32768 1.0081 / 1.0076 (KEEP): the Q load and the division at each tile head
+# stay on the path however long the items (h200-compare-fd-2q-d128-causal-*-4744f2d.json). Not
+# taken: d64 causal B4 H32 S8192 1.0007 / 1.0024 (NULL, h200-compare-fd-2q-d64-causal-s8192-4744f2d.json).
+FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 1 << 62, (128, False): 2048}
 
 
 # A masked tile's unseen second half skipped (skip_unseen_half) for max(Sq, Sk) in [first, last],

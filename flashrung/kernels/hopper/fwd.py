@@ -62,8 +62,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   from the ring count;
 * each partition decodes its work items (``_work_coords``) by run-time division, or by
   multiply-high with magic numbers from the host (``fast_divide_producer``,
-  ``fast_divide_consumers``; ``schedule.fast_divisor``), the default up to S2k–S4k
-  (``config.FAST_DIVIDE_MAX_SEQLEN``);
+  ``fast_divide_consumers``; ``schedule.fast_divisor``), the default up to S2k–S4k and at every
+  length of d128 causal (``config.FAST_DIVIDE_MAX_SEQLEN``);
 * P's conversions for the next PV may be issued ahead of O's rescale (``convert_before_rescale``:
   measured, off);
 * the running row sum may be taken by the tensor pipe (``row_sum_by_mma``: beside each PV a
@@ -91,8 +91,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   (``separate_o``: Q is released when the tile's K/V loop is done, before the epilogue, and the
   store is waited only before the buffer is reused), or into the consumer's Q buffer once the
   last QK is done;
-* two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default up to S2k–S4k,
-  ``config.TWO_Q_STAGES_MAX_SEQLEN``): the producer loads the next tile's Q while this tile still
+* two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default up to S2k–S4k
+  and at every length of d128 causal, ``config.TWO_Q_STAGES_MAX_SEQLEN``): the producer loads the next tile's Q while this tile still
   reads its own, instead of after this tile's loop.
 
 Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA

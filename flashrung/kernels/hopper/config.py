@@ -952,9 +952,10 @@ TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 20
 # 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json). Change 52, d128 causal past S4096,
 # both with two Q buffers over neither (quick protocol, n = 40 a run): B4 H16 S8192 1.0108 / 1.0008
 # (run 2's halves disagreeing: NULL), again 1.0038 / 1.0058 (KEEP); B2 S16384 1.0039 / 1.0069, again
-# 1.0083 / 1.0093; B1 S32768 1.0081 / 1.0076 (KEEP): the Q load and the division at each tile head
-# stay on the path however long the items (h200-compare-fd-2q-d128-causal-*-4744f2d.json). Not
-# taken: d64 causal B4 H32 S8192 1.0007 / 1.0024 (NULL, h200-compare-fd-2q-d64-causal-s8192-4744f2d.json).
+# 1.0083 / 1.0093; B1 S32768 1.0081 / 1.0076 (KEEP) — a gain that did not shrink with the items'
+# length, as a cost paid once per tile head would; what else it shortens was not traced
+# (h200-compare-fd-2q-d128-causal-*-4744f2d.json). Not taken: d64 causal B4 H32 S8192
+# 1.0007 / 1.0024 (NULL, h200-compare-fd-2q-d64-causal-s8192-4744f2d.json).
 FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 1 << 62, (128, False): 2048}
 
 

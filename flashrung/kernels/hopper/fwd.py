@@ -92,8 +92,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   store is waited only before the buffer is reused), or into the consumer's Q buffer once the
   last QK is done;
 * two Q buffers per consumer (``num_q_stages=2``, with ``separate_o``; the default up to S2k–S4k
-  and at every length of d128 causal, ``config.TWO_Q_STAGES_MAX_SEQLEN``): the producer loads the next tile's Q while this tile still
-  reads its own, instead of after this tile's loop.
+  and at every length of d128 causal, ``config.TWO_Q_STAGES_MAX_SEQLEN``): the producer loads the
+  next tile's Q while this tile still reads its own, instead of after this tile's loop.
 
 Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 1, D]``: TMA
 bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its

@@ -6,6 +6,7 @@ state (what neighbouring launches share, and pairing divides out) × an optional
 small noise.
 """
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -218,14 +219,14 @@ def test_balanced_rounds_are_whole_designs_of_at_least_the_rounds_asked():
         timing.balanced_orders(["a", "a"])
 
 
+def _logging_fns(log: list, names: str) -> dict:
+    """One "kernel" per name that appends its name to ``log`` when called: the order calls ran in."""
+    return {n: functools.partial(log.append, n) for n in names}
+
+
 def test_interleave_runs_the_orders_it_is_given_and_refuses_ones_that_miss_an_implementation():
     log = []
-
-    def kernel(name):
-        def fn():
-            log.append(name)
-        return fn
-    fns = {"x": kernel("x"), "y": kernel("y"), "z": kernel("z")}
+    fns = _logging_fns(log, "xyz")
     orders = timing.balanced_orders(list(fns))
     inter = timing.interleave(fns, {"x": 1, "y": 1, "z": 1}, len(orders), timing.ClockTimer(now=lambda: 0.0),
                               orders=orders)
@@ -239,12 +240,7 @@ def test_each_block_is_preheated_by_its_own_implementation():
     # a timed block must start from its own implementation's steady state (power and clock),
     # never from the previous implementation's: the untimed preheat calls come right before it
     log = []
-
-    def kernel(name):
-        def fn():
-            log.append(name)
-        return fn
-    fns = {"x": kernel("x"), "y": kernel("y")}
+    fns = _logging_fns(log, "xy")
     timing.interleave(fns, {"x": 2, "y": 1}, 2, timing.ClockTimer(now=lambda: 0.0), block_warmup={"x": 3, "y": 1})
     assert "".join(log) == "xxxxx" + "yy" + "yy" + "xxxxx"
     assert timing.preheat_calls(2.0, 100.0) == 50

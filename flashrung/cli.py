@@ -3,6 +3,7 @@
     flashrung check      gate every kernel on the device found (CPU: interpreter, small sizes)
     flashrung gate       the gate's calibration and mutation battery
     flashrung census     compile every kernel ahead of time, report registers/smem/spills/SASS
+    flashrung defaults   which schedule hopper.fwd runs by default, by head dim, mask and length
     flashrung stalls     read ncu source pages: stall reasons over a kernel and its hot loop
     flashrung profile    one launch of an implementation under ncu --set full, its pages and stalls
     flashrung bench      timing against the peers (also: null, compare, reanchor, sustain)
@@ -19,6 +20,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "flashrung.check",
     "flashrung.evidence.cli",
+    "flashrung.kernels.hopper.defaults",
     "flashrung.evidence.stalls",
     "flashrung.evidence.profile",
     "flashrung.bench.cli",

@@ -1,0 +1,140 @@
+"""``flashrung defaults``: the ranges of max(Sq, Sk) over which hopper.fwd's default is one
+configuration (CPU only: the selection is host-side Python)."""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from flashrung import cli
+from flashrung.kernels.hopper import config as C
+from flashrung.kernels.hopper import defaults as D
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "hopper.md"
+# every length a test in this file evaluates one by one: past the longest threshold below 2^30
+# (16384) with room, and past every row of the fa4-protocol suite (32768)
+DENSE_LIMIT = 70_000
+COMBOS = [(d, causal) for d in C.SUPPORTED_HEAD_DIMS for causal in (False, True)]
+
+
+@pytest.mark.parametrize("head_dim,causal", COMBOS)
+def test_ranges_hold_at_every_length(head_dim, causal):
+    """Protects: the table misses no change point — every length up to 70,000 selects the
+    configuration of the range that holds it (a rule written outside the ``*_SEQLEN`` tables
+    would show here)."""
+    ranges = D.default_ranges(head_dim, causal)
+    starts = [r.seqlen_min for r in ranges]
+    for seqlen in range(1, DENSE_LIMIT + 1):
+        r = ranges[bisect.bisect_right(starts, seqlen) - 1]
+        assert r.seqlen_min <= seqlen <= r.seqlen_max
+        assert D.selected(head_dim, causal, seqlen) == r.config, (head_dim, causal, seqlen)
+
+
+@pytest.mark.parametrize("head_dim,causal", COMBOS)
+def test_ranges_cover_every_length_once(head_dim, causal):
+    """Protects: the ranges start at 1, meet without gaps or overlaps, run to the open end, and
+    neighbours differ (merged otherwise), so one row answers each length."""
+    ranges = D.default_ranges(head_dim, causal)
+    assert ranges[0].seqlen_min == 1 and ranges[-1].seqlen_max == D.MAX_SEQLEN
+    for a, b in zip(ranges, ranges[1:]):
+        assert b.seqlen_min == a.seqlen_max + 1
+        assert a.config != b.config
+
+
+def test_the_suite_rows_read_their_changes():
+    """Protects: the table names the changes a reader looks for, where the config puts them — d128
+    causal keeps two Q buffers and the multiply-high decode at every length (change 52), d64
+    non-causal pairs from 2048 (change 50), d128 non-causal relays from 8192 (change 46)."""
+    d128c = D.default_ranges(128, True)
+    assert all(r.config.num_q_stages == 2 and r.config.fast_divide_consumers for r in d128c)
+    assert "fast_divide_producer" in D.switches(d128c[-1].config)
+    d64 = {r.seqlen_min: r for r in D.default_ranges(64, False)}
+    assert d64[2048].seqlen_max == 2048 and d64[2048].config.kv_multicast
+    assert "K/V multicast pairs across heads" in D.grid_text(d64[2048].config)
+    relayed = [r for r in D.default_ranges(128, False) if r.config.relay_release]
+    assert relayed[0].seqlen_min == C.FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128]
+
+
+def test_switches_list_only_what_differs_from_the_dataclass():
+    """Protects: a configuration with no switch moved lists none, and a field turned off that is
+    on by default is written with its value (not dropped)."""
+    assert D.switches(C.HopperFwdConfig()) == []
+    cfg = C.HopperFwdConfig(pack_p=True, first_mask_on_need=False, rescale_threshold=8.0, block_m=192)
+    assert D.switches(cfg) == ["pack_p", "rescale_threshold=8", "first_mask_on_need=false"]
+
+
+def test_lengths_are_written_as_the_config_writes_them():
+    """Protects: open ends and the 2^30 rule read as lengths, not as 19-digit sentinels."""
+    assert D.length_text(1, 1024) == "1–1024"
+    assert D.length_text(2048, 2048) == "2048"
+    assert D.length_text(2049, 1 << 30) == "2049–2^30"
+    assert D.length_text((1 << 30) + 1, D.MAX_SEQLEN) == "≥ 2^30 + 1"
+    assert "4611686018427387" not in D.markdown(D.all_ranges())
+
+
+def test_docs_carry_the_generated_table():
+    """Protects: docs/hopper.md's table of the defaults is the code's — a default changed without
+    the table fails here (regenerate with `flashrung defaults --markdown`)."""
+    carried = D.markdown(D.all_ranges()) in DOCS.read_text()
+    assert carried, "docs/hopper.md's defaults table differs from `flashrung defaults --markdown`"
+
+
+def test_cli_table_json_and_one_problem(capsys):
+    """Protects: each output form answers from the same selection."""
+    assert cli.main(["defaults", "--headdim", "128", "--causal", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["seqlen_min"] for r in rows] == [r.seqlen_min for r in D.default_ranges(128, True)]
+    assert rows[-1]["seqlen_max"] is None and rows[-1]["config"]["num_q_stages"] == 2
+    assert cli.main(["defaults", "--headdim", "64", "--no-causal"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("d64 non-causal\n") and "d64 causal" not in out
+    assert cli.main(["defaults", "--headdim", "64", "--seqlen", "8192", "--no-causal"]) == 0
+    out = capsys.readouterr().out
+    assert "max(Sq, Sk) = 8192" in out and "192×128, 3 consumers × 160 regs" in out
+    assert "producer_unsynced" in out
+
+
+def test_cli_refuses_what_it_cannot_answer(capsys):
+    """Protects: bad input names the argument and what was expected."""
+    assert cli.main(["defaults", "--seqlen", "4096"]) == 2
+    assert "--seqlen needs --headdim" in capsys.readouterr().err
+    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "0"]) == 2
+    assert "seqlen must be between 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["defaults", "--headdim", "96"])
+    assert "--headdim: invalid choice: 96" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="headdim must be one of"):
+        D.problem(80, False, 1024)
+
+
+def test_key_tail_note_says_what_the_selection_does():
+    """Protects: the one rule the table leaves to its note — d256 non-causal takes the inline
+    arrivals only with keys in whole tiles, d256 causal never — is what select_config does."""
+    whole = D.problem(256, False, 4096)
+    tail = dataclasses.replace(whole, seqlen_k=4095)
+    assert C.select_config(whole).asm_arrivals and not C.select_config(tail).asm_arrivals
+    assert not any(r.config.asm_arrivals for r in D.default_ranges(256, True))
+    assert "d256 non-causal keeps Gluon's arrivals" in D.KEY_TAIL_NOTE
+
+
+def test_set_shows_what_an_override_builds_and_what_it_carries(capsys):
+    """Protects: `--set` answers as the dispatch resolves `impl="hopper.fwd@..."` — the named field
+    changed, the fields derived from it carried along and listed, a refused combination refused."""
+    cfg, derived = D.with_overrides(64, False, 8192, "kv_multicast=false")
+    assert not cfg.kv_multicast and not cfg.producer_unsynced and not cfg.cross_head_pairs
+    assert "producer_unsynced: true → false" in derived and "meet_before_pass: true → false" in derived
+    assert all(not line.startswith("kv_multicast:") for line in derived)
+    assert D.with_overrides(128, True, 8192, "pack_p=true") == (D.selected(128, True, 8192), [])
+    with pytest.raises(ValueError, match="producer_unsynced runs only with one Q buffer"):
+        D.with_overrides(64, False, 8192, "producer_unsynced=true,num_q_stages=2")
+    assert cli.main(["defaults", "--headdim", "64", "--seqlen", "8192", "--no-causal", "--set",
+                     "kv_multicast=false"]) == 0
+    out = capsys.readouterr().out
+    assert "hopper.fwd@kv_multicast=false" in out and "derived   " in out and "K/V multicast" not in out
+    assert cli.main(["defaults", "--headdim", "64", "--seqlen", "8192", "--set", "bogus=1"]) == 2
+    assert "unknown hopper.fwd config key 'bogus'" in capsys.readouterr().err
+    assert cli.main(["defaults", "--set", "pack_p=true"]) == 2
+    assert "--set needs --headdim and --seqlen" in capsys.readouterr().err

@@ -5,6 +5,7 @@ The census compiles in an interpreter-free subprocess (Gluon cannot compile unde
 TRITON_INTERPRET=1, which the CPU suite sets), as tests/test_census.py does.
 """
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -202,6 +203,30 @@ def test_the_rungs_rates_say_the_order_they_run_in():
         names = [f"ladder.v{i}" for i in range(5)]
         assert proto.rates.orders_for(names) == timing.half_reversed_orders(names, proto.rates.rounds)
     assert "second half reversed" in cli.TIMING_TEXT
+
+
+def test_order_balanced_times_the_rungs_in_a_balanced_design():
+    """Protects: `--order balanced` reaches the rates (every rung in every position and after every
+    other equally often), the JSON's timing text says so, and each fresh process of `--processes`
+    runs the same order; the paired margins keep their AB/BA runs."""
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    names = [f"ladder.v{i}" for i in range(5)]
+    for extra, base in (([], cli.DEFAULT_PROTOCOL), (["--quick"], cli.QUICK_PROTOCOL)):
+        args = parser.parse_args(["ladder", "--order", "balanced", *extra])
+        proto = cli.protocol_for(args)
+        assert proto.rates.order == "balanced" and proto.to_json()["rates"]["order"] == "balanced"
+        assert proto.rates.orders_for(names) == timing.balanced_orders(names) * (
+            timing.balanced_rounds(len(names), base.rates.rounds) // len(timing.balanced_orders(names)))
+        assert dataclasses.replace(proto, rates=base.rates) == base          # nothing else moved
+        assert cli.timing_text(proto) == cli.BALANCED_TIMING_TEXT
+        assert cli.child_argv(args, "climb.json")[-2:] == ["--order", "balanced"]
+    plain = parser.parse_args(["ladder"])
+    assert cli.protocol_for(plain) is cli.DEFAULT_PROTOCOL and cli.timing_text(cli.DEFAULT_PROTOCOL) == cli.TIMING_TEXT
+    assert "--order" not in cli.child_argv(plain, "climb.json")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ladder", "--order", "random"])
 
 
 # ------------------------------------------------------------------------------------------

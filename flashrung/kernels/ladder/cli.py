@@ -13,7 +13,9 @@ Three modes, one command:
   rungs are, so both sides of "% of the ceiling" run at the clock they set. Then per configuration every rung
   through the public entry point (``flashrung.attention(..., impl="ladder.vN")``, prepared as
   ``flashrung bench`` prepares it), timed round-robin with CUDA events (the bench's interleaved
-  protocol, each block preheated by its own calls, median per call), and each rung's paired margin over its parent with the AB/BA
+  protocol, each block preheated by its own calls, median per call; the rounds in ladder order and then
+  reversed, or with ``--order balanced`` in the bench's carryover-balanced design), and each rung's paired
+  margin over its parent with the AB/BA
   runner ``flashrung compare`` uses — here in one process, sized to a time budget; the keep
   verdict (two fresh processes, the A/A threshold) stays with ``flashrung compare``, whose
   command line the table prints. Last, the correctness gate of every rung at a reduced size of
@@ -87,8 +89,9 @@ class LadderProtocol:
     median); each margin is one paired AB/BA run whose alternations fill ``pair_budget_s`` of
     kernel time, within [min_alternations, max_alternations] (max: seed 000's 120)."""
 
-    # the rungs keep one fixed order and its reverse: a balanced design needs a round per rung
-    # (two dozen), four times the climb's rounds; each margin is its own paired AB/BA run
+    # the rungs keep one fixed order and its reverse by default: a balanced design needs a round
+    # per rung (two dozen), four times the climb's rounds (``--order balanced`` runs it, to read the
+    # halves schedule's position bias on the rates); each margin is its own paired AB/BA run
     rates: timing.BenchProtocol = timing.BenchProtocol(order="halves")
     paired_reps: int = 5               # timed calls per arm per alternation (block = their median)
     paired_block_warmup: int = 1       # untimed calls before each block
@@ -118,6 +121,22 @@ QUICK_PROTOCOL = LadderProtocol(rates=dataclasses.replace(timing.QUICK_BENCH, or
 
 TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs interleaved round-robin "
                "(first half of the rounds in ladder order, second half reversed)")
+BALANCED_TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs interleaved round-robin "
+                        "in a carryover-balanced order of the rounds (every rung in every position and right "
+                        "after every other equally often)")
+
+
+def protocol_for(args) -> LadderProtocol:
+    """The climb's protocol: the default or ``--quick``'s, its rates in ``--order`` if given."""
+    protocol = QUICK_PROTOCOL if args.quick else DEFAULT_PROTOCOL
+    order = getattr(args, "order", None)
+    if order and order != protocol.rates.order:
+        protocol = dataclasses.replace(protocol, rates=dataclasses.replace(protocol.rates, order=order))
+    return protocol
+
+
+def timing_text(protocol: LadderProtocol) -> str:
+    return BALANCED_TIMING_TEXT if protocol.rates.order == "balanced" else TIMING_TEXT
 MARGIN_TEXT = ("t_parent / t_rung per alternation, median [p10, p90]; one paired interleaved run in this "
                "process, AB then BA halves; not a keep verdict (that is `flashrung compare`: two fresh "
                "processes against the A/A threshold)")
@@ -192,6 +211,10 @@ def register(subparsers) -> None:
                         "--profile: a or b profiles at that configuration, both (default) at B1 H16 S4096 "
                         "d128 bf16 causal")
     p.add_argument("--quick", action="store_true", help="fewer rounds and shorter paired runs (a smoke run)")
+    p.add_argument("--order", choices=timing.ORDERS, default=None,
+                   help="the rates' order of the rounds: halves (default: ladder order, then reversed) or "
+                        "balanced (every rung in every position and right after every other equally often; "
+                        "a round per rung, about four times the rounds)")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write JSON to PATH (no PATH: print JSON instead of the table)")
     p.add_argument("--plot", type=pathlib.Path, metavar="PNG",
@@ -739,13 +762,14 @@ def cmd_climb(args, gpu: str) -> int:
     from flashrung.bench import runner
 
     started = time.perf_counter()
-    protocol = QUICK_PROTOCOL if args.quick else DEFAULT_PROTOCOL
+    protocol = protocol_for(args)
     rungs = selected_rungs(args.only)
     chosen = {r.name for r in rungs}
     names = selected_configs(args.config)
     configs = {n: CONFIGS[n] for n in names}
     print(f"flashrung ladder on {gpu}: {', '.join(r.name for r in rungs)} at config "
-          f"{' and '.join(names)}, {'quick' if args.quick else 'default'} protocol", file=sys.stderr)
+          f"{' and '.join(names)}, {'quick' if args.quick else 'default'} protocol, rounds in "
+          f"{protocol.rates.order} order", file=sys.stderr)
     manifest = manifest_mod.start(list(sys.argv))
     timer = timing.CudaEventTimer()
 
@@ -777,7 +801,7 @@ def cmd_climb(args, gpu: str) -> int:
                compare_command(configs[r["config"]], r["parent"], r["rung"]) for r in rows if r.get("margin")}
     doc = {"mode": "climb", "configs": {n: {**c.plan(), "label": c.label()} for n, c in configs.items()},
            "rungs": [{"name": r.name, "parent": r.parent, "lever": r.lever} for r in rungs],
-           "protocol": protocol.to_json(), "timing": TIMING_TEXT, "margin_text": MARGIN_TEXT,
+           "protocol": protocol.to_json(), "timing": timing_text(protocol), "margin_text": MARGIN_TEXT,
            "evidence": {"tflops": "timing (CUDA events, median, interleaved)", "margin": "timing (paired, in-process)",
                         "ceilings": "timing (same run)", "gate": "correctness gate (reduced size)"},
            "ceilings": ceilings, "rows": rows, "compare_commands": compare, "manifest": manifest,
@@ -806,6 +830,8 @@ def child_argv(args, json_path) -> list[str]:
         argv += ["--only", ",".join(name.split(".", 1)[1] for name in args.only)]
     if args.quick:
         argv.append("--quick")
+    if getattr(args, "order", None):
+        argv += ["--order", args.order]
     if args.no_gate:
         argv.append("--no-gate")
     return argv
@@ -873,7 +899,8 @@ def format_readings(doc: dict) -> str:
     ok = [run for run in runs if run.get("climb")]
     gpu = next(((run["climb"].get("manifest") or {}).get("environment", {}).get("gpu") for run in ok), None) or "?"
     out = [f"flashrung ladder on {gpu}: {len(ok)} of {len(runs)} fresh processes read, each a whole climb "
-           f"({doc['protocol']} protocol); per rung the median [min, max] over the processes",
+           f"({doc['protocol']} protocol, rounds in {doc.get('order', 'halves')} order); per rung the median "
+           f"[min, max] over the processes",
            f"%mma.sync: the share of the mma.sync ceiling timed in that process's rounds; target "
            f"{TARGET_MMA_SYNC_PERCENT:g}% (seed 000, config B)",
            "vs parent: each process's in-process paired margin (the keep verdict stays with `flashrung compare`)"]
@@ -928,6 +955,7 @@ def cmd_readings(args, gpu: str) -> int:
         progress.close()
     manifest_mod.finish(manifest)
     doc = {"mode": "readings", "processes": args.processes, "protocol": "quick" if args.quick else "default",
+           "order": protocol_for(args).rates.order,
            "gated": not args.no_gate, "target_mma_sync_percent": TARGET_MMA_SYNC_PERCENT,
            "summary": summarize_readings([run["climb"] for run in runs if run["climb"]]),
            "runs": runs, "manifest": manifest, "wall_s": time.perf_counter() - started}

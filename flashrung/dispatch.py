@@ -122,10 +122,28 @@ class Dispatch:
     direction: str
     declined: tuple[tuple[str, str], ...] = ()
     forced: bool = False
+    # the problem it ran and a forced variant's overrides: what config() resolves, only when asked
+    # (a reference, no work on the call's host path)
+    problem: Problem | None = dataclasses.field(default=None, repr=False, compare=False)
+    overrides: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
         why = "; ".join(f"{name}: {reason}" for name, reason in self.declined)
         return f"{self.kernel}" + (f" (declined: {why})" if why else "")
+
+    def config(self):
+        """The configuration the kernel ran this problem with — its frozen config dataclass, as its
+        ``config_with`` resolves the problem and the overrides (``hopper.fwd``: the
+        ``HopperFwdConfig`` that ``flashrung defaults --seqlen`` describes) — or None for a kernel
+        that has none (the portable kernels)."""
+        if self.problem is None:
+            return None
+        name = self.kernel.partition("@")[0]
+        backend = next(b for b in _backends(self.direction) if b.name == name)
+        module = backend.load()
+        if not hasattr(module, "config_with"):
+            return None
+        return _variant_config(module, self.problem, self.overrides)
 
 
 _local = threading.local()
@@ -268,14 +286,14 @@ def select(problem: Problem, direction: str, impl: str | None = None):
         if reason is not None:
             raise UnsupportedError(f"{backend.name} cannot run this problem: {reason}")
         label = backend.name + (impl[impl.index("@"):] if overrides else "")
-        d = Dispatch(label, direction, forced=True)
+        d = Dispatch(label, direction, forced=True, problem=problem, overrides=tuple(sorted(overrides.items())))
         _record(d)
         return module, d
     for backend in (b for b in backends if b.auto):
         module = backend.load()
         reason = module.unsupported_reason(problem)
         if reason is None:
-            d = Dispatch(backend.name, direction, tuple(declined))
+            d = Dispatch(backend.name, direction, tuple(declined), problem=problem)
             _record(d)
             if declined and problem.device_type == "cuda" and os.environ.get("FLASHRUNG_WARN_FALLBACK"):
                 warnings.warn(f"flashrung: {direction} ran {d}", stacklevel=3)

@@ -9,7 +9,8 @@ import pathlib
 
 import pytest
 
-from flashrung import cli
+import flashrung
+from flashrung import cli, dispatch
 from flashrung.kernels.hopper import config as C
 from flashrung.kernels.hopper import defaults as D
 
@@ -138,3 +139,19 @@ def test_set_shows_what_an_override_builds_and_what_it_carries(capsys):
     assert "unknown hopper.fwd config key 'bogus'" in capsys.readouterr().err
     assert cli.main(["defaults", "--set", "pack_p=true"]) == 2
     assert "--set needs --headdim and --seqlen" in capsys.readouterr().err
+
+
+def test_last_dispatch_says_the_schedule_the_table_names():
+    """Protects: `flashrung.last_dispatch().config()` is the configuration the call's kernel
+    resolves — the table's for a default call, the override's for a forced variant — and None for
+    a kernel without one; the record holds no work of its own (compared and printed as before)."""
+    problem = D.problem(128, True, 8192)
+    _, chosen = dispatch.select(problem, "fwd")
+    assert chosen.kernel == "hopper.fwd" and flashrung.last_dispatch() is chosen
+    assert chosen.config() == D.selected(128, True, 8192)
+    assert str(chosen) == "hopper.fwd" and chosen == dispatch.Dispatch("hopper.fwd", "fwd")
+    _, forced = dispatch.select(problem, "fwd", "hopper.fwd@pack_p=false")
+    assert forced.config() == dataclasses.replace(D.selected(128, True, 8192), pack_p=False)
+    _, portable = dispatch.select(problem, "fwd", "portable.fwd")
+    assert portable.config() is None
+    assert dispatch.Dispatch("hopper.fwd", "fwd").config() is None     # no problem recorded

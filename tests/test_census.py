@@ -200,3 +200,20 @@ def test_as_launched_specializes_as_a_launch_does():
     assert spec.aligned == () and spec.signature["group"] == "i32"      # the spec itself untouched
     with pytest.raises(ValueError, match="values names integer arguments"):
         as_launched(spec, {"scale": 16}, "B")
+
+
+def test_turn_to_first_hgmma_counts_from_the_last_barrier_before_the_first_product():
+    """Protects the census's reading of a pingpong loop's issue: the distance runs from the last
+    wait ahead of the first HGMMA (a named barrier's BAR.SYNC or an mbarrier try-wait: the turn,
+    not an earlier wait) to that HGMMA, and a loop with no product or no wait ahead of it has none."""
+    from flashrung.evidence.census import turn_to_first_hgmma
+
+    loop = ["BAR.SYNC.DEFER_BLOCKING 0x2, 0x80", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R24",
+            "BAR.SYNC.DEFER_BLOCKING 0x9, 0x100", "UIADD3.64 UR46, UR42, 0x2, URZ", "WARPGROUP.ARRIVE",
+            "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR36], RZ, !UPT", "BAR.SYNC.DEFER_BLOCKING 0x8, 0x100",
+            "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR40], R24"]
+    assert turn_to_first_hgmma(loop) == 3
+    assert turn_to_first_hgmma(loop[3:]) is None                    # no wait ahead of the product
+    assert turn_to_first_hgmma(loop[:5]) is None                    # no product
+    token = loop[:2] + ["UIMAD UR18, UR26, 0x3ff8, UR45", "WARPGROUP.ARRIVE", loop[5]]
+    assert turn_to_first_hgmma(token) == 3                          # the mbarrier token's wait

@@ -296,6 +296,8 @@ CENSUS_CONFIGS.append(("d64-causal-short-overlap-epilogue", 64, True,
 # per-tile values in local memory (census)
 CENSUS_CONFIGS.append(("d64-causal-short-first-mask-always", 64, True, {**_D64_SHORT, "first_mask_on_need": False}))
 CENSUS_CONFIGS.append(("d128-causal-first-mask-always", 128, True, {"first_mask_on_need": False}))
+# d128 causal's long kernel before change 52: one Q buffer, the work-item decode by division
+CENSUS_CONFIGS.append(("d128-causal-one-q-divide", 128, True, dict(_ONE_Q_DIVIDE)))
 CENSUS_CONFIGS.append(("d64-full-unstaggered", 64, False, {"stagger_kv": False}))
 # the staggered sweep wrapped by a run-time modulo, as before change 41's compare and subtract
 CENSUS_CONFIGS.append(("d64-full-stagger-modulo", 64, False, {"stagger_subtract": False}))
@@ -821,6 +823,23 @@ def test_mid_length_decode_defaults_keep_no_local_memory(census):
             assert abs(a["length"] - b["length"]) <= 8, (name, a["length"], b["length"])
     row = census["d64-full-mid-no-tail"]["row"]
     assert row["spill_bytes"] == 0 and row["sass"]["LDL"] == 0 and row["config"]["first_mask_on_need"]
+
+
+def test_two_q_buffers_hand_the_tensor_pipe_its_qk_sooner_after_the_turn(census):
+    # change 52's reading (docs/hopper.md, *Two Q buffers per consumer*): d128 causal's long loops
+    # with two Q buffers and the multiply-high decode are the one-buffer build's instructions but for
+    # the QK issue, whose descriptor arithmetic moves behind the first HGMMA — that HGMMA issues 17
+    # instructions after the pingpong turn's BAR.SYNC instead of 24. What the tile trace's per-step
+    # fit is predicted to show; a compiler that schedules the two alike would void the reading
+    pair, one = census["d128-causal"], census["d128-causal-one-q-divide"]
+    assert pair["row"]["config"]["num_q_stages"] == 2 and one["row"]["config"]["num_q_stages"] == 1
+    loops = lambda row: [l for l in row["loops"] if l["HGMMA"] and l["MUFU"] >= 64]     # the K/V loops
+    assert len(loops(pair["row"])) == len(loops(one["row"]))
+    for a, b in zip(loops(pair["row"]), loops(one["row"])):
+        assert abs(a["length"] - b["length"]) <= 4, (a["length"], b["length"])
+        assert a["turn_to_first_hgmma"] <= b["turn_to_first_hgmma"] - 5, (a["turn_to_first_hgmma"],
+                                                                        b["turn_to_first_hgmma"])
+    _assert_no_local_memory(one["row"], "d128-causal-one-q-divide")
 
 
 def test_mid_length_split_tail_defaults_keep_no_local_memory(census):

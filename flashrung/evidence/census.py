@@ -278,6 +278,21 @@ def dependent_chain(instructions: list[str], family: str) -> int:
     return longest
 
 
+def turn_to_first_hgmma(instructions: list[str]) -> int | None:
+    """Instructions from the last wait before a loop's first ``HGMMA`` — a ``BAR.SYNC`` or an
+    mbarrier try-wait (``SYNCS.PHASECHK``) — to that ``HGMMA`` (None without either): in a pingpong
+    loop, how long after its turn (a named barrier, or the token's mbarrier) a consumer hands the
+    tensor pipe its first product. Where the pipe waits for that issue, each instruction placed
+    between the two (descriptor arithmetic, register copies) is an issue slot on the step's critical
+    path (with one Q buffer the d128 causal loop puts seven descriptor adds there, with two it issues
+    first and adds after: 24 against 17)."""
+    first = next((i for i, text in enumerate(instructions) if "HGMMA" in text), None)
+    if first is None:
+        return None
+    waits = [i for i, text in enumerate(instructions[:first]) if "BAR.SYNC" in text or "SYNCS.PHASECHK" in text]
+    return first - waits[-1] if waits else None
+
+
 def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
     """:func:`count_sass` (families, ``length`` and ``sequence``, no per-opcode table) of every
     innermost loop of the listing of at least ``min_length`` instructions — a backward branch
@@ -317,6 +332,7 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
             if target is not None and ins[k][0] < target <= ins[hi][0] and target in where:
                 skips.append(where[target] - k - 1)
         counts["forward_skip"] = max(skips)
+        counts["turn_to_first_hgmma"] = turn_to_first_hgmma([text for _, text in ins[lo:hi + 1]])
         out.append(counts)
     return out
 

@@ -14,10 +14,10 @@ heads or dtype — so the defaults are constant between the lengths its rules na
 merges neighbours that select the same configuration: the ranges are exact at any length, not
 sampled (tests/test_hopper_defaults.py checks them against every length up to 70,000).
 
-Two rules are decided per launch in ``fwd``, not by the configuration, and the table reads the
-common case: a non-causal launch whose keys do not fill their last K/V tile masks its first tile
-always (``fwd._first_mask_on_need``), and d256's inline arrivals need whole 64-key tiles
-(``config.ASM_ARRIVALS_WHOLE_KEY_TILES``) — the ranges are evaluated with Sk a multiple of 128.
+Two rules also read whether the keys fill their last K/V tile, and the table reads the common
+case, Sk a multiple of 128: a non-causal launch with a key tail masks its first tile always (decided
+per launch, ``fwd._first_mask_on_need``), and d256 non-causal takes the inline arrivals only with
+whole 64-key tiles (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``, in the selection itself).
 """
 from __future__ import annotations
 

@@ -1321,6 +1321,26 @@ def test_kv_multicast_refuses_what_it_cannot_pair():
             dataclasses.replace(base, kv_multicast=True, **change).check(128)
 
 
+def test_kv_multicast_forced_on_brings_what_select_config_pairs_with():
+    # `@kv_multicast=true` on an unpaired default takes the inline arrivals and the unstaggered
+    # sweeps with it (select_config's pairing) and the meeting before each pass, so the override
+    # builds; naming one of them keeps the value named, and check() refuses what cannot pair
+    for d, seqlen in ((128, 2048), (64, 1536)):
+        base = fwd.default_config(d, False, seqlen)
+        assert not base.kv_multicast and not base.asm_arrivals, (d, seqlen)
+        paired = replace_following(base, d, kv_multicast=True)
+        assert paired.kv_multicast and paired.asm_arrivals and paired.meet_before_pass, (d, seqlen)
+        assert not (paired.stagger_kv or paired.stagger_subtract), (d, seqlen)
+        paired.check(d)
+        with pytest.raises(ValueError, match="kv_multicast"):
+            replace_following(base, d, kv_multicast=True, asm_arrivals=False).check(d)
+    staggered = _d64_unpaired_32k()
+    assert staggered.stagger_kv
+    assert not replace_following(staggered, 64, kv_multicast=True).stagger_kv
+    with pytest.raises(ValueError, match="kv_multicast"):    # causal: the balanced lists cannot pair
+        replace_following(fwd.default_config(128, True, 8192), 128, kv_multicast=True).check(128)
+
+
 def test_kv_multicast_plan_pairs_q_tiles():
     # the schedule's tiles are pairs of q-tiles and its workers clusters of two: an odd number of
     # q-tiles rounds up to a whole pair, the persistent grid holds whole clusters, and the split

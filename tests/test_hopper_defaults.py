@@ -129,6 +129,8 @@ def test_set_shows_what_an_override_builds_and_what_it_carries(capsys):
     assert "producer_unsynced: true → false" in derived and "meet_before_pass: true → false" in derived
     assert all(not line.startswith("kv_multicast:") for line in derived)
     assert D.with_overrides(128, True, 8192, "pack_p=true") == (D.selected(128, True, 8192), [])
+    cfg, derived = D.with_overrides(128, False, 2048, "kv_multicast=true")       # what the pairing brings
+    assert cfg.kv_multicast and "asm_arrivals: false → true" in derived
     with pytest.raises(ValueError, match="producer_unsynced runs only with one Q buffer"):
         D.with_overrides(64, False, 8192, "producer_unsynced=true,num_q_stages=2")
     assert cli.main(["defaults", "--headdim", "64", "--seqlen", "8192", "--no-causal", "--set",

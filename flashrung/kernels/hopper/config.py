@@ -1222,13 +1222,20 @@ _PARTIAL_TILES_DERIVED_FROM = frozenset({"balanced", "skip_empty_rows", "block_m
 
 def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperFwdConfig:
     """``dataclasses.replace(cfg, **changes)`` with the defaults derived from the changed fields
-    re-derived; a derived field named in ``changes`` keeps the value given. A default
+    re-derived; a derived field named in ``changes`` keeps the value given. ``kv_multicast`` turned
+    on brings the inline arrivals and unstaggered sweeps it is selected with. A default
     ``kv_multicast`` steps aside for a change it cannot run with (the staggered sweep, Gluon's
     arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
     decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
     (then check() refuses). ``meet_before_pass`` follows the pairing, the skip of empty rows and the
     pingpong, as ``select_config`` derives it."""
     out = dataclasses.replace(cfg, **changes)
+    if changes.get("kv_multicast") and not cfg.kv_multicast:
+        # the pairing forced onto an unpaired default brings what select_config pairs with (the
+        # inline arrivals, the sweeps unstaggered), unless the change names them (then check()
+        # refuses what cannot pair)
+        brought = {name: value for name, value in _PAIRING_BRINGS.items() if name not in changes}
+        out = dataclasses.replace(out, **brought)
     if "balanced_partial_tiles" not in changes and _PARTIAL_TILES_DERIVED_FROM & set(changes):
         out = dataclasses.replace(out, balanced_partial_tiles=_partial_tiles_estimable(out, out.balanced, head_dim))
     if out.kv_multicast and "kv_multicast" not in changes and not _can_multicast(out):
@@ -1246,6 +1253,12 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
         # onto an unpaired default gains it, so a tile past the sequence keeps the skip there too
         out = dataclasses.replace(out, meet_before_pass=out.kv_multicast and _can_meet_before_pass(out))
     return unpaired_producer_follows(out, changes)
+
+
+# What select_config gives every kv_multicast default beside the pairing (the arrivals in inline
+# PTX that release a slot to both CTAs, and one sweep order for the pair), and replace_following
+# brings along when a change turns the pairing on
+_PAIRING_BRINGS = {"asm_arrivals": True, "stagger_kv": False, "stagger_subtract": False}
 
 
 # The fields meet_before_pass's default is derived from (select_config: every pairing that skips

@@ -321,7 +321,8 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
         del counts["opcodes"]
         counts["length"] = hi - lo + 1
         # the row max's dependency depth: a tree-shaped max shortens it, the count stays
-        counts["FMNMX_chain"] = dependent_chain([text for _, text in ins[lo:hi + 1]], "FMNMX")
+        texts = [text for _, text in ins[lo:hi + 1]]
+        counts["FMNMX_chain"] = dependent_chain(texts, "FMNMX")
         # the longest path a conditional forward branch inside the loop jumps over: a step whose
         # work sits behind a branch (a mask taken only on some trips) runs that many fewer
         # instructions on the trips that skip it
@@ -332,7 +333,7 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
             if target is not None and ins[k][0] < target <= ins[hi][0] and target in where:
                 skips.append(where[target] - k - 1)
         counts["forward_skip"] = max(skips)
-        counts["turn_to_first_hgmma"] = turn_to_first_hgmma([text for _, text in ins[lo:hi + 1]])
+        counts["turn_to_first_hgmma"] = turn_to_first_hgmma(texts)
         out.append(counts)
     return out
 

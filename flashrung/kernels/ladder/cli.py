@@ -124,6 +124,9 @@ TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs i
 BALANCED_TIMING_TEXT = ("CUDA events between back-to-back calls, median per call; rungs interleaved round-robin "
                         "in a carryover-balanced order of the rounds (every rung in every position and right "
                         "after every other equally often)")
+MARGIN_TEXT = ("t_parent / t_rung per alternation, median [p10, p90]; one paired interleaved run in this "
+               "process, AB then BA halves; not a keep verdict (that is `flashrung compare`: two fresh "
+               "processes against the A/A threshold)")
 
 
 def protocol_for(args) -> LadderProtocol:
@@ -137,9 +140,6 @@ def protocol_for(args) -> LadderProtocol:
 
 def timing_text(protocol: LadderProtocol) -> str:
     return BALANCED_TIMING_TEXT if protocol.rates.order == "balanced" else TIMING_TEXT
-MARGIN_TEXT = ("t_parent / t_rung per alternation, median [p10, p90]; one paired interleaved run in this "
-               "process, AB then BA halves; not a keep verdict (that is `flashrung compare`: two fresh "
-               "processes against the A/A threshold)")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -122,8 +122,9 @@ class Dispatch:
     direction: str
     declined: tuple[tuple[str, str], ...] = ()
     forced: bool = False
-    # the problem it ran and a forced variant's overrides: what config() resolves, only when asked
-    # (a reference, no work on the call's host path)
+    # the backend's module, the problem it ran and a forced variant's overrides: what config()
+    # resolves, only when asked (references, no work on the call's host path)
+    module: object = dataclasses.field(default=None, repr=False, compare=False)
     problem: Problem | None = dataclasses.field(default=None, repr=False, compare=False)
     overrides: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
@@ -136,14 +137,9 @@ class Dispatch:
         ``config_with`` resolves the problem and the overrides (``hopper.fwd``: the
         ``HopperFwdConfig`` that ``flashrung defaults --seqlen`` describes) — or None for a kernel
         that has none (the portable kernels)."""
-        if self.problem is None:
+        if self.problem is None or not hasattr(self.module, "config_with"):
             return None
-        name = self.kernel.partition("@")[0]
-        backend = next(b for b in _backends(self.direction) if b.name == name)
-        module = backend.load()
-        if not hasattr(module, "config_with"):
-            return None
-        return _variant_config(module, self.problem, self.overrides)
+        return _variant_config(self.module, self.problem, self.overrides)
 
 
 _local = threading.local()
@@ -277,23 +273,24 @@ def select(problem: Problem, direction: str, impl: str | None = None):
             raise ValueError(f"impl {impl!r} names no {direction} kernel: impl must be one of "
                              f"{[b.name for b in backends]} (optionally name@key=value,...)")
         backend = wanted[0]
-        module = backend.load()
+        module = loaded = backend.load()
+        pinned = tuple(sorted(overrides.items()))
         if overrides:
             if not hasattr(module, "config_with"):
                 raise ValueError(f"{backend.name} takes no configuration overrides (got {impl!r})")
-            module = Variant(module, tuple(sorted(overrides.items())))
+            module = Variant(module, pinned)
         reason = module.unsupported_reason(problem)
         if reason is not None:
             raise UnsupportedError(f"{backend.name} cannot run this problem: {reason}")
         label = backend.name + (impl[impl.index("@"):] if overrides else "")
-        d = Dispatch(label, direction, forced=True, problem=problem, overrides=tuple(sorted(overrides.items())))
+        d = Dispatch(label, direction, forced=True, module=loaded, problem=problem, overrides=pinned)
         _record(d)
         return module, d
     for backend in (b for b in backends if b.auto):
         module = backend.load()
         reason = module.unsupported_reason(problem)
         if reason is None:
-            d = Dispatch(backend.name, direction, tuple(declined), problem=problem)
+            d = Dispatch(backend.name, direction, tuple(declined), module=module, problem=problem)
             _record(d)
             if declined and problem.device_type == "cuda" and os.environ.get("FLASHRUNG_WARN_FALLBACK"):
                 warnings.warn(f"flashrung: {direction} ran {d}", stacklevel=3)

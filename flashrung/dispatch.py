@@ -12,7 +12,6 @@ import importlib
 import os
 import threading
 import warnings
-from typing import Callable
 
 import torch
 
@@ -61,7 +60,8 @@ def _alignment(address: int, cap: int = 256) -> int:
 class Backend:
     """A kernel family as dispatch sees it. ``module`` provides ``unsupported_reason(problem)``
     and ``forward(q, k, v, causal, softmax_scale) -> (out, lse)`` (and ``backward`` when
-    ``direction`` includes it)."""
+    ``direction`` includes it); optionally ``auto_declined_reason(problem)``: why automatic dispatch
+    passes over a problem the module can run when asked for by name."""
 
     name: str          # public dotted name, e.g. "hopper.fwd"
     module: str
@@ -289,6 +289,9 @@ def select(problem: Problem, direction: str, impl: str | None = None):
     for backend in (b for b in backends if b.auto):
         module = backend.load()
         reason = module.unsupported_reason(problem)
+        if reason is None and hasattr(module, "auto_declined_reason"):
+            # runs the problem when asked for by name, but is not picked for it unasked
+            reason = module.auto_declined_reason(problem)
         if reason is None:
             d = Dispatch(backend.name, direction, tuple(declined), module=module, problem=problem)
             _record(d)

@@ -2173,7 +2173,9 @@ def test_supported_problem_has_no_reason():
     (dict(capability=(10, 0)), "9.0"),
     (dict(capability=(12, 0)), "9.0"),
     (dict(dtype=torch.float32), "float16 or bfloat16"),
-    (dict(head_dim=96, head_dim_v=96), "head_dim"),
+    (dict(head_dim=100, head_dim_v=100), "multiple of 8"),
+    (dict(head_dim=4, head_dim_v=4), "multiple of 8"),
+    (dict(head_dim=264, head_dim_v=264), "head_dim"),
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=64), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
@@ -2181,6 +2183,67 @@ def test_supported_problem_has_no_reason():
 def test_unsupported_reason(changes, match):
     reason = fwd.unsupported_reason(_problem(**changes))
     assert reason is not None and re.search(match, reason), reason
+
+
+def test_kernel_head_dim_is_the_next_compiled_one():
+    # every multiple of 8 up to 256 runs on the smallest compiled kernel at least as wide; the
+    # compiled ones on themselves; anything else is refused naming what is taken
+    for d in range(8, 257, 8):
+        kd = config.kernel_head_dim(d)
+        assert kd in config.SUPPORTED_HEAD_DIMS and kd >= d
+        assert all(c < d for c in config.SUPPORTED_HEAD_DIMS if c < kd)
+    assert [config.kernel_head_dim(d) for d in (8, 32, 64, 72, 96, 128, 136, 192, 256)] == \
+        [64, 64, 64, 128, 128, 128, 256, 256, 256]
+    for bad in (0, 4, 60, 100, 264, 512):
+        with pytest.raises(ValueError, match=r"multiple of 8 in \[8, 256\].*got " + str(bad)):
+            config.kernel_head_dim(bad)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 192])
+def test_a_padded_head_dim_runs_its_kernels_schedule(head_dim):
+    # the schedule of a padded head dim is its kernel's, at every length and mask (the tables are
+    # keyed by the compiled head dims), and an override resolves as it does there
+    kd = config.kernel_head_dim(head_dim)
+    for causal in (False, True):
+        for seqlen in (1, 1000, 2048, 4097, 8192, 16384, 32768):
+            padded = _problem(head_dim=head_dim, head_dim_v=head_dim, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+            compiled = dataclasses.replace(padded, head_dim=kd, head_dim_v=kd)
+            assert select_config(padded) == select_config(compiled)
+            assert fwd.config_with(padded, {"pack_p": "false"}) == fwd.config_with(compiled, {"pack_p": "false"})
+
+
+def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(monkeypatch):
+    # a padded head dim not yet gated and timed on the H200 goes to the portable kernel under
+    # automatic dispatch, which says why; asked for by name, hopper.fwd runs it; once listed, it is
+    # picked unasked
+    from flashrung import dispatch
+
+    padded = _problem(head_dim=96, head_dim_v=96, strides=((1000 * 8 * 96, 8 * 96, 96, 1),) * 3)
+    assert fwd.unsupported_reason(padded) is None
+    reason = fwd.auto_declined_reason(padded)
+    assert "padded to 128" in reason and "impl='hopper.fwd'" in reason
+    assert fwd.auto_declined_reason(_problem()) is None
+    _, d = dispatch.select(padded, "fwd")
+    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
+    _, d = dispatch.select(padded, "fwd", impl="hopper.fwd")
+    assert d.kernel == "hopper.fwd" and d.forced and d.config() == select_config(padded)
+    monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({96}))
+    assert fwd.auto_declined_reason(padded) is None
+    assert "(96)" in fwd.auto_declined_reason(dataclasses.replace(padded, head_dim=80, head_dim_v=80))
+    _, d = dispatch.select(padded, "fwd")
+    assert d.kernel == "hopper.fwd" and not d.declined
+
+
+def test_a_padded_descriptor_boxes_the_kernels_columns():
+    # TMA reads the box's columns past the tensor's own as zeros and never writes them: the
+    # descriptor keeps the tensor's shape and strides and takes the kernel's box and layout, so a
+    # d96 launch specializes exactly as a d128 one (tests/test_direct_launch.py)
+    wide = torch.empty(2, 100, 3, 128, dtype=torch.bfloat16)
+    narrow = torch.empty(2, 100, 3, 96, dtype=torch.bfloat16)
+    d128, d96 = fwd._descriptor(wide, 64, 128), fwd._descriptor(narrow, 64, 128)
+    assert d96.shape == [2, 100, 3, 96] and d96.strides == [100 * 3 * 96, 3 * 96, 96, 1]
+    assert d96.block_shape == d128.block_shape == [1, 64, 1, 128] and d96.layout == d128.layout
+    assert d96.padding == "zero"
 
 
 def test_layout_reason():
@@ -2330,6 +2393,51 @@ def test_gate_defaults_between_1k_and_4k(head_dim, causal, batch, seqlen_q, seql
     # `flashrung check` jumps from 1000 to 4097
     _gate(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
           head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+# Padded head dims (config.kernel_head_dim): each runs the kernel of the next compiled head dim
+# with TMA zero-filling the columns past its own. Shapes: one row, sub-tile, GQA with key tails,
+# Sq < Sk with MQA, Sq > Sk, and the paired (kv_multicast) defaults with the split tail at S4096
+# and the relayed pair in FA4's order at S8192 (what d128 non-causal selects there)
+PADDED_HEAD_DIM_SHAPES = [
+    dict(batch=2, seqlen_q=1, seqlen_k=1, heads_q=4, heads_kv=4),
+    dict(batch=2, seqlen_q=17, seqlen_k=17, heads_q=4, heads_kv=2),
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=1, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=1),
+    dict(batch=1, seqlen_q=4097, seqlen_k=1000, heads_q=2, heads_kv=2),
+    dict(batch=2, seqlen_q=4096, seqlen_k=4096, heads_q=4, heads_kv=4),
+    dict(batch=1, seqlen_q=8192, seqlen_k=8192, heads_q=8, heads_kv=8),
+]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [32, 80, 96, 192])
+def test_gate_padded_head_dims(head_dim, causal, shape):
+    # the gate automatic dispatch waits for (fwd.PADDED_AUTO_HEAD_DIMS): the d64, d128 and d256
+    # kernels on narrower tensors, every default they select at these lengths
+    _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("seqlen, causal", [(1000, False), (1000, True), (4096, False), (8192, False)])
+@pytest.mark.parametrize("head_dim", [32, 96])
+def test_a_padded_head_dim_writes_only_its_own_columns(head_dim, causal, seqlen):
+    # out as a view into wider rows of a poisoned buffer: the kernel's TMA stores (and the split
+    # tail's merge, from S4096 non-causal) write the output's columns and not one past them;
+    # the result is the contiguous out's, bit for bit, twice over (a moving result is a race)
+    torch.manual_seed(0)
+    kd = config.kernel_head_dim(head_dim)
+    q, k, v = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+    want, want_lse = fwd.forward(q, k, v, causal, head_dim ** -0.5)
+    for _ in range(2):
+        wide = torch.full((2, seqlen, 4, kd), float("nan"), device="cuda", dtype=torch.float16)
+        out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, out=wide[..., :head_dim])
+        assert wide[..., head_dim:].isnan().all(), "a column past the head dim was written"
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
 @pytest.mark.gpu
@@ -3873,9 +3981,11 @@ def test_fast_descriptor_equals_the_validated_one():
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     base = torch.randn(2, 40, 6, 128, dtype=torch.bfloat16)
-    for t in (base, base[:, :, ::2], base.transpose(1, 2).contiguous().transpose(1, 2)):
+    # the last two: a padded head dim's tensors (d96, a view of d96 inside d128 rows), boxed at 128
+    for t in (base, base[:, :, ::2], base.transpose(1, 2).contiguous().transpose(1, 2), base[..., :96].contiguous(),
+              base[..., :96]):
         for rows in (64, 128):
-            fast = fwd._descriptor(t, rows)
+            fast = fwd._descriptor(t, rows, 128)
             ref = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, 128],
                                    fwd._smem_layout(t.dtype, rows, 128))
             assert type(fast) is TensorDescriptor

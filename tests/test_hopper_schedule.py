@@ -225,7 +225,32 @@ def test_combine_writes_through_strided_out_and_keeps_rows_that_saw_no_key_empty
     assert torch.isnan(base[:, :, 1::2].float()).all() and torch.isnan(out[0, :, 0].float()).all()
 
 
+@pytest.mark.parametrize("loads_first", [False, True])
+def test_combine_into_a_padded_head_dim_stores_only_the_outputs_columns(loads_first, device):
+    # a padded head dim (config.kernel_head_dim: d96 on the d128 kernel) merges a workspace of the
+    # kernel's 128 columns into an out of 96: its columns are the full merge's first 96, and the
+    # 32 columns after them in memory (here a wider buffer's) are never written
+    torch.manual_seed(2)
+    block_m, d, d_out, splits, seqlen_q = 16, 128, 96, 3, 20
+    coords = torch.tensor([[0, 1, 1], [1, 0, 0]], dtype=torch.int32, device=device)
+    part_o = torch.randn(2 * splits, block_m, d, device=device)
+    part_lse = torch.randn(2 * splits, block_m, device=device) * 4
+    full = torch.full((2, seqlen_q, 2, d), float("nan"), dtype=torch.float16, device=device)
+    lse_full = torch.full((2, 2, seqlen_q), float("nan"), device=device)
+    combine_tail(part_o, part_lse, coords, full, lse_full, splits, loads_first=loads_first)
+    wide = torch.full((2, seqlen_q, 2, d), float("nan"), dtype=torch.float16, device=device)
+    lse = torch.full((2, 2, seqlen_q), float("nan"), device=device)
+    combine_tail(part_o, part_lse, coords, wide[..., :d_out], lse, splits, loads_first=loads_first)
+    full, wide, lse, lse_full = full.cpu(), wide.cpu(), lse.cpu(), lse_full.cpu()
+    written = ~full[..., 0].isnan()
+    assert int(written.sum()) == 4 + 16
+    assert torch.equal(wide[..., :d_out][written], full[..., :d_out][written])
+    assert wide[..., d_out:].isnan().all(), "a column past the output's head dim was written"
+    assert torch.equal(lse.nan_to_num(), lse_full.nan_to_num())
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    (dict(out=torch.zeros(1, 16, 2, 16)), "D_out"),
     (dict(splits=3), "splits"),
     (dict(part_lse=torch.zeros(4, 15)), "part_lse"),
     (dict(coords=torch.zeros(2, 3, dtype=torch.int64)), "coords"),

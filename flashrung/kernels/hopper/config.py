@@ -24,6 +24,11 @@ ROW_SUM_COLS = 8                           # wgmma's narrowest N: the row-sum ac
 SMEM_MARGIN_BYTES = 1024
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# Any other head dim that is a multiple of this runs the kernel compiled for the next supported one
+# up (kernel_head_dim): TMA zero-fills the columns past the tensor's own on every load and drops
+# them on every store, so the extra columns add 0 to QK and leave O's real columns exact. A row of
+# 8 16-bit elements is TMA's 16-byte stride unit.
+PADDED_HEAD_DIM_MULTIPLE = 8
 # Conditional rescaling lets unnormalized probabilities reach 2^τ: τ ≤ 15 keeps them below the
 # fp16 maximum (65504) with margin; FA4 uses τ = 8 for 16-bit inputs (seed 001, 0x09).
 MAX_RESCALE_THRESHOLD = 15.0
@@ -1301,44 +1306,58 @@ def _can_multicast(cfg: HopperFwdConfig) -> bool:
             and cfg.block_n % 16 == 0)
 
 
+def kernel_head_dim(head_dim: int) -> int:
+    """The head dim of the kernel that runs a problem of ``head_dim``: itself where it is compiled
+    (``SUPPORTED_HEAD_DIMS``), else the next one up, its extra columns zero-filled by TMA
+    (``PADDED_HEAD_DIM_MULTIPLE``). Raises ``ValueError`` naming what it takes."""
+    if head_dim in SUPPORTED_HEAD_DIMS:
+        return head_dim
+    if not isinstance(head_dim, int) or head_dim % PADDED_HEAD_DIM_MULTIPLE \
+            or not PADDED_HEAD_DIM_MULTIPLE <= head_dim <= SUPPORTED_HEAD_DIMS[-1]:
+        raise ValueError(f"head_dim must be a multiple of {PADDED_HEAD_DIM_MULTIPLE} in "
+                         f"[{PADDED_HEAD_DIM_MULTIPLE}, {SUPPORTED_HEAD_DIMS[-1]}] (compiled for "
+                         f"{SUPPORTED_HEAD_DIMS}, others padded to the next), got {head_dim}")
+    return next(d for d in SUPPORTED_HEAD_DIMS if d > head_dim)
+
+
 def select_config(problem) -> HopperFwdConfig:
-    """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached)."""
-    if problem.head_dim not in _BY_HEAD_DIM:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}")
+    """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached): that of
+    its kernel's head dim (:func:`kernel_head_dim`)."""
+    head_dim = kernel_head_dim(problem.head_dim)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
-    persistent = seqlen <= PERSISTENT_MAX_SEQLEN[problem.head_dim]
+    persistent = seqlen <= PERSISTENT_MAX_SEQLEN[head_dim]
     short_max = SHORT_CAUSAL_MAX_SEQLEN if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN
-    short = seqlen <= short_max.get(problem.head_dim, 0)
-    split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    mask_first_always = split_tail and seqlen >= SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[problem.head_dim]
-    two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
-    fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
-    first, last = SKIP_UNSEEN_HALF_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
-    pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
-    single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((problem.head_dim, bool(problem.causal)), 0)
-    rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
-    aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((problem.head_dim, bool(problem.causal)), (1, 0))
-    fa4_named = not problem.causal and seqlen >= FA4_ORDER_NONCAUSAL_MIN_SEQLEN.get(problem.head_dim, 1 << 62)
-    n_first, n_last = (1, 0) if problem.causal else FA3_NAMED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
-    gate_pv_wait = seqlen >= GATE_PV_WAIT_MIN_SEQLEN.get((problem.head_dim, bool(problem.causal)), 1 << 62)
-    if (problem.head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
-            and problem.seqlen_k % _BY_HEAD_DIM[problem.head_dim].kv_tile:
+    short = seqlen <= short_max.get(head_dim, 0)
+    split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(head_dim, 1 << 62)
+    mask_first_always = split_tail and seqlen >= SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN.get(head_dim, 1 << 62)
+    balanced = bool(problem.causal) and seqlen >= BALANCED_CAUSAL_MIN_SEQLEN.get(head_dim, 1 << 62)
+    stagger_kv = seqlen >= STAGGER_KV_MIN_SEQLEN.get(head_dim, 1 << 62)
+    small_section = bool(problem.causal) and seqlen >= CAUSAL_SMALL_SECTION_MIN_SEQLEN[head_dim]
+    two_q_stages = seqlen <= TWO_Q_STAGES_MAX_SEQLEN.get((head_dim, bool(problem.causal)), 0)
+    fast_divide = seqlen <= FAST_DIVIDE_MAX_SEQLEN.get((head_dim, bool(problem.causal)), 0)
+    first, last = SKIP_UNSEEN_HALF_SEQLEN.get((head_dim, bool(problem.causal)), (1, 0))
+    pp_first, pp_last = (1, 0) if problem.causal else PINGPONG_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
+    single_kv_loop = seqlen <= SINGLE_KV_LOOP_MAX_SEQLEN.get((head_dim, bool(problem.causal)), 0)
+    rescale_by_warp = seqlen >= RESCALE_BY_WARP_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
+    aa_first, aa_last = ASM_ARRIVALS_SEQLEN.get((head_dim, bool(problem.causal)), (1, 0))
+    fa4_named = not problem.causal and seqlen >= FA4_ORDER_NONCAUSAL_MIN_SEQLEN.get(head_dim, 1 << 62)
+    n_first, n_last = (1, 0) if problem.causal else FA3_NAMED_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
+    gate_pv_wait = seqlen >= GATE_PV_WAIT_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
+    if (head_dim, bool(problem.causal)) in ASM_ARRIVALS_WHOLE_KEY_TILES \
+            and problem.seqlen_k % _BY_HEAD_DIM[head_dim].kv_tile:
         aa_first, aa_last = 1, 0
-    mc_first, mc_last = (1, 0) if problem.causal else KV_MULTICAST_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    mc_first, mc_last = (1, 0) if problem.causal else KV_MULTICAST_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
     kv_multicast = mc_first <= seqlen <= mc_last
     if kv_multicast:
         # what the pairs were priced with: the inline arrivals, the sweeps unstaggered
         aa_first, aa_last, stagger_kv = 1, 1 << 62, False
-    pu_first, pu_last = PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    pu_first, pu_last = PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
     producer_unsynced = kv_multicast and pu_first <= seqlen <= pu_last
-    rr_first, rr_last = RELAY_RELEASE_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    rr_first, rr_last = RELAY_RELEASE_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
     relay_release = kv_multicast and rr_first <= seqlen <= rr_last
-    ch_first, ch_last = CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN.get(problem.head_dim, (1, 0))
+    ch_first, ch_last = CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
     cross_head_pairs = kv_multicast and ch_first <= seqlen <= ch_last
-    return _select(problem.head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
+    return _select(head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
                    CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
                    fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
                    rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,

@@ -135,6 +135,7 @@ from flashrung.kernels.hopper.config import (
     SUPPORTED_HEAD_DIMS,
     WORK_ITEM_FIXED_KV_TILES,
     HopperFwdConfig,
+    kernel_head_dim,
     replace_following,
     select_config,
 )
@@ -1736,19 +1737,20 @@ def _smem_layout(dtype: torch.dtype, rows: int, head_dim: int):
     return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], _GL_DTYPES[dtype])
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """4-D TMA descriptor over ``t`` (B, S, H, D) as it lies in memory, box [1, rows, 1, D].
+def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
+    """4-D TMA descriptor over ``t`` (B, S, H, D) as it lies in memory, box [1, rows, 1, box_dim]:
+    the kernel's head dim, which is D or (a padded head dim) wider — the box's columns past D read
+    as zeros and are not written (``kernel_head_dim``).
 
     Filled in without ``TensorDescriptor.__post_init__``: what it asserts is the box (checked once
     per box by :func:`_smem_layout`) and the tensor's 16-byte base, 16-byte strides and unit last
     stride, which every caller has established with :func:`layout_reason`. Validating six
     descriptors per call cost about 60 µs of host time, more than the kernel at small shapes
     (``test_fast_descriptor_equals_the_validated_one`` pins the fields)."""
-    head_dim = t.shape[3]
     desc = TensorDescriptor.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides = t, list(t.shape), list(t.stride())
-    desc.block_shape, desc.padding = [1, rows, 1, head_dim], "zero"
-    desc.layout = _smem_layout(t.dtype, rows, head_dim)
+    desc.block_shape, desc.padding = [1, rows, 1, box_dim], "zero"
+    desc.layout = _smem_layout(t.dtype, rows, box_dim)
     return desc
 
 
@@ -1863,8 +1865,10 @@ def unsupported_reason(problem) -> str | None:
         return f"needs compute capability 9.0 (Hopper, sm_90a), got {problem.capability}"
     if problem.dtype not in _GL_DTYPES:
         return f"needs float16 or bfloat16, got {problem.dtype}"
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {problem.head_dim}"
+    try:
+        kernel_head_dim(problem.head_dim)
+    except ValueError as e:
+        return str(e)
     if problem.head_dim_v != problem.head_dim:
         return f"head_dim_v must equal head_dim ({problem.head_dim}), got {problem.head_dim_v}"
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
@@ -1876,6 +1880,24 @@ def unsupported_reason(problem) -> str | None:
         reason = _strides_reason(name, strides, problem.ptr_alignment, elem_bytes)
         if reason is not None:
             return reason
+    return None
+
+
+# Head dims other than SUPPORTED_HEAD_DIMS run on the kernel of the next one up, their extra
+# columns zero-filled by TMA (config.kernel_head_dim), whenever hopper.fwd is asked for by name.
+# Automatic dispatch sends a head dim here only once it is listed: its gate on the H200
+# (tests/test_hopper.py::test_gate_padded_head_dims) passed and a paired timing there put it ahead
+# of portable.fwd, which pads too, but to the next power of two (d32 stays d32 there, d64 here).
+PADDED_AUTO_HEAD_DIMS: frozenset[int] = frozenset()
+
+
+def auto_declined_reason(problem) -> str | None:
+    """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
+    accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
+    if problem.head_dim not in SUPPORTED_HEAD_DIMS and problem.head_dim not in PADDED_AUTO_HEAD_DIMS:
+        return (f"head_dim {problem.head_dim} would run padded to {kernel_head_dim(problem.head_dim)}, which "
+                "automatic dispatch picks only for head dims gated and timed against portable.fwd on the H200 "
+                f"({', '.join(map(str, sorted(PADDED_AUTO_HEAD_DIMS))) or 'none yet'}); impl='hopper.fwd' runs it")
     return None
 
 
@@ -2039,6 +2061,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
     batch, seqlen_q, heads_q, head_dim = q.shape
+    # the compiled kernel's head dim: every tile, buffer and workspace row has its columns
+    head_dim = kernel_head_dim(head_dim)
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
@@ -2062,7 +2086,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sched = coords          # never dereferenced: the stride needs no table
     # never dereferenced without the dynamic hand-out
     handout = handout_counters(device_index) if cfg.dynamic and not warmup else coords
-    k_desc, v_desc = _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n)
+    k_desc, v_desc = _descriptor(k, cfg.block_n, head_dim), _descriptor(v, cfg.block_n, head_dim)
     # never dereferenced without kv_multicast (a compile-only call's stand-in has the maps' type)
     if cfg.kv_multicast:
         if warmup:
@@ -2075,11 +2099,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         tmaps = lse
     pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps)
     args = (
-        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP), k_desc, v_desc,
+        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, head_dim), k_desc, v_desc,
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
-        _descriptor(k, cfg.extra_keys) if cfg.extra_keys else k_desc,
-        _descriptor(v, cfg.extra_keys) if cfg.extra_keys else v_desc,
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP), *pointers, *plan.ints, scale,
+        _descriptor(k, cfg.extra_keys, head_dim) if cfg.extra_keys else k_desc,
+        _descriptor(v, cfg.extra_keys, head_dim) if cfg.extra_keys else v_desc,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim), *pointers, *plan.ints, scale,
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:
@@ -2150,7 +2174,9 @@ def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype
     ``kv_multicast`` configuration, whose launches with a pair past the sequence (an odd count of
     q-tiles a head, or with ``cross_head_pairs`` in the launch) build without the skip of empty
     rows (:func:`_skip_empty_rows`); the build of even counts is returned. Needs a
-    CUDA driver (the target is queried from it); the tensors stay on the CPU."""
+    CUDA driver (the target is queried from it); the tensors stay on the CPU. A padded head dim
+    compiles its kernel's (``kernel_head_dim``)."""
+    head_dim = kernel_head_dim(head_dim)
     cfg.check(head_dim, torch.empty((), dtype=dtype).element_size())
     k = torch.empty((1, cfg.block_n, 1, head_dim), dtype=dtype)
     compiled = None
@@ -2207,7 +2233,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
-    _check(cfg, problem.head_dim, q.element_size())
+    _check(cfg, kernel_head_dim(problem.head_dim), q.element_size())
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -2264,8 +2290,9 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     from flashrung.dispatch import Problem
 
     problem = Problem.of(q, k, v, causal)
-    config.check(problem.head_dim, q.element_size())
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    head_dim = kernel_head_dim(problem.head_dim)
+    config.check(head_dim, q.element_size())
+    batch, seqlen_q, heads_q = q.shape[:3]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
                  float(softmax_scale) > 0, _sm_count(device_index))
@@ -2327,7 +2354,7 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     or a combination that does not fit the hardware budgets at ``problem.head_dim``.
     """
     cfg = overridden_config(problem, overrides)
-    cfg.check(problem.head_dim, problem.dtype.itemsize)
+    cfg.check(kernel_head_dim(problem.head_dim), problem.dtype.itemsize)
     return cfg
 
 
@@ -2338,7 +2365,8 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
 
     base = select_config(problem)
     given = apply_overrides(KERNEL_NAME, base, overrides)
-    return replace_following(base, problem.head_dim, **{key: getattr(given, key) for key in overrides})
+    return replace_following(base, kernel_head_dim(problem.head_dim),
+                             **{key: getattr(given, key) for key in overrides})
 
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False) -> HopperFwdConfig:

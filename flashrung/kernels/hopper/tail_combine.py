@@ -82,7 +82,9 @@ def _merge_row(part_o_ptr, part_lse_ptr, tile, row, splits, col0,
 def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
                     seqlen_q, heads_q, splits, stride_ob, stride_os, stride_oh,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                    CHUNK: tl.constexpr, LOADS_FIRST: tl.constexpr, COLS: tl.constexpr):
+                    CHUNK: tl.constexpr, LOADS_FIRST: tl.constexpr, COLS: tl.constexpr, OUT_DIM: tl.constexpr):
+    # OUT_DIM < HEAD_DIM: a padded head dim (config.kernel_head_dim); the workspace's columns past
+    # the output's are the zero columns' (exact zeros) and are not stored
     tile = tl.program_id(0) // BLOCK_M
     row = tl.program_id(0) % BLOCK_M
     b = tl.load(coords_ptr + tile * 3 + 0)
@@ -99,14 +101,22 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
         inside = q_row < seqlen_q
         o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
         lse_offs = (b * heads_q + h).to(tl.int64) * seqlen_q + q_row
-        tl.store(out_ptr + o_offs + col0 + tl.arange(0, COLS), o.to(out_ptr.dtype.element_ty), mask=inside)
+        cols = col0 + tl.arange(0, COLS)
+        if OUT_DIM < HEAD_DIM:
+            tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=inside & (cols < OUT_DIM))
+        else:
+            tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=inside)
         tl.store(lse_ptr + lse_offs, lse, mask=inside & (col0 == 0))
     else:
         if q_row < seqlen_q:
             o, lse = _merge_row(part_o_ptr, part_lse_ptr, tile, row, splits, 0, BLOCK_M, HEAD_DIM, SPLITS_POW2,
                                 CHUNK, False, HEAD_DIM)
             o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
-            tl.store(out_ptr + o_offs + tl.arange(0, HEAD_DIM), o.to(out_ptr.dtype.element_ty))
+            cols = tl.arange(0, HEAD_DIM)
+            if OUT_DIM < HEAD_DIM:
+                tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=cols < OUT_DIM)
+            else:
+                tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty))
             tl.store(lse_ptr + (b * heads_q + h).to(tl.int64) * seqlen_q + q_row, lse)
 
 
@@ -137,7 +147,7 @@ def workspace(items: int, tiles: int, block_m: int, head_dim: int, device) -> tu
 
 def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, splits: int, loads_first: bool = True) -> None:
-    """Write the merged rows of every tail tile into ``out`` (B, Sq, Hq, D) and ``lse`` (B, Hq, Sq).
+    """Write the merged rows of every tail tile into ``out`` (B, Sq, Hq, D_out) and ``lse`` (B, Hq, Sq).
 
     ``part_o`` fp32 ``[tiles · splits, BLOCK_M, D]`` and ``part_lse`` fp32 ``[tiles · splits,
     BLOCK_M]`` hold work item ``tile · splits + s`` at index ``tile · splits + s``; ``coords``
@@ -146,6 +156,8 @@ def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Ten
     splits a load; ``False``: the chunked merge, ``SPLITS_PER_LOAD`` splits a load behind the row's
     branch. Both are deterministic; compiled, their sums run over differently laid out blocks and
     their last bits may differ (on the H200 they did at 16 and 33 splits, agreeing to rounding).
+    ``D_out`` is ``D`` or, for a padded head dim (``config.kernel_head_dim``), fewer: the first
+    ``D_out`` of the workspace's columns are stored.
     """
     if part_o.dim() != 3 or part_o.dtype != torch.float32 or not part_o.is_contiguous():
         raise ValueError(f"part_o must be a contiguous fp32 [items, BLOCK_M, D] tensor, got "
@@ -160,9 +172,9 @@ def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Ten
     if coords.shape != (tiles, 3) or coords.dtype != torch.int32 or not coords.is_contiguous():
         raise ValueError(f"coords must be a contiguous int32 {(tiles, 3)} tensor, got {tuple(coords.shape)} "
                          f"{coords.dtype}")
-    if out.dim() != 4 or out.shape[3] != head_dim or out.stride(3) != 1:
-        raise ValueError(f"out must be (B, Sq, Hq, {head_dim}) with unit stride in the last dimension, got "
-                         f"{tuple(out.shape)} strides {out.stride()}")
+    if out.dim() != 4 or not 1 <= out.shape[3] <= head_dim or out.stride(3) != 1:
+        raise ValueError(f"out must be (B, Sq, Hq, D_out) with 1 <= D_out <= {head_dim} (the workspace's D) and "
+                         f"unit stride in the last dimension, got {tuple(out.shape)} strides {out.stride()}")
     batch, seqlen_q, heads_q, _ = out.shape
     if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous fp32 {(batch, heads_q, seqlen_q)} tensor")
@@ -177,4 +189,5 @@ def combine_tail(part_o: torch.Tensor, part_lse: torch.Tensor, coords: torch.Ten
     _combine_kernel[(tiles * block_m, head_dim // cols)](
         part_o, part_lse, coords, out, lse, seqlen_q, heads_q, splits, out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=block_m, HEAD_DIM=head_dim, SPLITS_POW2=triton.next_power_of_2(splits),
-        CHUNK=min(per_load, triton.next_power_of_2(splits)), LOADS_FIRST=loads_first, COLS=cols)
+        CHUNK=min(per_load, triton.next_power_of_2(splits)), LOADS_FIRST=loads_first, COLS=cols,
+        OUT_DIM=out.shape[3])

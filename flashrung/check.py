@@ -72,11 +72,13 @@ def _compile_group(job) -> tuple:
 
 def run_check(device: str, size: str, kernels: list[str] | None = None,
               directions=("fwd", "bwd"), progress=_progress,
-              shard: tuple[int, int] = (0, 1)) -> list[KernelSummary]:
+              shard: tuple[int, int] = (0, 1), head_dims: tuple[int, ...] | None = None) -> list[KernelSummary]:
+    """The gate over the envelope of ``size`` (its head dims, or ``head_dims``) for every
+    automatically dispatched kernel, or those named in ``kernels``."""
     from flashrung import dispatch, gate
-    cases = gate.envelope(size)
-    if device == "cpu":
-        cases = [c for c in cases if c.head_dim <= 64] if size == "small" else cases
+    cases = gate.envelope(size, head_dims=head_dims)
+    if device == "cpu" and size == "small" and not head_dims:
+        cases = [c for c in cases if c.head_dim <= 64]
     summaries: dict[tuple[str, str], KernelSummary] = {}
     fwd_backends = [b for b in dispatch.FORWARD_BACKENDS if b.auto]
     bwd_backends = list(dispatch.BACKWARD_BACKENDS)
@@ -174,6 +176,8 @@ def _run_sharded(args, jobs: int) -> list[dict]:
                 cmd += ["--kernel", k]
             for d in args.direction:
                 cmd += ["--direction", d]
+            for d in getattr(args, "head_dim", None) or []:
+                cmd += ["--head-dim", str(d)]
             procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
         parts = []
         for proc, out in procs:
@@ -192,8 +196,9 @@ def check_command(args) -> int:
     if args.jobs > 1 and count == 1:
         summaries = _run_sharded(args, args.jobs)
     else:
+        head_dims = tuple(getattr(args, "head_dim", None) or ()) or None
         summaries = [_summary_json(s) for s in run_check(device, size, args.kernel, tuple(args.direction),
-                                                         shard=(index, count))]
+                                                         shard=(index, count), head_dims=head_dims)]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
         worst = s["worst"]
@@ -257,12 +262,28 @@ def gate_command(args) -> int:
     return 0
 
 
+def _head_dim(text: str) -> int:
+    """``--head-dim``'s value: a head dim flashrung takes (a multiple of 8 up to 256)."""
+    from flashrung.api import MAX_HEAD_DIM
+
+    try:
+        d = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if d <= 0 or d % 8 or d > MAX_HEAD_DIM:
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    return d
+
+
 def register(sub) -> None:
     p = sub.add_parser("check", help="run the correctness gate on every kernel for this device")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None)
     p.add_argument("--size", choices=("small", "device"), default=None,
                    help="envelope: 'small' (interpreter-sized) or 'device' (S up to 16384)")
     p.add_argument("--kernel", action="append", default=None, help="only this kernel (repeatable)")
+    p.add_argument("--head-dim", action="append", type=_head_dim, default=None, metavar="D",
+                   help="gate at this head dim instead of the envelope's (repeatable; a multiple of 8 up to "
+                        "256: e.g. --kernel hopper.fwd --head-dim 96 gates hopper.fwd's padded head dims)")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

@@ -122,6 +122,23 @@ def test_check_reports_why_a_kernel_declined_cases(capsys):
     assert "hopper.fwd fwd declined" in out and "CUDA" in out
 
 
+def test_check_gates_the_head_dims_it_is_given(capsys):
+    # --head-dim replaces the envelope's head dims (a padded head dim of hopper.fwd: 96); on the
+    # CPU the portable kernel runs them under the interpreter, and a value flashrung does not take
+    # is refused naming the argument
+    from flashrung import cli
+    from flashrung.check import run_check
+
+    summaries = run_check("cpu", "small", ["portable.fwd"], ("fwd",), progress=lambda jobs, desc: jobs,
+                          head_dims=(40,))
+    (s,) = summaries
+    assert s.kernel == "portable.fwd" and s.cases == len(gate.envelope("small", head_dims=(40,)))
+    assert s.passed == s.cases and s.worst.case.head_dim == 40
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--head-dim", "100"])
+    assert "--head-dim: expected a multiple of 8 up to 256, got 100" in capsys.readouterr().err
+
+
 def test_given_inputs_are_judged_by_the_same_rule():
     # check_forward_inputs: the gate's rule on inputs a test builds (here a spike key, which fresh
     # Gaussians never draw); a kernel that loses the spike fails it, the portable kernel passes

@@ -104,11 +104,25 @@ def test_cli_refuses_what_it_cannot_answer(capsys):
     assert "--seqlen needs --headdim" in capsys.readouterr().err
     assert cli.main(["defaults", "--headdim", "128", "--seqlen", "0"]) == 2
     assert "seqlen must be between 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["defaults", "--headdim", "96"])
-    assert "--headdim: invalid choice: 96" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="headdim must be one of"):
-        D.problem(80, False, 1024)
+    assert cli.main(["defaults", "--headdim", "100"]) == 2
+    assert "--headdim: head_dim must be a multiple of 8 in [8, 256]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="multiple of 8"):
+        D.problem(84, False, 1024)
+
+
+def test_a_padded_head_dim_names_its_kernel_and_prints_that_schedule(capsys):
+    """Protects: a head dim hopper.fwd pads says which kernel runs it and how dispatch treats it,
+    and shows that kernel's schedule, the one select_config gives it."""
+    assert cli.main(["defaults", "--headdim", "96", "--seqlen", "16384", "--no-causal"]) == 0
+    padded = capsys.readouterr().out
+    assert padded.startswith("d96 runs the d128 kernel, its columns 96–127 zero-filled by TMA")
+    assert "automatic dispatch runs portable.fwd instead; impl='hopper.fwd' runs it" in padded
+    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "16384", "--no-causal"]) == 0
+    assert padded.split("\n", 1)[1] == capsys.readouterr().out
+    assert D.selected(96, True, 4096) == D.selected(128, True, 4096)
+    assert cli.main(["defaults", "--headdim", "32", "--seqlen", "100", "--causal", "--json"]) == 0
+    row, = json.loads(capsys.readouterr().out)
+    assert (row["head_dim"], row["kernel_head_dim"]) == (32, 64)
 
 
 def test_key_tail_note_says_what_the_selection_does():

@@ -64,8 +64,7 @@ def problem(head_dim: int, causal: bool, seqlen: int):
     tile), bf16, one head; only the head dim, the mask, ``max(Sq, Sk)`` and Sk's tail matter."""
     from flashrung.dispatch import Problem
 
-    if head_dim not in C.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"headdim must be one of {C.SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    C.kernel_head_dim(head_dim)         # raises naming the head dims hopper.fwd takes
     if not 1 <= seqlen <= MAX_SEQLEN:
         raise ValueError(f"seqlen must be between 1 and 2**62 - 1, got {seqlen}")
     seqlen_k = seqlen - seqlen % WHOLE_KEY_TILE if seqlen >= WHOLE_KEY_TILE else seqlen
@@ -229,8 +228,10 @@ def register(subparsers) -> None:
         description="The default configuration of hopper.fwd (config.select_config) as ranges of "
                     "max(Sq, Sk) per head dim and mask, or the whole configuration of one problem. "
                     "Batch, heads and dtype do not change it.")
-    p.add_argument("--headdim", type=int, default=None, choices=C.SUPPORTED_HEAD_DIMS,
-                   help="one head dim (default: all)")
+    p.add_argument("--headdim", type=int, default=None,
+                   help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
+                        f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "
+                        "runs the next one's kernel, padded)")
     mask = p.add_mutually_exclusive_group()
     mask.add_argument("--causal", dest="causal", action="store_true", default=None, help="causal only")
     mask.add_argument("--no-causal", dest="causal", action="store_false", help="non-causal only")
@@ -266,7 +267,32 @@ def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str) -> tuple
     return cfg, derived
 
 
+def padding_note(head_dim: int) -> str | None:
+    """For a padded head dim: which kernel runs it and whether automatic dispatch picks it; None
+    for a compiled one."""
+    from flashrung.kernels.hopper import fwd
+
+    kernel = C.kernel_head_dim(head_dim)
+    if kernel == head_dim:
+        return None
+    auto = ("automatic dispatch picks it" if head_dim in fwd.PADDED_AUTO_HEAD_DIMS else
+            "automatic dispatch runs portable.fwd instead; impl='hopper.fwd' runs it")
+    return (f"d{head_dim} runs the d{kernel} kernel, its columns {head_dim}–{kernel - 1} zero-filled by TMA "
+            f"(config.kernel_head_dim); {auto}. The d{kernel} schedule:")
+
+
 def run(args) -> int:
+    if args.headdim is not None:
+        try:
+            note = padding_note(args.headdim)
+        except ValueError as exc:
+            print(f"flashrung defaults: --headdim: {exc}", file=sys.stderr)
+            return 2
+        if note is not None and not args.json:
+            print(note)
+    requested = args.headdim
+    if requested is not None:
+        args.headdim = C.kernel_head_dim(requested)
     head_dims = C.SUPPORTED_HEAD_DIMS if args.headdim is None else (args.headdim,)
     masks = (False, True) if args.causal is None else (args.causal,)
     if args.seqlen is not None:
@@ -283,7 +309,8 @@ def run(args) -> int:
             print(f"flashrung defaults: {exc}", file=sys.stderr)
             return 2
         if args.json:
-            print(json.dumps([dict(head_dim=args.headdim, causal=causal, seqlen=args.seqlen, overrides=args.set,
+            print(json.dumps([dict(head_dim=requested, kernel_head_dim=args.headdim, causal=causal,
+                                   seqlen=args.seqlen, overrides=args.set,
                                    derived=derived, switches=switches(cfg), config=dataclasses.asdict(cfg))
                               for causal, cfg, derived in configs], indent=1))
             return 0

@@ -1321,6 +1321,23 @@ def test_kv_multicast_refuses_what_it_cannot_pair():
             dataclasses.replace(base, kv_multicast=True, **change).check(128)
 
 
+def test_the_stagger_forced_builds_the_sweep_the_defaults_stagger_with():
+    # select_config wraps every staggered sweep by compare and subtract (change 41): the stagger
+    # forced on builds that wrap unless the modulo is named; forced off, it takes the wrap with it
+    # and builds the unstaggered default field for field
+    from flashrung.kernels.hopper import defaults as D
+
+    unstaggered = D.problem(128, False, 2000)
+    assert fwd.config_with(unstaggered, {"stagger_kv": "true"}).stagger_subtract
+    assert not fwd.config_with(unstaggered, {"stagger_kv": "true", "stagger_subtract": "false"}).stagger_subtract
+    staggered = D.problem(64, True, 8192)
+    base = select_config(staggered)
+    assert base.stagger_kv and base.stagger_subtract
+    off = fwd.config_with(staggered, {"stagger_kv": "false"})
+    assert off == dataclasses.replace(base, stagger_kv=False, stagger_subtract=False)
+    assert fwd.config_with(staggered, {"stagger_subtract": "false"}).stagger_kv
+
+
 def test_kv_multicast_forced_on_brings_what_select_config_pairs_with():
     # `@kv_multicast=true` on an unpaired default takes the inline arrivals and the unstaggered
     # sweeps with it (select_config's pairing) and the meeting before each pass, so the override

@@ -1233,7 +1233,7 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
     decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
     (then check() refuses). ``meet_before_pass`` follows the pairing, the skip of empty rows and the
-    pingpong, as ``select_config`` derives it."""
+    pingpong, as ``select_config`` derives it; ``stagger_subtract`` follows ``stagger_kv``."""
     out = dataclasses.replace(cfg, **changes)
     if changes.get("kv_multicast") and not cfg.kv_multicast:
         # the pairing forced onto an unpaired default brings what select_config pairs with (the
@@ -1252,6 +1252,10 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
+    if "stagger_kv" in changes and "stagger_subtract" not in changes:
+        # every staggered sweep select_config builds wraps by compare and subtract (change 41): the
+        # stagger forced on builds that sweep, forced off takes its wrap with it
+        out = dataclasses.replace(out, stagger_subtract=out.stagger_kv)
     if "meet_before_pass" not in changes and _MEET_DERIVED_FROM & set(changes):
         # the meeting follows the pairing as select_config derives it: the skip of empty rows or the
         # pingpong forced off a paired default leaves no turn to meet before; the pairing forced
@@ -1321,8 +1325,8 @@ def kernel_head_dim(head_dim: int) -> int:
 
 
 def select_config(problem) -> HopperFwdConfig:
-    """The default configuration for a :class:`flashrung.dispatch.Problem` (pure, cached): that of
-    its kernel's head dim (:func:`kernel_head_dim`)."""
+    """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
+    dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds."""
     head_dim = kernel_head_dim(problem.head_dim)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[head_dim]

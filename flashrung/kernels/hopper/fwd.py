@@ -2,7 +2,8 @@
 
 What it computes: ``out = softmax(scale · q kᵀ [+ causal mask]) v`` and the natural-log LSE, for
 q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), fp16/bf16, D ∈ {64, 128, 256}, GQA ``Hq % Hkv == 0``,
-causal masks aligned bottom-right.
+causal masks aligned bottom-right. Any other D that is a multiple of 8 up to 256 runs the kernel
+of the next of those, its TMA boxes that wide over the narrower tensors (``kernel_head_dim``).
 
 Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's primitives:
 

@@ -123,6 +123,9 @@ def test_a_padded_head_dim_names_its_kernel_and_prints_that_schedule(capsys):
     assert cli.main(["defaults", "--headdim", "32", "--seqlen", "100", "--causal", "--json"]) == 0
     row, = json.loads(capsys.readouterr().out)
     assert (row["head_dim"], row["kernel_head_dim"]) == (32, 64)
+    assert cli.main(["defaults", "--headdim", "192", "--causal", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all((r["head_dim"], r["kernel_head_dim"]) == (192, 256) for r in rows)
 
 
 def test_key_tail_note_says_what_the_selection_does():

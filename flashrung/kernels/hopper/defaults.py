@@ -216,8 +216,10 @@ def all_ranges(head_dims=C.SUPPORTED_HEAD_DIMS, masks=(False, True)) -> list[Def
     return [r for d in head_dims for causal in masks for r in default_ranges(d, causal)]
 
 
-def _as_json(ranges: list[DefaultRange]) -> list[dict]:
-    return [dict(head_dim=r.head_dim, causal=r.causal, seqlen_min=r.seqlen_min,
+def _as_json(ranges: list[DefaultRange], requested: int | None = None) -> list[dict]:
+    """The ranges as JSON rows; ``requested``: a padded head dim the ranges' kernel runs, named as
+    ``head_dim`` beside the kernel's ``kernel_head_dim``."""
+    return [dict(head_dim=requested or r.head_dim, kernel_head_dim=r.head_dim, causal=r.causal, seqlen_min=r.seqlen_min,
                  seqlen_max=None if r.seqlen_max >= MAX_SEQLEN else r.seqlen_max,
                  switches=switches(r.config), config=dataclasses.asdict(r.config)) for r in ranges]
 
@@ -329,7 +331,7 @@ def run(args) -> int:
         return 2
     ranges = all_ranges(head_dims, masks)
     if args.json:
-        print(json.dumps(_as_json(ranges), indent=1))
+        print(json.dumps(_as_json(ranges, requested), indent=1))
     elif args.markdown:
         print(markdown(ranges), end="")
     else:

@@ -16,6 +16,13 @@ from flashrung import dispatch
 from flashrung.inputs import check_qkv, check_softmax_scale
 
 MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether some flashrung kernel path takes ``head_dim``: a positive multiple of
+    ``HEAD_DIM_MULTIPLE`` up to ``MAX_HEAD_DIM`` (each kernel says which of them it runs)."""
+    return 0 < head_dim <= MAX_HEAD_DIM and head_dim % HEAD_DIM_MULTIPLE == 0
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -28,8 +35,9 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride(-1) == 1), "
                              f"got strides {t.stride()}; call {name}.contiguous() first")
     head_dim = q.shape[3]
-    if head_dim > MAX_HEAD_DIM or head_dim % 8:
-        raise ValueError(f"head_dim {head_dim} is not supported: expected a multiple of 8 up to {MAX_HEAD_DIM}")
+    if not head_dim_supported(head_dim):
+        raise ValueError(f"head_dim {head_dim} is not supported: expected a multiple of {HEAD_DIM_MULTIPLE} "
+                         f"up to {MAX_HEAD_DIM}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]}) for GQA/MQA")
     if not isinstance(causal, bool):

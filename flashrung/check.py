@@ -263,15 +263,15 @@ def gate_command(args) -> int:
 
 
 def _head_dim(text: str) -> int:
-    """``--head-dim``'s value: a head dim flashrung takes (a multiple of 8 up to 256)."""
-    from flashrung.api import MAX_HEAD_DIM
+    """``--head-dim``'s value: a head dim flashrung takes (``api.head_dim_supported``)."""
+    from flashrung.api import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, head_dim_supported
 
     try:
         d = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if d <= 0 or d % 8 or d > MAX_HEAD_DIM:
-        raise argparse.ArgumentTypeError(f"expected a multiple of 8 up to {MAX_HEAD_DIM}, got {d}")
+    if not head_dim_supported(d):
+        raise argparse.ArgumentTypeError(f"expected a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, got {d}")
     return d
 
 

@@ -284,41 +284,41 @@ def padding_note(head_dim: int) -> str | None:
 
 
 def run(args) -> int:
-    if args.headdim is not None:
+    # a padded head dim (--headdim 96) is answered with its kernel's schedule, under a note
+    requested = kernel = args.headdim
+    if requested is not None:
         try:
-            note = padding_note(args.headdim)
+            kernel = C.kernel_head_dim(requested)
         except ValueError as exc:
             print(f"flashrung defaults: --headdim: {exc}", file=sys.stderr)
             return 2
+        note = padding_note(requested)
         if note is not None and not args.json:
             print(note)
-    requested = args.headdim
-    if requested is not None:
-        args.headdim = C.kernel_head_dim(requested)
-    head_dims = C.SUPPORTED_HEAD_DIMS if args.headdim is None else (args.headdim,)
+    head_dims = C.SUPPORTED_HEAD_DIMS if kernel is None else (kernel,)
     masks = (False, True) if args.causal is None else (args.causal,)
     if args.seqlen is not None:
-        if args.headdim is None:
+        if kernel is None:
             print("flashrung defaults: --seqlen needs --headdim (the configuration of one problem)",
                   file=sys.stderr)
             return 2
         try:
             if args.set:
-                configs = [(causal, *with_overrides(args.headdim, causal, args.seqlen, args.set)) for causal in masks]
+                configs = [(causal, *with_overrides(kernel, causal, args.seqlen, args.set)) for causal in masks]
             else:
-                configs = [(causal, selected(args.headdim, causal, args.seqlen), []) for causal in masks]
+                configs = [(causal, selected(kernel, causal, args.seqlen), []) for causal in masks]
         except ValueError as exc:
             print(f"flashrung defaults: {exc}", file=sys.stderr)
             return 2
         if args.json:
-            print(json.dumps([dict(head_dim=requested, kernel_head_dim=args.headdim, causal=causal,
+            print(json.dumps([dict(head_dim=requested, kernel_head_dim=kernel, causal=causal,
                                    seqlen=args.seqlen, overrides=args.set,
                                    derived=derived, switches=switches(cfg), config=dataclasses.asdict(cfg))
                               for causal, cfg, derived in configs], indent=1))
             return 0
         for causal, cfg, derived in configs:
             forced = f", hopper.fwd@{args.set}" if args.set else ""
-            print(f"d{args.headdim} {_mask(causal)}, max(Sq, Sk) = {args.seqlen}{forced}")
+            print(f"d{kernel} {_mask(causal)}, max(Sq, Sk) = {args.seqlen}{forced}")
             print(f"  tile      {tile_text(cfg)}")
             print(f"  grid      {grid_text(cfg)}")
             print(f"  switches  {', '.join(switches(cfg)) or '-'}")

@@ -102,10 +102,10 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, coords_ptr, out_ptr, lse_ptr,
         o_offs = b.to(tl.int64) * stride_ob + q_row.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
         lse_offs = (b * heads_q + h).to(tl.int64) * seqlen_q + q_row
         cols = col0 + tl.arange(0, COLS)
+        keep = inside
         if OUT_DIM < HEAD_DIM:
-            tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=inside & (cols < OUT_DIM))
-        else:
-            tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=inside)
+            keep = keep & (cols < OUT_DIM)
+        tl.store(out_ptr + o_offs + cols, o.to(out_ptr.dtype.element_ty), mask=keep)
         tl.store(lse_ptr + lse_offs, lse, mask=inside & (col0 == 0))
     else:
         if q_row < seqlen_q:

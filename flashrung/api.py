@@ -35,9 +35,10 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride(-1) == 1), "
                              f"got strides {t.stride()}; call {name}.contiguous() first")
     head_dim = q.shape[3]
-    if not head_dim_supported(head_dim):
-        raise ValueError(f"head_dim {head_dim} is not supported: expected a multiple of {HEAD_DIM_MULTIPLE} "
-                         f"up to {MAX_HEAD_DIM}")
+    for name, dim in (("head_dim", head_dim), ("head_dim_v", v.shape[3])):
+        if not head_dim_supported(dim):
+            raise ValueError(f"{name} {dim} is not supported: expected a multiple of {HEAD_DIM_MULTIPLE} "
+                             f"up to {MAX_HEAD_DIM}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]}) for GQA/MQA")
     if not isinstance(causal, bool):
@@ -116,17 +117,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Args:
         q: ``(batch, seqlen_q, heads_q, head_dim)``, float16 / bfloat16 (float32 where a kernel
            supports it).
-        k, v: ``(batch, seqlen_k, heads_kv, head_dim)``; ``heads_q % heads_kv == 0`` (GQA/MQA).
+        k: ``(batch, seqlen_k, heads_kv, head_dim)``; ``heads_q % heads_kv == 0`` (GQA/MQA).
+        v: ``(batch, seqlen_k, heads_kv, head_dim_v)``; ``head_dim_v`` may differ from ``head_dim``
+           (MLA's 192/128, say), each a multiple of 8 up to 256.
         causal: mask future keys. With ``seqlen_q != seqlen_k`` the mask is aligned to the
            bottom-right corner, as flash-attn >= 2.1 does: query ``i`` sees key ``j`` iff
            ``j <= i + seqlen_k - seqlen_q``. A query that sees no key returns 0 (lse = -inf).
-        softmax_scale: defaults to ``1 / sqrt(head_dim)``.
+        softmax_scale: defaults to ``1 / sqrt(head_dim)`` (q's and k's head dim).
         return_lse: also return the log-sum-exp ``(batch, heads_q, seqlen_q)``, float32,
            natural log.
         impl: run this kernel by name (``"portable.fwd"``, ``"hopper.fwd"``, a ladder rung
            ``"ladder.v3"``) instead of the best available one; raises if it cannot run.
 
-    Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim)`` in q's dtype, or ``(out, lse)``.
+    Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim_v)`` in q's dtype, or ``(out, lse)``.
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
     """
     scale = _validate(q, k, v, causal, softmax_scale, impl)

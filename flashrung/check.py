@@ -34,7 +34,7 @@ def gate_problem(case, device):
     # layout rules (TMA) would decline every case the gate is about to run
     shapes = ((case.batch, case.seqlen_q, case.heads_q, case.head_dim),
               (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
-              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim))
+              (case.batch, case.seqlen_k, case.heads_kv, case.value_head_dim))
     return dataclasses.replace(problem, strides=tuple(torch.empty(s, device="meta").stride() for s in shapes),
                                ptr_alignment=ALLOCATION_ALIGNMENT_BYTES)
 
@@ -65,16 +65,17 @@ class KernelSummary:
 
 
 def _compile_group(job) -> tuple:
-    """Jobs that share a compiled kernel: the same backend, direction, head dim, dtype, mask."""
+    """Jobs that share a compiled kernel: the same backend, direction, head dims, dtype, mask."""
     direction, backend, _, case, _ = job
-    return (backend.name, direction, case.head_dim, str(case.dtype), case.causal)
+    return (backend.name, direction, case.head_dim, case.value_head_dim, str(case.dtype), case.causal)
 
 
 def run_check(device: str, size: str, kernels: list[str] | None = None,
               directions=("fwd", "bwd"), progress=_progress,
-              shard: tuple[int, int] = (0, 1), head_dims: tuple[int, ...] | None = None) -> list[KernelSummary]:
-    """The gate over the envelope of ``size`` (its head dims, or ``head_dims``) for every
-    automatically dispatched kernel, or those named in ``kernels``."""
+              shard: tuple[int, int] = (0, 1),
+              head_dims: tuple[int | tuple[int, int], ...] | None = None) -> list[KernelSummary]:
+    """The gate over the envelope of ``size`` (its head dims, or ``head_dims``: each a head dim or a
+    pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``."""
     from flashrung import dispatch, gate
     cases = gate.envelope(size, head_dims=head_dims)
     if device == "cpu" and size == "small" and not head_dims:
@@ -177,7 +178,7 @@ def _run_sharded(args, jobs: int) -> list[dict]:
             for d in args.direction:
                 cmd += ["--direction", d]
             for d in getattr(args, "head_dim", None) or []:
-                cmd += ["--head-dim", str(d)]
+                cmd += ["--head-dim", _head_dim_text(d)]
             procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
         parts = []
         for proc, out in procs:
@@ -262,17 +263,27 @@ def gate_command(args) -> int:
     return 0
 
 
-def _head_dim(text: str) -> int:
-    """``--head-dim``'s value: a head dim flashrung takes (``api.head_dim_supported``)."""
+def _head_dim(text: str) -> int | tuple[int, int]:
+    """``--head-dim``'s value: a head dim flashrung takes (``api.head_dim_supported``), or two as
+    ``D/DV`` (q's and k's, v's), a pair (D, DV)."""
     from flashrung.api import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, head_dim_supported
 
     try:
-        d = int(text)
+        dims = tuple(int(part) for part in text.split("/"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not head_dim_supported(d):
-        raise argparse.ArgumentTypeError(f"expected a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, got {d}")
-    return d
+        raise argparse.ArgumentTypeError(f"expected an integer or two as D/DV, got {text!r}") from None
+    if len(dims) > 2:
+        raise argparse.ArgumentTypeError(f"expected an integer or two as D/DV, got {text!r}")
+    for d in dims:
+        if not head_dim_supported(d):
+            raise argparse.ArgumentTypeError(f"expected a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}, "
+                                             f"got {d}")
+    return dims[0] if len(dims) == 1 else dims
+
+
+def _head_dim_text(entry: int | tuple[int, int]) -> str:
+    """A ``--head-dim`` value as :func:`_head_dim` reads it back."""
+    return "/".join(map(str, entry)) if isinstance(entry, tuple) else str(entry)
 
 
 def register(sub) -> None:
@@ -281,9 +292,10 @@ def register(sub) -> None:
     p.add_argument("--size", choices=("small", "device"), default=None,
                    help="envelope: 'small' (interpreter-sized) or 'device' (S up to 16384)")
     p.add_argument("--kernel", action="append", default=None, help="only this kernel (repeatable)")
-    p.add_argument("--head-dim", action="append", type=_head_dim, default=None, metavar="D",
+    p.add_argument("--head-dim", action="append", type=_head_dim, default=None, metavar="D[/DV]",
                    help="gate at this head dim instead of the envelope's (repeatable; a multiple of 8 up to "
-                        "256: e.g. --kernel hopper.fwd --head-dim 96 gates hopper.fwd's padded head dims)")
+                        "256: e.g. --kernel hopper.fwd --head-dim 96 gates hopper.fwd's padded head dims); "
+                        "D/DV gives v its own head dim (192/128: MLA's)")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

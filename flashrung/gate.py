@@ -37,10 +37,16 @@ class Case:
     dtype: torch.dtype
     causal: bool
     softmax_scale: float | None = None
+    head_dim_v: int | None = None     # v's (and out's) head dim; None: head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     def label(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
-        s = f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} d{self.head_dim} {dt}"
+        d = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.value_head_dim != self.head_dim else "")
+        s = f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} {d} {dt}"
         return s + (" causal" if self.causal else "")
 
 
@@ -114,7 +120,7 @@ def random_inputs(case: Case, device, generator: torch.Generator | None = None):
         return t.to(device=device, dtype=case.dtype)
     q = randn(case.batch, case.seqlen_q, case.heads_q, case.head_dim)
     k = randn(case.batch, case.seqlen_k, case.heads_kv, case.head_dim)
-    v = randn(case.batch, case.seqlen_k, case.heads_kv, case.head_dim)
+    v = randn(case.batch, case.seqlen_k, case.heads_kv, case.value_head_dim)
     return q, k, v
 
 
@@ -160,9 +166,9 @@ def _poison_allocator(device, nbytes: int = 1 << 28) -> None:
 def check_forward(forward_fn: Callable, *, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int,
                   heads_kv: int, head_dim: int, dtype: torch.dtype, causal: bool, device,
                   softmax_scale: float | None = None, seed: int | None = None,
-                  kernel: str = "") -> GateResult:
+                  kernel: str = "", head_dim_v: int | None = None) -> GateResult:
     """Gate a forward ``forward_fn(q, k, v, causal, softmax_scale[, out=, lse=]) -> (out, lse)``."""
-    case = Case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, softmax_scale)
+    case = Case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, softmax_scale, head_dim_v)
     return check_forward_case(forward_fn, case, device, seed=seed, kernel=kernel)
 
 
@@ -176,7 +182,7 @@ def check_forward_inputs(forward_fn: Callable, q, k, v, causal: bool, softmax_sc
     """The gate's rule on given inputs: for a property that fresh Gaussians do not reach (scores
     whose row maximum jumps late in the keys, say); every other check draws its own."""
     B, Sq, Hq, D = q.shape
-    case = Case(B, Sq, k.shape[1], Hq, k.shape[2], D, q.dtype, causal, softmax_scale)
+    case = Case(B, Sq, k.shape[1], Hq, k.shape[2], D, q.dtype, causal, softmax_scale, head_dim_v=v.shape[3])
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
     out, lse = run_forward(forward_fn, q, k, v, causal, scale)
     ref_out, ref_lse = reference.oracle(q, k, v, causal, scale)
@@ -211,9 +217,10 @@ def check_backward(forward_fn: Callable, backward_fn: Callable, case: Case, devi
 
 
 # The envelope the gate is calibrated over: every property a kernel can get wrong, at sizes the
-# CPU interpreter finishes in seconds ("small") or the ones users run ("device").
+# CPU interpreter finishes in seconds ("small") or the ones users run ("device"). ``head_dims``
+# replaces the size's own; an entry may be a pair (q's and k's head dim, v's head dim).
 def envelope(size: str = "small", dtypes: Sequence[torch.dtype] = (torch.float16, torch.bfloat16),
-             head_dims: Sequence[int] | None = None) -> list[Case]:
+             head_dims: Sequence[int | tuple[int, int]] | None = None) -> list[Case]:
     cases: list[Case] = []
     if size == "small":
         head_dims = head_dims or (32, 64, 128)
@@ -239,9 +246,10 @@ def envelope(size: str = "small", dtypes: Sequence[torch.dtype] = (torch.float16
         ]
     else:
         raise ValueError(f"size must be 'small' or 'device', got {size!r}")
-    for d in head_dims:
+    for entry in head_dims:
+        d, dv = entry if isinstance(entry, tuple) else (entry, None)
         for dtype in dtypes:
             for causal in (False, True):
                 for B, Sq, Sk, Hq, Hkv in shapes:
-                    cases.append(Case(B, Sq, Sk, Hq, Hkv, d, dtype, causal))
+                    cases.append(Case(B, Sq, Sk, Hq, Hkv, d, dtype, causal, head_dim_v=dv))
     return cases

@@ -12,12 +12,13 @@ import math
 import torch
 
 _LAYOUTS = {"q": "(batch, seqlen_q, heads_q, head_dim)", "k": "(batch, seqlen_k, heads_kv, head_dim)",
-            "v": "(batch, seqlen_k, heads_kv, head_dim)"}
+            "v": "(batch, seqlen_k, heads_kv, head_dim_v)"}
 
 
 def check_qkv(q, k, v, dtypes: tuple[torch.dtype, ...] | None = None, dtype_words: str = "") -> None:
     """Three 4-D torch tensors of one dtype on one device: q ``(batch, seqlen_q, heads_q, head_dim)``,
-    k and v ``(batch, seqlen_k, heads_kv, head_dim)``. With ``dtypes``, each tensor's dtype must be
+    k ``(batch, seqlen_k, heads_kv, head_dim)``, v ``(batch, seqlen_k, heads_kv, head_dim_v)``; v's
+    head dim may differ from q's and k's (each kernel says whether it runs that). With ``dtypes``, each tensor's dtype must be
     one of them (``dtype_words`` says which, for the message). Raises ``TypeError``/``ValueError``
     naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -37,9 +38,6 @@ def check_qkv(q, k, v, dtypes: tuple[torch.dtype, ...] | None = None, dtype_word
         raise ValueError(f"k and v must agree in (batch, seqlen_k, heads_kv): k {tuple(k.shape)}, v {tuple(v.shape)}")
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]})")
-    if v.shape[3] != q.shape[3]:
-        raise ValueError(f"v's head_dim ({v.shape[3]}) must equal q's ({q.shape[3]}); "
-                         "a separate value head dim is not supported yet")
 
 
 def check_softmax_scale(softmax_scale) -> float:

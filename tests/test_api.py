@@ -20,7 +20,8 @@ def qkv(B=1, Sq=17, Sk=17, Hq=2, Hkv=2, D=32, dtype=torch.float16, device=DEVICE
     (lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dimensions"),
     (lambda q, k, v: (q, k.float(), v), TypeError, "share a dtype"),
     (lambda q, k, v: (q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)), TypeError, "float16, bfloat16 or float32"),
-    (lambda q, k, v: (q, k, v[:, :, :, :16]), ValueError, "v's head_dim"),
+    (lambda q, k, v: (q, k[..., :16], v), ValueError, "k's head_dim (16) must equal q's (32)"),
+    (lambda q, k, v: (q, k, v[..., :12]), ValueError, "head_dim_v 12 is not supported"),
     (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), ValueError, "head_dim 12"),
     (lambda q, k, v: (torch.cat([q, q], -1).repeat(1, 1, 1, 5)[..., :320],) * 3, ValueError, "head_dim 320"),
     (lambda q, k, v: (q.repeat(1, 1, 3, 1)[:, :, :3], k, v), ValueError, "multiple of heads_kv"),
@@ -97,6 +98,25 @@ def test_non_contiguous_inputs_use_their_strides():
     out = flashrung.attention(q, k, v)
     expect = flashrung.attention(q.contiguous(), k.contiguous(), v.contiguous())
     assert torch.equal(out, expect)
+
+
+def test_a_value_head_dim_of_its_own_runs_forward_and_backward():
+    # MLA's shape: q/k 192 wide, v 128; out has v's width, the default scale is q's 1/sqrt(192)
+    case = gate.Case(1, 21, 37, 4, 2, 192, torch.float16, True, head_dim_v=128)
+    q, k, v = (t.requires_grad_(True) for t in gate.random_inputs(case, DEVICE))
+    out, lse = flashrung.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == (1, 21, 4, 128)
+    ref_out, ref_lse = reference.oracle(q, k, v, True, 1 / math.sqrt(192))
+    low_out, low_lse = reference.lowp(q, k, v, True, 1 / math.sqrt(192))
+    assert gate.check_tensor("out", out, ref_out, low_out).passed
+    assert gate.check_tensor("lse", lse, ref_lse, low_lse).passed
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref = reference.oracle_grads(q, k, v, do, True, 1 / math.sqrt(192))
+    low = reference.oracle_grads(q, k, v, do, True, 1 / math.sqrt(192), low_precision=True)
+    for name, t, r, l in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+        assert t.grad.shape == t.shape
+        assert gate.check_tensor(name, t.grad, r, l).passed, name
 
 
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():

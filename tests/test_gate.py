@@ -1,5 +1,7 @@
 """The gate itself: it passes the correct kernels, catches every injected defect where the
 defect can show, poisons outputs, and draws fresh inputs."""
+import argparse
+
 import pytest
 import torch
 
@@ -111,8 +113,6 @@ def test_check_describes_the_inputs_the_gate_passes():
 
 def test_check_reports_why_a_kernel_declined_cases(capsys):
     # a kernel that declines cases passes only what it ran: the check must say what it left out
-    import argparse
-
     from flashrung.check import check_command
 
     args = argparse.Namespace(device="cpu", size="small", shard=None, jobs=1, kernel=["hopper.fwd"],
@@ -137,6 +137,29 @@ def test_check_gates_the_head_dims_it_is_given(capsys):
     with pytest.raises(SystemExit):
         cli.main(["check", "--head-dim", "100"])
     assert "--head-dim: expected a multiple of 8 up to 256, got 100" in capsys.readouterr().err
+
+
+def test_check_gates_a_value_head_dim_of_its_own_both_ways(capsys):
+    # --head-dim D/DV: v (and out, dout, dv) DV wide, q and k D wide; the shards get it back as
+    # given; either half out of range is refused naming the argument
+    from flashrung import check, cli
+
+    parser = argparse.ArgumentParser()
+    check.register(parser.add_subparsers())
+    parsed = parser.parse_args(["check", "--head-dim", "64/32", "--head-dim", "48"])
+    assert parsed.head_dim == [(64, 32), 48]
+    assert [check._head_dim_text(d) for d in parsed.head_dim] == ["64/32", "48"]
+    (fwd_s, bwd_s) = check.run_check("cpu", "small", ["portable"], ("fwd", "bwd"),
+                                     progress=lambda jobs, desc: jobs, head_dims=((64, 32),))
+    cases = gate.envelope("small", head_dims=((64, 32),))
+    assert {c.value_head_dim for c in cases} == {32} and "d64/32" in cases[0].label()
+    for s in (fwd_s, bwd_s):
+        assert s.cases == s.passed == len(cases), s
+        assert (s.worst.case.head_dim, s.worst.case.value_head_dim) == (64, 32)
+    for bad, words in (("64/100", "got 100"), ("64/32/16", "two as D/DV"), ("a/b", "two as D/DV")):
+        with pytest.raises(SystemExit):
+            cli.main(["check", "--head-dim", bad])
+        assert words in capsys.readouterr().err
 
 
 def test_given_inputs_are_judged_by_the_same_rule():

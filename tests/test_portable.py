@@ -33,6 +33,27 @@ def test_backward_odd_shapes(shape, causal):
     assert result.passed, str(result)
 
 
+# (B, Sq, Sk, Hq, Hkv, D, Dv)        why it is here
+VALUE_HEAD_DIMS = [
+    (1, 33, 95, 4, 1, 192, 128),   # MLA's head dims: q/k 192 (a 256-wide tile), v 128; MQA, Sq < Sk
+    (2, 17, 17, 2, 2, 32, 64),     # v wider than q/k
+    (1, 80, 24, 2, 1, 48, 40),     # neither a power of two, each masked to its own width; Sq > Sk
+]
+
+
+@pytest.mark.parametrize("shape", VALUE_HEAD_DIMS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_value_head_dim_of_its_own_passes_the_gate_both_ways(shape, causal):
+    # v, out, dout and dv have Dv columns, q, k, dq and dk D: each load, product and store must
+    # take its own tensor's width (a V tile loaded D wide reads past its rows, or misses columns)
+    B, Sq, Sk, Hq, Hkv, D, Dv = shape
+    case = gate.Case(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, causal, head_dim_v=Dv)
+    result = gate.check_forward_case(fwd.forward, case, DEVICE)
+    assert result.passed, str(result)
+    result = gate.check_backward(fwd.forward, bwd.backward, case, DEVICE)
+    assert result.passed, str(result)
+
+
 def test_float32_forward_is_near_exact():
     # fp32 inputs use IEEE dots: the kernel should sit at the fp32 floor, far inside the bound
     case = gate.Case(1, 33, 65, 2, 1, 32, torch.float32, True)

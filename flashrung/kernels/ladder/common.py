@@ -147,6 +147,8 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
     B, _, Hq, D = q.shape
     if D not in head_dims:
         raise ValueError(f"head_dim must be one of {head_dims}, got {D}")
+    if v.shape[3] != D:
+        raise ValueError(f"v's head_dim ({v.shape[3]}) must equal q's ({D}): the ladder's kernels have one head dim")
     Hkv = k.shape[2]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"heads_q ({Hq}) must be a multiple of heads_kv ({Hkv})")

@@ -1,7 +1,8 @@
 """Portable attention backward in plain Triton (FlashAttention-2 algorithm).
 
 What it computes: dq, dk, dv of out = softmax(scale · q kᵀ) v given dout, the forward's out and
-its natural-log LSE, for GQA/MQA and any lengths, causal (bottom-right) or not.
+its natural-log LSE, for GQA/MQA and any lengths, causal (bottom-right) or not; v, out and dout
+may have a head dim (Dv) other than q's and k's (D).
 
 Structure: a preprocess computes delta = rowsum(dout ∘ out); then one program per (KV tile,
 K/V head) accumulates dk and dv over every query head of its GQA group and every query tile
@@ -60,14 +61,15 @@ def _lse_log2(lse):
 
 @triton.jit
 def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, offs_mb,
-                 offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k, qk_scale_log2,
-                 HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                 DOT_FP32: tl.constexpr):
+                 offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k, qk_scale_log2,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_m = start_m + offs_mb
     row_ok = offs_m < seqlen_q
-    d_ok = offs_d[None, :] < HEAD_DIM
-    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=row_ok[:, None] & d_ok, other=0.0)
-    do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :], mask=row_ok[:, None] & d_ok, other=0.0)
+    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :],
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     # rows past Sq: lse = +inf gives p = 0, so they add nothing
     lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
@@ -90,8 +92,8 @@ def _bwd_dkdv(
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -101,13 +103,15 @@ def _bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_mb = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    offs_dv = tl.arange(0, BLOCK_DV)       # V's, dO's and dV's columns: HEAD_DIM_V may differ
+    k_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    v_mask = (offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V)
     k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+                mask=k_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :],
+                mask=v_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     # Query tiles that see this KV tile: causal row i sees key j iff i >= j − (Sk − Sq).
     # [lo, full_start) straddles the diagonal and is masked; from full_start on every row sees
@@ -130,28 +134,30 @@ def _bwd_dkdv(
         delta_base = DELTA + b * stride_lb + qh * stride_lh
         for start_m in range(lo, full_start, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                  offs_mb, offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, HEAD_DIM, True, IS_CAUSAL, DOT_FP32)
+                                  offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
+                                  qk_scale_log2, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32)
         for start_m in range(full_start, hi, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                  offs_mb, offs_d, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, HEAD_DIM, False, IS_CAUSAL, DOT_FP32)
+                                  offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
+                                  qk_scale_log2, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32)
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
-             round_to(dk, DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
-             round_to(dv, DV.dtype.element_ty), mask=kv_mask)
+             round_to(dk, DK.dtype.element_ty), mask=k_mask)
+    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :],
+             round_to(dv, DV.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit
-def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                 stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                DOT_FP32: tl.constexpr):
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
+                IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_n = start_n + offs_nb
-    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    key_ok = offs_n[:, None] < seqlen_k
+    k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
+                mask=key_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
+                mask=key_ok & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     p = tl.math.exp2(_dot(q, tl.trans(k), DOT_FP32) * qk_scale_log2 - lse2[:, None])
     if MASKED:
         p = tl.where(score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL), p, 0.0)
@@ -168,8 +174,8 @@ def _bwd_dq(
     stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -180,10 +186,12 @@ def _bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_nb = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)       # V's and dO's columns: HEAD_DIM_V may differ
     row_ok = offs_m < seqlen_q
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :],
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     lse2 = _lse_log2(tl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=float("inf")))
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + kv_h * stride_kh
@@ -191,13 +199,13 @@ def _bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
-        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                          stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                         HEAD_DIM, False, IS_CAUSAL, DOT_FP32)
+                         HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32)
     for start_n in range(full_end, hi, BLOCK_N):
-        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d,
+        dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                          stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                         HEAD_DIM, True, IS_CAUSAL, DOT_FP32)
+                         HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32)
     dq = dq * softmax_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
              round_to(dq, DQ.dtype.element_ty), mask=q_mask)
@@ -206,26 +214,28 @@ def _bwd_dq(
 def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
              dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
              dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None):
-    """do/out (B, Sq, Hq, D), q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), lse (B, Hq, Sq) → dq, dk, dv.
+    """do/out (B, Sq, Hq, Dv), q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), lse (B, Hq, Sq)
+    → dq, dk, dv.
 
     ``dlse`` (B, Hq, Sq), the gradient flowing into the LSE output, enters through delta:
     d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse))."""
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
+    Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     if lse.stride(-1) != 1:
         lse = lse.contiguous()
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
-    cfg = common.backward_config(D, common.capability_of(q))
-    block_d = triton.next_power_of_2(D)
+    cfg = common.backward_config(max(D, Dv), common.capability_of(q))
+    dims = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv))
     scale = common.check_scale(softmax_scale)
     dot_fp32 = common.dot_in_fp32(q.dtype)
     _bwd_preprocess[(triton.cdiv(Sq, PREPROCESS_BLOCK_M), B * Hq)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2),
         do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), Sq, Hq,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4)
+        # delta's rows are over O's and dO's columns: the value head dim
+        HEAD_DIM=Dv, BLOCK_D=dims["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4)
     if dlse is not None:
         delta.sub_(dlse)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -234,14 +244,14 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
         q, k, v, do, lse, delta, dk, dv, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
+        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
         IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dkdv.num_warps,
         num_stages=cfg.dkdv.num_stages)
     _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
+        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
         IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dq.num_warps,
         num_stages=cfg.dq.num_stages)
     return dq, dk, dv
@@ -273,7 +283,8 @@ def census_specs() -> list[CensusSpec]:
                                         ("portable.bwd_dq", _bwd_dq, sig_dq, cfg.dq)):
                 config = {"head_dim": head_dim, "causal": True, "dtype": "bf16", "block_m": tile.block_m,
                           "block_n": tile.block_n, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
-                constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": tile.block_m,
+                constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
+                              "BLOCK_DV": head_dim, "BLOCK_M": tile.block_m,
                               "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "DOT_FP32": False}
                 specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
                                         tile.num_stages, arches=(arch,)))

@@ -16,8 +16,8 @@ from flashrung.dispatch import Problem
 LOG2E = 1.4426950408889634   # log2(e): folded into the softmax scale so exp becomes exp2
 LN2 = 0.6931471805599453     # ln(2): turns the kernel's log2-domain LSE back to natural log
 
-# Head dims the portable kernels take: the tile width is the next power of two and the
-# unused columns are masked, so any multiple of 8 in range works.
+# Head dims the portable kernels take, for q/k and for v alike (they may differ): the tile width
+# is the next power of two and the unused columns are masked, so any multiple of 8 in range works.
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -81,8 +81,9 @@ class TileConfig:
 
 @functools.lru_cache(maxsize=None)
 def forward_config(head_dim: int, capability: tuple[int, int] | None) -> TileConfig:
-    """Tiles for the forward. Under the interpreter, small tiles so CPU tests cross several
-    tiles at small lengths; on sm_120 (99 KB of shared memory) one stage fewer at d > 128."""
+    """Tiles for the forward at ``head_dim``, the wider of q/k's and v's. Under the interpreter,
+    small tiles so CPU tests cross several tiles at small lengths; on sm_120 (99 KB of shared
+    memory) one stage fewer at d > 128."""
     if capability is None:
         return TileConfig(32, 32, 4, 1)
     block_d = triton.next_power_of_2(head_dim)
@@ -103,7 +104,7 @@ class BackwardConfig:
 
 @functools.lru_cache(maxsize=None)
 def backward_config(head_dim: int, capability: tuple[int, int] | None) -> BackwardConfig:
-    """Backward tiles, chosen from the sm_90a census as the shapes with the fewest spilled bytes
+    """Backward tiles at ``head_dim``, the wider of q/k's and v's, chosen from the sm_90a census as the shapes with the fewest spilled bytes
     (dk and dv both live in registers across the whole query loop): d64 spills nothing; d128's
     dk/dv kernel spills 288 B at best and d256's 3 KB, where the portable kernel is only the floor.
     sm_120 keeps every tile under its 99 KB of shared memory."""
@@ -160,10 +161,9 @@ def unsupported_reason(problem: Problem) -> str | None:
         return f"compute capability {problem.capability} < 8.0 (Ampere or newer required)"
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not supported (float16, bfloat16, float32)"
-    if not (MIN_HEAD_DIM <= problem.head_dim <= MAX_HEAD_DIM) or problem.head_dim % 8:
-        return f"head_dim {problem.head_dim} is not a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
-    if problem.head_dim_v != problem.head_dim:
-        return f"head_dim of v ({problem.head_dim_v}) differs from q/k ({problem.head_dim})"
+    for name, dim in (("head_dim", problem.head_dim), ("head_dim_v", problem.head_dim_v)):
+        if not (MIN_HEAD_DIM <= dim <= MAX_HEAD_DIM) or dim % 8:
+            return f"{name} {dim} is not a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
     return None
 
 

@@ -1,7 +1,8 @@
 """Portable attention forward in plain Triton (FlashAttention-2 algorithm).
 
 What it computes: out = softmax(scale · q kᵀ [+ causal mask]) v and the natural-log LSE, for
-q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), any lengths, GQA/MQA by head-index mapping.
+q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) (Dv may differ from D: MLA's 192/128),
+any lengths, GQA/MQA by head-index mapping.
 
 Levers: online softmax in the log2 domain (log2(e) folded into the scale once on the host, so the
 inner loop is one FMA and one exp2 per score); causal block skipping with the mask applied only on
@@ -38,20 +39,19 @@ DEFECT_LSE_LOG2 = 7           # LSE stored in base 2 instead of natural log
 
 
 @triton.jit
-def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
                     stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                    DOT_FP32: tl.constexpr, DEFECT: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
+                    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr):
     """One step of the online softmax: fold KV tile ``start_n`` into (acc, row_max, row_sum)."""
     keys = start_n + offs_n
     key_rows = keys
     if DEFECT == 4:
         key_rows = start_n + (offs_n.shape[0] - 1 - offs_n)
-    d_ok = offs_d[None, :] < HEAD_DIM
     k = tl.load(k_base + key_rows[:, None] * stride_ks + offs_d[None, :],
-                mask=(key_rows[:, None] < seqlen_k) & d_ok, other=0.0)
-    v = tl.load(v_base + keys[:, None] * stride_vs + offs_d[None, :],
-                mask=(keys[:, None] < seqlen_k) & d_ok, other=0.0)
+                mask=(key_rows[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v = tl.load(v_base + keys[:, None] * stride_vs + offs_dv[None, :],
+                mask=(keys[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     if DOT_FP32:
         scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -92,8 +92,9 @@ def _attn_fwd(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_q, group, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    DEFECT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -104,6 +105,7 @@ def _attn_fwd(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)       # V's and O's columns: HEAD_DIM_V may differ from HEAD_DIM
     row_ok = offs_m < seqlen_q
 
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
@@ -113,7 +115,7 @@ def _attn_fwd(
 
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
     full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     if DEFECT == 5:
@@ -121,14 +123,14 @@ def _attn_fwd(
         full_end = tl.minimum(full_end, hi)
     for start_n in range(0, full_end, BLOCK_N):
         acc, row_max, row_sum = _kv_tile_update(
-            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-            HEAD_DIM, False, IS_CAUSAL, DOT_FP32, DEFECT)
+            HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32, DEFECT)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, row_max, row_sum = _kv_tile_update(
-            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-            HEAD_DIM, True, IS_CAUSAL, DOT_FP32, DEFECT)
+            HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32, DEFECT)
 
     # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
     seen = row_sum > 0.0
@@ -141,22 +143,23 @@ def _attn_fwd(
     store_ok = row_ok
     if DEFECT == 6:
         store_ok = row_ok & (offs_m < start_m + BLOCK_M - 1)
-    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-             round_to(out, O.dtype.element_ty), mask=store_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :],
+             round_to(out, O.dtype.element_ty), mask=store_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=store_ok)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
             defect: int = NO_DEFECT):
-    """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), inner stride 1 → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32."""
+    """q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), inner stride 1 → out (B, Sq, Hq, Dv),
+    lse (B, Hq, Sq) fp32."""
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
+    Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     if out is None:
-        out = torch.empty((B, Sq, Hq, v.shape[3]), dtype=q.dtype, device=q.device)
+        out = torch.empty((B, Sq, Hq, Dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    cfg = common.forward_config(D, common.capability_of(q))
+    cfg = common.forward_config(max(D, Dv), common.capability_of(q))
     grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
     _attn_fwd[grid](
         q, k, v, out, lse,
@@ -166,7 +169,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, common.check_scale(softmax_scale) * LOG2E,
-        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=bool(causal), DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -194,7 +198,8 @@ def census_specs() -> list[CensusSpec]:
                             "block_m": cfg.block_m, "block_n": cfg.block_n,
                             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
                     fn=_attn_fwd, signature=_signature("bf16"),
-                    constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": cfg.block_m,
+                    constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
+                                "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
                                 "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "DOT_FP32": False,
                                 "DEFECT": NO_DEFECT},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))

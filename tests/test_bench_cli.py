@@ -59,6 +59,18 @@ def test_suite_filters_and_free_shapes():
     assert name == "fa4-protocol" and len(rows) == 48
 
 
+def test_a_value_head_dim_reaches_free_shapes_and_paired_rows_and_not_a_suite(capsys):
+    _, rows = cli.rows_from_args(parse("bench", "--seqlen", "4096", "--headdim", "192", "--headdim-v", "128"))
+    assert [(r.headdim, r.dv, r.label()) for r in rows] == [(192, 128, rows[0].label())]
+    assert "d192/128" in rows[0].label()
+    row = cli.pair_row(parse("compare", "cudnn", "flashrung", "--headdim", "192", "--headdim-v", "128"))
+    assert (row.headdim, row.dv) == (192, 128)
+    # a value head dim equal to the head dim is no value head dim of its own
+    assert cli.pair_row(parse("compare", "cudnn", "flashrung", "--headdim-v", "128")).headdim_v is None
+    rc, _, err = run(capsys, "bench", "--suite", "fa4-protocol", "--headdim-v", "128", "--dry-run")
+    assert rc == 2 and "--headdim-v" in err and "suite" in err
+
+
 def test_bad_arguments_say_what_to_fix(capsys):
     rc, _, err = run(capsys, "bench", "--suite", "seed-frozen", "--batch", "3", "--dry-run")
     assert rc == 2 and "--batch" in err and "suite" in err

@@ -205,6 +205,10 @@ def test_gate_config_is_reduced_but_keeps_the_problem_family():
     c = runner.gate_config(big)
     assert (c["batch"], c["seqlen_q"], c["seqlen_k"]) == (1, 1024, 1024)
     assert (c["heads_q"], c["heads_kv"], c["head_dim"], c["dtype"], c["causal"]) == (32, 8, 64, "float16", True)
+    assert "head_dim_v" not in c
+    # v's own head dim is part of the problem the gate must check, never dropped to the head dim
+    mla = dataclasses.replace(big, headdim=192, headdim_v=128)
+    assert (runner.gate_config(mla)["head_dim"], runner.gate_config(mla)["head_dim_v"]) == (192, 128)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd"])
@@ -218,6 +222,14 @@ def test_run_gate_drives_the_real_gate_through_the_public_api(mode, device):
     # a kernel name dispatch does not know is reported as a gate that could not run, never a pass
     bad = runner.run_gate("flashrung:nonexistent", row, seed=1, device=device)
     assert not bad["passed"] and "could not run" in bad["text"]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_run_gate_checks_a_value_head_dim_of_its_own(mode, device):
+    row = suites.Row(batch=1, seqlen_q=40, seqlen_k=56, heads_q=2, heads_kv=1, headdim=64, headdim_v=32,
+                     dtype="float16", causal=True, mode=mode)
+    g = runner.run_gate("flashrung:portable", row, seed=2, device=device)
+    assert g["passed"] and "d64/32" in g["text"], g["text"]
 
 
 def test_a_failure_after_the_first_call_is_an_error_row_not_a_crash(monkeypatch):

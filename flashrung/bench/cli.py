@@ -120,6 +120,9 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
     g.add_argument("--kv-heads", type=positive_int, help="key/value heads (default: --heads; fewer = GQA)")
     g.add_argument("--headdim", type=positive_int, nargs="+" if many else None,
                    help="head dim (default 128)" + ("; with --suite, keeps only these" if many else ""))
+    g.add_argument("--headdim-v", type=positive_int, metavar="DV",
+                   help="v's (and the output's) head dim when it differs from --headdim (192/128: --headdim 192 "
+                        "--headdim-v 128); FLOPs count 2·B·H·Sq·Sk·(D + DV)")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
                                                               "only that half" if many else ""))
@@ -255,7 +258,8 @@ def register(subparsers) -> None:
 
 def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
-    shape_given = any(getattr(args, a) is not None for a in ("batch", "heads", "kv_heads", "dtype", "seqlen_k"))
+    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v")
+    shape_given = any(getattr(args, a) is not None for a in shape_flags)
     if args.suite is None and (shape_given or args.seqlen or args.headdim):
         if not args.seqlen:
             raise ValueError("free shapes need --seqlen (or pick a --suite)")
@@ -263,12 +267,12 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
         if len(headdims) > 1:
             raise ValueError("free shapes take one --headdim")
         rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
-                                kv_heads=args.kv_heads, headdim=headdims[0], seqlen_k=args.seqlen_k,
+                                kv_heads=args.kv_heads, headdim=headdims[0], headdim_v=args.headdim_v,
+                                seqlen_k=args.seqlen_k,
                                 dtype=args.dtype or "bfloat16", causal=bool(args.causal), mode=args.mode or "fwd")
         return "free", rows
     if shape_given:
-        bad = [f"--{a.replace('_', '-')}" for a in ("batch", "heads", "kv_heads", "dtype", "seqlen_k")
-               if getattr(args, a) is not None]
+        bad = [f"--{a.replace('_', '-')}" for a in shape_flags if getattr(args, a) is not None]
         raise ValueError(f"{', '.join(bad)} would change the suite's definition; drop --suite to give free "
                          "shapes (--seqlen, --headdim and --causal/--no-causal narrow a suite)")
     name = args.suite or "fa4-protocol"
@@ -365,7 +369,9 @@ def pair_row(args) -> suites.Row:
     seqlen = args.seqlen or d["seqlen"]
     return suites.Row(batch=args.batch or d["batch"], seqlen_q=seqlen, seqlen_k=args.seqlen_k or seqlen,
                       heads_q=args.heads or d["heads"], heads_kv=args.kv_heads or args.heads or d["heads"],
-                      headdim=args.headdim or d["headdim"], dtype=args.dtype or d["dtype"],
+                      headdim=args.headdim or d["headdim"],
+                      headdim_v=args.headdim_v if args.headdim_v not in (None, args.headdim or d["headdim"]) else None,
+                      dtype=args.dtype or d["dtype"],
                       causal=bool(args.causal), mode=args.mode or "fwd")
 
 

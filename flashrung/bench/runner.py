@@ -35,9 +35,12 @@ HOST_PROBE_MIN_CALLS = 5
 
 
 def gate_config(row: Row) -> dict:
-    return {"batch": min(row.batch, GATE_MAX_BATCH), "seqlen_q": min(row.seqlen_q, GATE_MAX_SEQLEN),
-            "seqlen_k": min(row.seqlen_k, GATE_MAX_SEQLEN), "heads_q": row.heads_q, "heads_kv": row.heads_kv,
-            "head_dim": row.headdim, "dtype": row.dtype, "causal": row.causal}
+    config = {"batch": min(row.batch, GATE_MAX_BATCH), "seqlen_q": min(row.seqlen_q, GATE_MAX_SEQLEN),
+              "seqlen_k": min(row.seqlen_k, GATE_MAX_SEQLEN), "heads_q": row.heads_q, "heads_kv": row.heads_kv,
+              "head_dim": row.headdim, "dtype": row.dtype, "causal": row.causal}
+    if row.dv != row.headdim:
+        config["head_dim_v"] = row.dv
+    return config
 
 
 def _gate_key(impl: str, row: Row) -> tuple:

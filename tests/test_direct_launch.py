@@ -269,20 +269,24 @@ def _recorded_launches(monkeypatch):
         (4, 1000, 1001, 32, 2),
     ]
     # 96 and 32: padded head dims, run by the d128 and d64 kernels (config.kernel_head_dim) with
-    # descriptors over narrower tensors: the same keys as those kernels' must mean the same kernel
-    for head_dim, causal, dtype in itertools.product((64, 128, 256, 96, 32), (False, True),
-                                                     (torch.float16, torch.bfloat16)):
+    # descriptors over narrower tensors; 192/128, a v (and out) of its own head dim, by the d256
+    # kernel: the same keys as those kernels' must mean the same kernel
+    for dims, causal, dtype in itertools.product((64, 128, 256, 96, 32, (192, 128)), (False, True),
+                                                 (torch.float16, torch.bfloat16)):
+        head_dim, head_dim_v = dims if isinstance(dims, tuple) else (dims, dims)
         for batch, seqlen_q, seqlen_k, heads_q, heads_kv in shapes:
             cfg = fwd.default_config(head_dim, causal, max(seqlen_q, seqlen_k))
             q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
             k = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=dtype)
+            v = torch.zeros(batch, seqlen_k, heads_kv, head_dim_v, dtype=dtype)
+            out = torch.zeros(batch, seqlen_q, heads_q, head_dim_v, dtype=dtype)
             for lse_offset in (0, 1, 4):           # lse 16-byte aligned or not (a caller's lse=)
                 lse = torch.zeros(batch * heads_q * seqlen_q + lse_offset)[lse_offset:]
                 lse = lse.view(batch, heads_q, seqlen_q)
                 for scale in (0.125, -0.125):
-                    fwd._launch(q, k, k, torch.zeros_like(q), lse, causal, scale, cfg)
+                    fwd._launch(q, k, v, out, lse, causal, scale, cfg)
             if head_dim == 128 and not causal:      # a configuration beside the default
-                fwd._launch(q, k, k, torch.zeros_like(q), lse, causal, 0.125,
+                fwd._launch(q, k, v, out, lse, causal, 0.125,
                             dataclasses.replace(cfg, num_q_stages=1 if cfg.num_q_stages == 2 else 2))
     return records
 

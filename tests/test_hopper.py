@@ -2194,7 +2194,8 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=4, head_dim_v=4), "multiple of 8"),
     (dict(head_dim=264, head_dim_v=264), "head_dim"),
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
-    (dict(head_dim_v=64), "head_dim_v"),
+    (dict(head_dim_v=12), "head_dim_v"),
+    (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
 ])
 def test_unsupported_reason(changes, match):
@@ -2214,6 +2215,22 @@ def test_kernel_head_dim_is_the_next_compiled_one():
     for bad in (0, 4, 60, 100, 264, 512):
         with pytest.raises(ValueError, match=r"multiple of 8 in \[8, 256\].*got " + str(bad)):
             config.kernel_head_dim(bad)
+
+
+def test_a_value_head_dim_of_its_own_runs_the_kernel_of_the_wider():
+    # the kernel has one head dim: q/k and v both pad to the kernel of the wider of theirs
+    pairs = {(192, 128): 256, (128, 64): 128, (64, 128): 128, (96, 64): 128, (32, 8): 64, (256, 256): 256}
+    assert {pair: config.kernel_head_dim(*pair) for pair in pairs} == pairs
+    assert config.kernel_head_dim(96, None) == config.kernel_head_dim(96, 96) == 128
+    for bad in (12, 264):
+        with pytest.raises(ValueError, match=r"^head_dim_v must be a multiple of 8 .*got " + str(bad)):
+            config.kernel_head_dim(64, bad)
+    mla = _problem(head_dim=192, head_dim_v=128)
+    for causal in (False, True):
+        for seqlen in (1, 1000, 4097, 16384):
+            problem = dataclasses.replace(mla, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+            compiled = dataclasses.replace(problem, head_dim=256, head_dim_v=256)
+            assert select_config(problem) == select_config(compiled)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192])
@@ -2249,6 +2266,29 @@ def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(mon
     assert "(96)" in fwd.auto_declined_reason(dataclasses.replace(padded, head_dim=80, head_dim_v=80))
     _, d = dispatch.select(padded, "fwd")
     assert d.kernel == "hopper.fwd" and not d.declined
+
+
+def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
+    # MLA's 192/128: the d256 kernel on both, by name only until the pair is gated and timed on the
+    # H200; listed as a pair, not as either head dim alone
+    from flashrung import dispatch
+
+    mla = _problem(head_dim=192, head_dim_v=128, strides=((1000 * 8 * 192, 8 * 192, 192, 1),
+                                                          (1000 * 2 * 192, 2 * 192, 192, 1),
+                                                          (1000 * 2 * 128, 2 * 128, 128, 1)))
+    assert fwd.unsupported_reason(mla) is None
+    reason = fwd.auto_declined_reason(mla)
+    assert reason.startswith("head_dim 192 with head_dim_v 128 would run padded to 256") and "none yet" in reason
+    _, d = dispatch.select(mla, "fwd")
+    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
+    _, d = dispatch.select(mla, "fwd", impl="hopper.fwd")
+    assert d.kernel == "hopper.fwd" and d.config() == select_config(dataclasses.replace(mla, head_dim=256,
+                                                                                        head_dim_v=256))
+    monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({192, 128}))
+    assert fwd.auto_declined_reason(mla) is not None
+    monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({(192, 128), 96}))
+    assert fwd.auto_declined_reason(mla) is None
+    assert "(96, 192/128)" in fwd.auto_declined_reason(dataclasses.replace(mla, head_dim_v=64))
 
 
 def test_a_padded_descriptor_boxes_the_kernels_columns():
@@ -2440,20 +2480,32 @@ def test_gate_padded_head_dims(head_dim, causal, shape):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim, head_dim_v", [(192, 128), (128, 64), (64, 128)])
+def test_gate_value_head_dims(head_dim, head_dim_v, causal, shape):
+    # v with a head dim of its own (MLA's 192/128 on the d256 kernel; narrower and wider than q/k
+    # on the d128 one): each tensor's descriptor pads to the kernel's columns, out keeps v's
+    _gate(head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
 @pytest.mark.parametrize("seqlen, causal", [(1000, False), (1000, True), (4096, False), (8192, False)])
-@pytest.mark.parametrize("head_dim", [32, 96])
-def test_a_padded_head_dim_writes_only_its_own_columns(head_dim, causal, seqlen):
+@pytest.mark.parametrize("head_dim, head_dim_v", [(32, 32), (96, 96), (128, 64)])
+def test_a_padded_head_dim_writes_only_its_own_columns(head_dim, head_dim_v, causal, seqlen):
     # out as a view into wider rows of a poisoned buffer: the kernel's TMA stores (and the split
     # tail's merge, from S4096 non-causal) write the output's columns and not one past them;
     # the result is the contiguous out's, bit for bit, twice over (a moving result is a race)
     torch.manual_seed(0)
-    kd = config.kernel_head_dim(head_dim)
-    q, k, v = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+    kd = config.kernel_head_dim(head_dim, head_dim_v)
+    q, k = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(2))
+    v = torch.randn(2, seqlen, 4, head_dim_v, device="cuda", dtype=torch.float16)
     want, want_lse = fwd.forward(q, k, v, causal, head_dim ** -0.5)
     for _ in range(2):
         wide = torch.full((2, seqlen, 4, kd), float("nan"), device="cuda", dtype=torch.float16)
-        out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, out=wide[..., :head_dim])
-        assert wide[..., head_dim:].isnan().all(), "a column past the head dim was written"
+        out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, out=wide[..., :head_dim_v])
+        assert wide[..., head_dim_v:].isnan().all(), "a column past the head dim was written"
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 

@@ -1310,24 +1310,28 @@ def _can_multicast(cfg: HopperFwdConfig) -> bool:
             and cfg.block_n % 16 == 0)
 
 
-def kernel_head_dim(head_dim: int) -> int:
+def kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> int:
     """The head dim of the kernel that runs a problem of ``head_dim``: itself where it is compiled
     (``SUPPORTED_HEAD_DIMS``), else the next one up, its extra columns zero-filled by TMA
-    (``PADDED_HEAD_DIM_MULTIPLE``). Raises ``ValueError`` naming what it takes."""
-    if head_dim in SUPPORTED_HEAD_DIMS:
-        return head_dim
-    if not isinstance(head_dim, int) or head_dim % PADDED_HEAD_DIM_MULTIPLE \
-            or not PADDED_HEAD_DIM_MULTIPLE <= head_dim <= SUPPORTED_HEAD_DIMS[-1]:
-        raise ValueError(f"head_dim must be a multiple of {PADDED_HEAD_DIM_MULTIPLE} in "
-                         f"[{PADDED_HEAD_DIM_MULTIPLE}, {SUPPORTED_HEAD_DIMS[-1]}] (compiled for "
-                         f"{SUPPORTED_HEAD_DIMS}, others padded to the next), got {head_dim}")
-    return next(d for d in SUPPORTED_HEAD_DIMS if d > head_dim)
+    (``PADDED_HEAD_DIM_MULTIPLE``). With ``head_dim_v``, v's own head dim, the kernel of the wider
+    of the two: the kernel has one head dim, and each tensor's descriptor pads it to that (MLA's
+    192/128 runs the d256 kernel). Raises ``ValueError`` naming what it takes."""
+    for name, dim in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if dim is None or dim in SUPPORTED_HEAD_DIMS:
+            continue
+        if not isinstance(dim, int) or dim % PADDED_HEAD_DIM_MULTIPLE \
+                or not PADDED_HEAD_DIM_MULTIPLE <= dim <= SUPPORTED_HEAD_DIMS[-1]:
+            raise ValueError(f"{name} must be a multiple of {PADDED_HEAD_DIM_MULTIPLE} in "
+                             f"[{PADDED_HEAD_DIM_MULTIPLE}, {SUPPORTED_HEAD_DIMS[-1]}] (compiled for "
+                             f"{SUPPORTED_HEAD_DIMS}, others padded to the next), got {dim}")
+    widest = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
+    return next(d for d in SUPPORTED_HEAD_DIMS if d >= widest)
 
 
 def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
     dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds."""
-    head_dim = kernel_head_dim(problem.head_dim)
+    head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[head_dim]
     short_max = SHORT_CAUSAL_MAX_SEQLEN if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN

@@ -3,7 +3,8 @@
 What it computes: ``out = softmax(scale · q kᵀ [+ causal mask]) v`` and the natural-log LSE, for
 q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), fp16/bf16, D ∈ {64, 128, 256}, GQA ``Hq % Hkv == 0``,
 causal masks aligned bottom-right. Any other D that is a multiple of 8 up to 256 runs the kernel
-of the next of those, its TMA boxes that wide over the narrower tensors (``kernel_head_dim``).
+of the next of those, its TMA boxes that wide over the narrower tensors (``kernel_head_dim``); so
+does a v (and out) with a head dim of its own, Dv, both padded to the kernel of the wider.
 
 Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's primitives:
 
@@ -1867,11 +1868,9 @@ def unsupported_reason(problem) -> str | None:
     if problem.dtype not in _GL_DTYPES:
         return f"needs float16 or bfloat16, got {problem.dtype}"
     try:
-        kernel_head_dim(problem.head_dim)
+        kernel_head_dim(problem.head_dim, problem.head_dim_v)
     except ValueError as e:
         return str(e)
-    if problem.head_dim_v != problem.head_dim:
-        return f"head_dim_v must equal head_dim ({problem.head_dim}), got {problem.head_dim_v}"
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
@@ -1884,22 +1883,35 @@ def unsupported_reason(problem) -> str | None:
     return None
 
 
-# Head dims other than SUPPORTED_HEAD_DIMS run on the kernel of the next one up, their extra
-# columns zero-filled by TMA (config.kernel_head_dim), whenever hopper.fwd is asked for by name.
-# Automatic dispatch sends a head dim here only once it is listed: its gate on the H200
-# (tests/test_hopper.py::test_gate_padded_head_dims) passed and a paired timing there put it ahead
-# of portable.fwd, which pads too, but to the next power of two (d32 stays d32 there, d64 here).
-PADDED_AUTO_HEAD_DIMS: frozenset[int] = frozenset()
+# Head dims other than SUPPORTED_HEAD_DIMS, and a v with a head dim of its own, run on the kernel
+# of the next compiled head dim up, the extra columns zero-filled by TMA (config.kernel_head_dim),
+# whenever hopper.fwd is asked for by name. Automatic dispatch sends such a problem here only once
+# its head dim (or its pair (head_dim, head_dim_v)) is listed: its gate on the H200
+# (tests/test_hopper.py::test_gate_padded_head_dims, test_gate_value_head_dims) passed and a paired
+# timing there put it ahead of portable.fwd, which pads too, but each tensor to the next power of
+# two (d32 stays d32 there, d64 here; MLA's 192/128 is 256/128 there, 256/256 here).
+PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset()
+
+
+def _padded_key(problem) -> int | tuple[int, int]:
+    """What :data:`PADDED_AUTO_HEAD_DIMS` lists for ``problem``: its head dim, or the pair when v's differs."""
+    if problem.head_dim_v == problem.head_dim:
+        return problem.head_dim
+    return (problem.head_dim, problem.head_dim_v)
 
 
 def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS and problem.head_dim not in PADDED_AUTO_HEAD_DIMS:
-        return (f"head_dim {problem.head_dim} would run padded to {kernel_head_dim(problem.head_dim)}, which "
-                "automatic dispatch picks only for head dims gated and timed against portable.fwd on the H200 "
-                f"({', '.join(map(str, sorted(PADDED_AUTO_HEAD_DIMS))) or 'none yet'}); impl='hopper.fwd' runs it")
-    return None
+    key = _padded_key(problem)
+    if key in SUPPORTED_HEAD_DIMS or key in PADDED_AUTO_HEAD_DIMS:
+        return None
+    what = f"head_dim {key}" if isinstance(key, int) else f"head_dim {key[0]} with head_dim_v {key[1]}"
+    listed = ", ".join("/".join(map(str, k)) if isinstance(k, tuple) else str(k)
+                       for k in sorted(PADDED_AUTO_HEAD_DIMS, key=lambda k: k if isinstance(k, tuple) else (k, k)))
+    return (f"{what} would run padded to {kernel_head_dim(problem.head_dim, problem.head_dim_v)}, which automatic "
+            "dispatch picks only for head dims gated and timed against portable.fwd on the H200 "
+            f"({listed or 'none yet'}); impl='hopper.fwd' runs it")
 
 
 @functools.lru_cache(maxsize=None)
@@ -2061,9 +2073,9 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch, seqlen_q, heads_q = q.shape[:3]
     # the compiled kernel's head dim: every tile, buffer and workspace row has its columns
-    head_dim = kernel_head_dim(head_dim)
+    head_dim = kernel_head_dim(q.shape[3], v.shape[3])
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
@@ -2212,7 +2224,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
             lse: torch.Tensor | None = None, problem=None, _trace: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
-    q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) → out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32 natural log.
+    q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) → out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32
+    natural log.
     ``config`` overrides :func:`select_config` (for ablations). ``out``/``lse`` are written in
     place when given (``lse`` contiguous; ``out`` with strides TMA can take). Inputs TMA cannot
     address where they lie (see :func:`layout_reason`) raise, as :func:`unsupported_reason` says
@@ -2234,7 +2247,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
-    _check(cfg, kernel_head_dim(problem.head_dim), q.element_size())
+    _check(cfg, kernel_head_dim(problem.head_dim, problem.head_dim_v), q.element_size())
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -2247,12 +2260,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
                          f"trace_tiles={cfg.trace_tiles}")
     softmax_scale = float(softmax_scale)
 
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch, seqlen_q, heads_q = q.shape[:3]
     seqlen_k = k.shape[1]
+    out_shape = (batch, seqlen_q, heads_q, v.shape[3])
     if out is None:
-        out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} "
+        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    elif out.shape != out_shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be {out_shape} {q.dtype} on {q.device}, got {tuple(out.shape)} "
                          f"{out.dtype} on {out.device}")
     elif layout_reason(out) is not None:
         raise ValueError(f"out cannot be written by TMA: {layout_reason(out)}")
@@ -2291,7 +2305,7 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     from flashrung.dispatch import Problem
 
     problem = Problem.of(q, k, v, causal)
-    head_dim = kernel_head_dim(problem.head_dim)
+    head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
     config.check(head_dim, q.element_size())
     batch, seqlen_q, heads_q = q.shape[:3]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -2355,7 +2369,7 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     or a combination that does not fit the hardware budgets at ``problem.head_dim``.
     """
     cfg = overridden_config(problem, overrides)
-    cfg.check(kernel_head_dim(problem.head_dim), problem.dtype.itemsize)
+    cfg.check(kernel_head_dim(problem.head_dim, problem.head_dim_v), problem.dtype.itemsize)
     return cfg
 
 
@@ -2366,7 +2380,7 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
 
     base = select_config(problem)
     given = apply_overrides(KERNEL_NAME, base, overrides)
-    return replace_following(base, kernel_head_dim(problem.head_dim),
+    return replace_following(base, kernel_head_dim(problem.head_dim, problem.head_dim_v),
                              **{key: getattr(given, key) for key in overrides})
 
 

@@ -26,6 +26,26 @@ def head_dim_supported(head_dim: int) -> bool:
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+NO_WINDOW = (-1, -1)
+
+
+def _window(window_size, causal: bool) -> tuple[int, int]:
+    """flash-attn's ``window_size`` checked and normalized: ``(left, right)`` integers, -1 for an
+    unbounded side. With ``causal`` the right side is the mask's: -1 or 0 given, -1 kept. A window
+    of ``(-1, 0)`` without ``causal`` is the causal mask itself, and the caller runs it as one."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair (left, right) of integers, got {window_size!r}") from None
+    for name, side in (("left", left), ("right", right)):
+        if isinstance(side, bool) or not isinstance(side, int) or side < -1:
+            raise ValueError(f"window_size {name} must be an integer >= -1 (-1: unbounded), got {side!r}")
+    if causal and right > 0:
+        raise ValueError(f"window_size right must be -1 or 0 with causal=True (a causal query sees no later key), "
+                         f"got {right}")
+    return (left, -1) if causal else (left, right)
+
+
 def _validate(q, k, v, causal, softmax_scale, impl) -> float:
     check_qkv(q, k, v, SUPPORTED_DTYPES, "float16, bfloat16 or float32")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -50,23 +70,31 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
     return check_softmax_scale(softmax_scale)
 
 
-def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None):
-    problem = dispatch.Problem.of(q, k, v, causal)
+def _window_kwargs(window_size: tuple[int, int]) -> dict:
+    """``window_size=`` for a kernel that runs a windowed problem (dispatch picked one that takes
+    it); nothing otherwise, so kernels without windows are called as they always are."""
+    return {} if window_size == NO_WINDOW else {"window_size": window_size}
+
+
+def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None,
+                 window_size: tuple[int, int] = NO_WINDOW):
+    problem = dispatch.Problem.of(q, k, v, causal, window_size)
     module, _ = dispatch.select(problem, "fwd", impl)
     if getattr(module, "FORWARD_TAKES_PROBLEM", False):
-        return module.forward(q, k, v, causal, softmax_scale, problem=problem)
-    return module.forward(q, k, v, causal, softmax_scale)
+        return module.forward(q, k, v, causal, softmax_scale, problem=problem, **_window_kwargs(window_size))
+    return module.forward(q, k, v, causal, softmax_scale, **_window_kwargs(window_size))
 
 
 @torch.library.custom_op("flashrung::attention_fwd", mutates_args=())
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   softmax_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _run_forward(q, k, v, causal, softmax_scale, impl or None)
+                   softmax_scale: float, impl: str, window_left: int = -1,
+                   window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _run_forward(q, k, v, causal, softmax_scale, impl or None, (window_left, window_right))
     return out, lse
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, causal, softmax_scale, impl):
+def _(q, k, v, causal, softmax_scale, impl, window_left=-1, window_right=-1):
     B, Sq, Hq, _ = q.shape
     return (q.new_empty((B, Sq, Hq, v.shape[3])),
             q.new_empty((B, Hq, Sq), dtype=torch.float32))
@@ -75,25 +103,28 @@ def _(q, k, v, causal, softmax_scale, impl):
 @torch.library.custom_op("flashrung::attention_bwd", mutates_args=())
 def _attention_bwd(dout: torch.Tensor, dlse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
-                   softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = dispatch.Problem.of(q, k, v, causal)
+                   softmax_scale: float, window_left: int = -1,
+                   window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    window_size = (window_left, window_right)
+    problem = dispatch.Problem.of(q, k, v, causal, window_size)
     module, _ = dispatch.select(problem, "bwd")
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    return module.backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse=dlse)
+    return module.backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse=dlse, **_window_kwargs(window_size))
 
 
 @_attention_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, causal, softmax_scale):
+def _(dout, dlse, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, _ = inputs
+    q, k, v, causal, softmax_scale, _, window_left, window_right = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
+    ctx.window = (window_left, window_right)
 
 
 def _backward(ctx, dout, dlse):
@@ -102,8 +133,8 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, ctx.causal, ctx.softmax_scale)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -111,7 +142,7 @@ _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, return_lse: bool = False,
-              impl: str | None = None):
+              impl: str | None = None, window_size: tuple[int, int] = NO_WINDOW):
     """Exact scaled-dot-product attention.
 
     Args:
@@ -128,15 +159,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            natural log.
         impl: run this kernel by name (``"portable.fwd"``, ``"hopper.fwd"``, a ladder rung
            ``"ladder.v3"``) instead of the best available one; raises if it cannot run.
+        window_size: a sliding window ``(left, right)`` as flash-attn's (local attention): query
+           ``i`` sees key ``j`` iff ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q
+           + right``; -1 leaves a side unbounded. With ``causal`` the right side must be -1 or 0.
+           Runs on the portable kernels (``hopper.fwd`` has no window yet and says so).
 
     Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim_v)`` in q's dtype, or ``(out, lse)``.
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
     """
     scale = _validate(q, k, v, causal, softmax_scale, impl)
+    window = _window(window_size, causal)
+    if window == (-1, 0):                 # the causal mask itself: run as one (hopper.fwd takes it)
+        causal, window = True, NO_WINDOW
     if _needs_the_op(q, k, v):
-        out, lse = _attention_fwd(q, k, v, causal, scale, impl or "")
+        out, lse = _attention_fwd(q, k, v, causal, scale, impl or "", *window)
     else:
-        out, lse = _run_forward(q, k, v, causal, scale, impl or None)
+        out, lse = _run_forward(q, k, v, causal, scale, impl or None, window)
     return (out, lse) if return_lse else out
 
 
@@ -175,20 +213,19 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
                     alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
     """flash-attn's ``flash_attn_func`` signature over :func:`attention`.
 
-    Features flashrung does not have raise instead of being ignored: dropout, sliding windows,
-    softcapping and ALiBi. ``deterministic`` is accepted: every flashrung kernel already is.
+    Features flashrung does not have raise instead of being ignored: dropout, softcapping and
+    ALiBi. ``window_size`` is flash-attn's sliding window (see :func:`attention`). ``deterministic`` is accepted: every flashrung kernel already is.
     With ``return_attn_probs`` it returns ``(out, softmax_lse, None)``: the lse as flash-attn
     does, and no probability matrix.
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size={tuple(window_size)} (local attention) is not supported; use (-1, -1)")
     if softcap != 0.0:
         raise ValueError(f"softcap={softcap} is not supported by flashrung (only 0.0)")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes is not supported by flashrung")
     if return_attn_probs:
-        out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+        out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                             window_size=window_size)
         return out, lse, None
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size)

@@ -29,7 +29,7 @@ def gate_problem(case, device):
     q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
     problem = dispatch.Problem.of(
         q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
-        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal)
+        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal, case.window_size)
     # expanded views have zero strides: describe the contiguous tensors instead, or a kernel with
     # layout rules (TMA) would decline every case the gate is about to run
     shapes = ((case.batch, case.seqlen_q, case.heads_q, case.head_dim),
@@ -73,11 +73,16 @@ def _compile_group(job) -> tuple:
 def run_check(device: str, size: str, kernels: list[str] | None = None,
               directions=("fwd", "bwd"), progress=_progress,
               shard: tuple[int, int] = (0, 1),
-              head_dims: tuple[int | tuple[int, int], ...] | None = None) -> list[KernelSummary]:
+              head_dims: tuple[int | tuple[int, int], ...] | None = None,
+              window_size: tuple[int, int] | None = None) -> list[KernelSummary]:
     """The gate over the envelope of ``size`` (its head dims, or ``head_dims``: each a head dim or a
-    pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``."""
+    pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``;
+    with ``window_size``, every case under that sliding window (a causal case keeps its mask: the
+    window's right side must then be -1 or 0)."""
     from flashrung import dispatch, gate
     cases = gate.envelope(size, head_dims=head_dims)
+    if window_size is not None:
+        cases = [dataclasses.replace(c, window_size=window_size) for c in cases]
     if device == "cpu" and size == "small" and not head_dims:
         cases = [c for c in cases if c.head_dim <= 64]
     summaries: dict[tuple[str, str], KernelSummary] = {}
@@ -179,6 +184,9 @@ def _run_sharded(args, jobs: int) -> list[dict]:
                 cmd += ["--direction", d]
             for d in getattr(args, "head_dim", None) or []:
                 cmd += ["--head-dim", _head_dim_text(d)]
+            if getattr(args, "window", None) is not None:
+                # one token: a left side of -1 would read as an option of its own
+                cmd += ["--window=" + ",".join(map(str, args.window))]
             procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
         parts = []
         for proc, out in procs:
@@ -199,7 +207,8 @@ def check_command(args) -> int:
     else:
         head_dims = tuple(getattr(args, "head_dim", None) or ()) or None
         summaries = [_summary_json(s) for s in run_check(device, size, args.kernel, tuple(args.direction),
-                                                         shard=(index, count), head_dims=head_dims)]
+                                                         shard=(index, count), head_dims=head_dims,
+                                                         window_size=getattr(args, "window", None))]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
         worst = s["worst"]
@@ -281,6 +290,18 @@ def _head_dim(text: str) -> int | tuple[int, int]:
     return dims[0] if len(dims) == 1 else dims
 
 
+def _window(text: str) -> tuple[int, int]:
+    """``--window``'s value: ``LEFT,RIGHT`` as flash-attn's ``window_size`` (-1: unbounded), right
+    -1 or 0 (the envelope's causal cases keep their mask)."""
+    try:
+        left, right = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT (two integers, -1 unbounded), got {text!r}") from None
+    if left < -1 or right not in (-1, 0) or (left, right) == (-1, -1):
+        raise argparse.ArgumentTypeError(f"expected LEFT >= -1 and RIGHT -1 or 0, not both -1, got {text!r}")
+    return left, right
+
+
 def _head_dim_text(entry: int | tuple[int, int]) -> str:
     """A ``--head-dim`` value as :func:`_head_dim` reads it back."""
     return "/".join(map(str, entry)) if isinstance(entry, tuple) else str(entry)
@@ -296,6 +317,10 @@ def register(sub) -> None:
                    help="gate at this head dim instead of the envelope's (repeatable; a multiple of 8 up to "
                         "256: e.g. --kernel hopper.fwd --head-dim 96 gates hopper.fwd's padded head dims); "
                         "D/DV gives v its own head dim (192/128: MLA's)")
+    p.add_argument("--window", type=_window, default=None, metavar="LEFT,RIGHT",
+                   help="gate every case under this sliding window (flash-attn's window_size, -1 unbounded; "
+                        "RIGHT -1 or 0, since the envelope's causal cases keep their mask): --window 64,0; "
+                        "an unbounded left side as --window=-1,0")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

@@ -38,9 +38,17 @@ class Problem:
     # q, k, v in elements, and the largest power of two (≤ 256 bytes) dividing all their addresses.
     strides: tuple[tuple[int, ...], ...] = ()
     ptr_alignment: int = 256
+    # flash-attn's sliding window (left, right), -1 for an unbounded side; (-1, -1): none. A causal
+    # problem's right side is the mask's (flashrung.api keeps it -1 there)
+    window_size: tuple[int, int] = (-1, -1)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_size != (-1, -1)
 
     @classmethod
-    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> "Problem":
+    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+           window_size: tuple[int, int] = (-1, -1)) -> "Problem":
         return cls(
             batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
             heads_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
@@ -48,6 +56,7 @@ class Problem:
             interpreter=_device.interpreter_enabled(),
             strides=tuple(tuple(t.stride()) for t in (q, k, v)),
             ptr_alignment=min(_alignment(t.data_ptr()) for t in (q, k, v)),
+            window_size=tuple(window_size),
         )
 
 

@@ -87,7 +87,7 @@ class Calibration:
 def mutation_cases(cases: Iterable[gate.Case], mutation: Mutation, device) -> list[gate.Case]:
     """The configurations where ``mutation`` must change the result on ``device``."""
     cap = common.capability_of(torch.empty(0, device=device))
-    return [c for c in cases if mutation.shows(c, common.forward_config(c.head_dim, cap))]
+    return [c for c in cases if mutation.shows(c, common.forward_config(max(c.head_dim, c.value_head_dim), cap))]
 
 
 def calibrate(cases: list[gate.Case], device, progress=None) -> Calibration:

@@ -119,6 +119,41 @@ def test_a_value_head_dim_of_its_own_runs_forward_and_backward():
         assert gate.check_tensor(name, t.grad, r, l).passed, name
 
 
+@pytest.mark.parametrize("window_size, causal", [((5, 3), False), ((9, -1), True), ((-1, 4), False), ((0, 0), False)])
+def test_a_sliding_window_runs_forward_and_backward_against_the_oracle(window_size, causal):
+    # flash-attn's window_size, bottom-right aligned with Sq < Sk and GQA: out, lse and the
+    # gradients (through autograd and the op) against the oracle's, by the gate's rule
+    case = gate.Case(1, 23, 40, 4, 2, 32, torch.float16, causal, window_size=window_size)
+    q, k, v = (t.requires_grad_(True) for t in gate.random_inputs(case, DEVICE))
+    out, lse = flashrung.attention(q, k, v, causal=causal, window_size=window_size, return_lse=True)
+    ref_out, ref_lse = reference.oracle(q, k, v, causal, None, window_size)
+    low_out, low_lse = reference.lowp(q, k, v, causal, None, window_size)
+    assert gate.check_tensor("out", out, ref_out, low_out).passed
+    assert gate.check_tensor("lse", lse, ref_lse, low_lse).passed
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref = reference.oracle_grads(q, k, v, do, causal, None, window_size=window_size)
+    low = reference.oracle_grads(q, k, v, do, causal, None, low_precision=True, window_size=window_size)
+    for name, t, r, l in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+        assert gate.check_tensor(name, t.grad, r, l).passed, name
+    assert flashrung.last_dispatch("bwd").kernel == "portable.bwd"
+
+
+def test_a_window_of_the_causal_mask_is_the_causal_mask_and_bad_windows_say_what_to_fix():
+    q, k, v = qkv(Sq=9, Sk=20)
+    causal = flashrung.attention(q, k, v, causal=True)
+    assert torch.equal(flashrung.attention(q, k, v, window_size=(-1, 0)), causal)
+    assert torch.equal(flashrung.attention(q, k, v, causal=True, window_size=(-1, 0)), causal)
+    # a window wider than every distance masks nothing
+    assert torch.equal(flashrung.attention(q, k, v, window_size=(100, 100)), flashrung.attention(q, k, v))
+    for window, exc, words in [((4, 2, 1), TypeError, "pair"), (5, TypeError, "pair"), ((-2, 0), ValueError, "left"),
+                               ((0, 1.5), ValueError, "right"), ((True, 0), ValueError, "left")]:
+        with pytest.raises(exc, match=words):
+            flashrung.attention(q, k, v, window_size=window)
+    with pytest.raises(ValueError, match="right must be -1 or 0 with causal=True"):
+        flashrung.attention(q, k, v, causal=True, window_size=(4, 2))
+
+
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
     # causal with Sq > Sk: the first Sq - Sk queries see no key at all
     q, k, v = gate.random_inputs(gate.Case(1, 9, 4, 1, 1, 32, torch.float16, True), DEVICE)
@@ -158,10 +193,13 @@ def test_flash_attn_func_alias_and_unsupported_features():
     assert torch.equal(out, flashrung.attention(q, k, v, causal=True))
     out2, lse, probs = flashrung.flash_attn_func(q, k, v, return_attn_probs=True)
     assert probs is None and lse.shape == (1, 2, 17)
-    for kwargs, word in [({"dropout_p": 0.1}, "dropout_p"), ({"window_size": (8, 0)}, "window_size"),
-                         ({"softcap": 30.0}, "softcap"), ({"alibi_slopes": torch.ones(2)}, "alibi")]:
+    for kwargs, word in [({"dropout_p": 0.1}, "dropout_p"), ({"softcap": 30.0}, "softcap"),
+                         ({"alibi_slopes": torch.ones(2)}, "alibi")]:
         with pytest.raises(ValueError, match=word):
             flashrung.flash_attn_func(q, k, v, **kwargs)
+    # flash-attn's sliding window reaches the kernel, a list as well as a tuple
+    assert torch.equal(flashrung.flash_attn_func(q, k, v, causal=True, window_size=[8, 0]),
+                       flashrung.attention(q, k, v, causal=True, window_size=(8, 0)))
 
 
 def test_default_scale_is_inverse_sqrt_head_dim():

@@ -162,6 +162,27 @@ def test_check_gates_a_value_head_dim_of_its_own_both_ways(capsys):
         assert words in capsys.readouterr().err
 
 
+def test_check_gates_every_case_under_a_sliding_window(capsys):
+    # --window LEFT,RIGHT: the envelope's cases, causal and not, each under the window; the shards
+    # get it back as given; a right side a causal case cannot have is refused naming the argument
+    from flashrung import check, cli
+
+    parser = argparse.ArgumentParser()
+    check.register(parser.add_subparsers())
+    assert parser.parse_args(["check", "--window", "8,0"]).window == (8, 0)
+    assert parser.parse_args(["check", "--window=-1,0"]).window == (-1, 0)
+    summaries = check.run_check("cpu", "small", ["portable"], ("fwd", "bwd"), progress=lambda jobs, desc: jobs,
+                                head_dims=(32,), window_size=(5, -1))
+    assert len(summaries) == 2
+    for s in summaries:
+        assert s.cases == s.passed == len(gate.envelope("small", head_dims=(32,))), s
+        assert s.worst.case.window_size == (5, -1) and "window(5, -1)" in s.worst.case.label()
+    for bad, words in (("8,2", "RIGHT -1 or 0"), ("-1,-1", "not both -1"), ("8", "LEFT,RIGHT")):
+        with pytest.raises(SystemExit):
+            cli.main(["check", "--window=" + bad])
+        assert words in capsys.readouterr().err
+
+
 def test_given_inputs_are_judged_by_the_same_rule():
     # check_forward_inputs: the gate's rule on inputs a test builds (here a spike key, which fresh
     # Gaussians never draw); a kernel that loses the spike fails it, the portable kernel passes

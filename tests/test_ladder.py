@@ -163,6 +163,7 @@ def test_unsupported_reason_names_each_limit(rung):
     assert "float16" in mod.unsupported_reason(_problem(dtype=torch.float32))
     assert "head_dim" in mod.unsupported_reason(_problem(head_dim=96, head_dim_v=96))
     assert "head_dim_v" in mod.unsupported_reason(_problem(head_dim_v=64))
+    assert "sliding window" in mod.unsupported_reason(_problem(window_size=(8, 0)))
     assert "heads_kv" in mod.unsupported_reason(_problem(heads_q=3, heads_kv=2))
 
 
@@ -659,10 +660,9 @@ def test_v23_row_max_is_a_tree_of_v22s_instructions(rows):
 
 
 def test_v22_refuses_devices_without_try_wait():
-    base = dict(interpreter=False, device_type="cuda", dtype=torch.bfloat16, head_dim=64, head_dim_v=64,
-                heads_q=2, heads_kv=1, batch=1)
-    ampere = types.SimpleNamespace(capability=(8, 0), **base)
-    hopper = types.SimpleNamespace(capability=(9, 0), **base)
+    base = dict(dtype=torch.bfloat16, head_dim=64, head_dim_v=64, heads_q=2, heads_kv=1, batch=1)
+    ampere = _problem(capability=(8, 0), **base)
+    hopper = _problem(capability=(9, 0), **base)
     for rung in (v22, v23):
         assert "sm_90 or newer (mbarrier.try_wait)" in rung.unsupported_reason(ampere)
         assert rung.unsupported_reason(hopper) is None

@@ -54,6 +54,25 @@ def test_a_value_head_dim_of_its_own_passes_the_gate_both_ways(shape, causal):
     assert result.passed, str(result)
 
 
+# (left, right) windows: one key each side of the diagonal, a band, left only, right only, a
+# window wider than the keys; with odd lengths, Sq < Sk and Sq > Sk (rows whose window holds no key)
+WINDOWS = [(0, 0), (7, 2), (16, -1), (-1, 5), (1000, 1000)]
+WINDOW_SHAPES = [(2, 17, 17, 2, 2), (1, 33, 95, 4, 1), (1, 80, 24, 2, 1), (1, 130, 130, 2, 1)]
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=str)
+@pytest.mark.parametrize("window_size, causal", [(w, c) for w in WINDOWS for c in (False, True)
+                                                 if not (c and w[1] > 0)], ids=str)   # causal: no right side
+def test_a_sliding_window_passes_the_gate_both_ways(window_size, causal, shape):
+    # the tiles at both edges of the window are masked, those inside it are not, those outside it
+    # are never visited — forward, dK/dV (query tiles per key tile) and dQ alike
+    case = gate.Case(*shape, 32, torch.float16, causal, window_size=window_size)
+    result = gate.check_forward_case(fwd.forward, case, DEVICE)
+    assert result.passed, str(result)
+    result = gate.check_backward(fwd.forward, bwd.backward, case, DEVICE)
+    assert result.passed, str(result)
+
+
 def test_float32_forward_is_near_exact():
     # fp32 inputs use IEEE dots: the kernel should sit at the fp32 floor, far inside the bound
     case = gate.Case(1, 33, 65, 2, 1, 32, torch.float32, True)

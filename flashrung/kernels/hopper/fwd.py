@@ -1873,6 +1873,8 @@ def unsupported_reason(problem) -> str | None:
         return str(e)
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
+    if problem.windowed:
+        return f"has no sliding window (window_size {problem.window_size})"
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
     # through a hidden copy here.
     elem_bytes = problem.dtype.itemsize

@@ -111,6 +111,8 @@ def unsupported_reason(problem, head_dims: tuple[int, ...]) -> str | None:
         return f"needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}"
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv != 0:
         return f"needs heads_q % heads_kv == 0, got {problem.heads_q} and {problem.heads_kv}"
+    if problem.windowed:
+        return f"has no sliding window (window_size {problem.window_size})"
     if problem.batch * problem.heads_q > MAX_GRID_Y:
         return (f"needs batch * heads_q <= {MAX_GRID_Y} (the second launch axis), "
                 f"got {problem.batch * problem.heads_q}")

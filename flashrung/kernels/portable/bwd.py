@@ -21,7 +21,8 @@ import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import LOG2E, causal_kv_bounds, round_to, score_mask
+from flashrung.kernels.portable.common import (LOG2E, NO_WINDOW, causal_kv_bounds, round_to, score_mask,
+                                               window_kv_bounds, window_sides)
 
 unsupported_reason = common.unsupported_reason
 PREPROCESS_BLOCK_M = 64    # rows of dO ∘ O reduced per program; memory-bound, any size works
@@ -62,8 +63,8 @@ def _lse_log2(lse):
 @triton.jit
 def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, offs_mb,
                  offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k, qk_scale_log2,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
-                 IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr):
+                 window_left, window_right, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_m = start_m + offs_mb
     row_ok = offs_m < seqlen_q
     q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
@@ -76,7 +77,8 @@ def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, o
     scores_t = _dot(k, tl.trans(q), DOT_FP32) * qk_scale_log2          # (BLOCK_N, BLOCK_M)
     p_t = tl.math.exp2(scores_t - _lse_log2(lse2)[None, :])
     if MASKED:
-        p_t = tl.where(tl.trans(score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL)), p_t, 0.0)
+        valid = score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, IS_CAUSAL, HAS_WINDOW)
+        p_t = tl.where(tl.trans(valid), p_t, 0.0)
     dv += _dot(round_to(p_t, do.dtype), do, DOT_FP32)
     dp_t = _dot(v, tl.trans(do), DOT_FP32)
     ds_t = p_t * (dp_t - delta[None, :])
@@ -91,9 +93,10 @@ def _bwd_dkdv(
     stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -116,7 +119,19 @@ def _bwd_dkdv(
     # Query tiles that see this KV tile: causal row i sees key j iff i >= j − (Sk − Sq).
     # [lo, full_start) straddles the diagonal and is masked; from full_start on every row sees
     # every key of the tile (the key tail needs no mask here: those dk/dv rows are not stored).
-    if IS_CAUSAL:
+    # A sliding window also masks [full_end, hi), the rows past its left edge.
+    if HAS_WINDOW:
+        # a sliding window: row i sees key j iff j − diag − window_right <= i <= j − diag + window_left;
+        # masked tiles at both ends, unmasked where every row of the tile sees every key of this one
+        diag = seqlen_k - seqlen_q
+        lo = (tl.maximum(start_n - diag - window_right, 0) // BLOCK_M) * BLOCK_M
+        hi = tl.minimum(tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M,
+                        tl.cdiv(tl.maximum(start_n + BLOCK_N - diag + window_left, 0), BLOCK_M) * BLOCK_M)
+        full_start = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag - window_right, 0), BLOCK_M) * BLOCK_M
+        full_end = (tl.maximum(start_n - diag + window_left + 1, 0) // BLOCK_M) * BLOCK_M
+        full_start = tl.minimum(tl.maximum(full_start, lo), hi)
+        full_end = tl.minimum(tl.maximum(full_end, full_start), hi)
+    elif IS_CAUSAL:
         diag = seqlen_k - seqlen_q
         lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
         last_key = start_n + BLOCK_N - 1
@@ -125,7 +140,9 @@ def _bwd_dkdv(
     else:
         lo = 0
         full_start = 0
-    hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    if not HAS_WINDOW:
+        hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+        full_end = hi
 
     for qh in range(kv_h * group, kv_h * group + group):
         q_base = Q + b * stride_qb + qh * stride_qh
@@ -135,11 +152,19 @@ def _bwd_dkdv(
         for start_m in range(lo, full_start, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
                                   offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32)
-        for start_m in range(full_start, hi, BLOCK_M):
+                                  qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, True,
+                                  IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+        for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
                                   offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32)
+                                  qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, False,
+                                  IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+        if HAS_WINDOW:
+            for start_m in range(full_end, hi, BLOCK_M):
+                dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
+                                      offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
+                                      qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, True,
+                                      IS_CAUSAL, HAS_WINDOW, DOT_FP32)
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
              round_to(dk, DK.dtype.element_ty), mask=k_mask)
@@ -149,9 +174,9 @@ def _bwd_dkdv(
 
 @triton.jit
 def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
-                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
-                IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr):
+                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_n = start_n + offs_nb
     key_ok = offs_n[:, None] < seqlen_k
     k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
@@ -160,7 +185,8 @@ def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb
                 mask=key_ok & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     p = tl.math.exp2(_dot(q, tl.trans(k), DOT_FP32) * qk_scale_log2 - lse2[:, None])
     if MASKED:
-        p = tl.where(score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL), p, 0.0)
+        valid = score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, IS_CAUSAL, HAS_WINDOW)
+        p = tl.where(valid, p, 0.0)
     dp = _dot(do, tl.trans(v), DOT_FP32)
     ds = p * (dp - delta[:, None])
     dq += _dot(round_to(ds, k.dtype), k, DOT_FP32)
@@ -173,9 +199,10 @@ def _bwd_dq(
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -197,15 +224,24 @@ def _bwd_dq(
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    for start_n in range(0, full_end, BLOCK_N):
+    if HAS_WINDOW:
+        lo, full_start, full_end, hi = window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                        BLOCK_M, BLOCK_N)
+        for start_n in range(lo, full_start, BLOCK_N):
+            dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
+                             stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                             HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+    else:
+        full_start = 0
+        full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    for start_n in range(full_start, full_end, BLOCK_N):
         dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
-                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                         HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32)
+                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                         HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
     for start_n in range(full_end, hi, BLOCK_N):
         dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
-                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-                         HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32)
+                         stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                         HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
     dq = dq * softmax_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
              round_to(dq, DQ.dtype.element_ty), mask=q_mask)
@@ -213,12 +249,14 @@ def _bwd_dq(
 
 def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
              dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
-             dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None):
+             dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None,
+             window_size: tuple[int, int] = NO_WINDOW):
     """do/out (B, Sq, Hq, Dv), q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), lse (B, Hq, Sq)
     → dq, dk, dv.
 
     ``dlse`` (B, Hq, Sq), the gradient flowing into the LSE output, enters through delta:
-    d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse))."""
+    d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse)). ``window_size``: the
+    forward's sliding window, flash-attn's ``(left, right)``."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     dq = torch.empty_like(q) if dq is None else dq
@@ -229,6 +267,8 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
     cfg = common.backward_config(max(D, Dv), common.capability_of(q))
     dims = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv))
+    sides = window_sides(window_size, causal, Sq, Sk)
+    window = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None)
     scale = common.check_scale(softmax_scale)
     dot_fp32 = common.dot_in_fp32(q.dtype)
     _bwd_preprocess[(triton.cdiv(Sq, PREPROCESS_BLOCK_M), B * Hq)](
@@ -243,16 +283,16 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     _bwd_dkdv[(triton.cdiv(Sk, cfg.dkdv.block_n), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E,
-        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
-        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dkdv.num_warps,
+        lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
+        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **window, DOT_FP32=dot_fp32,
+        num_warps=cfg.dkdv.num_warps,
         num_stages=cfg.dkdv.num_stages)
     _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
-        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E,
-        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
-        IS_CAUSAL=bool(causal), DOT_FP32=dot_fp32, num_warps=cfg.dq.num_warps,
+        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
+        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **window, DOT_FP32=dot_fp32,
+        num_warps=cfg.dq.num_warps,
         num_stages=cfg.dq.num_stages)
     return dq, dk, dv
 
@@ -267,12 +307,12 @@ def census_specs() -> list[CensusSpec]:
                                                      "stride_dvb", "stride_dvs", "stride_dvh",
                                                      "stride_lb", "stride_lh", "seqlen_q",
                                                      "seqlen_k", "heads_kv", "group")},
-                "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+                "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
     sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
               **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
                                                    "stride_lb", "stride_lh", "seqlen_q",
                                                    "seqlen_k", "heads_q", "group")},
-              "softmax_scale": "fp32", "qk_scale_log2": "fp32"}
+              "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
     sig_pre = {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
                **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
                                      "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}}
@@ -285,7 +325,7 @@ def census_specs() -> list[CensusSpec]:
                           "block_n": tile.block_n, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
                 constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                               "BLOCK_DV": head_dim, "BLOCK_M": tile.block_m,
-                              "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "DOT_FP32": False}
+                              "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "HAS_WINDOW": False, "DOT_FP32": False}
                 specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
                                         tile.num_stages, arches=(arch,)))
             specs.append(CensusSpec(

@@ -63,12 +63,54 @@ def causal_kv_bounds(start_m, seqlen_q, seqlen_k,
 
 
 @triton.jit
-def score_mask(offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL: tl.constexpr):
-    """True where query ``offs_m`` may attend key ``offs_n`` and the key exists."""
+def window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """KV range of one Q tile under a sliding window: ``[lo, full_start)`` and ``[full_end, hi)``
+    need the mask, ``[full_start, full_end)`` does not.
+
+    Query i sees key j iff ``i + (Sk − Sq) − window_left <= j <= i + (Sk − Sq) + window_right``
+    (bottom-right aligned, as flash-attn's ``window_size``; ``window_sides`` gives both as
+    non-negative numbers). Tiles outside every row's window are never visited; a tile is unmasked
+    only when every row of the Q tile sees every key of it and no key is past ``Sk``.
+    """
+    diag = seqlen_k - seqlen_q
+    lo = (tl.maximum(start_m + diag - window_left, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(seqlen_k, tl.maximum(start_m + BLOCK_M + diag + window_right, 0))
+    # the keys every row sees: from the last row's first key to the first row's last key
+    full_start = tl.cdiv(tl.maximum(start_m + BLOCK_M - 1 + diag - window_left, 0), BLOCK_N) * BLOCK_N
+    full_end = tl.minimum((tl.maximum(start_m + diag + window_right + 1, 0) // BLOCK_N) * BLOCK_N,
+                          (seqlen_k // BLOCK_N) * BLOCK_N)
+    full_start = tl.minimum(tl.maximum(full_start, lo), hi)
+    full_end = tl.minimum(tl.maximum(full_end, full_start), hi)
+    return lo, full_start, full_end, hi
+
+
+@triton.jit
+def score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+               IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """True where query ``offs_m`` may attend key ``offs_n`` and the key exists. With ``HAS_WINDOW``
+    the sliding window decides (a causal one has ``window_right`` 0), ``IS_CAUSAL`` otherwise."""
     valid = offs_n[None, :] < seqlen_k
-    if IS_CAUSAL:
+    if HAS_WINDOW:
+        rel = offs_n[None, :] - (offs_m[:, None] + (seqlen_k - seqlen_q))
+        valid = valid & (rel >= -window_left) & (rel <= window_right)
+    elif IS_CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
     return valid
+
+
+NO_WINDOW = (-1, -1)
+
+
+def window_sides(window_size: tuple[int, int], causal: bool, seqlen_q: int, seqlen_k: int) -> tuple[int, int] | None:
+    """The kernels' ``(window_left, window_right)`` for flash-attn's ``window_size`` (−1: that side
+    unbounded), both non-negative — an unbounded side as ``Sq + Sk``, wider than any distance, and
+    a causal window's right side 0 — or None where nothing is windowed (``HAS_WINDOW`` off)."""
+    left, right = window_size
+    if left < 0 and (right < 0 or causal):
+        return None
+    unbounded = seqlen_q + seqlen_k
+    return (left if left >= 0 else unbounded, 0 if causal else (right if right >= 0 else unbounded))
 
 
 @dataclasses.dataclass(frozen=True)

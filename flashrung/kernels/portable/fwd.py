@@ -2,11 +2,12 @@
 
 What it computes: out = softmax(scale · q kᵀ [+ causal mask]) v and the natural-log LSE, for
 q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) (Dv may differ from D: MLA's 192/128),
-any lengths, GQA/MQA by head-index mapping.
+any lengths, GQA/MQA by head-index mapping, causal or not, with or without a sliding window.
 
 Levers: online softmax in the log2 domain (log2(e) folded into the scale once on the host, so the
 inner loop is one FMA and one exp2 per score); causal block skipping with the mask applied only on
-the diagonal tiles and the ragged key tail (``causal_kv_bounds``); one program per (Q tile, head).
+the diagonal tiles and the ragged key tail (``causal_kv_bounds``), and for a sliding window on the
+tiles at both of its edges (``window_kv_bounds``); one program per (Q tile, head).
 
 Evidence: runs on any CUDA GPU sm_80+ and under ``TRITON_INTERPRET=1`` on the CPU; gated by
 ``flashrung.gate`` in the CPU tests (interpreter) and on the device (``flashrung check``). It is
@@ -23,7 +24,8 @@ import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import LN2, LOG2E, causal_kv_bounds, round_to, score_mask
+from flashrung.kernels.portable.common import (LN2, LOG2E, NO_WINDOW, causal_kv_bounds, round_to, score_mask,
+                                               window_kv_bounds, window_sides)
 
 unsupported_reason = common.unsupported_reason
 
@@ -40,9 +42,10 @@ DEFECT_LSE_LOG2 = 7           # LSE stored in base 2 instead of natural log
 
 @triton.jit
 def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-                    stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
+                    stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
-                    IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr):
+                    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr,
+                    DEFECT: tl.constexpr):
     """One step of the online softmax: fold KV tile ``start_n`` into (acc, row_max, row_sum)."""
     keys = start_n + offs_n
     key_rows = keys
@@ -64,7 +67,7 @@ def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, o
         if DEFECT == 2:
             valid = (keys[None, :] < seqlen_k) & (keys[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q) + 1)
         else:
-            valid = score_mask(offs_m, keys, seqlen_q, seqlen_k, IS_CAUSAL)
+            valid = score_mask(offs_m, keys, seqlen_q, seqlen_k, window_left, window_right, IS_CAUSAL, HAS_WINDOW)
         scores = tl.where(valid, scores, float("-inf"))
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     # A row that has seen only masked keys keeps max = -inf; subtracting 0 instead keeps
@@ -91,10 +94,10 @@ def _attn_fwd(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-    DEFECT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -117,20 +120,31 @@ def _attn_fwd(
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
-    full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    if HAS_WINDOW:
+        # a sliding window masks the tiles at both of its ends: the first ones first
+        lo, full_start, full_end, hi = window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                        BLOCK_M, BLOCK_N)
+        for start_n in range(lo, full_start, BLOCK_N):
+            acc, row_max, row_sum = _kv_tile_update(
+                acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
+    else:
+        full_start = 0
+        full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     if DEFECT == 5:
         hi = tl.maximum(hi - BLOCK_N, 0)
         full_end = tl.minimum(full_end, hi)
-    for start_n in range(0, full_end, BLOCK_N):
+    for start_n in range(full_start, full_end, BLOCK_N):
         acc, row_max, row_sum = _kv_tile_update(
             acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-            HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, DOT_FP32, DEFECT)
+            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+            HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, row_max, row_sum = _kv_tile_update(
             acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2,
-            HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, DOT_FP32, DEFECT)
+            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+            HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
 
     # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
     seen = row_sum > 0.0
@@ -150,9 +164,10 @@ def _attn_fwd(
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            defect: int = NO_DEFECT):
+            defect: int = NO_DEFECT, window_size: tuple[int, int] = NO_WINDOW):
     """q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), inner stride 1 → out (B, Sq, Hq, Dv),
-    lse (B, Hq, Sq) fp32."""
+    lse (B, Hq, Sq) fp32. ``window_size``: flash-attn's sliding window ``(left, right)``, −1 for an
+    unbounded side (``common.window_sides``)."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     if out is None:
@@ -160,6 +175,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if lse is None:
         lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     cfg = common.forward_config(max(D, Dv), common.capability_of(q))
+    sides = window_sides(window_size, causal, Sq, Sk)
     grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
     _attn_fwd[grid](
         q, k, v, out, lse,
@@ -168,10 +184,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
-        Sq, Sk, Hq, Hq // Hkv, common.check_scale(softmax_scale) * LOG2E,
+        Sq, Sk, Hq, Hq // Hkv, common.check_scale(softmax_scale) * LOG2E, *(sides or (0, 0)),
         HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=bool(causal), DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
@@ -183,7 +199,7 @@ def _signature(dtype: str) -> dict:
         "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
         "stride_vb", "stride_vs", "stride_vh", "stride_ob", "stride_os", "stride_oh",
         "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "heads_q", "group")}
-    return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32"}
+    return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
 
 
 def census_specs() -> list[CensusSpec]:
@@ -200,7 +216,7 @@ def census_specs() -> list[CensusSpec]:
                     fn=_attn_fwd, signature=_signature("bf16"),
                     constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                                 "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
-                                "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "DOT_FP32": False,
+                                "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False, "DOT_FP32": False,
                                 "DEFECT": NO_DEFECT},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,

@@ -13,7 +13,7 @@ import math
 import torch
 
 from flashrung import dispatch
-from flashrung.inputs import check_qkv, check_softmax_scale
+from flashrung.inputs import check_qkv, check_softmax_scale, score_kwargs
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
@@ -70,31 +70,35 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
     return check_softmax_scale(softmax_scale)
 
 
-def _window_kwargs(window_size: tuple[int, int]) -> dict:
-    """``window_size=`` for a kernel that runs a windowed problem (dispatch picked one that takes
-    it); nothing otherwise, so kernels without windows are called as they always are."""
-    return {} if window_size == NO_WINDOW else {"window_size": window_size}
+def _check_softcap(softcap) -> float:
+    """flash-attn's ``softcap``: 0 (none) or a finite positive number, as a float."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+            or softcap < 0:
+        raise ValueError(f"softcap must be 0 (none) or a finite positive number, got {softcap!r}")
+    return float(softcap)
 
 
 def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None,
-                 window_size: tuple[int, int] = NO_WINDOW):
-    problem = dispatch.Problem.of(q, k, v, causal, window_size)
+                 window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+    problem = dispatch.Problem.of(q, k, v, causal, window_size, softcap)
     module, _ = dispatch.select(problem, "fwd", impl)
+    # window_size= and softcap= only where the problem has them: dispatch picked a kernel that takes them
+    extra = score_kwargs(window_size, softcap)
     if getattr(module, "FORWARD_TAKES_PROBLEM", False):
-        return module.forward(q, k, v, causal, softmax_scale, problem=problem, **_window_kwargs(window_size))
-    return module.forward(q, k, v, causal, softmax_scale, **_window_kwargs(window_size))
+        return module.forward(q, k, v, causal, softmax_scale, problem=problem, **extra)
+    return module.forward(q, k, v, causal, softmax_scale, **extra)
 
 
 @torch.library.custom_op("flashrung::attention_fwd", mutates_args=())
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    softmax_scale: float, impl: str, window_left: int = -1,
-                   window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _run_forward(q, k, v, causal, softmax_scale, impl or None, (window_left, window_right))
+                   window_right: int = -1, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _run_forward(q, k, v, causal, softmax_scale, impl or None, (window_left, window_right), softcap)
     return out, lse
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, causal, softmax_scale, impl, window_left=-1, window_right=-1):
+def _(q, k, v, causal, softmax_scale, impl, window_left=-1, window_right=-1, softcap=0.0):
     B, Sq, Hq, _ = q.shape
     return (q.new_empty((B, Sq, Hq, v.shape[3])),
             q.new_empty((B, Hq, Sq), dtype=torch.float32))
@@ -103,28 +107,29 @@ def _(q, k, v, causal, softmax_scale, impl, window_left=-1, window_right=-1):
 @torch.library.custom_op("flashrung::attention_bwd", mutates_args=())
 def _attention_bwd(dout: torch.Tensor, dlse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
-                   softmax_scale: float, window_left: int = -1,
-                   window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     window_size = (window_left, window_right)
-    problem = dispatch.Problem.of(q, k, v, causal, window_size)
+    problem = dispatch.Problem.of(q, k, v, causal, window_size, softcap)
     module, _ = dispatch.select(problem, "bwd")
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    return module.backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse=dlse, **_window_kwargs(window_size))
+    return module.backward(dout, q, k, v, out, lse, causal, softmax_scale, dlse=dlse,
+                           **score_kwargs(window_size, softcap))
 
 
 @_attention_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
+def _(dout, dlse, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, _, window_left, window_right = inputs
+    q, k, v, causal, softmax_scale, _, window_left, window_right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
-    ctx.window = (window_left, window_right)
+    ctx.score_args = (window_left, window_right, softcap)
 
 
 def _backward(ctx, dout, dlse):
@@ -133,8 +138,8 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.score_args)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -142,7 +147,7 @@ _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, return_lse: bool = False,
-              impl: str | None = None, window_size: tuple[int, int] = NO_WINDOW):
+              impl: str | None = None, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """Exact scaled-dot-product attention.
 
     Args:
@@ -163,6 +168,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            ``i`` sees key ``j`` iff ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q
            + right``; -1 leaves a side unbounded. With ``causal`` the right side must be -1 or 0.
            Runs on the portable kernels (``hopper.fwd`` has no window yet and says so).
+        softcap: > 0 caps the scaled scores as flash-attn does, ``softcap · tanh(scores /
+           softcap)``, before the mask and the softmax (Gemma 2's 50, Grok's 30); 0, the default,
+           caps nothing. Runs on the portable kernels, forward and backward.
 
     Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim_v)`` in q's dtype, or ``(out, lse)``.
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
@@ -171,10 +179,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     window = _window(window_size, causal)
     if window == (-1, 0):                 # the causal mask itself: run as one (hopper.fwd takes it)
         causal, window = True, NO_WINDOW
+    softcap = _check_softcap(softcap)
     if _needs_the_op(q, k, v):
-        out, lse = _attention_fwd(q, k, v, causal, scale, impl or "", *window)
+        out, lse = _attention_fwd(q, k, v, causal, scale, impl or "", *window, softcap)
     else:
-        out, lse = _run_forward(q, k, v, causal, scale, impl or None, window)
+        out, lse = _run_forward(q, k, v, causal, scale, impl or None, window, softcap)
     return (out, lse) if return_lse else out
 
 
@@ -213,19 +222,17 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
                     alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
     """flash-attn's ``flash_attn_func`` signature over :func:`attention`.
 
-    Features flashrung does not have raise instead of being ignored: dropout, softcapping and
-    ALiBi. ``window_size`` is flash-attn's sliding window (see :func:`attention`). ``deterministic`` is accepted: every flashrung kernel already is.
+    Features flashrung does not have raise instead of being ignored: dropout and ALiBi.
+    ``window_size`` and ``softcap`` are flash-attn's (see :func:`attention`). ``deterministic`` is accepted: every flashrung kernel already is.
     With ``return_attn_probs`` it returns ``(out, softmax_lse, None)``: the lse as flash-attn
     does, and no probability matrix.
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
-    if softcap != 0.0:
-        raise ValueError(f"softcap={softcap} is not supported by flashrung (only 0.0)")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes is not supported by flashrung")
     if return_attn_probs:
         out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                             window_size=window_size)
+                             window_size=window_size, softcap=softcap)
         return out, lse, None
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)

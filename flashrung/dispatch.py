@@ -41,6 +41,8 @@ class Problem:
     # flash-attn's sliding window (left, right), -1 for an unbounded side; (-1, -1): none. A causal
     # problem's right side is the mask's (flashrung.api keeps it -1 there)
     window_size: tuple[int, int] = (-1, -1)
+    # flash-attn's softcap: the scaled scores capped at ±softcap by softcap·tanh(scores/softcap); 0: none
+    softcap: float = 0.0
 
     @property
     def windowed(self) -> bool:
@@ -48,7 +50,7 @@ class Problem:
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-           window_size: tuple[int, int] = (-1, -1)) -> "Problem":
+           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> "Problem":
         return cls(
             batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
             heads_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
@@ -56,7 +58,7 @@ class Problem:
             interpreter=_device.interpreter_enabled(),
             strides=tuple(tuple(t.stride()) for t in (q, k, v)),
             ptr_alignment=min(_alignment(t.data_ptr()) for t in (q, k, v)),
-            window_size=tuple(window_size),
+            window_size=tuple(window_size), softcap=float(softcap),
         )
 
 

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from flashrung import reference
+from flashrung.inputs import score_kwargs
 
 ATOL = 1e-4          # absolute slack of the rule, as frozen in seed 000
 FLOOR_FACTOR = 2.0   # how many times the same-dtype floor a kernel may err
@@ -39,6 +40,7 @@ class Case:
     softmax_scale: float | None = None
     head_dim_v: int | None = None     # v's (and out's) head dim; None: head_dim
     window_size: tuple[int, int] = (-1, -1)   # flash-attn's sliding window (left, right); -1: unbounded
+    softcap: float = 0.0                      # flash-attn's cap on the scaled scores; 0: none
 
     @property
     def value_head_dim(self) -> int:
@@ -49,7 +51,8 @@ class Case:
         d = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.value_head_dim != self.head_dim else "")
         s = f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} {d} {dt}"
         s += " causal" if self.causal else ""
-        return s + (f" window{tuple(self.window_size)}" if tuple(self.window_size) != (-1, -1) else "")
+        s += f" window{tuple(self.window_size)}" if tuple(self.window_size) != (-1, -1) else ""
+        return s + (f" softcap{self.softcap:g}" if self.softcap else "")
 
 
 @dataclasses.dataclass
@@ -144,24 +147,19 @@ def poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
-def _window_kwargs(window_size) -> dict:
-    """``window_size=`` for a kernel call with a sliding window; nothing without one, so kernels
-    that have no windows are called as they always were."""
-    return {} if tuple(window_size) == (-1, -1) else {"window_size": tuple(window_size)}
-
-
-def run_forward(forward_fn: Callable, q, k, v, causal: bool, scale: float, window_size=(-1, -1)):
+def run_forward(forward_fn: Callable, q, k, v, causal: bool, scale: float, window_size=(-1, -1),
+                softcap: float = 0.0):
     """Run a kernel's forward into NaN-poisoned outputs when it takes them."""
     B, Sq, Hq, D = q.shape
-    window = _window_kwargs(window_size)
+    extra = score_kwargs(window_size, softcap)
     if _accepts(forward_fn, "out", "lse"):
         out = poisoned((B, Sq, Hq, v.shape[3]), q.dtype, q.device)
         lse = poisoned((B, Hq, Sq), torch.float32, q.device)
-        got_out, got_lse = forward_fn(q, k, v, causal, scale, out=out, lse=lse, **window)
+        got_out, got_lse = forward_fn(q, k, v, causal, scale, out=out, lse=lse, **extra)
         return got_out, got_lse
     if q.device.type == "cuda":
         _poison_allocator(q.device)
-    return forward_fn(q, k, v, causal, scale, **window)
+    return forward_fn(q, k, v, causal, scale, **extra)
 
 
 def _poison_allocator(device, nbytes: int = 1 << 28) -> None:
@@ -176,31 +174,32 @@ def check_forward(forward_fn: Callable, *, batch: int, seqlen_q: int, seqlen_k: 
                   heads_kv: int, head_dim: int, dtype: torch.dtype, causal: bool, device,
                   softmax_scale: float | None = None, seed: int | None = None,
                   kernel: str = "", head_dim_v: int | None = None,
-                  window_size: tuple[int, int] = (-1, -1)) -> GateResult:
-    """Gate a forward ``forward_fn(q, k, v, causal, softmax_scale[, out=, lse=][, window_size=])
-    -> (out, lse)``."""
+                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> GateResult:
+    """Gate a forward ``forward_fn(q, k, v, causal, softmax_scale[, out=, lse=][, window_size=,
+    softcap=]) -> (out, lse)``."""
     case = Case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, softmax_scale, head_dim_v,
-                tuple(window_size))
+                tuple(window_size), softcap)
     return check_forward_case(forward_fn, case, device, seed=seed, kernel=kernel)
 
 
 def check_forward_case(forward_fn, case: Case, device, seed=None, kernel="") -> GateResult:
     q, k, v = random_inputs(case, device, _generator(seed))
     return check_forward_inputs(forward_fn, q, k, v, case.causal, case.softmax_scale, kernel=kernel,
-                                window_size=case.window_size)
+                                window_size=case.window_size, softcap=case.softcap)
 
 
 def check_forward_inputs(forward_fn: Callable, q, k, v, causal: bool, softmax_scale: float | None = None,
-                         kernel: str = "", window_size: tuple[int, int] = (-1, -1)) -> GateResult:
+                         kernel: str = "", window_size: tuple[int, int] = (-1, -1),
+                         softcap: float = 0.0) -> GateResult:
     """The gate's rule on given inputs: for a property that fresh Gaussians do not reach (scores
     whose row maximum jumps late in the keys, say); every other check draws its own."""
     B, Sq, Hq, D = q.shape
     case = Case(B, Sq, k.shape[1], Hq, k.shape[2], D, q.dtype, causal, softmax_scale, head_dim_v=v.shape[3],
-                window_size=tuple(window_size))
+                window_size=tuple(window_size), softcap=softcap)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
-    out, lse = run_forward(forward_fn, q, k, v, causal, scale, window_size)
-    ref_out, ref_lse = reference.oracle(q, k, v, causal, scale, window_size)
-    low_out, low_lse = reference.lowp(q, k, v, causal, scale, window_size)
+    out, lse = run_forward(forward_fn, q, k, v, causal, scale, window_size, softcap)
+    ref_out, ref_lse = reference.oracle(q, k, v, causal, scale, window_size, softcap)
+    low_out, low_lse = reference.lowp(q, k, v, causal, scale, window_size, softcap)
     checks = [check_tensor("out", out, ref_out, low_out), check_tensor("lse", lse, ref_lse, low_lse)]
     return GateResult(case, checks, kernel)
 
@@ -215,17 +214,19 @@ def check_backward(forward_fn: Callable, backward_fn: Callable, case: Case, devi
     q, k, v = random_inputs(case, device, g)
     do = torch.randn(q.shape[:3] + (v.shape[3],), generator=g).to(device=device, dtype=case.dtype)
     scale = case.softmax_scale if case.softmax_scale is not None else 1.0 / math.sqrt(case.head_dim)
-    out, lse = run_forward(forward_fn, q, k, v, case.causal, scale, case.window_size)
-    window = _window_kwargs(case.window_size)
+    out, lse = run_forward(forward_fn, q, k, v, case.causal, scale, case.window_size, case.softcap)
+    extra = score_kwargs(case.window_size, case.softcap)
     if _accepts(backward_fn, "dq", "dk", "dv"):
         dq, dk, dv = (poisoned(t.shape, t.dtype, device) for t in (q, k, v))
-        dq, dk, dv = backward_fn(do, q, k, v, out, lse, case.causal, scale, dq=dq, dk=dk, dv=dv, **window)
+        dq, dk, dv = backward_fn(do, q, k, v, out, lse, case.causal, scale, dq=dq, dk=dk, dv=dv, **extra)
     else:
         if q.device.type == "cuda":
             _poison_allocator(q.device)
-        dq, dk, dv = backward_fn(do, q, k, v, out, lse, case.causal, scale, **window)
-    ref = reference.oracle_grads(q, k, v, do, case.causal, scale, window_size=case.window_size)
-    low = reference.oracle_grads(q, k, v, do, case.causal, scale, low_precision=True, window_size=case.window_size)
+        dq, dk, dv = backward_fn(do, q, k, v, out, lse, case.causal, scale, **extra)
+    ref = reference.oracle_grads(q, k, v, do, case.causal, scale, window_size=case.window_size,
+                                 softcap=case.softcap)
+    low = reference.oracle_grads(q, k, v, do, case.causal, scale, low_precision=True,
+                                 window_size=case.window_size, softcap=case.softcap)
     checks = [check_tensor(name, got, r, l)
               for name, got, r, l in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low)]
     return GateResult(case, checks, kernel)

@@ -8,8 +8,9 @@
 Conventions shared with the kernels: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv);
 causal is aligned bottom-right (query i sees key j iff j <= i + Sk - Sq, as flash-attn >= 2.1), and
 so is a sliding window ``(left, right)`` (i sees j iff i + Sk - Sq - left <= j <= i + Sk - Sq +
-right, −1 for an unbounded side, flash-attn's ``window_size``); a query that sees no key has
-out = 0 and lse = -inf; lse is the natural-log sum of exp of the scaled scores.
+right, −1 for an unbounded side, flash-attn's ``window_size``); ``softcap`` > 0 caps the scaled
+scores as flash-attn does, ``softcap · tanh(scores / softcap)``, before the mask; a query that sees
+no key has out = 0 and lse = -inf; lse is the natural-log sum of exp of the (capped) scores.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _expand_kv(x: torch.Tensor, heads_q: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=2)
 
 
-def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -1)):
+def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -1), softcap=0.0):
     """Attention with every operation carried out in ``compute_dtype`` — fp64/fp32 for the
     oracle; the inputs' own dtype for the same-dtype reference, where each matmul, the scaling,
     the softmax and the output round to fp16/bf16 exactly as a plain PyTorch program does."""
@@ -52,6 +53,8 @@ def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -
     kh = _expand_kv(k, Hq).to(compute_dtype).transpose(1, 2)       # (B, Hq, Sk, D)
     vh = _expand_kv(v, Hq).to(compute_dtype).transpose(1, 2)       # (B, Hq, Sk, Dv)
     scores = (qh @ kh.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     mask = attention_mask(Sq, Sk, causal, window_size, q.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -70,26 +73,27 @@ def oracle_dtype(device) -> torch.dtype:
     return torch.float64 if torch.device(device).type == "cpu" else torch.float32
 
 
-def oracle(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)):
+def oracle(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0):
     """Exact attention: fp64 on the CPU, fp32 on a GPU. Returns (out, lse) in that dtype."""
-    return _attention(q, k, v, causal, softmax_scale, oracle_dtype(q.device), window_size)
+    return _attention(q, k, v, causal, softmax_scale, oracle_dtype(q.device), window_size, softcap)
 
 
-def lowp(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)):
+def lowp(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0):
     """Same-dtype reference: what a straightforward fp16/bf16 program computes."""
-    return _attention(q, k, v, causal, softmax_scale, q.dtype, window_size)
+    return _attention(q, k, v, causal, softmax_scale, q.dtype, window_size, softcap)
 
 
-def oracle_grads(q, k, v, out_grad, causal=False, softmax_scale=None, low_precision=False, window_size=(-1, -1)):
+def oracle_grads(q, k, v, out_grad, causal=False, softmax_scale=None, low_precision=False, window_size=(-1, -1),
+                 softcap=0.0):
     """Gradients of sum(out * out_grad) w.r.t. q, k, v through the oracle (or the same-dtype
     reference when ``low_precision``). Returned in the computing dtype."""
     dtype = oracle_dtype(q.device)
     if low_precision:
         qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-        out, _ = lowp(qs, ks, vs, causal, softmax_scale, window_size)
+        out, _ = lowp(qs, ks, vs, causal, softmax_scale, window_size, softcap)
         out.backward(out_grad.to(out.dtype))
         return tuple(t.grad.to(dtype) for t in (qs, ks, vs))
     qs, ks, vs = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    out, _ = _attention(qs, ks, vs, causal, softmax_scale, dtype, window_size)
+    out, _ = _attention(qs, ks, vs, causal, softmax_scale, dtype, window_size, softcap)
     out.backward(out_grad.to(dtype))
     return qs.grad, ks.grad, vs.grad

@@ -154,6 +154,38 @@ def test_a_window_of_the_causal_mask_is_the_causal_mask_and_bad_windows_say_what
         flashrung.attention(q, k, v, causal=True, window_size=(4, 2))
 
 
+@pytest.mark.parametrize("softcap, causal, window_size", [(2.0, True, (-1, -1)), (30.0, False, (6, 3))])
+def test_a_softcap_runs_forward_and_backward_against_the_oracle(softcap, causal, window_size):
+    # the scaled scores capped by softcap·tanh(scores/softcap) before the mask: out, lse and the
+    # gradients (through the cap's 1 − tanh²) against the oracle's, with a window beside it
+    case = gate.Case(1, 21, 37, 4, 2, 32, torch.float16, causal, window_size=window_size, softcap=softcap)
+    q, k, v = (t.requires_grad_(True) for t in gate.random_inputs(case, DEVICE))
+    q.data.mul_(3)          # scores well past the cap, where it bends them
+    out, lse = flashrung.attention(q, k, v, causal=causal, window_size=window_size, softcap=softcap,
+                                   return_lse=True)
+    args = (causal, None, window_size, softcap)
+    ref_out, ref_lse = reference.oracle(q, k, v, *args)
+    low_out, low_lse = reference.lowp(q, k, v, *args)
+    assert gate.check_tensor("out", out, ref_out, low_out).passed
+    assert gate.check_tensor("lse", lse, ref_lse, low_lse).passed
+    uncapped = reference.oracle(q, k, v, causal, None, window_size)[0]
+    assert gate.max_abs_diff(uncapped, ref_out) > 10 * gate.max_abs_diff(out, ref_out)   # the cap matters here
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref = reference.oracle_grads(q, k, v, do, causal, None, window_size=window_size, softcap=softcap)
+    low = reference.oracle_grads(q, k, v, do, causal, None, low_precision=True, window_size=window_size,
+                                 softcap=softcap)
+    for name, t, r, l in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+        assert gate.check_tensor(name, t.grad, r, l).passed, name
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan"), True, "30"])
+def test_a_bad_softcap_is_refused_naming_it(softcap):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="softcap must be 0"):
+        flashrung.attention(q, k, v, softcap=softcap)
+
+
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
     # causal with Sq > Sk: the first Sq - Sk queries see no key at all
     q, k, v = gate.random_inputs(gate.Case(1, 9, 4, 1, 1, 32, torch.float16, True), DEVICE)
@@ -193,13 +225,13 @@ def test_flash_attn_func_alias_and_unsupported_features():
     assert torch.equal(out, flashrung.attention(q, k, v, causal=True))
     out2, lse, probs = flashrung.flash_attn_func(q, k, v, return_attn_probs=True)
     assert probs is None and lse.shape == (1, 2, 17)
-    for kwargs, word in [({"dropout_p": 0.1}, "dropout_p"), ({"softcap": 30.0}, "softcap"),
-                         ({"alibi_slopes": torch.ones(2)}, "alibi")]:
+    for kwargs, word in [({"dropout_p": 0.1}, "dropout_p"), ({"alibi_slopes": torch.ones(2)}, "alibi")]:
         with pytest.raises(ValueError, match=word):
             flashrung.flash_attn_func(q, k, v, **kwargs)
     # flash-attn's sliding window reaches the kernel, a list as well as a tuple
     assert torch.equal(flashrung.flash_attn_func(q, k, v, causal=True, window_size=[8, 0]),
                        flashrung.attention(q, k, v, causal=True, window_size=(8, 0)))
+    assert torch.equal(flashrung.flash_attn_func(q, k, v, softcap=30.0), flashrung.attention(q, k, v, softcap=30.0))
 
 
 def test_default_scale_is_inverse_sqrt_head_dim():

@@ -2196,6 +2196,7 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=12), "head_dim_v"),
     (dict(window_size=(8, -1)), "sliding window"),
+    (dict(softcap=30.0), "softcap"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
 ])

@@ -73,6 +73,20 @@ def test_a_sliding_window_passes_the_gate_both_ways(window_size, causal, shape):
     assert result.passed, str(result)
 
 
+@pytest.mark.parametrize("shape", WINDOW_SHAPES[:3], ids=str)
+@pytest.mark.parametrize("softcap, causal, window_size", [(0.5, False, (-1, -1)), (5.0, True, (-1, -1)),
+                                                          (30.0, False, (7, 2))], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_softcap_passes_the_gate_both_ways(softcap, causal, window_size, dtype, shape):
+    # softcap·tanh(scale·qkᵀ/softcap) in the forward, its 1 − tanh² on dS in both backward kernels;
+    # a small cap bends nearly every score, a large one only the largest
+    case = gate.Case(*shape, 32, dtype, causal, window_size=window_size, softcap=softcap)
+    result = gate.check_forward_case(fwd.forward, case, DEVICE)
+    assert result.passed, str(result)
+    result = gate.check_backward(fwd.forward, bwd.backward, case, DEVICE)
+    assert result.passed, str(result)
+
+
 def test_float32_forward_is_near_exact():
     # fp32 inputs use IEEE dots: the kernel should sit at the fp32 floor, far inside the bound
     case = gate.Case(1, 33, 65, 2, 1, 32, torch.float32, True)

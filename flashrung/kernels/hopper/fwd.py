@@ -1875,6 +1875,8 @@ def unsupported_reason(problem) -> str | None:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
     if problem.windowed:
         return f"has no sliding window (window_size {problem.window_size})"
+    if problem.softcap:
+        return f"has no softcap (softcap {problem.softcap:g})"
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
     # through a hidden copy here.
     elem_bytes = problem.dtype.itemsize

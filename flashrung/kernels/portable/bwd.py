@@ -21,8 +21,8 @@ import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LOG2E, NO_WINDOW, causal_kv_bounds, round_to, score_mask,
-                                               window_kv_bounds, window_sides)
+from flashrung.kernels.portable.common import (LOG2E, NO_WINDOW, capped_scores, causal_kv_bounds, round_to,
+                                               score_mask, softcap_factors, window_kv_bounds, window_sides)
 
 unsupported_reason = common.unsupported_reason
 PREPROCESS_BLOCK_M = 64    # rows of dO ∘ O reduced per program; memory-bound, any size works
@@ -63,8 +63,9 @@ def _lse_log2(lse):
 @triton.jit
 def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, offs_mb,
                  offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k, qk_scale_log2,
-                 window_left, window_right, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr):
+                 window_left, window_right, softcap_pre, softcap_post, HEAD_DIM: tl.constexpr,
+                 HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_m = start_m + offs_mb
     row_ok = offs_m < seqlen_q
     q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
@@ -74,7 +75,11 @@ def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, o
     # rows past Sq: lse = +inf gives p = 0, so they add nothing
     lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-    scores_t = _dot(k, tl.trans(q), DOT_FP32) * qk_scale_log2          # (BLOCK_N, BLOCK_M)
+    qk_t = _dot(k, tl.trans(q), DOT_FP32)                              # (BLOCK_N, BLOCK_M)
+    if HAS_SOFTCAP:
+        scores_t, cap_t = capped_scores(qk_t, softcap_pre, softcap_post)
+    else:
+        scores_t = qk_t * qk_scale_log2
     p_t = tl.math.exp2(scores_t - _lse_log2(lse2)[None, :])
     if MASKED:
         valid = score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, IS_CAUSAL, HAS_WINDOW)
@@ -82,6 +87,8 @@ def _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, o
     dv += _dot(round_to(p_t, do.dtype), do, DOT_FP32)
     dp_t = _dot(v, tl.trans(do), DOT_FP32)
     ds_t = p_t * (dp_t - delta[None, :])
+    if HAS_SOFTCAP:
+        ds_t = ds_t * (1.0 - cap_t * cap_t)          # through the cap: d(c·tanh(x/c))/dx = 1 − tanh²
     dk += _dot(round_to(ds_t, q.dtype), q, DOT_FP32)
     return dk, dv
 
@@ -94,9 +101,10 @@ def _bwd_dkdv(
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2, window_left, window_right,
+    softcap_pre, softcap_post,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -135,7 +143,8 @@ def _bwd_dkdv(
         diag = seqlen_k - seqlen_q
         lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
         last_key = start_n + BLOCK_N - 1
-        full_start = tl.minimum(tl.cdiv(tl.maximum(last_key - diag, 0), BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+        full_start = tl.minimum(tl.cdiv(tl.maximum(last_key - diag, 0), BLOCK_M) * BLOCK_M,
+                                tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
         full_start = tl.maximum(full_start, lo)
     else:
         lo = 0
@@ -152,19 +161,19 @@ def _bwd_dkdv(
         for start_m in range(lo, full_start, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
                                   offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, True,
-                                  IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                                  qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+                                  HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
                                   offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                  qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, False,
-                                  IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                                  qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+                                  HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
         if HAS_WINDOW:
             for start_m in range(full_end, hi, BLOCK_M):
                 dk, dv = _dkdv_q_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
                                       offs_mb, offs_d, offs_dv, stride_qs, stride_dos, seqlen_q, seqlen_k,
-                                      qk_scale_log2, window_left, window_right, HEAD_DIM, HEAD_DIM_V, True,
-                                      IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                                      qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+                                      HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
     dk = dk * softmax_scale
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
              round_to(dk, DK.dtype.element_ty), mask=k_mask)
@@ -175,20 +184,28 @@ def _bwd_dkdv(
 @triton.jit
 def _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                 stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
-                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr):
+                softcap_pre, softcap_post, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr):
     offs_n = start_n + offs_nb
     key_ok = offs_n[:, None] < seqlen_k
     k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
                 mask=key_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
     v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
                 mask=key_ok & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-    p = tl.math.exp2(_dot(q, tl.trans(k), DOT_FP32) * qk_scale_log2 - lse2[:, None])
+    qk = _dot(q, tl.trans(k), DOT_FP32)
+    if HAS_SOFTCAP:
+        scores, cap = capped_scores(qk, softcap_pre, softcap_post)
+    else:
+        scores = qk * qk_scale_log2
+    p = tl.math.exp2(scores - lse2[:, None])
     if MASKED:
         valid = score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, IS_CAUSAL, HAS_WINDOW)
         p = tl.where(valid, p, 0.0)
     dp = _dot(do, tl.trans(v), DOT_FP32)
     ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - cap * cap)
     dq += _dot(round_to(ds, k.dtype), k, DOT_FP32)
     return dq
 
@@ -200,9 +217,10 @@ def _bwd_dq(
     stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2, window_left, window_right,
+    softcap_pre, softcap_post,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -216,7 +234,8 @@ def _bwd_dq(
     offs_dv = tl.arange(0, BLOCK_DV)       # V's and dO's columns: HEAD_DIM_V may differ
     row_ok = offs_m < seqlen_q
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                mask=q_mask, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :],
                  mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     lse2 = _lse_log2(tl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=float("inf")))
@@ -230,18 +249,21 @@ def _bwd_dq(
         for start_n in range(lo, full_start, BLOCK_N):
             dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                              stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                             HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                             softcap_pre, softcap_post,
+                             HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
     else:
         full_start = 0
         full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(full_start, full_end, BLOCK_N):
         dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                          stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                         HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                         softcap_pre, softcap_post,
+                         HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
     for start_n in range(full_end, hi, BLOCK_N):
         dq = _dq_kv_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_nb, offs_d, offs_dv,
                          stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                         HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32)
+                         softcap_pre, softcap_post,
+                         HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, DOT_FP32)
     dq = dq * softmax_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
              round_to(dq, DQ.dtype.element_ty), mask=q_mask)
@@ -250,13 +272,13 @@ def _bwd_dq(
 def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
              dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
              dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None,
-             window_size: tuple[int, int] = NO_WINDOW):
+             window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """do/out (B, Sq, Hq, Dv), q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), lse (B, Hq, Sq)
     → dq, dk, dv.
 
     ``dlse`` (B, Hq, Sq), the gradient flowing into the LSE output, enters through delta:
     d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse)). ``window_size``: the
-    forward's sliding window, flash-attn's ``(left, right)``."""
+    forward's sliding window, flash-attn's ``(left, right)``; ``softcap``: the forward's cap."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     dq = torch.empty_like(q) if dq is None else dq
@@ -267,9 +289,10 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=torch.float32, device=q.device)
     cfg = common.backward_config(max(D, Dv), common.capability_of(q))
     dims = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv))
-    sides = window_sides(window_size, causal, Sq, Sk)
-    window = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None)
     scale = common.check_scale(softmax_scale)
+    sides = window_sides(window_size, causal, Sq, Sk)
+    cap = softcap_factors(softcap, scale)
+    score_switches = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, HAS_SOFTCAP=cap is not None)
     dot_fp32 = common.dot_in_fp32(q.dtype)
     _bwd_preprocess[(triton.cdiv(Sq, PREPROCESS_BLOCK_M), B * Hq)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2),
@@ -284,14 +307,15 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
         q, k, v, do, lse, delta, dk, dv, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
-        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **window, DOT_FP32=dot_fp32,
+        *(cap or (0.0, 0.0)),
+        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **score_switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dkdv.num_warps,
         num_stages=cfg.dkdv.num_stages)
     _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
-        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
-        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **window, DOT_FP32=dot_fp32,
+        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)),
+        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **score_switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dq.num_warps,
         num_stages=cfg.dq.num_stages)
     return dq, dk, dv
@@ -307,12 +331,14 @@ def census_specs() -> list[CensusSpec]:
                                                      "stride_dvb", "stride_dvs", "stride_dvh",
                                                      "stride_lb", "stride_lh", "seqlen_q",
                                                      "seqlen_k", "heads_kv", "group")},
-                "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
+                "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
+                "softcap_pre": "fp32", "softcap_post": "fp32"}
     sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
               **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
                                                    "stride_lb", "stride_lh", "seqlen_q",
                                                    "seqlen_k", "heads_q", "group")},
-              "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
+              "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
+                "softcap_pre": "fp32", "softcap_post": "fp32"}
     sig_pre = {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
                **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
                                      "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}}
@@ -325,7 +351,8 @@ def census_specs() -> list[CensusSpec]:
                           "block_n": tile.block_n, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
                 constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                               "BLOCK_DV": head_dim, "BLOCK_M": tile.block_m,
-                              "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "HAS_WINDOW": False, "DOT_FP32": False}
+                              "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "HAS_WINDOW": False, "HAS_SOFTCAP": False,
+                              "DOT_FP32": False}
                 specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
                                         tile.num_stages, arches=(arch,)))
             specs.append(CensusSpec(

@@ -99,6 +99,24 @@ def score_mask(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
     return valid
 
 
+@triton.jit
+def capped_scores(qk, softcap_pre, softcap_post):
+    """flash-attn's ``softcap`` on raw q·kᵀ products, in log2 units: ``softcap · tanh(scale · qk /
+    softcap) · log2(e)``, the host folding ``scale / softcap`` into ``softcap_pre`` and
+    ``softcap · log2(e)`` into ``softcap_post`` (``softcap_factors``). Also returns the tanh: the
+    backward multiplies dS by its ``1 − tanh²``. The tanh as ``1 − 2 / (e^{2x} + 1)``: exactly ±1 at
+    both infinities, and exp2 is what the interpreter and every GPU run alike."""
+    cap = 1.0 - 2.0 / (tl.math.exp2(qk * (softcap_pre * 2.8853900817779268)) + 1.0)    # 2·log2(e)
+    return cap * softcap_post, cap
+
+
+def softcap_factors(softcap: float, softmax_scale: float) -> tuple[float, float] | None:
+    """``(softcap_pre, softcap_post)`` of :func:`capped_scores`, or None without a cap (``HAS_SOFTCAP`` off)."""
+    if softcap == 0.0:
+        return None
+    return softmax_scale / softcap, softcap * LOG2E
+
+
 NO_WINDOW = (-1, -1)
 
 
@@ -146,8 +164,9 @@ class BackwardConfig:
 
 @functools.lru_cache(maxsize=None)
 def backward_config(head_dim: int, capability: tuple[int, int] | None) -> BackwardConfig:
-    """Backward tiles at ``head_dim``, the wider of q/k's and v's, chosen from the sm_90a census as the shapes with the fewest spilled bytes
-    (dk and dv both live in registers across the whole query loop): d64 spills nothing; d128's
+    """Backward tiles at ``head_dim``, the wider of q/k's and v's, chosen from the sm_90a census
+    as the shapes with the fewest spilled bytes (dk and dv both live in registers across the whole
+    query loop): d64 spills nothing; d128's
     dk/dv kernel spills 288 B at best and d256's 3 KB, where the portable kernel is only the floor.
     sm_120 keeps every tile under its 99 KB of shared memory."""
     if capability is None:

@@ -24,8 +24,8 @@ import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LN2, LOG2E, NO_WINDOW, causal_kv_bounds, round_to, score_mask,
-                                               window_kv_bounds, window_sides)
+from flashrung.kernels.portable.common import (LN2, LOG2E, NO_WINDOW, capped_scores, causal_kv_bounds, round_to,
+                                               score_mask, softcap_factors, window_kv_bounds, window_sides)
 
 unsupported_reason = common.unsupported_reason
 
@@ -43,9 +43,9 @@ DEFECT_LSE_LOG2 = 7           # LSE stored in base 2 instead of natural log
 @triton.jit
 def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
                     stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, MASKED: tl.constexpr,
-                    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_FP32: tl.constexpr,
-                    DEFECT: tl.constexpr):
+                    softcap_pre, softcap_post, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr):
     """One step of the online softmax: fold KV tile ``start_n`` into (acc, row_max, row_sum)."""
     keys = start_n + offs_n
     key_rows = keys
@@ -59,7 +59,9 @@ def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, o
         scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         scores = tl.dot(q, tl.trans(k))
-    if DEFECT == 3:
+    if HAS_SOFTCAP:
+        scores, _ = capped_scores(scores, softcap_pre, softcap_post)
+    elif DEFECT == 3:
         scores = scores * (qk_scale_log2 / 1.4426950408889634)
     else:
         scores = scores * qk_scale_log2
@@ -94,10 +96,10 @@ def _attn_fwd(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -128,7 +130,8 @@ def _attn_fwd(
             acc, row_max, row_sum = _kv_tile_update(
                 acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
                 stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
+                softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+                DOT_FP32, DEFECT)
     else:
         full_start = 0
         full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
@@ -139,12 +142,14 @@ def _attn_fwd(
         acc, row_max, row_sum = _kv_tile_update(
             acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-            HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
+            softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+            DOT_FP32, DEFECT)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, row_max, row_sum = _kv_tile_update(
             acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-            HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, DOT_FP32, DEFECT)
+            softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+            DOT_FP32, DEFECT)
 
     # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
     seen = row_sum > 0.0
@@ -164,10 +169,11 @@ def _attn_fwd(
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            defect: int = NO_DEFECT, window_size: tuple[int, int] = NO_WINDOW):
+            defect: int = NO_DEFECT, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), inner stride 1 → out (B, Sq, Hq, Dv),
     lse (B, Hq, Sq) fp32. ``window_size``: flash-attn's sliding window ``(left, right)``, −1 for an
-    unbounded side (``common.window_sides``)."""
+    unbounded side (``common.window_sides``). ``softcap`` > 0: flash-attn's cap on the scaled scores,
+    ``softcap · tanh(scores / softcap)`` (``common.capped_scores``)."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     if out is None:
@@ -176,6 +182,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     cfg = common.forward_config(max(D, Dv), common.capability_of(q))
     sides = window_sides(window_size, causal, Sq, Sk)
+    scale = common.check_scale(softmax_scale)
+    cap = softcap_factors(softcap, scale)
     grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
     _attn_fwd[grid](
         q, k, v, out, lse,
@@ -184,10 +192,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
-        Sq, Sk, Hq, Hq // Hkv, common.check_scale(softmax_scale) * LOG2E, *(sides or (0, 0)),
+        Sq, Sk, Hq, Hq // Hkv, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)),
         HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None,
+        HAS_SOFTCAP=cap is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
@@ -199,7 +208,8 @@ def _signature(dtype: str) -> dict:
         "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
         "stride_vb", "stride_vs", "stride_vh", "stride_ob", "stride_os", "stride_oh",
         "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "heads_q", "group")}
-    return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32"}
+    return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
+                "softcap_pre": "fp32", "softcap_post": "fp32"}
 
 
 def census_specs() -> list[CensusSpec]:
@@ -216,7 +226,8 @@ def census_specs() -> list[CensusSpec]:
                     fn=_attn_fwd, signature=_signature("bf16"),
                     constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                                 "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
-                                "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False, "DOT_FP32": False,
+                                "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False,
+                                "HAS_SOFTCAP": False, "DOT_FP32": False,
                                 "DEFECT": NO_DEFECT},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,

@@ -223,9 +223,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     """flash-attn's ``flash_attn_func`` signature over :func:`attention`.
 
     Features flashrung does not have raise instead of being ignored: dropout and ALiBi.
-    ``window_size`` and ``softcap`` are flash-attn's (see :func:`attention`). ``deterministic`` is accepted: every flashrung kernel already is.
-    With ``return_attn_probs`` it returns ``(out, softmax_lse, None)``: the lse as flash-attn
-    does, and no probability matrix.
+    ``window_size`` and ``softcap`` are flash-attn's (see :func:`attention`). ``deterministic`` is
+    accepted: every flashrung kernel already is. With ``return_attn_probs`` it returns
+    ``(out, softmax_lse, None)``: the lse as flash-attn does, and no probability matrix.
     """
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")

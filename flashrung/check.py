@@ -29,7 +29,7 @@ def gate_problem(case, device):
     q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
     problem = dispatch.Problem.of(
         q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
-        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal, case.window_size)
+        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal, case.window_size, case.softcap)
     # expanded views have zero strides: describe the contiguous tensors instead, or a kernel with
     # layout rules (TMA) would decline every case the gate is about to run
     shapes = ((case.batch, case.seqlen_q, case.heads_q, case.head_dim),

@@ -18,9 +18,9 @@ _LAYOUTS = {"q": "(batch, seqlen_q, heads_q, head_dim)", "k": "(batch, seqlen_k,
 def check_qkv(q, k, v, dtypes: tuple[torch.dtype, ...] | None = None, dtype_words: str = "") -> None:
     """Three 4-D torch tensors of one dtype on one device: q ``(batch, seqlen_q, heads_q, head_dim)``,
     k ``(batch, seqlen_k, heads_kv, head_dim)``, v ``(batch, seqlen_k, heads_kv, head_dim_v)``; v's
-    head dim may differ from q's and k's (each kernel says whether it runs that). With ``dtypes``, each tensor's dtype must be
-    one of them (``dtype_words`` says which, for the message). Raises ``TypeError``/``ValueError``
-    naming the argument."""
+    head dim may differ from q's and k's (each kernel says whether it runs that). With ``dtypes``,
+    each tensor's dtype must be one of them (``dtype_words`` says which, for the message). Raises
+    ``TypeError``/``ValueError`` naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -109,6 +109,12 @@ def test_check_describes_the_inputs_the_gate_passes():
         on_hopper = dataclasses.replace(problem, device_type="cuda", capability=(9, 0), interpreter=False)
         if case.head_dim in (64, 128, 256):
             assert hopper.unsupported_reason(on_hopper) is None, case.label()
+    # and it carries what the case asks beyond the envelope: v's own head dim, a window, a cap —
+    # a kernel without them must decline the case rather than be called with what it cannot take
+    case = dataclasses.replace(gate.envelope("device")[2], head_dim_v=64, window_size=(32, 0), softcap=20.0)
+    problem = gate_problem(case, "cpu")
+    assert (problem.head_dim_v, problem.window_size, problem.softcap) == (64, (32, 0), 20.0)
+    assert problem.strides[2] == torch.empty(case.batch, case.seqlen_k, case.heads_kv, 64, device="meta").stride()
 
 
 def test_check_reports_why_a_kernel_declined_cases(capsys):

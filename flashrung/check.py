@@ -74,15 +74,17 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
               directions=("fwd", "bwd"), progress=_progress,
               shard: tuple[int, int] = (0, 1),
               head_dims: tuple[int | tuple[int, int], ...] | None = None,
-              window_size: tuple[int, int] | None = None) -> list[KernelSummary]:
+              window_size: tuple[int, int] | None = None, softcap: float = 0.0) -> list[KernelSummary]:
     """The gate over the envelope of ``size`` (its head dims, or ``head_dims``: each a head dim or a
     pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``;
     with ``window_size``, every case under that sliding window (a causal case keeps its mask: the
-    window's right side must then be -1 or 0)."""
+    window's right side must then be -1 or 0); with ``softcap``, every case's scores capped by it."""
     from flashrung import dispatch, gate
     cases = gate.envelope(size, head_dims=head_dims)
     if window_size is not None:
         cases = [dataclasses.replace(c, window_size=window_size) for c in cases]
+    if softcap:
+        cases = [dataclasses.replace(c, softcap=softcap) for c in cases]
     if device == "cpu" and size == "small" and not head_dims:
         cases = [c for c in cases if c.head_dim <= 64]
     summaries: dict[tuple[str, str], KernelSummary] = {}
@@ -184,6 +186,8 @@ def _run_sharded(args, jobs: int) -> list[dict]:
                 cmd += ["--direction", d]
             for d in getattr(args, "head_dim", None) or []:
                 cmd += ["--head-dim", _head_dim_text(d)]
+            if getattr(args, "softcap", 0.0):
+                cmd += ["--softcap", repr(args.softcap)]
             if getattr(args, "window", None) is not None:
                 # one token: a left side of -1 would read as an option of its own
                 cmd += ["--window=" + ",".join(map(str, args.window))]
@@ -208,7 +212,8 @@ def check_command(args) -> int:
         head_dims = tuple(getattr(args, "head_dim", None) or ()) or None
         summaries = [_summary_json(s) for s in run_check(device, size, args.kernel, tuple(args.direction),
                                                          shard=(index, count), head_dims=head_dims,
-                                                         window_size=getattr(args, "window", None))]
+                                                         window_size=getattr(args, "window", None),
+                                                         softcap=getattr(args, "softcap", 0.0))]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
         worst = s["worst"]
@@ -302,6 +307,17 @@ def _window(text: str) -> tuple[int, int]:
     return left, right
 
 
+def _softcap(text: str) -> float:
+    """``--softcap``'s value: a finite positive number (flash-attn's ``softcap``)."""
+    try:
+        cap = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (cap > 0 and cap != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return cap
+
+
 def _head_dim_text(entry: int | tuple[int, int]) -> str:
     """A ``--head-dim`` value as :func:`_head_dim` reads it back."""
     return "/".join(map(str, entry)) if isinstance(entry, tuple) else str(entry)
@@ -321,6 +337,8 @@ def register(sub) -> None:
                    help="gate every case under this sliding window (flash-attn's window_size, -1 unbounded; "
                         "RIGHT -1 or 0, since the envelope's causal cases keep their mask): --window 64,0; "
                         "an unbounded left side as --window=-1,0")
+    p.add_argument("--softcap", type=_softcap, default=0.0, metavar="C",
+                   help="gate every case with its scores capped by C·tanh(scores/C) (flash-attn's softcap)")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

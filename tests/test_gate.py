@@ -168,7 +168,7 @@ def test_check_gates_a_value_head_dim_of_its_own_both_ways(capsys):
         assert words in capsys.readouterr().err
 
 
-def test_check_gates_every_case_under_a_sliding_window(capsys):
+def test_check_gates_every_case_under_a_sliding_window_or_a_cap(capsys):
     # --window LEFT,RIGHT: the envelope's cases, causal and not, each under the window; the shards
     # get it back as given; a right side a causal case cannot have is refused naming the argument
     from flashrung import check, cli
@@ -187,6 +187,15 @@ def test_check_gates_every_case_under_a_sliding_window(capsys):
         with pytest.raises(SystemExit):
             cli.main(["check", "--window=" + bad])
         assert words in capsys.readouterr().err
+    # --softcap C: the same cases with their scores capped, carried to the shards the same way
+    assert parser.parse_args(["check", "--softcap", "30"]).softcap == 30.0
+    (s,) = check.run_check("cpu", "small", ["portable.fwd"], ("fwd",), progress=lambda jobs, desc: jobs,
+                           head_dims=(32,), softcap=2.0)
+    assert s.cases == s.passed > 0 and s.worst.case.softcap == 2.0
+    for bad in ("0", "-3", "inf", "x"):
+        with pytest.raises(SystemExit):
+            cli.main(["check", "--softcap", bad])
+        assert "--softcap" in capsys.readouterr().err
 
 
 def test_given_inputs_are_judged_by_the_same_rule():

@@ -42,6 +42,31 @@ def test_backward_gate_on_device(case, request):
     assert result.passed, str(result)
 
 
+# Beyond the envelope, at device sizes: v with its own head dim (MLA's), sliding windows with both
+# edges masked over long key loops, a score cap — each through the kernels dispatch picks for it
+SCORE_CASES = [
+    gate.Case(1, 4097, 4097, 8, 1, 192, torch.bfloat16, True, head_dim_v=128),
+    gate.Case(2, 1000, 1000, 4, 2, 64, torch.float16, False, head_dim_v=128),
+    gate.Case(1, 4097, 4097, 8, 1, 128, torch.bfloat16, True, window_size=(256, 0)),
+    gate.Case(1, 1000, 4097, 4, 4, 64, torch.float16, False, window_size=(1000, 700)),
+    gate.Case(1, 4097, 4097, 8, 2, 128, torch.bfloat16, True, softcap=30.0),
+    gate.Case(2, 1000, 1000, 4, 4, 256, torch.bfloat16, False, window_size=(128, -1), softcap=5.0),
+]
+
+
+@pytest.mark.parametrize("case", SCORE_CASES, ids=lambda c: c.label())
+def test_value_head_dims_windows_and_caps_on_device(case):
+    problem = dispatch.Problem(case.batch, case.seqlen_q, case.seqlen_k, case.heads_q, case.heads_kv, case.head_dim,
+                               case.value_head_dim, case.dtype, case.causal, "cuda", torch.cuda.get_device_capability(),
+                               window_size=case.window_size, softcap=case.softcap)
+    fwd_module, fwd_dispatch = dispatch.select(problem, "fwd")
+    bwd_module, bwd_dispatch = dispatch.select(problem, "bwd")
+    result = gate.check_forward_case(fwd_module.forward, case, "cuda", kernel=fwd_dispatch.kernel)
+    assert result.passed, str(result)
+    result = gate.check_backward(fwd_module.forward, bwd_module.backward, case, "cuda", kernel=bwd_dispatch.kernel)
+    assert result.passed, str(result)
+
+
 def test_api_on_device_dispatches_and_differentiates():
     q, k, v = gate.random_inputs(gate.Case(2, 1000, 1000, 8, 1, 128, torch.bfloat16, True), "cuda")
     leaves = [t.requires_grad_(True) for t in (q, k, v)]

@@ -166,9 +166,8 @@ class BackwardConfig:
 def backward_config(head_dim: int, capability: tuple[int, int] | None) -> BackwardConfig:
     """Backward tiles at ``head_dim``, the wider of q/k's and v's, chosen from the sm_90a census
     as the shapes with the fewest spilled bytes (dk and dv both live in registers across the whole
-    query loop): d64 spills nothing; d128's
-    dk/dv kernel spills 288 B at best and d256's 3 KB, where the portable kernel is only the floor.
-    sm_120 keeps every tile under its 99 KB of shared memory."""
+    query loop): d64 spills nothing; d128's dk/dv kernel spills 288 B at best and d256's 3 KB, where
+    the portable kernel is only the floor. sm_120 keeps every tile under its 99 KB of shared memory."""
     if capability is None:
         tile = TileConfig(32, 32, 4, 1)
         return BackwardConfig(tile, tile)

@@ -2,7 +2,8 @@
 
 What it computes: out = softmax(scale · q kᵀ [+ causal mask]) v and the natural-log LSE, for
 q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) (Dv may differ from D: MLA's 192/128),
-any lengths, GQA/MQA by head-index mapping, causal or not, with or without a sliding window.
+any lengths, GQA/MQA by head-index mapping, causal or not, with or without a sliding window and
+flash-attn's softcap on the scaled scores (``common.capped_scores``).
 
 Levers: online softmax in the log2 domain (log2(e) folded into the scale once on the host, so the
 inner loop is one FMA and one exp2 per score); causal block skipping with the mask applied only on

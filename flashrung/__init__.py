@@ -5,7 +5,8 @@
 >>> flashrung.last_dispatch()                              # which kernel ran, and why
 """
 from flashrung._version import __version__
-from flashrung.api import attention, flash_attn_func
+from flashrung.api import attention, attention_varlen, flash_attn_func, flash_attn_varlen_func
 from flashrung.dispatch import Dispatch, UnsupportedError, last_dispatch
 
-__all__ = ["attention", "flash_attn_func", "last_dispatch", "Dispatch", "UnsupportedError", "__version__"]
+__all__ = ["attention", "attention_varlen", "flash_attn_func", "flash_attn_varlen_func", "last_dispatch", "Dispatch",
+           "UnsupportedError", "__version__"]

@@ -8,6 +8,7 @@ one users call.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -185,6 +186,169 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         out, lse = _run_forward(q, k, v, causal, scale, impl or None, window, softcap)
     return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------- packed sequences
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, rows: int, max_name: str, max_seqlen, device) -> None:
+    """flash-attn's cumulative lengths checked on the host: a 1-D int32 tensor on the inputs' device,
+    from 0, non-decreasing, ending at ``rows``, no sequence longer than ``max_seqlen``. One copy to the
+    host: a wrong offset would otherwise read another sequence's rows. Under ``torch.compile`` the
+    values are not read (a traced graph cannot branch on them): the type and shape are."""
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D torch.int32 tensor of batch + 1 cumulative lengths, got "
+                         f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__} "
+                         f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else ''}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {cu.device}")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"{max_name} must be a non-negative integer, got {max_seqlen!r}")
+    if torch.compiler.is_compiling():
+        return
+    offsets = cu.tolist()
+    lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+    if offsets[0] != 0 or min(lengths) < 0 or offsets[-1] != rows:
+        raise ValueError(f"{name} must start at 0, never decrease and end at the packed rows ({rows}), "
+                         f"got {offsets[:4]}{' ...' if len(offsets) > 4 else ''} ending at {offsets[-1]}")
+    if max_seqlen < max(lengths):
+        raise ValueError(f"{max_name} must be at least the longest sequence ({max(lengths)}), got {max_seqlen}")
+
+
+def _run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                        impl, window_size=NO_WINDOW, softcap=0.0):
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, window_size, softcap)
+    module, _ = dispatch.select(problem, "fwd", impl)
+    out, lse = module.forward(q[None], k[None], v[None], causal, softmax_scale,
+                              cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlens=(max_seqlen_q, max_seqlen_k),
+                              **score_kwargs(window_size, softcap))
+    return out[0], lse[0]
+
+
+def _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, window_size, softcap):
+    """The :class:`~flashrung.dispatch.Problem` of packed sequences: the packed tensors' layout, the
+    sequences' count and longest lengths."""
+    problem = dispatch.Problem.of(q[None], k[None], v[None], causal, window_size, softcap)
+    return dataclasses.replace(problem, batch=cu_seqlens_q.numel() - 1, seqlen_q=max_seqlen_q,
+                               seqlen_k=max_seqlen_k, varlen=True)
+
+
+@torch.library.custom_op("flashrung::attention_varlen_fwd", mutates_args=())
+def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                          softmax_scale: float, impl: str, window_left: int = -1, window_right: int = -1,
+                          softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                               softmax_scale, impl or None, (window_left, window_right), softcap)
+
+
+@_attention_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, impl,
+      window_left=-1, window_right=-1, softcap=0.0):
+    rows, heads_q, _ = q.shape
+    return q.new_empty((rows, heads_q, v.shape[2])), q.new_empty((heads_q, rows), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashrung::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd(dout: torch.Tensor, dlse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                          softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                          softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    window_size = (window_left, window_right)
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, window_size, softcap)
+    module, _ = dispatch.select(problem, "bwd")
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv = module.backward(dout[None], q[None], k[None], v[None], out[None], lse[None], causal, softmax_scale,
+                                 dlse=dlse[None], cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
+                                 max_seqlens=(max_seqlen_q, max_seqlen_k), **score_kwargs(window_size, softcap))
+    return dq[0], dk[0], dv[0]
+
+
+@_attention_varlen_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+      softmax_scale, window_left=-1, window_right=-1, softcap=0.0):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, _, *score_args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, *score_args)
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout
+    dlse = torch.zeros_like(lse) if dlse is None else dlse
+    dq, dk, dv = _attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+    return (dq, dk, dv) + (None,) * 10
+
+
+_attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     softmax_scale: float | None = None, return_lse: bool = False, impl: str | None = None,
+                     window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+    """:func:`attention` over packed sequences of different lengths (flash-attn's varlen).
+
+    Args:
+        q: ``(total_q, heads_q, head_dim)``: every sequence's query rows, one after another.
+        k: ``(total_k, heads_kv, head_dim)``; v: ``(total_k, heads_kv, head_dim_v)``.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` cumulative lengths: sequence ``i`` is
+           query rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` and key rows
+           ``cu_seqlens_k[i]:cu_seqlens_k[i + 1]``; a sequence may be empty. Checked on the host
+           (one copy of each: a synchronization, and not inside a CUDA graph capture).
+        max_seqlen_q, max_seqlen_k: at least the longest sequence's lengths.
+        causal, softmax_scale, window_size, softcap, impl: as :func:`attention`, within each sequence
+           (causal aligned to each sequence's own bottom-right corner).
+
+    Returns ``out`` ``(total_q, heads_q, head_dim_v)``, or ``(out, lse)`` with lse ``(heads_q,
+    total_q)`` float32 as flash-attn's. Differentiable in q, k, v. Runs on the portable kernels.
+    """
+    for name, t, layout in (("q", q, "(total_q, heads_q, head_dim)"), ("k", k, "(total_k, heads_kv, head_dim)"),
+                            ("v", v, "(total_k, heads_kv, head_dim_v)")):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"{name} must have 3 dimensions {layout} for packed sequences, got shape {tuple(t.shape)}")
+    scale = _validate(q[None] if isinstance(q, torch.Tensor) else q, k[None] if isinstance(k, torch.Tensor) else k,
+                      v[None] if isinstance(v, torch.Tensor) else v, causal, softmax_scale, impl)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k, q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
+                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
+    window = _window(window_size, causal)
+    if window == (-1, 0):
+        causal, window = True, NO_WINDOW
+    softcap = _check_softcap(softcap)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    if _needs_the_op(q, k, v):
+        out, lse = _attention_varlen_fwd(*args, impl or "", *window, softcap)
+    else:
+        out, lse = _run_varlen_forward(*args, impl or None, window, softcap)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
+                           softcap: float = 0.0, alibi_slopes=None, deterministic: bool = False,
+                           return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_varlen_func`` signature over :func:`attention_varlen`; what
+    :func:`flash_attn_func` refuses, this refuses too."""
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes is not supported by flashrung")
+    kwargs = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)
+    if return_attn_probs:
+        out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=True,
+                                    **kwargs)
+        return out, lse, None
+    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
 
 
 def _needs_the_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -43,6 +43,9 @@ class Problem:
     window_size: tuple[int, int] = (-1, -1)
     # flash-attn's softcap: the scaled scores capped at ±softcap by softcap·tanh(scores/softcap); 0: none
     softcap: float = 0.0
+    # packed sequences (flash-attn's varlen): batch sequences of up to seqlen_q / seqlen_k rows each,
+    # placed by cu_seqlens; the strides are those of the packed (1, rows, heads, dim) tensors
+    varlen: bool = False
 
     @property
     def windowed(self) -> bool:

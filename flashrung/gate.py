@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -41,6 +42,9 @@ class Case:
     head_dim_v: int | None = None     # v's (and out's) head dim; None: head_dim
     window_size: tuple[int, int] = (-1, -1)   # flash-attn's sliding window (left, right); -1: unbounded
     softcap: float = 0.0                      # flash-attn's cap on the scaled scores; 0: none
+    # packed sequences (flash-attn's varlen): each sequence's query and key lengths; batch is their
+    # count and seqlen_q / seqlen_k the longest
+    varlen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def value_head_dim(self) -> int:
@@ -52,6 +56,7 @@ class Case:
         s = f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} {d} {dt}"
         s += " causal" if self.causal else ""
         s += f" window{tuple(self.window_size)}" if tuple(self.window_size) != (-1, -1) else ""
+        s += f" varlen q{self.varlen[0]} k{self.varlen[1]}" if self.varlen else ""
         return s + (f" softcap{self.softcap:g}" if self.softcap else "")
 
 
@@ -269,3 +274,54 @@ def envelope(size: str = "small", dtypes: Sequence[torch.dtype] = (torch.float16
                 for B, Sq, Sk, Hq, Hkv in shapes:
                     cases.append(Case(B, Sq, Sk, Hq, Hkv, d, dtype, causal, head_dim_v=dv))
     return cases
+
+
+def cu_seqlens(lengths: Sequence[int], device) -> torch.Tensor:
+    """flash-attn's cumulative lengths: int32, ``len(lengths) + 1`` entries from 0."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def check_varlen(forward_fn: Callable, backward_fn: Callable | None, case: Case, device, seed=None,
+                 kernel: str = "") -> GateResult:
+    """Gate packed sequences (``case.varlen``): ``forward_fn(q, k, v, causal, scale, cu_seqlens=,
+    max_seqlens=[, out=, lse=][, window_size=, softcap=])`` on q (1, total_q, Hq, D), k/v (1,
+    total_k, Hkv, D/Dv), and with ``backward_fn`` its gradients, each sequence against the
+    references run on it alone — so a row that reads another sequence's keys fails."""
+    lens_q, lens_k = case.varlen
+    g = _generator(seed)
+    whole = dataclasses.replace(case, batch=1, seqlen_q=sum(lens_q), seqlen_k=sum(lens_k), varlen=None)
+    q, k, v = random_inputs(whole, device, g)
+    do = torch.randn(q.shape[:3] + (v.shape[3],), generator=g).to(device=device, dtype=case.dtype)
+    scale = case.softmax_scale if case.softmax_scale is not None else 1.0 / math.sqrt(case.head_dim)
+    packed = dict(cu_seqlens=(cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)),
+                  max_seqlens=(max(lens_q), max(lens_k)))
+    extra = score_kwargs(case.window_size, case.softcap)
+    out = poisoned(q.shape[:3] + (v.shape[3],), q.dtype, device)
+    lse = poisoned((1, case.heads_q, q.shape[1]), torch.float32, device)
+    out, lse = forward_fn(q, k, v, case.causal, scale, out=out, lse=lse, **packed, **extra)
+    # the references, one sequence at a time, in the packed order
+    qs, ks = cu_seqlens(lens_q, "cpu").tolist(), cu_seqlens(lens_k, "cpu").tolist()
+    spans = [(slice(qs[i], qs[i + 1]), slice(ks[i], ks[i + 1])) for i in range(len(lens_q))]
+    refs = {"oracle": [], "lowp": []}
+    for rows, keys in spans:
+        args = (q[:, rows], k[:, keys], v[:, keys], case.causal, scale, case.window_size, case.softcap)
+        refs["oracle"].append(reference.oracle(*args))
+        refs["lowp"].append(reference.lowp(*args))
+    joined = {name: (torch.cat([o for o, _ in parts], 1), torch.cat([l for _, l in parts], 2))
+              for name, parts in refs.items()}
+    checks = [check_tensor("out", out, joined["oracle"][0], joined["lowp"][0]),
+              check_tensor("lse", lse, joined["oracle"][1], joined["lowp"][1])]
+    if backward_fn is not None:
+        dq, dk, dv = (poisoned(t.shape, t.dtype, device) for t in (q, k, v))
+        dq, dk, dv = backward_fn(do, q, k, v, out, lse, case.causal, scale, dq=dq, dk=dk, dv=dv, **packed, **extra)
+        grads = {"oracle": [], "lowp": []}
+        for rows, keys in spans:
+            for name, low in (("oracle", False), ("lowp", True)):
+                grads[name].append(reference.oracle_grads(q[:, rows], k[:, keys], v[:, keys], do[:, rows], case.causal,
+                                                          scale, low_precision=low, window_size=case.window_size,
+                                                          softcap=case.softcap))
+        for i, (name, got) in enumerate(zip(("dq", "dk", "dv"), (dq, dk, dv))):
+            exact = torch.cat([parts[i] for parts in grads["oracle"]], 1)
+            low = torch.cat([parts[i] for parts in grads["lowp"]], 1)
+            checks.append(check_tensor(name, got, exact, low))
+    return GateResult(case, checks, kernel)

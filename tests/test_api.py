@@ -186,6 +186,68 @@ def test_a_bad_softcap_is_refused_naming_it(softcap):
         flashrung.attention(q, k, v, softcap=softcap)
 
 
+def _packed(lengths_q=(5, 0, 40, 17, 1), lengths_k=(7, 3, 33, 17, 0), heads=(4, 2), dtype=torch.float16):
+    torch.manual_seed(0)
+    cu_q, cu_k = gate.cu_seqlens(lengths_q, DEVICE), gate.cu_seqlens(lengths_k, DEVICE)
+    q = torch.randn(sum(lengths_q), heads[0], 32, dtype=dtype, device=DEVICE)
+    k, v = (torch.randn(sum(lengths_k), heads[1], 32, dtype=dtype, device=DEVICE) for _ in range(2))
+    return q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k)
+
+
+def test_packed_sequences_are_each_sequence_alone_forward_and_backward():
+    # flash-attn's varlen: every sequence's rows, lse and gradients are those of the sequence run
+    # alone, bit for bit (the same tiles from the sequence's own first row); an empty key range
+    # gives 0 and -inf; an empty query range has nothing to give
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = flashrung.attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True)
+    assert out.shape == (63, 4, 32) and lse.shape == (4, 63) and flashrung.last_dispatch().kernel == "portable.fwd"
+    do = torch.randn_like(out)
+    out.backward(do)
+    for a, b, c, d in zip(cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:]):
+        if a == b:
+            continue
+        if c == d:
+            assert torch.all(out[a:b] == 0) and torch.all(torch.isneginf(lse[:, a:b]))
+            continue
+        alone = [t.detach()[None, rows].requires_grad_(True) for t, rows in ((q, slice(a, b)), (k, slice(c, d)),
+                                                                             (v, slice(c, d)))]
+        o, l = flashrung.attention(*alone, causal=True, return_lse=True)
+        o.backward(do[None, a:b])
+        assert torch.equal(o[0], out[a:b]) and torch.equal(l[0], lse[:, a:b])
+        assert torch.equal(alone[0].grad[0], leaves[0].grad[a:b])
+    assert flashrung.last_dispatch("bwd").kernel == "portable.bwd"
+    fn = flashrung.flash_attn_varlen_func
+    assert torch.equal(fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=True), out.detach())
+
+
+def test_packed_sequences_trace_under_torch_compile():
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    f = lambda q, k, v: flashrung.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # noqa: E731
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+
+
+def test_bad_packed_sequences_say_what_to_fix():
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    call = flashrung.attention_varlen
+    with pytest.raises(ValueError, match=r"q must have 3 dimensions \(total_q, heads_q, head_dim\)"):
+        call(q[None], k, v, cu_q, cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be a 1-D torch.int32"):
+        call(q, k, v, cu_q.long(), cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must start at 0, never decrease and end at the packed rows "
+                                         r"\(60\)"):
+        call(q, k, v, cu_q, cu_k.flip(0), max_q, max_k)
+    with pytest.raises(ValueError, match="end at the packed rows"):
+        call(q, k[:-1], v[:-1], cu_q, cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be at least the longest sequence \(40\), got 39"):
+        call(q, k, v, cu_q, cu_k, 39, max_k)
+    with pytest.raises(ValueError, match="as many sequences"):
+        call(q, k, v, cu_q, gate.cu_seqlens((20, 20, 20), DEVICE), max_q, max_k)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashrung.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.1)
+
+
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
     # causal with Sq > Sk: the first Sq - Sk queries see no key at all
     q, k, v = gate.random_inputs(gate.Case(1, 9, 4, 1, 1, 32, torch.float16, True), DEVICE)

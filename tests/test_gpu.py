@@ -67,6 +67,21 @@ def test_value_head_dims_windows_and_caps_on_device(case):
     assert result.passed, str(result)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim, dtype", [(128, torch.bfloat16), (64, torch.float16)])
+def test_packed_sequences_on_device(head_dim, dtype, causal):
+    # packed sequences at device sizes through the kernels dispatch picks for them: long and short
+    # sequences, Sq ≠ Sk within the pack, an empty query range and an empty key range
+    varlen = ((1000, 4097, 17, 0, 300), (1000, 4097, 3000, 5, 0))
+    case = gate.Case(len(varlen[0]), 4097, 4097, 8, 2, head_dim, dtype, causal, varlen=varlen)
+    problem = dispatch.Problem(case.batch, case.seqlen_q, case.seqlen_k, case.heads_q, case.heads_kv, head_dim,
+                               head_dim, dtype, causal, "cuda", torch.cuda.get_device_capability(), varlen=True)
+    fwd_module, fwd_dispatch = dispatch.select(problem, "fwd")
+    bwd_module, _ = dispatch.select(problem, "bwd")
+    result = gate.check_varlen(fwd_module.forward, bwd_module.backward, case, "cuda", kernel=fwd_dispatch.kernel)
+    assert result.passed, str(result)
+
+
 def test_api_on_device_dispatches_and_differentiates():
     q, k, v = gate.random_inputs(gate.Case(2, 1000, 1000, 8, 1, 128, torch.bfloat16, True), "cuda")
     leaves = [t.requires_grad_(True) for t in (q, k, v)]

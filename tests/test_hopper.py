@@ -2197,6 +2197,7 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim_v=12), "head_dim_v"),
     (dict(window_size=(8, -1)), "sliding window"),
     (dict(softcap=30.0), "softcap"),
+    (dict(varlen=True), "packed sequences"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
 ])

@@ -165,6 +165,7 @@ def test_unsupported_reason_names_each_limit(rung):
     assert "head_dim_v" in mod.unsupported_reason(_problem(head_dim_v=64))
     assert "sliding window" in mod.unsupported_reason(_problem(window_size=(8, 0)))
     assert "softcap" in mod.unsupported_reason(_problem(softcap=30.0))
+    assert "packed sequences" in mod.unsupported_reason(_problem(varlen=True))
     assert "heads_kv" in mod.unsupported_reason(_problem(heads_q=3, heads_kv=2))
 
 

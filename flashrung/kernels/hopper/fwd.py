@@ -1877,6 +1877,8 @@ def unsupported_reason(problem) -> str | None:
         return f"has no sliding window (window_size {problem.window_size})"
     if problem.softcap:
         return f"has no softcap (softcap {problem.softcap:g})"
+    if problem.varlen:
+        return "has no packed sequences (varlen)"
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
     # through a hidden copy here.
     elem_bytes = problem.dtype.itemsize

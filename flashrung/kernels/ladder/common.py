@@ -115,6 +115,8 @@ def unsupported_reason(problem, head_dims: tuple[int, ...]) -> str | None:
         return f"has no sliding window (window_size {problem.window_size})"
     if problem.softcap:
         return f"has no softcap (softcap {problem.softcap:g})"
+    if problem.varlen:
+        return "has no packed sequences (varlen)"
     if problem.batch * problem.heads_q > MAX_GRID_Y:
         return (f"needs batch * heads_q <= {MAX_GRID_Y} (the second launch axis), "
                 f"got {problem.batch * problem.heads_q}")

@@ -22,7 +22,8 @@ import triton.language as tl
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
 from flashrung.kernels.portable.common import (LOG2E, NO_WINDOW, capped_scores, causal_kv_bounds, round_to,
-                                               score_mask, softcap_factors, window_kv_bounds, window_sides)
+                                               score_mask, sequence_span, softcap_factors, window_kv_bounds,
+                                               window_sides)
 
 unsupported_reason = common.unsupported_reason
 PREPROCESS_BLOCK_M = 64    # rows of dO ∘ O reduced per program; memory-bound, any size works
@@ -101,16 +102,30 @@ def _bwd_dkdv(
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_kv, group, softmax_scale, qk_scale_log2, window_left, window_right,
-    softcap_pre, softcap_post,
+    softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_kv
     kv_h = pid_bh % heads_kv
     start_n = pid_n * BLOCK_N
+    if VARLEN:
+        # packed sequences: the grid covers the longest; this one's rows start at its cu_seqlens entries
+        q_start, seqlen_q = sequence_span(CU_SEQLENS_Q, b, seqlen_q, VARLEN)
+        k_start, seqlen_k = sequence_span(CU_SEQLENS_K, b, seqlen_k, VARLEN)
+        if start_n >= seqlen_k:
+            return
+        Q += q_start * stride_qs
+        DO += q_start * stride_dos
+        LSE += q_start                      # lse and delta are (heads, rows): their rows are contiguous
+        DELTA += q_start
+        K += k_start * stride_ks
+        V += k_start * stride_vs
+        DK += k_start * stride_dks
+        DV += k_start * stride_dvs
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_mb = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -217,10 +232,10 @@ def _bwd_dq(
     stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_q, group, softmax_scale, qk_scale_log2, window_left, window_right,
-    softcap_pre, softcap_post,
+    softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -228,6 +243,18 @@ def _bwd_dq(
     h = pid_bh % heads_q
     kv_h = h // group
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        q_start, seqlen_q = sequence_span(CU_SEQLENS_Q, b, seqlen_q, VARLEN)
+        k_start, seqlen_k = sequence_span(CU_SEQLENS_K, b, seqlen_k, VARLEN)
+        if start_m >= seqlen_q:
+            return
+        Q += q_start * stride_qs
+        DO += q_start * stride_dos
+        DQ += q_start * stride_dqs
+        LSE += q_start
+        DELTA += q_start
+        K += k_start * stride_ks
+        V += k_start * stride_vs
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_nb = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -272,15 +299,18 @@ def _bwd_dq(
 def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
              dq: torch.Tensor | None = None, dk: torch.Tensor | None = None,
              dv: torch.Tensor | None = None, dlse: torch.Tensor | None = None,
-             window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+             window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+             cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None):
     """do/out (B, Sq, Hq, Dv), q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), lse (B, Hq, Sq)
     → dq, dk, dv.
 
     ``dlse`` (B, Hq, Sq), the gradient flowing into the LSE output, enters through delta:
     d lse_i / d s_ij = p_ij, so dS = P ∘ (dP − (rowsum(dO ∘ O) − dlse)). ``window_size``: the
-    forward's sliding window, flash-attn's ``(left, right)``; ``softcap``: the forward's cap."""
+    forward's sliding window, flash-attn's ``(left, right)``; ``softcap``: the forward's cap.
+    ``cu_seqlens`` and ``max_seqlens``: packed sequences, as the forward takes them."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    rows_b, rows_q = B, Sq           # delta is row by row: over the tensors as they are, packed or not
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
@@ -294,27 +324,35 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     cap = softcap_factors(softcap, scale)
     score_switches = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, HAS_SOFTCAP=cap is not None)
     dot_fp32 = common.dot_in_fp32(q.dtype)
-    _bwd_preprocess[(triton.cdiv(Sq, PREPROCESS_BLOCK_M), B * Hq)](
+    _bwd_preprocess[(triton.cdiv(rows_q, PREPROCESS_BLOCK_M), rows_b * Hq)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2),
-        do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), Sq, Hq,
+        do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), rows_q, Hq,
         # delta's rows are over O's and dO's columns: the value head dim
         HEAD_DIM=Dv, BLOCK_D=dims["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4)
     if dlse is not None:
         delta.sub_(dlse)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    varlen = cu_seqlens is not None
+    if varlen:
+        B = cu_seqlens[0].numel() - 1
+        Sq, Sk = max_seqlens
+    # packed sequences are one batch entry of rows: the kernels place each sequence by its offset
+    batch_stride = (lambda t: 0) if varlen else (lambda t: t.stride(0))
+    strides = (batch_stride(q), q.stride(1), q.stride(2), batch_stride(k), k.stride(1), k.stride(2),
+               batch_stride(v), v.stride(1), v.stride(2), batch_stride(do), do.stride(1), do.stride(2))
+    score_switches["VARLEN"] = varlen
+    sequences = cu_seqlens or (lse, lse)      # never read without VARLEN
     _bwd_dkdv[(triton.cdiv(Sk, cfg.dkdv.block_n), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, *strides,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        lse.stride(0), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
-        *(cap or (0.0, 0.0)),
+        batch_stride(dk), dk.stride(1), dk.stride(2), batch_stride(dv), dv.stride(1), dv.stride(2),
+        batch_stride(lse), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
+        *(cap or (0.0, 0.0)), *sequences,
         **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **score_switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dkdv.num_warps,
         num_stages=cfg.dkdv.num_stages)
     _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
-        dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
-        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)),
+        batch_stride(dq), dq.stride(1), dq.stride(2), batch_stride(lse), lse.stride(1),
+        Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)), *sequences,
         **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **score_switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dq.num_warps,
         num_stages=cfg.dq.num_stages)
@@ -332,13 +370,15 @@ def census_specs() -> list[CensusSpec]:
                                                      "stride_lb", "stride_lh", "seqlen_q",
                                                      "seqlen_k", "heads_kv", "group")},
                 "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
-                "softcap_pre": "fp32", "softcap_post": "fp32"}
+                "softcap_pre": "fp32", "softcap_post": "fp32",
+                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
     sig_dq = {**ptrs, "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*bf16",
               **{n: "i32" for n in common_ints + ("stride_dqb", "stride_dqs", "stride_dqh",
                                                    "stride_lb", "stride_lh", "seqlen_q",
                                                    "seqlen_k", "heads_q", "group")},
               "softmax_scale": "fp32", "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
-                "softcap_pre": "fp32", "softcap_post": "fp32"}
+                "softcap_pre": "fp32", "softcap_post": "fp32",
+                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
     sig_pre = {"O": "*bf16", "DO": "*bf16", "DELTA": "*fp32",
                **{n: "i32" for n in ("stride_ob", "stride_os", "stride_oh", "stride_db", "stride_ds",
                                      "stride_dh", "stride_lb", "stride_lh", "seqlen_q", "heads_q")}}
@@ -352,7 +392,7 @@ def census_specs() -> list[CensusSpec]:
                 constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                               "BLOCK_DV": head_dim, "BLOCK_M": tile.block_m,
                               "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "HAS_WINDOW": False, "HAS_SOFTCAP": False,
-                              "DOT_FP32": False}
+                              "VARLEN": False, "DOT_FP32": False}
                 specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
                                         tile.num_stages, arches=(arch,)))
             specs.append(CensusSpec(

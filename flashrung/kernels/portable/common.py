@@ -63,6 +63,18 @@ def causal_kv_bounds(start_m, seqlen_q, seqlen_k,
 
 
 @triton.jit
+def sequence_span(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
+    """``(first row, length)`` of batch entry ``b``: with ``VARLEN`` its slice of the packed rows, read
+    from ``cu_seqlens`` (flash-attn's cumulative lengths); otherwise ``(0, seqlen)``, the batch stride
+    placing it."""
+    start = 0
+    if VARLEN:
+        start = tl.load(cu_seqlens + b)
+        seqlen = tl.load(cu_seqlens + b + 1) - start
+    return start, seqlen
+
+
+@triton.jit
 def window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """KV range of one Q tile under a sliding window: ``[lo, full_start)`` and ``[full_end, hi)``

@@ -26,7 +26,8 @@ import triton.language as tl
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.portable import common
 from flashrung.kernels.portable.common import (LN2, LOG2E, NO_WINDOW, capped_scores, causal_kv_bounds, round_to,
-                                               score_mask, softcap_factors, window_kv_bounds, window_sides)
+                                               score_mask, sequence_span, softcap_factors, window_kv_bounds,
+                                               window_sides)
 
 unsupported_reason = common.unsupported_reason
 
@@ -98,9 +99,10 @@ def _attn_fwd(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+    CU_SEQLENS_Q, CU_SEQLENS_K,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -108,6 +110,17 @@ def _attn_fwd(
     h = pid_bh % heads_q
     kv_h = h // group                       # GQA: `group` query heads share one K/V head
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        # packed sequences: the grid covers the longest; this one's rows start at its cu_seqlens entry
+        q_start, seqlen_q = sequence_span(CU_SEQLENS_Q, b, seqlen_q, VARLEN)
+        k_start, seqlen_k = sequence_span(CU_SEQLENS_K, b, seqlen_k, VARLEN)
+        if start_m >= seqlen_q:
+            return
+        Q += q_start * stride_qs
+        O += q_start * stride_os
+        LSE += q_start                      # lse is (heads, rows): its rows are contiguous
+        K += k_start * stride_ks
+        V += k_start * stride_vs
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -170,34 +183,45 @@ def _attn_fwd(
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            defect: int = NO_DEFECT, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+            defect: int = NO_DEFECT, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+            cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None):
     """q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), inner stride 1 → out (B, Sq, Hq, Dv),
     lse (B, Hq, Sq) fp32. ``window_size``: flash-attn's sliding window ``(left, right)``, −1 for an
     unbounded side (``common.window_sides``). ``softcap`` > 0: flash-attn's cap on the scaled scores,
-    ``softcap · tanh(scores / softcap)`` (``common.capped_scores``)."""
+    ``softcap · tanh(scores / softcap)`` (``common.capped_scores``).
+
+    Packed sequences (flash-attn's varlen): ``cu_seqlens`` = (cu_seqlens_q, cu_seqlens_k), int32
+    cumulative lengths of B + 1 entries, and ``max_seqlens`` = (max_seqlen_q, max_seqlen_k); q, k,
+    v, out are then (1, total rows, heads, dim) and lse (1, Hq, total_q)."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     if out is None:
         out = torch.empty((B, Sq, Hq, Dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    if cu_seqlens is not None:
+        B = cu_seqlens[0].numel() - 1
+        Sq, Sk = max_seqlens
     cfg = common.forward_config(max(D, Dv), common.capability_of(q))
     sides = window_sides(window_size, causal, Sq, Sk)
     scale = common.check_scale(softmax_scale)
     cap = softcap_factors(softcap, scale)
     grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
+    # packed sequences are one batch entry of rows: the kernel places each sequence by its offset
+    batch_stride = (lambda t: 0) if cu_seqlens is not None else (lambda t: t.stride(0))
     _attn_fwd[grid](
         q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
+        batch_stride(q), q.stride(1), q.stride(2),
+        batch_stride(k), k.stride(1), k.stride(2),
+        batch_stride(v), v.stride(1), v.stride(2),
+        batch_stride(out), out.stride(1), out.stride(2),
+        batch_stride(lse), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)),
+        *(cu_seqlens or (lse, lse)),     # never read without VARLEN
         HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None,
-        HAS_SOFTCAP=cap is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        HAS_SOFTCAP=cap is not None, VARLEN=cu_seqlens is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
@@ -210,7 +234,7 @@ def _signature(dtype: str) -> dict:
         "stride_vb", "stride_vs", "stride_vh", "stride_ob", "stride_os", "stride_oh",
         "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "heads_q", "group")}
     return {**ptrs, "LSE": "*fp32", **ints, "qk_scale_log2": "fp32", "window_left": "i32", "window_right": "i32",
-                "softcap_pre": "fp32", "softcap_post": "fp32"}
+                "softcap_pre": "fp32", "softcap_post": "fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
 
 
 def census_specs() -> list[CensusSpec]:
@@ -228,7 +252,7 @@ def census_specs() -> list[CensusSpec]:
                     constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                                 "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
                                 "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False,
-                                "HAS_SOFTCAP": False, "DOT_FP32": False,
+                                "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False,
                                 "DEFECT": NO_DEFECT},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,

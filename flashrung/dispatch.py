@@ -65,6 +65,18 @@ class Problem:
         )
 
 
+def score_options_reason(problem: Problem) -> str | None:
+    """Why a kernel that has neither sliding windows, nor softcap, nor packed sequences cannot run
+    ``problem`` (the first of them it asks for), or None: one wording for every such kernel."""
+    if problem.windowed:
+        return f"has no sliding window (window_size {problem.window_size})"
+    if problem.softcap:
+        return f"has no softcap (softcap {problem.softcap:g})"
+    if problem.varlen:
+        return "has no packed sequences (varlen)"
+    return None
+
+
 def _alignment(address: int, cap: int = 256) -> int:
     """The largest power of two, up to ``cap``, that divides ``address``."""
     return cap if address % cap == 0 else address & -address

@@ -129,6 +129,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
+from flashrung.dispatch import score_options_reason
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     PARTIAL_TILE_COST_SHARE,
@@ -1873,12 +1874,9 @@ def unsupported_reason(problem) -> str | None:
         return str(e)
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
-    if problem.windowed:
-        return f"has no sliding window (window_size {problem.window_size})"
-    if problem.softcap:
-        return f"has no softcap (softcap {problem.softcap:g})"
-    if problem.varlen:
-        return "has no packed sequences (varlen)"
+    reason = score_options_reason(problem)
+    if reason is not None:
+        return reason
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
     # through a hidden copy here.
     elem_bytes = problem.dtype.itemsize

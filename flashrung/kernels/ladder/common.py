@@ -32,6 +32,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from flashrung.dispatch import score_options_reason
 from flashrung.inputs import check_qkv, check_softmax_scale
 from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, kv_stagger, kv_visit, tile_coords
 
@@ -111,12 +112,9 @@ def unsupported_reason(problem, head_dims: tuple[int, ...]) -> str | None:
         return f"needs head_dim_v == head_dim, got {problem.head_dim_v} != {problem.head_dim}"
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv != 0:
         return f"needs heads_q % heads_kv == 0, got {problem.heads_q} and {problem.heads_kv}"
-    if problem.windowed:
-        return f"has no sliding window (window_size {problem.window_size})"
-    if problem.softcap:
-        return f"has no softcap (softcap {problem.softcap:g})"
-    if problem.varlen:
-        return "has no packed sequences (varlen)"
+    reason = score_options_reason(problem)
+    if reason is not None:
+        return reason
     if problem.batch * problem.heads_q > MAX_GRID_Y:
         return (f"needs batch * heads_q <= {MAX_GRID_Y} (the second launch axis), "
                 f"got {problem.batch * problem.heads_q}")

@@ -14,7 +14,7 @@ import math
 import torch
 
 from flashrung import dispatch
-from flashrung.inputs import check_qkv, check_softmax_scale, score_kwargs
+from flashrung.inputs import NO_WINDOW, check_qkv, check_softmax_scale, score_kwargs
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
@@ -25,9 +25,6 @@ def head_dim_supported(head_dim: int) -> bool:
     ``HEAD_DIM_MULTIPLE`` up to ``MAX_HEAD_DIM`` (each kernel says which of them it runs)."""
     return 0 < head_dim <= MAX_HEAD_DIM and head_dim % HEAD_DIM_MULTIPLE == 0
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-NO_WINDOW = (-1, -1)
 
 
 def _window(window_size, causal: bool) -> tuple[int, int]:
@@ -77,6 +74,24 @@ def _check_softcap(softcap) -> float:
             or softcap < 0:
         raise ValueError(f"softcap must be 0 (none) or a finite positive number, got {softcap!r}")
     return float(softcap)
+
+
+def _score_options(causal: bool, window_size, softcap) -> tuple[bool, tuple[int, int], float]:
+    """``(causal, window, softcap)`` checked and normalized, for :func:`attention` and
+    :func:`attention_varlen` alike: a window of ``(-1, 0)`` is the causal mask itself and runs as
+    one (``hopper.fwd`` takes that)."""
+    window = _window(window_size, causal)
+    if window == (-1, 0):
+        causal, window = True, NO_WINDOW
+    return causal, window, _check_softcap(softcap)
+
+
+def _refuse_missing_features(dropout_p, alibi_slopes) -> None:
+    """flash-attn's arguments flashrung has no kernel for raise instead of being ignored."""
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes is not supported by flashrung")
 
 
 def _run_forward(q, k, v, causal: bool, softmax_scale: float, impl: str | None,
@@ -177,10 +192,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.
     """
     scale = _validate(q, k, v, causal, softmax_scale, impl)
-    window = _window(window_size, causal)
-    if window == (-1, 0):                 # the causal mask itself: run as one (hopper.fwd takes it)
-        causal, window = True, NO_WINDOW
-    softcap = _check_softcap(softcap)
+    causal, window, softcap = _score_options(causal, window_size, softcap)
     if _needs_the_op(q, k, v):
         out, lse = _attention_fwd(q, k, v, causal, scale, impl or "", *window, softcap)
     else:
@@ -314,17 +326,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             ("v", v, "(total_k, heads_kv, head_dim_v)")):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise ValueError(f"{name} must have 3 dimensions {layout} for packed sequences, got shape {tuple(t.shape)}")
-    scale = _validate(q[None] if isinstance(q, torch.Tensor) else q, k[None] if isinstance(k, torch.Tensor) else k,
-                      v[None] if isinstance(v, torch.Tensor) else v, causal, softmax_scale, impl)
+    # the packed tensors as one batch entry: the same checks as attention's, the same messages
+    q4, k4, v4 = (t[None] if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    scale = _validate(q4, k4, v4, causal, softmax_scale, impl)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
                          f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
-    window = _window(window_size, causal)
-    if window == (-1, 0):
-        causal, window = True, NO_WINDOW
-    softcap = _check_softcap(softcap)
+    causal, window, softcap = _score_options(causal, window_size, softcap)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
     if _needs_the_op(q, k, v):
         out, lse = _attention_varlen_fwd(*args, impl or "", *window, softcap)
@@ -334,15 +344,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
-                           softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
+                           softmax_scale: float | None = None, causal: bool = False, window_size=NO_WINDOW,
                            softcap: float = 0.0, alibi_slopes=None, deterministic: bool = False,
                            return_attn_probs: bool = False):
     """flash-attn's ``flash_attn_varlen_func`` signature over :func:`attention_varlen`; what
     :func:`flash_attn_func` refuses, this refuses too."""
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes is not supported by flashrung")
+    _refuse_missing_features(dropout_p, alibi_slopes)
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)
     if return_attn_probs:
         out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=True,
@@ -382,7 +389,7 @@ def _dispatch_modes_active() -> bool:
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                    causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                    causal: bool = False, window_size=NO_WINDOW, softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
     """flash-attn's ``flash_attn_func`` signature over :func:`attention`.
 
@@ -391,10 +398,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     accepted: every flashrung kernel already is. With ``return_attn_probs`` it returns
     ``(out, softmax_lse, None)``: the lse as flash-attn does, and no probability matrix.
     """
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p={dropout_p} is not supported by flashrung (only 0.0)")
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes is not supported by flashrung")
+    _refuse_missing_features(dropout_p, alibi_slopes)
     if return_attn_probs:
         out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
                              window_size=window_size, softcap=softcap)

@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from flashrung import _device
+from flashrung.inputs import NO_WINDOW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Problem:
     ptr_alignment: int = 256
     # flash-attn's sliding window (left, right), -1 for an unbounded side; (-1, -1): none. A causal
     # problem's right side is the mask's (flashrung.api keeps it -1 there)
-    window_size: tuple[int, int] = (-1, -1)
+    window_size: tuple[int, int] = NO_WINDOW
     # flash-attn's softcap: the scaled scores capped at ±softcap by softcap·tanh(scores/softcap); 0: none
     softcap: float = 0.0
     # packed sequences (flash-attn's varlen): batch sequences of up to seqlen_q / seqlen_k rows each,
@@ -49,11 +50,11 @@ class Problem:
 
     @property
     def windowed(self) -> bool:
-        return self.window_size != (-1, -1)
+        return self.window_size != NO_WINDOW
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> "Problem":
+           window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> "Problem":
         return cls(
             batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2],
             heads_kv=k.shape[2], head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,

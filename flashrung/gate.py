@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from flashrung import reference
-from flashrung.inputs import score_kwargs
+from flashrung.inputs import NO_WINDOW, score_kwargs
 
 ATOL = 1e-4          # absolute slack of the rule, as frozen in seed 000
 FLOOR_FACTOR = 2.0   # how many times the same-dtype floor a kernel may err
@@ -40,7 +40,7 @@ class Case:
     causal: bool
     softmax_scale: float | None = None
     head_dim_v: int | None = None     # v's (and out's) head dim; None: head_dim
-    window_size: tuple[int, int] = (-1, -1)   # flash-attn's sliding window (left, right); -1: unbounded
+    window_size: tuple[int, int] = NO_WINDOW   # flash-attn's sliding window (left, right); -1: unbounded
     softcap: float = 0.0                      # flash-attn's cap on the scaled scores; 0: none
     # packed sequences (flash-attn's varlen): each sequence's query and key lengths; batch is their
     # count and seqlen_q / seqlen_k the longest
@@ -55,7 +55,7 @@ class Case:
         d = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.value_head_dim != self.head_dim else "")
         s = f"B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_kv} {d} {dt}"
         s += " causal" if self.causal else ""
-        s += f" window{tuple(self.window_size)}" if tuple(self.window_size) != (-1, -1) else ""
+        s += f" window{tuple(self.window_size)}" if tuple(self.window_size) != NO_WINDOW else ""
         s += f" varlen q{self.varlen[0]} k{self.varlen[1]}" if self.varlen else ""
         return s + (f" softcap{self.softcap:g}" if self.softcap else "")
 
@@ -152,7 +152,7 @@ def poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
-def run_forward(forward_fn: Callable, q, k, v, causal: bool, scale: float, window_size=(-1, -1),
+def run_forward(forward_fn: Callable, q, k, v, causal: bool, scale: float, window_size=NO_WINDOW,
                 softcap: float = 0.0):
     """Run a kernel's forward into NaN-poisoned outputs when it takes them."""
     B, Sq, Hq, D = q.shape
@@ -179,7 +179,7 @@ def check_forward(forward_fn: Callable, *, batch: int, seqlen_q: int, seqlen_k: 
                   heads_kv: int, head_dim: int, dtype: torch.dtype, causal: bool, device,
                   softmax_scale: float | None = None, seed: int | None = None,
                   kernel: str = "", head_dim_v: int | None = None,
-                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> GateResult:
+                  window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> GateResult:
     """Gate a forward ``forward_fn(q, k, v, causal, softmax_scale[, out=, lse=][, window_size=,
     softcap=]) -> (out, lse)``."""
     case = Case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, softmax_scale, head_dim_v,
@@ -194,7 +194,7 @@ def check_forward_case(forward_fn, case: Case, device, seed=None, kernel="") -> 
 
 
 def check_forward_inputs(forward_fn: Callable, q, k, v, causal: bool, softmax_scale: float | None = None,
-                         kernel: str = "", window_size: tuple[int, int] = (-1, -1),
+                         kernel: str = "", window_size: tuple[int, int] = NO_WINDOW,
                          softcap: float = 0.0) -> GateResult:
     """The gate's rule on given inputs: for a property that fresh Gaussians do not reach (scores
     whose row maximum jumps late in the keys, say); every other check draws its own."""

@@ -49,9 +49,13 @@ def check_softmax_scale(softmax_scale) -> float:
     return float(softmax_scale)
 
 
-def score_kwargs(window_size=(-1, -1), softcap: float = 0.0) -> dict:
+# flash-attn's window_size for "no sliding window": both sides unbounded
+NO_WINDOW = (-1, -1)
+
+
+def score_kwargs(window_size=NO_WINDOW, softcap: float = 0.0) -> dict:
     """``window_size=`` and ``softcap=`` for a kernel call whose problem has them; nothing for what
     is absent, so kernels without sliding windows or caps are called as they always were (dispatch
     sends a problem that has them only to a kernel that takes them)."""
-    kwargs = {} if tuple(window_size) == (-1, -1) else {"window_size": tuple(window_size)}
+    kwargs = {} if tuple(window_size) == NO_WINDOW else {"window_size": tuple(window_size)}
     return kwargs | ({"softcap": float(softcap)} if softcap else {})

@@ -129,9 +129,6 @@ def softcap_factors(softcap: float, softmax_scale: float) -> tuple[float, float]
     return softmax_scale / softcap, softcap * LOG2E
 
 
-NO_WINDOW = (-1, -1)
-
-
 def window_sides(window_size: tuple[int, int], causal: bool, seqlen_q: int, seqlen_k: int) -> tuple[int, int] | None:
     """The kernels' ``(window_left, window_right)`` for flash-attn's ``window_size`` (−1: that side
     unbounded), both non-negative — an unbounded side as ``Sq + Sk``, wider than any distance, and

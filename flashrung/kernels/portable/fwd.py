@@ -24,8 +24,9 @@ import triton
 import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
+from flashrung.inputs import NO_WINDOW
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LN2, LOG2E, NO_WINDOW, capped_scores, causal_kv_bounds, round_to,
+from flashrung.kernels.portable.common import (LN2, LOG2E, capped_scores, causal_kv_bounds, round_to,
                                                score_mask, sequence_span, softcap_factors, window_kv_bounds,
                                                window_sides)
 

@@ -96,3 +96,29 @@ def test_api_same_input_twice_is_bit_identical():
     a = flashrung.attention(q, k, v, causal=True)
     b = flashrung.attention(q, k, v, causal=True)
     assert torch.equal(a, b), f"{flashrung.last_dispatch()} is not deterministic: a race?"
+
+
+
+@pytest.mark.parametrize("impl", ["portable.fwd", None], ids=["portable", "auto"])
+def test_tensors_past_two_to_the_31_elements_on_device(impl, gpu_memory_turn):
+    # q, out, dout and dq of 2**31 + 2**18 elements each (4 GiB in bf16): the last rows' offsets need
+    # 64 bits. The last 4096 query rows repeat the first 4096 (both tile-aligned, non-causal, one K/V),
+    # so they must come out the same: bit for bit where each row is computed alone (the portable
+    # kernels, dq), within two bf16 ulps on dispatch's kernel, whose split tail may sum the last
+    # tiles' rows in another order. A wrapped offset reads other rows and misses by far more.
+    rows, tail, heads = 2**20 + 256, 4096, 16
+    q = torch.randn(1, rows, heads, 128, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(1, 256, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    do = torch.randn_like(q)
+    q[:, -tail:], do[:, -tail:] = q[:, :tail], do[:, :tail]
+    leaf = q.requires_grad_(True)
+    out, lse = flashrung.attention(leaf, k, v, impl=impl, return_lse=True)
+    kernel = flashrung.last_dispatch().kernel
+    out.backward(do)
+    for name, tensor, rows_dim in (("out", out, 1), ("lse", lse, 2), ("dq", leaf.grad, 1)):
+        last, first = tensor.narrow(rows_dim, rows - tail, tail), tensor.narrow(rows_dim, 0, tail)
+        if kernel.startswith("portable"):
+            assert torch.equal(last, first), f"{kernel}: the last rows' {name} differ from the first rows'"
+        else:   # dq too: its delta = rowsum(dout ∘ out) carries out's rounding
+            tolerance = 1e-5 if name == "lse" else 2**-7
+            torch.testing.assert_close(last, first, rtol=tolerance, atol=tolerance, msg=f"{kernel}: {name}")

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from flashrung import gate
-from flashrung.kernels.portable import bwd, fwd
+from flashrung.kernels.portable import bwd, common, fwd
 from conftest import DEVICE, HAS_CUDA
 
 # (B, Sq, Sk, Hq, Hkv, D)           why it is here
@@ -121,3 +121,51 @@ def test_backward_is_deterministic():
     first = bwd.backward(do, q, k, v, out, lse, True, 0.2)
     second = bwd.backward(do, q, k, v, out, lse, True, 0.2)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_needs_int64_offsets_counts_each_tensors_own_strides():
+    # meta tensors: shapes and strides without memory
+    def meta(shape, stride=None):
+        t = torch.empty(shape, device="meta")
+        return t if stride is None else t.as_strided(shape, stride)
+    assert not common.needs_int64_offsets(meta((1, 2**20, 16, 128)))              # last element 2**31 − 1
+    assert common.needs_int64_offsets(meta((1, 2**20 + 1, 16, 128)))
+    assert common.needs_int64_offsets(meta((3, 4, 2, 32)), meta((3, 5, 2, 32), (2**30, 64, 32, 1)))
+    assert not common.needs_int64_offsets(meta((0, 2**30, 16, 128)))             # empty: nothing is read
+
+
+def _views_past_int32(shapes, dtype, device):
+    """Random tensors of ``shapes`` (B, S, H, D) viewed into one buffer with a batch stride of
+    2**31 − 4096 elements: entry 2's offsets pass 2**31 and, in int32, wrap to 8192 elements before
+    the view's start, still inside the buffer (a wrapped read returns wrong rows, never a fault)."""
+    batch_stride, lead = 2**31 - 4096, 16384
+    B = shapes[0][0]
+    slot = [s * h * d for _, s, h, d in shapes]
+    buffer = torch.empty(lead + (B - 1) * batch_stride + sum(slot), dtype=dtype, device=device)
+    views, at = [], lead
+    for (b, s, h, d), size in zip(shapes, slot):
+        view = buffer.as_strided((b, s, h, d), (batch_stride, h * d, d, 1), at)
+        view.copy_(torch.randn(b, s, h, d, dtype=dtype, device=device))
+        views.append(view)
+        at += size
+    return views
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_offsets_past_int32_read_and_write_the_right_rows(causal, monkeypatch):
+    # a view whose batch entries lie 2**31 elements apart: the kernels must take the launch's indices in
+    # int64, forward, dK/dV and dQ alike, and give what they give on compact copies, bit for bit
+    q, k, v = _views_past_int32([(3, 40, 2, 32), (3, 33, 1, 32), (3, 33, 1, 32)], torch.float16, DEVICE)
+    do = torch.randn(3, 40, 2, 32, dtype=torch.float16, device=DEVICE)
+    compact = [t.contiguous() for t in (q, k, v)]
+    assert common.needs_int64_offsets(q) and not common.needs_int64_offsets(*compact)
+    out, lse = fwd.forward(q, k, v, causal, 0.2)
+    out_compact, lse_compact = fwd.forward(*compact, causal, 0.2)
+    assert torch.equal(out, out_compact) and torch.equal(lse, lse_compact)
+    grads = bwd.backward(do, q, k, v, out, lse, causal, 0.2)
+    grads_compact = bwd.backward(do, *compact, out_compact, lse_compact, causal, 0.2)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_compact))
+    # the property can fail: with int32 indices, batch entry 2 reads the wrong rows
+    monkeypatch.setattr(common, "needs_int64_offsets", lambda *tensors: False)
+    wrapped, _ = fwd.forward(q, k, v, causal, 0.2)
+    assert torch.equal(wrapped[:2], out[:2]) and not torch.equal(wrapped[2], out[2])

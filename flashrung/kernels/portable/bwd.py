@@ -22,7 +22,7 @@ import triton.language as tl
 from flashrung.evidence.census import CensusSpec
 from flashrung.inputs import NO_WINDOW
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LOG2E, capped_scores, causal_kv_bounds, round_to,
+from flashrung.kernels.portable.common import (LOG2E, capped_scores, causal_kv_bounds, offset_index, round_to,
                                                score_mask, sequence_span, softcap_factors, window_kv_bounds,
                                                window_sides)
 
@@ -34,9 +34,10 @@ PREPROCESS_BLOCK_M = 64    # rows of dO ∘ O reduced per program; memory-bound,
 def _bwd_preprocess(O, DO, DELTA,
                     stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
                     stride_lb, stride_lh, seqlen_q, heads_q,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    INT64_OFFSETS: tl.constexpr):
+    pid_m = offset_index(tl.program_id(0), INT64_OFFSETS)
+    pid_bh = offset_index(tl.program_id(1), INT64_OFFSETS)
     b = pid_bh // heads_q
     h = pid_bh % heads_q
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -106,10 +107,10 @@ def _bwd_dkdv(
     softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, INT64_OFFSETS: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n = offset_index(tl.program_id(0), INT64_OFFSETS)
+    pid_bh = offset_index(tl.program_id(1), INT64_OFFSETS)
     b = pid_bh // heads_kv
     kv_h = pid_bh % heads_kv
     start_n = pid_n * BLOCK_N
@@ -128,7 +129,7 @@ def _bwd_dkdv(
         DK += k_start * stride_dks
         DV += k_start * stride_dvs
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_mb = tl.arange(0, BLOCK_M)
+    offs_mb = offset_index(tl.arange(0, BLOCK_M), INT64_OFFSETS)     # query rows: start_m + offs_mb
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)       # V's, dO's and dV's columns: HEAD_DIM_V may differ
     k_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
@@ -236,10 +237,10 @@ def _bwd_dq(
     softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, INT64_OFFSETS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m = offset_index(tl.program_id(0), INT64_OFFSETS)
+    pid_bh = offset_index(tl.program_id(1), INT64_OFFSETS)
     b = pid_bh // heads_q
     h = pid_bh % heads_q
     kv_h = h // group
@@ -257,7 +258,7 @@ def _bwd_dq(
         K += k_start * stride_ks
         V += k_start * stride_vs
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
+    offs_nb = offset_index(tl.arange(0, BLOCK_N), INT64_OFFSETS)     # key rows: start_n + offs_nb
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)       # V's and dO's columns: HEAD_DIM_V may differ
     row_ok = offs_m < seqlen_q
@@ -323,13 +324,15 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     scale = common.check_scale(softmax_scale)
     sides = window_sides(window_size, causal, Sq, Sk)
     cap = softcap_factors(softcap, scale)
-    score_switches = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, HAS_SOFTCAP=cap is not None)
+    switches = dict(IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None, HAS_SOFTCAP=cap is not None)
     dot_fp32 = common.dot_in_fp32(q.dtype)
+    int64_offsets = common.needs_int64_offsets(q, k, v, out, do, lse, delta, dq, dk, dv)
     _bwd_preprocess[(triton.cdiv(rows_q, PREPROCESS_BLOCK_M), rows_b * Hq)](
         out, do, delta, out.stride(0), out.stride(1), out.stride(2),
         do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), rows_q, Hq,
         # delta's rows are over O's and dO's columns: the value head dim
-        HEAD_DIM=Dv, BLOCK_D=dims["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4)
+        HEAD_DIM=Dv, BLOCK_D=dims["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M, INT64_OFFSETS=int64_offsets,
+        num_warps=4)
     if dlse is not None:
         delta.sub_(dlse)
     varlen = cu_seqlens is not None
@@ -340,21 +343,21 @@ def backward(do, q, k, v, out, lse, causal: bool, softmax_scale: float,
     batch_stride = (lambda t: 0) if varlen else (lambda t: t.stride(0))
     strides = (batch_stride(q), q.stride(1), q.stride(2), batch_stride(k), k.stride(1), k.stride(2),
                batch_stride(v), v.stride(1), v.stride(2), batch_stride(do), do.stride(1), do.stride(2))
-    score_switches["VARLEN"] = varlen
+    switches.update(VARLEN=varlen, INT64_OFFSETS=int64_offsets)
     sequences = cu_seqlens or (lse, lse)      # never read without VARLEN
     _bwd_dkdv[(triton.cdiv(Sk, cfg.dkdv.block_n), B * Hkv)](
         q, k, v, do, lse, delta, dk, dv, *strides,
         batch_stride(dk), dk.stride(1), dk.stride(2), batch_stride(dv), dv.stride(1), dv.stride(2),
         batch_stride(lse), lse.stride(1), Sq, Sk, Hkv, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)),
         *(cap or (0.0, 0.0)), *sequences,
-        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **score_switches, DOT_FP32=dot_fp32,
+        **dims, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dkdv.num_warps,
         num_stages=cfg.dkdv.num_stages)
     _bwd_dq[(triton.cdiv(Sq, cfg.dq.block_m), B * Hq)](
         q, k, v, do, lse, delta, dq, *strides,
         batch_stride(dq), dq.stride(1), dq.stride(2), batch_stride(lse), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, scale, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)), *sequences,
-        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **score_switches, DOT_FP32=dot_fp32,
+        **dims, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, **switches, DOT_FP32=dot_fp32,
         num_warps=cfg.dq.num_warps,
         num_stages=cfg.dq.num_stages)
     return dq, dk, dv
@@ -393,13 +396,14 @@ def census_specs() -> list[CensusSpec]:
                 constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                               "BLOCK_DV": head_dim, "BLOCK_M": tile.block_m,
                               "BLOCK_N": tile.block_n, "IS_CAUSAL": True, "HAS_WINDOW": False, "HAS_SOFTCAP": False,
-                              "VARLEN": False, "DOT_FP32": False}
+                              "VARLEN": False, "DOT_FP32": False, "INT64_OFFSETS": False}
                 specs.append(CensusSpec(name, config, fn, sig, constexprs, tile.num_warps,
                                         tile.num_stages, arches=(arch,)))
             specs.append(CensusSpec(
                 "portable.bwd_preprocess", {"head_dim": head_dim, "dtype": "bf16", "block_m": PREPROCESS_BLOCK_M},
                 _bwd_preprocess, sig_pre,
-                {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": PREPROCESS_BLOCK_M}, 4, 1, arches=(arch,)))
+                {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_M": PREPROCESS_BLOCK_M, "INT64_OFFSETS": False},
+                4, 1, arches=(arch,)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,
     # cp.async staging), which the unspecialized build has none of
     return [common.census_as_launched(spec) for spec in specs]

@@ -62,14 +62,38 @@ def causal_kv_bounds(start_m, seqlen_q, seqlen_k,
     return full_end, hi
 
 
+# An element 2**31 or more past its tensor's start has an offset an int32 index × stride product
+# cannot hold: it wraps, and the load reads another batch entry's rows without a fault. A launch
+# that reaches one computes its indices in int64 (PyTorch's rule for 32-bit indexing, per launch);
+# the others keep int32 address arithmetic, and their machine code is unchanged.
+INT32_OFFSET_LIMIT = 2**31
+
+
+def needs_int64_offsets(*tensors: torch.Tensor) -> bool:
+    """Whether some element of these tensors lies ``INT32_OFFSET_LIMIT`` elements or more past its
+    tensor's start, by the tensor's own strides (a view into a larger buffer counts its gaps)."""
+    return any(sum((n - 1) * s for n, s in zip(t.shape, t.stride())) >= INT32_OFFSET_LIMIT
+               for t in tensors if t.numel())
+
+
+@triton.jit
+def offset_index(index, INT64_OFFSETS: tl.constexpr):
+    """``index`` as int64 when the launch needs it (``needs_int64_offsets``), else as it is. The
+    kernels pass their program ids and in-tile row ranges through this: every batch, head and row
+    index derives from them, so every product with an int32 stride widens with them."""
+    if INT64_OFFSETS:
+        return index.to(tl.int64)
+    return index
+
+
 @triton.jit
 def sequence_span(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
     """``(first row, length)`` of batch entry ``b``: with ``VARLEN`` its slice of the packed rows, read
     from ``cu_seqlens`` (flash-attn's cumulative lengths); otherwise ``(0, seqlen)``, the batch stride
-    placing it."""
+    placing it. The first row is as wide as ``b`` (``offset_index``)."""
     start = 0
     if VARLEN:
-        start = tl.load(cu_seqlens + b)
+        start = tl.load(cu_seqlens + b).to(b.dtype)
         seqlen = tl.load(cu_seqlens + b + 1) - start
     return start, seqlen
 

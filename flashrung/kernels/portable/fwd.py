@@ -26,9 +26,9 @@ import triton.language as tl
 from flashrung.evidence.census import CensusSpec
 from flashrung.inputs import NO_WINDOW
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LN2, LOG2E, capped_scores, causal_kv_bounds, round_to,
-                                               score_mask, sequence_span, softcap_factors, window_kv_bounds,
-                                               window_sides)
+from flashrung.kernels.portable.common import (LN2, LOG2E, capped_scores, causal_kv_bounds, offset_index,
+                                               round_to, score_mask, sequence_span, softcap_factors,
+                                               window_kv_bounds, window_sides)
 
 unsupported_reason = common.unsupported_reason
 
@@ -104,9 +104,10 @@ def _attn_fwd(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m = offset_index(tl.program_id(0), INT64_OFFSETS)
+    pid_bh = offset_index(tl.program_id(1), INT64_OFFSETS)
     b = pid_bh // heads_q
     h = pid_bh % heads_q
     kv_h = h // group                       # GQA: `group` query heads share one K/V head
@@ -123,7 +124,7 @@ def _attn_fwd(
         K += k_start * stride_ks
         V += k_start * stride_vs
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = offset_index(tl.arange(0, BLOCK_N), INT64_OFFSETS)     # key rows: start_n + offs_n
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)       # V's and O's columns: HEAD_DIM_V may differ from HEAD_DIM
     row_ok = offs_m < seqlen_q
@@ -223,6 +224,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None,
         HAS_SOFTCAP=cap is not None, VARLEN=cu_seqlens is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        INT64_OFFSETS=common.needs_int64_offsets(q, k, v, out, lse),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
@@ -254,7 +256,7 @@ def census_specs() -> list[CensusSpec]:
                                 "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
                                 "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False,
                                 "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False,
-                                "DEFECT": NO_DEFECT},
+                                "DEFECT": NO_DEFECT, "INT64_OFFSETS": False},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,
     # cp.async staging), which the unspecialized build has none of

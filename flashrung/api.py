@@ -14,7 +14,7 @@ import math
 import torch
 
 from flashrung import dispatch
-from flashrung.inputs import NO_WINDOW, check_qkv, check_softmax_scale, score_kwargs
+from flashrung.inputs import NO_WINDOW, check_qkv, check_softcap, check_softmax_scale, score_kwargs
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
@@ -68,14 +68,6 @@ def _validate(q, k, v, causal, softmax_scale, impl) -> float:
     return check_softmax_scale(softmax_scale)
 
 
-def _check_softcap(softcap) -> float:
-    """flash-attn's ``softcap``: 0 (none) or a finite positive number, as a float."""
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
-            or softcap < 0:
-        raise ValueError(f"softcap must be 0 (none) or a finite positive number, got {softcap!r}")
-    return float(softcap)
-
-
 def _score_options(causal: bool, window_size, softcap) -> tuple[bool, tuple[int, int], float]:
     """``(causal, window, softcap)`` checked and normalized, for :func:`attention` and
     :func:`attention_varlen` alike: a window of ``(-1, 0)`` is the causal mask itself and runs as
@@ -83,7 +75,7 @@ def _score_options(causal: bool, window_size, softcap) -> tuple[bool, tuple[int,
     window = _window(window_size, causal)
     if window == (-1, 0):
         causal, window = True, NO_WINDOW
-    return causal, window, _check_softcap(softcap)
+    return causal, window, check_softcap(softcap)
 
 
 def _refuse_missing_features(dropout_p, alibi_slopes) -> None:

@@ -66,12 +66,13 @@ class Problem:
         )
 
 
-def score_options_reason(problem: Problem) -> str | None:
-    """Why a kernel that has neither sliding windows, nor softcap, nor packed sequences cannot run
-    ``problem`` (the first of them it asks for), or None: one wording for every such kernel."""
+def score_options_reason(problem: Problem, *, takes_softcap: bool = False) -> str | None:
+    """Why a kernel that has neither sliding windows, nor packed sequences, nor (unless
+    ``takes_softcap``) softcap cannot run ``problem`` (the first of them it asks for), or None: one
+    wording for every such kernel."""
     if problem.windowed:
         return f"has no sliding window (window_size {problem.window_size})"
-    if problem.softcap:
+    if problem.softcap and not takes_softcap:
         return f"has no softcap (softcap {problem.softcap:g})"
     if problem.varlen:
         return "has no packed sequences (varlen)"

@@ -49,6 +49,14 @@ def check_softmax_scale(softmax_scale) -> float:
     return float(softmax_scale)
 
 
+def check_softcap(softcap) -> float:
+    """flash-attn's ``softcap``: 0 (none) or a finite positive number, as a float."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+            or softcap < 0:
+        raise ValueError(f"softcap must be 0 (none) or a finite positive number, got {softcap!r}")
+    return float(softcap)
+
+
 # flash-attn's window_size for "no sliding window": both sides unbounded
 NO_WINDOW = (-1, -1)
 

@@ -175,8 +175,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
         # below were built and priced on (the 16k default before change 46, which unpairing the
         # default gives back field for field)
         cfg = fwd.replace_following(cfg, d, kv_multicast=False)
+    # "_softcap": True builds the capped kernel (HAS_SOFTCAP)
+    softcap = changes.pop("_softcap", False)
     cfg = dataclasses.replace(cfg, **changes)
-    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail)
+    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -428,6 +430,10 @@ CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 
 # the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
 DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
 CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64, 128)]
+# softcap (softmax.capped) on d128 non-causal's S16k default (the relayed pair) and d64's causal one
+CENSUS_CONFIGS += [("d128-full-s16k-paired-softcap", 128, False, {"_seqlen": 16384, "_key_tail": False,
+                                                                  "_paired": True, "_softcap": True}),
+                   ("d64-causal-softcap", 64, True, {"_softcap": True})]
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
@@ -2196,7 +2202,6 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=12), "head_dim_v"),
     (dict(window_size=(8, -1)), "sliding window"),
-    (dict(softcap=30.0), "softcap"),
     (dict(varlen=True), "packed sequences"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
@@ -2269,6 +2274,64 @@ def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(mon
     assert "(96)" in fwd.auto_declined_reason(dataclasses.replace(padded, head_dim=80, head_dim_v=80))
     _, d = dispatch.select(padded, "fwd")
     assert d.kernel == "hopper.fwd" and not d.declined
+
+
+def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
+    # the capped kernel, built and compiled but not yet gated on the H200, runs by name only;
+    # automatic dispatch sends capped problems to the portable kernel and says why, until
+    # fwd.SOFTCAP_AUTO; a window or packed sequences beside the cap are still refused
+    from flashrung import dispatch
+
+    capped = _problem(softcap=30.0, strides=((1000 * 8 * 128, 8 * 128, 128, 1),
+                                             (1000 * 2 * 128, 2 * 128, 128, 1),
+                                             (1000 * 2 * 128, 2 * 128, 128, 1)))
+    assert fwd.unsupported_reason(capped) is None
+    reason = fwd.auto_declined_reason(capped)
+    assert reason.startswith("softcap 30 runs on hopper.fwd only when asked for by name") and "impl=" in reason
+    _, d = dispatch.select(capped, "fwd")
+    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
+    _, d = dispatch.select(capped, "fwd", impl="hopper.fwd")
+    assert d.kernel == "hopper.fwd" and d.config() == select_config(dataclasses.replace(capped, softcap=0.0))
+    monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
+    assert fwd.auto_declined_reason(capped) is None
+    assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
+    for other, match in ((dict(window_size=(8, -1)), "sliding window"), (dict(varlen=True), "packed sequences")):
+        assert match in fwd.unsupported_reason(dataclasses.replace(capped, **other))
+
+
+@pytest.mark.parametrize("label, base", [("d128-full-s16k-paired-softcap", "d128-full-s16k-paired"),
+                                         ("d64-causal-softcap", "d64-causal")])
+def test_softcap_census(census, label, base):
+    # the cap costs each score of a K/V loop one MUFU.EX2, one MUFU.RCP and three FP32 instructions
+    # (softmax.capped: no division's range check), nothing else: the loops keep their count, their
+    # wgmma and their local memory (none), and the build its shared memory
+    capped, plain = census[label], census[base]
+    assert "error" not in capped["row"], capped["row"]["error"]
+    assert capped["row"]["smem_bytes"] == plain["row"]["smem_bytes"]
+    assert len(capped["kv_loops"]) == len(plain["kv_loops"]) > 0
+    cfg = HopperFwdConfig(**{f.name: capped["row"]["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
+    scores_per_thread = 64 * cfg.kv_tile // 128
+    for c_loop, p_loop in zip(capped["kv_loops"], plain["kv_loops"]):
+        assert c_loop["hgmma"] == p_loop["hgmma"] and c_loop["ldl"] == p_loop["ldl"] == 0
+        assert c_loop["mufu"] - p_loop["mufu"] == 2 * scores_per_thread, (c_loop, p_loop)
+    opcodes = {k: capped["row"]["sass"]["opcodes"].get(k, 0) - plain["row"]["sass"]["opcodes"].get(k, 0)
+               for k in ("FSETP.GT.AND", "FSEL")}
+    assert opcodes == {"FSETP.GT.AND": 0, "FSEL": 0}, opcodes
+
+
+def test_softcap_factors_give_flash_attns_cap_in_raw_units():
+    # softmax.capped returns softcap·tanh(scale·s/softcap) divided by the scale again, the scale fold
+    # after it unchanged; in float64 here, the formula the kernel evaluates in fp32
+    import math
+
+    from flashrung.kernels.hopper.softmax import softcap_factors
+
+    assert softcap_factors(0.0, 0.125) == (0.0, 0.0)
+    for cap, scale in ((30.0, 128 ** -0.5), (0.5, 64 ** -0.5), (50.0, 1.0)):
+        pre, post = softcap_factors(cap, scale)
+        for s in (-1e4, -3.0, -1e-3, 0.0, 2.5, 40.0, 1e4):
+            kernel = (1.0 - 2.0 / (2.0 ** min(s * pre, 1000.0) + 1.0)) * post
+            assert math.isclose(kernel * scale, cap * math.tanh(scale * s / cap), rel_tol=1e-12, abs_tol=1e-12)
 
 
 def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
@@ -2490,6 +2553,20 @@ def test_gate_value_head_dims(head_dim, head_dim_v, causal, shape):
     # v with a head dim of its own (MLA's 192/128 on the d256 kernel; narrower and wider than q/k
     # on the d128 one): each tensor's descriptor pads to the kernel's columns, out keeps v's
     _gate(head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("softcap, shape", [(30.0, s) for s in PADDED_HEAD_DIM_SHAPES]
+                         + [(0.5, s) for s in PADDED_HEAD_DIM_SHAPES[:3]], ids=lambda x: _shape_id(x)
+                         if isinstance(x, dict) else f"cap{x:g}")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_softcap(softcap, head_dim, causal, shape):
+    # the gate automatic dispatch waits for (fwd.SOFTCAP_AUTO): the capped scores on every default
+    # these lengths select (paired, split tail, balanced causal grid); a cap of 30 bends only the
+    # largest scores, one of 0.5 nearly every score
+    _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, softcap=softcap, **shape)
 
 
 @pytest.mark.gpu

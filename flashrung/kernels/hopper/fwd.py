@@ -130,6 +130,7 @@ from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
 from flashrung.dispatch import score_options_reason
+from flashrung.inputs import check_softcap
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     PARTIAL_TILE_COST_SHARE,
@@ -177,6 +178,7 @@ from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READ
                                             NUM_EVENTS, NUM_TILE_FIELDS, WARPS_PER_WARPGROUP, stamp, step_record,
                                             tile_end, tile_start)
 from flashrung.kernels.hopper.softmax import (
+    capped,
     finalize,
     fold_scale,
     init_row_sum,
@@ -193,6 +195,7 @@ from flashrung.kernels.hopper.softmax import (
     softmax_exp_ahead,
     softmax_exp_behind,
     softmax_reduce_form,
+    softcap_factors,
     softmax_row_max,
     to_operand_dtype,
 )
@@ -287,10 +290,15 @@ class _Sizes:
     handout_ptr: gl.tensor      # int32 [2]: the dynamic hand-out's counters (schedule.handout_next)
     kv_tmaps_ptr: gl.tensor     # kv_multicast: K's and V's tensor maps in global memory, then Q's with
                                 # producer_unsynced (multicast.kv_tensor_maps)
+    softcap_pre: gl.tensor      # HAS_SOFTCAP: softmax.capped's factors (softmax.softcap_factors)
+    softcap_post: gl.tensor
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
-                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr):
+                 per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr,
+                 softcap_pre, softcap_post):
+        self.softcap_pre = softcap_pre
+        self.softcap_post = softcap_post
         self.kv_tmaps_ptr = kv_tmaps_ptr
         self.sched_ptr = sched_ptr
         self.handout_ptr = handout_ptr
@@ -404,6 +412,7 @@ class _Schedule:
     PEER_RELEASE: gl.constexpr   # each consumer release lands on the peer's empty barrier too (MULTICAST, unrelayed)
     K_RELAY_AT: gl.constexpr     # relay_release: byte offsets of the K/V relay barriers, which the
     V_RELAY_AT: gl.constexpr     # producers arrive on in each other's CTA and wait on in their own
+    HAS_SOFTCAP: gl.constexpr    # flash-attn's softcap on the raw scores (softmax.capped)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -755,6 +764,21 @@ def _wait_scores(s, NUM_OUTSTANDING: gl.constexpr):
 
 
 @gluon.jit
+def _capped_scores(s, sz, c):
+    """With ``HAS_SOFTCAP``, flash-attn's softcap on every part of a K/V tile's raw scores
+    (:func:`softmax.capped`), as they come out of their wgmma wait: ahead of the mask, so masked
+    keys still become ``-inf``, and of the row max. The scores as they are without it."""
+    if c.HAS_SOFTCAP:
+        if len(s) == 2:
+            out = (capped(s[0], sz.softcap_pre, sz.softcap_post), capped(s[1], sz.softcap_pre, sz.softcap_post))
+        else:
+            out = (capped(s[0], sz.softcap_pre, sz.softcap_post),)
+    else:
+        out = s
+    return out
+
+
+@gluon.jit
 def _wait_pv(acc, l_i, p_op, c):
     """Every group done (PV included): O (and, with ``ROW_SUM_BY_MMA``, the running sum) is final
     for this step, P's registers are free. Returns ``(acc, l_i, p_op)``."""
@@ -1057,7 +1081,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS, c.TRACE_WARPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
     # still run
-    s = _wait_scores(s, c.PV_GROUPS)
+    s = _capped_scores(_wait_scores(s, c.PV_GROUPS), sz, c)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS, c.TRACE_WARPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
@@ -1176,7 +1200,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         s = _qk(q, sh, idx, c)
         if c.OVERLAP_EPILOGUE:
             _finish_previous(prev, epi, sh, sz, WG, c)
-        s = _wait_scores(s, 0)
+        s = _capped_scores(_wait_scores(s, 0), sz, c)
         release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
         if c.FIRST_MASK_ON_NEED:
             # masked as the loop masks: only the diagonal and the key tail (kv_tile_range). A
@@ -1248,7 +1272,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     s = _qk(q, sh, idx, c)
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
-    s = _wait_scores(s, 0)
+    s = _capped_scores(_wait_scores(s, 0), sz, c)
     release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c)
@@ -1569,7 +1593,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
-                     qk_scale_log2,
+                     qk_scale_log2, softcap_pre, softcap_post,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
@@ -1599,7 +1623,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      PRODUCER_UNSYNCED: gl.constexpr, Q_BUFS_AT: gl.constexpr, Q_ARM_AT: gl.constexpr,
                      Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
                      V_RELAY_AT: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
     # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too,
@@ -1674,7 +1698,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
                 num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr,
-                kv_tmaps_ptr)
+                kv_tmaps_ptr, softcap_pre, softcap_post)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
@@ -1704,7 +1728,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                   PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
                   Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
-                  PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT)
+                  PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT, HAS_SOFTCAP=HAS_SOFTCAP)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1757,14 +1781,16 @@ def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
     return desc
 
 
-def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True) -> dict:
+def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True,
+                has_softcap: bool = False) -> dict:
     """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
     A fresh dict each call (the launch edits it) from a per-configuration cache."""
-    return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive)))
+    return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap)))
 
 
 @functools.lru_cache(maxsize=None)
-def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool) -> tuple:
+def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
+                     has_softcap: bool) -> tuple:
     return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
         NUM_Q_STAGES=cfg.num_q_stages,
@@ -1795,6 +1821,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         RELAY_RELEASE=cfg.relay_release,
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
+        HAS_SOFTCAP=has_softcap,
     ).items())
 
 
@@ -1874,7 +1901,7 @@ def unsupported_reason(problem) -> str | None:
         return str(e)
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
-    reason = score_options_reason(problem)
+    reason = score_options_reason(problem, takes_softcap=True)
     if reason is not None:
         return reason
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
@@ -1895,6 +1922,9 @@ def unsupported_reason(problem) -> str | None:
 # timing there put it ahead of portable.fwd, which pads too, but each tensor to the next power of
 # two (d32 stays d32 there, d64 here; MLA's 192/128 is 256/128 there, 256/256 here).
 PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset()
+# softcap (softmax.capped) likewise: built and compiled (census), taken by name; automatic dispatch
+# sends capped problems here once tests/test_hopper.py::test_gate_softcap has passed on the H200.
+SOFTCAP_AUTO = False
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -1907,6 +1937,9 @@ def _padded_key(problem) -> int | tuple[int, int]:
 def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
+    if problem.softcap and not SOFTCAP_AUTO:
+        return (f"softcap {problem.softcap:g} runs on hopper.fwd only when asked for by name until its gate has "
+                "passed on the H200 (tests/test_hopper.py::test_gate_softcap); impl='hopper.fwd' runs it")
     key = _padded_key(problem)
     if key in SUPPORTED_HEAD_DIMS or key in PADDED_AUTO_HEAD_DIMS:
         return None
@@ -2006,8 +2039,10 @@ class _LaunchPlan:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
-          head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None) -> _LaunchPlan:
+          head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None,
+          has_softcap: bool = False) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
+    ``has_softcap``: the launch caps its scores (``HAS_SOFTCAP``; the factors are run-time arguments).
 
     With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
     with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
@@ -2036,7 +2071,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
                   batch * heads_q)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
-    constexprs = _constexprs(cfg, head_dim, causal, scale_positive)
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap)
     if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
@@ -2045,7 +2080,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
     build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
-             constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
+             constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"], has_softcap)
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
 
@@ -2072,7 +2107,7 @@ DIRECT_LAUNCH = _direct_launch_default()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
-            trace: torch.Tensor | None = None):
+            trace: torch.Tensor | None = None, softcap: float = 0.0):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``trace``: the
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
@@ -2084,7 +2119,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
-                 softmax_scale > 0, None if warmup else _sm_count(device_index))
+                 softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0)
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
         part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * plan.cluster_ctas,
@@ -2121,6 +2156,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         _descriptor(k, cfg.extra_keys, head_dim) if cfg.extra_keys else k_desc,
         _descriptor(v, cfg.extra_keys, head_dim) if cfg.extra_keys else v_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim), *pointers, *plan.ints, scale,
+        *softcap_factors(softcap, softmax_scale),
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:
@@ -2225,7 +2261,8 @@ FORWARD_TAKES_PROBLEM = True
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None, problem=None, _trace: torch.Tensor | None = None):
+            lse: torch.Tensor | None = None, problem=None, softcap: float = 0.0,
+            _trace: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) → out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32
@@ -2236,8 +2273,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     (dispatch sends them to a kernel that can, visibly). ``problem``: the
     :class:`flashrung.dispatch.Problem` of exactly these ``(q, k, v, causal)``, when the caller
     has built it from tensors it validated (``flashrung.api`` does); forward then skips its own
-    argument checks.
+    argument checks. ``softcap`` > 0: flash-attn's ``softcap · tanh(scores / softcap)`` on the
+    scaled scores (:func:`softmax.capped`), with a positive ``softmax_scale``.
     """
+    softcap = check_softcap(softcap)
     if problem is None:
         # a caller that hands its Problem over (dispatch) has validated the tensors already; a
         # direct call gets the same structural checks as flashrung.attention (flashrung.inputs),
@@ -2246,7 +2285,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         from flashrung.inputs import check_qkv
 
         check_qkv(q, k, v)
-        problem = Problem.of(q, k, v, causal)
+        problem = Problem.of(q, k, v, causal, softcap=softcap)
+    elif problem.softcap != softcap:
+        raise ValueError(f"{KERNEL_NAME}: softcap {softcap:g} is not the problem's ({problem.softcap:g})")
     reason = unsupported_reason(problem)
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
@@ -2263,6 +2304,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
                          f"traced_forward, which allocates its stamps; got trace_steps={cfg.trace_steps}, "
                          f"trace_tiles={cfg.trace_tiles}")
     softmax_scale = float(softmax_scale)
+    if softcap and not softmax_scale > 0:
+        raise ValueError(f"{KERNEL_NAME}: softcap needs a positive softmax_scale, got {softmax_scale:g}")
 
     batch, seqlen_q, heads_q = q.shape[:3]
     seqlen_k = k.shape[1]
@@ -2285,10 +2328,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         return out.zero_(), lse.fill_(float("-inf"))
 
     if q.device.index == torch.cuda.current_device():
-        _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace)
+        _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
-            _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace)
+            _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap)
     return out, lse
 
 
@@ -2335,9 +2378,10 @@ def _check(cfg: HopperFwdConfig, head_dim: int, elem_bytes: int) -> None:
 
 
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
-                key_tail: bool = True):
+                key_tail: bool = True, softcap: bool = False):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
-    False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``)."""
+    False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``);
+    ``softcap``: the build of a capped launch."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -2351,11 +2395,13 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
         "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
-        **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32",
+        **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32", "softcap_pre": "fp32", "softcap_post": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
+    if softcap:
+        config["softcap"] = True
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
-                      constexprs=dict(_constexprs(cfg, head_dim, causal),
+                      constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap),
                                       FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,

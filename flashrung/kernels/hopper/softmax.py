@@ -29,6 +29,9 @@
   across the quad once per tile of rows (:func:`row_sum_total`), not every K/V tile: 4 shuffles
   and 4 adds fewer per K/V tile and thread (SASS census). Every partial is rescaled by the same
   ``alpha``, so the total is the same sum in another order. The mode follows from ``l``'s rank.
+* Optional softcap (flash-attn's ``softcap · tanh(scale · s / softcap)``, :func:`capped`): applied to
+  the raw scores as they leave their wgmma and returned in the same units, so everything above
+  (the scale fold, the mask, the online update) is unchanged; two more MUFU operations per score.
 * Optional packed conversion of P to 16 bits: ``cvt.rn.{bf16,f16}x2.f32`` on adjacent pairs of the
   accumulator layout, in place of the per-element conversions the compiler emits once P is in the
   wgmma operand layout (which ptxas then repairs with one ``PRMT`` per register).
@@ -172,6 +175,30 @@ def rescale_by_warp(acc, alpha, vote):
 def fold_scale(softmax_scale: float) -> float:
     """The factor applied to raw ``q·k`` scores: ``softmax_scale · log2(e)``."""
     return float(softmax_scale) * LOG2_E
+
+
+def softcap_factors(softcap: float, softmax_scale: float) -> tuple[float, float]:
+    """``(softcap_pre, softcap_post)`` of :func:`capped` for flash-attn's ``softcap`` (> 0):
+    ``2·log2(e)·scale / softcap`` and ``softcap / scale``; ``(0, 0)`` without a cap (never read)."""
+    if not softcap:
+        return 0.0, 0.0
+    return 2.0 * LOG2_E * float(softmax_scale) / softcap, softcap / float(softmax_scale)
+
+
+@gluon.jit
+def capped(s, softcap_pre, softcap_post):
+    """flash-attn's softcap, ``softcap · tanh(scale · s / softcap)``, on raw ``q·k`` products ``s``
+    and returned in their units (divided by the scale again): the scale fold, the mask and the
+    online softmax that follow are the uncapped kernel's, unchanged.
+
+    The tanh as ``1 − 2 / (2^(2x·log2 e) + 1)``: one ``MUFU.EX2`` and one ``MUFU.RCP`` per score (a
+    plain division adds a range check, three multiplies and a select to each: census), each good
+    to about an ulp, so the capped score is off by about ``softcap · 1e-7`` — where
+    ``tanh.approx.f32`` (2^-11 relative) would move a score of 30 by 0.015, a 1.5% error in its
+    exponential. Exactly ±1 at both infinities (the reciprocal of inf is 0)."""
+    r = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [gl.exp2(s * softcap_pre) + 1.0],
+                                  dtype=gl.float32, is_pure=True, pack=1)
+    return softcap_post - (2.0 * softcap_post) * r
 
 
 @gluon.jit

@@ -71,6 +71,22 @@ def test_a_value_head_dim_reaches_free_shapes_and_paired_rows_and_not_a_suite(ca
     assert rc == 2 and "--headdim-v" in err and "suite" in err
 
 
+def test_a_softcap_reaches_free_shapes_and_paired_rows_and_not_a_suite(capsys):
+    # --softcap C: the rows' problem (their label, plan and shared inputs), not their FLOPs
+    _, rows = cli.rows_from_args(parse("bench", "--seqlen", "4096", "--softcap", "30"))
+    plain = cli.rows_from_args(parse("bench", "--seqlen", "4096"))[1][0]
+    assert rows[0].softcap == 30.0 and "cap30" in rows[0].label() and rows[0].plan()["softcap"] == 30.0
+    assert rows[0].flops() == plain.flops() and rows[0].shape_key() != plain.shape_key()
+    assert suites.Row.from_plan(rows[0].plan()) == rows[0]
+    assert cli.pair_row(parse("compare", "fa4", "flashrung", "--softcap", "50")).softcap == 50.0
+    rc, _, err = run(capsys, "bench", "--suite", "fa4-protocol", "--softcap", "30", "--dry-run")
+    assert rc == 2 and "--softcap" in err and "suite" in err
+    for bad in ("-1", "nan", "inf", "thirty"):
+        with pytest.raises(SystemExit):
+            parse("bench", "--seqlen", "4096", "--softcap=" + bad, "--dry-run")
+        assert "softcap must be 0 (none) or a finite positive number" in capsys.readouterr().err
+
+
 def test_bad_arguments_say_what_to_fix(capsys):
     rc, _, err = run(capsys, "bench", "--suite", "seed-frozen", "--batch", "3", "--dry-run")
     assert rc == 2 and "--batch" in err and "suite" in err

@@ -232,6 +232,24 @@ def test_run_gate_checks_a_value_head_dim_of_its_own(mode, device):
     assert g["passed"] and "d64/32" in g["text"], g["text"]
 
 
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_run_gate_checks_a_softcap(mode, device):
+    # a capped row's gate caps the references too: the kernel is judged on the row's problem
+    row = suites.Row(batch=1, seqlen_q=40, seqlen_k=56, heads_q=2, heads_kv=1, headdim=32, dtype="float16",
+                     causal=True, mode=mode, softcap=5.0)
+    assert runner.gate_config(row)["softcap"] == 5.0
+    g = runner.run_gate("flashrung:portable", row, seed=2, device=device)
+    assert g["passed"] and "softcap5" in g["text"], g["text"]
+
+
+def test_peers_without_a_softcap_are_unsupported_not_uncapped():
+    row = suites.Row(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, headdim=64, dtype="bfloat16",
+                     causal=False, mode="fwd", softcap=30.0)
+    for impl in peers.SDPA_PEERS:
+        with pytest.raises(peers.Unsupported, match="no softcap"):
+            peers.prepare(impl, row, inputs=None)
+
+
 def test_a_failure_after_the_first_call_is_an_error_row_not_a_crash(monkeypatch):
     def prepare(impl, row, inputs, options=None):
         calls = {"n": 0}

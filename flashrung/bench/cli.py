@@ -26,6 +26,7 @@ import pathlib
 import sys
 
 from flashrung.bench import calibration, manifest, numerators, peers, report, stats, suites, sustain, timing
+from flashrung.inputs import check_softcap
 
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
@@ -50,6 +51,13 @@ def even_rounds(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an even integer >= 2 (a balanced design's rounds, or half "
                                          f"in order and half reversed), got {text!r}")
     return value
+
+
+def _softcap(text: str) -> float:
+    try:
+        return check_softcap(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"softcap must be 0 (none) or a finite positive number, got {text!r}") from None
 
 
 def non_negative_float(text: str) -> float:
@@ -123,6 +131,9 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
     g.add_argument("--headdim-v", type=positive_int, metavar="DV",
                    help="v's (and the output's) head dim when it differs from --headdim (192/128: --headdim 192 "
                         "--headdim-v 128); FLOPs count 2·B·H·Sq·Sk·(D + DV)")
+    g.add_argument("--softcap", type=_softcap, metavar="C",
+                   help="cap the scaled scores as flash-attn does, C·tanh(scores / C) (Gemma 2's 50); peers "
+                        "without a cap are marked unsupported; the FLOPs do not count it")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
                                                               "only that half" if many else ""))
@@ -258,7 +269,7 @@ def register(subparsers) -> None:
 
 def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
-    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v")
+    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap")
     shape_given = any(getattr(args, a) is not None for a in shape_flags)
     if args.suite is None and (shape_given or args.seqlen or args.headdim):
         if not args.seqlen:
@@ -268,7 +279,7 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
             raise ValueError("free shapes take one --headdim")
         rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
                                 kv_heads=args.kv_heads, headdim=headdims[0], headdim_v=args.headdim_v,
-                                seqlen_k=args.seqlen_k,
+                                seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0,
                                 dtype=args.dtype or "bfloat16", causal=bool(args.causal), mode=args.mode or "fwd")
         return "free", rows
     if shape_given:
@@ -372,7 +383,7 @@ def pair_row(args) -> suites.Row:
                       headdim=args.headdim or d["headdim"],
                       headdim_v=args.headdim_v if args.headdim_v not in (None, args.headdim or d["headdim"]) else None,
                       dtype=args.dtype or d["dtype"],
-                      causal=bool(args.causal), mode=args.mode or "fwd")
+                      causal=bool(args.causal), mode=args.mode or "fwd", softcap=args.softcap or 0.0)
 
 
 def pair_protocol(args) -> timing.PairedProtocol:

@@ -213,6 +213,8 @@ SDPA_GQA_NOTES = {
 
 
 def _prepare_sdpa(impl: str, row: Row, inputs: Inputs) -> Prepared:
+    if row.softcap:
+        raise Unsupported(f"SDPA {impl} backend: scaled_dot_product_attention has no softcap")
     backend = SDPA_PEERS[impl]
     gqa_modes = ["none"] if row.heads_q == row.heads_kv else ["enable_gqa", "repeat_interleave"]
     reasons, status = [], "unsupported"
@@ -287,13 +289,20 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
         block_mask = create_block_mask(causal_bottom_right, None, None, row.seqlen_q, row.seqlen_k,
                                        device=inputs.q.device)
     gqa = row.heads_q != row.heads_kv
+    score_mod = None
+    if row.softcap:
+        import torch
+        cap = row.softcap
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return cap * torch.tanh(score / cap)
 
     def forward(q, k, v):
-        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
-                   scale=inputs.scale, enable_gqa=gqa)
+        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+                   block_mask=block_mask, scale=inputs.scale, enable_gqa=gqa)
         return out.transpose(1, 2)
     note = (f"torch.compile(flex_attention, dynamic={options.flex_dynamic}); block mask built outside the "
-            "timed region")
+            "timed region" + ("; softcap as a score_mod" if row.softcap else ""))
     return _wrap(row, inputs, forward, note)
 
 
@@ -307,8 +316,10 @@ def _prepare_fa4(row: Row, inputs: Inputs) -> Prepared:
     except Exception as exc:  # ImportError, or a DSL library that fails to load
         raise Unsupported(f"flash_attn.cute not importable ({type(exc).__name__}: {_one_line(exc, 160)})") from None
 
+    cap = {"softcap": row.softcap} if row.softcap else {}
+
     def forward(q, k, v):
-        return _first(flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=row.causal))
+        return _first(flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=row.causal, **cap))
     return _wrap(row, inputs, forward, "flash_attn.cute.flash_attn_func")
 
 
@@ -322,13 +333,13 @@ def kernel_name(impl: str) -> str | None:
 
 
 def flashrung_forward_fn(impl: str):
-    """``forward_fn(q, k, v, causal, softmax_scale) -> (out, lse)`` for the correctness gate."""
+    """``forward_fn(q, k, v, causal, softmax_scale[, softcap=]) -> (out, lse)`` for the correctness gate."""
     import flashrung
     name = kernel_name(impl)
 
-    def forward_fn(q, k, v, causal, softmax_scale):
+    def forward_fn(q, k, v, causal, softmax_scale, softcap=0.0):
         return flashrung.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                   impl=name)
+                                   impl=name, softcap=softcap)
     return forward_fn
 
 
@@ -339,9 +350,9 @@ def flashrung_backward_fn(impl: str):
     import flashrung
     name = kernel_name(impl)
 
-    def backward_fn(do, q, k, v, out, lse, causal, scale):
+    def backward_fn(do, q, k, v, out, lse, causal, scale, softcap=0.0):
         leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
-        o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name)
+        o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, softcap=softcap)
         return torch.autograd.grad(o, leaves, do)
     return backward_fn
 
@@ -364,7 +375,8 @@ def _prepare_flashrung(impl: str, row: Row, inputs: Inputs) -> Prepared:
     name = kernel_name(impl)
 
     def forward(q, k, v):
-        return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name)
+        return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name,
+                                   softcap=row.softcap)
     try:
         prepared = _wrap(row, inputs, forward)
     except Unsupported as exc:

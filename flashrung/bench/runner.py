@@ -40,6 +40,8 @@ def gate_config(row: Row) -> dict:
               "head_dim": row.headdim, "dtype": row.dtype, "causal": row.causal}
     if row.dv != row.headdim:
         config["head_dim_v"] = row.dv
+    if row.softcap:
+        config["softcap"] = row.softcap
     return config
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from flashrung.bench import numerators
+from flashrung.inputs import check_softcap
 
 MODES = ("fwd", "bwd")
 MODE_CHOICES = ("fwd", "bwd", "fwd+bwd")
@@ -60,6 +61,7 @@ class Row:
     mode: str             # "fwd" | "bwd"
     headdim_v: int | None = None
     suite: str = "free"
+    softcap: float = 0.0  # flash-attn's cap on the scaled scores (0: none); the FLOPs do not count it
 
     def __post_init__(self):
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "headdim"):
@@ -72,6 +74,7 @@ class Row:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_softcap(self.softcap)
 
     @property
     def dv(self) -> int:
@@ -96,14 +99,15 @@ class Row:
     def shape_key(self) -> tuple:
         """Everything but the direction: rows sharing it share inputs."""
         return (self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.headdim,
-                self.dv, self.dtype, self.causal)
+                self.dv, self.dtype, self.causal, self.softcap)
 
     def label(self) -> str:
         s = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}x{self.seqlen_k}"
         h = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
         d = f"d{self.headdim}" if self.dv == self.headdim else f"d{self.headdim}/{self.dv}"
         dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'} {self.mode}"
+        cap = f" cap{self.softcap:g}" if self.softcap else ""
+        return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'}{cap} {self.mode}"
 
     def plan(self, causal_convention: str = numerators.FA_HALF) -> dict:
         flops, convention = self.flops(causal_convention)
@@ -112,7 +116,7 @@ class Row:
             "heads_q": self.heads_q, "heads_kv": self.heads_kv, "headdim": self.headdim,
             "headdim_v": self.dv, "dtype": self.dtype, "causal": self.causal, "mode": self.mode,
             "flops": flops, "flops_convention": convention,
-            "flops_by_convention": self.flops_by_convention(), "suite": self.suite,
+            "flops_by_convention": self.flops_by_convention(), "suite": self.suite, "softcap": self.softcap,
         }
 
     @classmethod
@@ -120,7 +124,8 @@ class Row:
         return cls(batch=d["batch"], seqlen_q=d["seqlen_q"], seqlen_k=d["seqlen_k"], heads_q=d["heads_q"],
                    heads_kv=d["heads_kv"], headdim=d["headdim"],
                    headdim_v=d.get("headdim_v") if d.get("headdim_v") != d["headdim"] else None,
-                   dtype=d["dtype"], causal=bool(d["causal"]), mode=d["mode"], suite=d.get("suite", "free"))
+                   dtype=d["dtype"], causal=bool(d["causal"]), mode=d["mode"], suite=d.get("suite", "free"),
+                   softcap=d.get("softcap", 0.0))
 
 
 def fa4_protocol(modes: Sequence[str] = MODES) -> list[Row]:
@@ -159,7 +164,7 @@ def suite_rows(name: str, mode: str | None = None) -> list[Row]:
 
 def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads: int | None,
               headdim: int, headdim_v: int | None = None, seqlen_k: int | None = None,
-              dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd") -> list[Row]:
+              dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd", softcap: float = 0.0) -> list[Row]:
     """Rows for shapes given on the command line. ``batch=None`` keeps 32k tokens per row."""
     rows = []
     for s in seqlens:
@@ -170,7 +175,7 @@ def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads
             rows.append(Row(batch=b, seqlen_q=s, seqlen_k=seqlen_k or s, heads_q=heads,
                             heads_kv=kv_heads or heads, headdim=headdim,
                             headdim_v=headdim_v if headdim_v not in (None, headdim) else None,
-                            dtype=normalize_dtype(dtype), causal=causal, mode=m))
+                            dtype=normalize_dtype(dtype), causal=causal, mode=m, softcap=softcap))
     return rows
 
 

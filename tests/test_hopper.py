@@ -2254,21 +2254,39 @@ def test_a_padded_head_dim_runs_its_kernels_schedule(head_dim):
             assert fwd.config_with(padded, {"pack_p": "false"}) == fwd.config_with(compiled, {"pack_p": "false"})
 
 
+def _runs_by_name_only(problem, compiled_as):
+    """Asserts that ``hopper.fwd`` takes ``problem``, that automatic dispatch runs ``portable.fwd`` for it
+    naming why, and that ``impl="hopper.fwd"`` runs it on ``compiled_as``'s configuration; returns the
+    reason dispatch gave."""
+    from flashrung import dispatch
+
+    assert fwd.unsupported_reason(problem) is None
+    reason = fwd.auto_declined_reason(problem)
+    _, d = dispatch.select(problem, "fwd")
+    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
+    _, d = dispatch.select(problem, "fwd", impl="hopper.fwd")
+    assert d.kernel == "hopper.fwd" and d.forced and d.config() == select_config(compiled_as)
+    return reason
+
+
+def _contiguous(head_dim, head_dim_v=None, seqlen=1000, heads_q=8, heads_kv=2):
+    """``strides=`` of :func:`_problem`'s q, k, v laid out contiguously."""
+    head_dim_v = head_dim_v or head_dim
+    return dict(strides=((seqlen * heads_q * head_dim, heads_q * head_dim, head_dim, 1),
+                         (seqlen * heads_kv * head_dim, heads_kv * head_dim, head_dim, 1),
+                         (seqlen * heads_kv * head_dim_v, heads_kv * head_dim_v, head_dim_v, 1)))
+
+
 def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(monkeypatch):
     # a padded head dim not yet gated and timed on the H200 goes to the portable kernel under
     # automatic dispatch, which says why; asked for by name, hopper.fwd runs it; once listed, it is
     # picked unasked
     from flashrung import dispatch
 
-    padded = _problem(head_dim=96, head_dim_v=96, strides=((1000 * 8 * 96, 8 * 96, 96, 1),) * 3)
-    assert fwd.unsupported_reason(padded) is None
-    reason = fwd.auto_declined_reason(padded)
+    padded = _problem(head_dim=96, head_dim_v=96, **_contiguous(96))
+    reason = _runs_by_name_only(padded, padded)
     assert "padded to 128" in reason and "impl='hopper.fwd'" in reason
     assert fwd.auto_declined_reason(_problem()) is None
-    _, d = dispatch.select(padded, "fwd")
-    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
-    _, d = dispatch.select(padded, "fwd", impl="hopper.fwd")
-    assert d.kernel == "hopper.fwd" and d.forced and d.config() == select_config(padded)
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({96}))
     assert fwd.auto_declined_reason(padded) is None
     assert "(96)" in fwd.auto_declined_reason(dataclasses.replace(padded, head_dim=80, head_dim_v=80))
@@ -2282,16 +2300,9 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     # fwd.SOFTCAP_AUTO; a window or packed sequences beside the cap are still refused
     from flashrung import dispatch
 
-    capped = _problem(softcap=30.0, strides=((1000 * 8 * 128, 8 * 128, 128, 1),
-                                             (1000 * 2 * 128, 2 * 128, 128, 1),
-                                             (1000 * 2 * 128, 2 * 128, 128, 1)))
-    assert fwd.unsupported_reason(capped) is None
-    reason = fwd.auto_declined_reason(capped)
+    capped = _problem(softcap=30.0, **_contiguous(128))
+    reason = _runs_by_name_only(capped, dataclasses.replace(capped, softcap=0.0))
     assert reason.startswith("softcap 30 runs on hopper.fwd only when asked for by name") and "impl=" in reason
-    _, d = dispatch.select(capped, "fwd")
-    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
-    _, d = dispatch.select(capped, "fwd", impl="hopper.fwd")
-    assert d.kernel == "hopper.fwd" and d.config() == select_config(dataclasses.replace(capped, softcap=0.0))
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
     assert fwd.auto_declined_reason(capped) is None
     assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
@@ -2344,19 +2355,9 @@ def test_softcap_factors_give_flash_attns_cap_in_raw_units():
 def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
     # MLA's 192/128: the d256 kernel on both, by name only until the pair is gated and timed on the
     # H200; listed as a pair, not as either head dim alone
-    from flashrung import dispatch
-
-    mla = _problem(head_dim=192, head_dim_v=128, strides=((1000 * 8 * 192, 8 * 192, 192, 1),
-                                                          (1000 * 2 * 192, 2 * 192, 192, 1),
-                                                          (1000 * 2 * 128, 2 * 128, 128, 1)))
-    assert fwd.unsupported_reason(mla) is None
-    reason = fwd.auto_declined_reason(mla)
+    mla = _problem(head_dim=192, head_dim_v=128, **_contiguous(192, 128))
+    reason = _runs_by_name_only(mla, dataclasses.replace(mla, head_dim=256, head_dim_v=256))
     assert reason.startswith("head_dim 192 with head_dim_v 128 would run padded to 256") and "none yet" in reason
-    _, d = dispatch.select(mla, "fwd")
-    assert d.kernel == "portable.fwd" and dict(d.declined)["hopper.fwd"] == reason
-    _, d = dispatch.select(mla, "fwd", impl="hopper.fwd")
-    assert d.kernel == "hopper.fwd" and d.config() == select_config(dataclasses.replace(mla, head_dim=256,
-                                                                                        head_dim_v=256))
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({192, 128}))
     assert fwd.auto_declined_reason(mla) is not None
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({(192, 128), 96}))

@@ -2079,8 +2079,8 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         constexprs["SPLIT_TAIL"] = splits > 1
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
-    build = (cfg, head_dim, elem_bytes, causal, scale_positive, constexprs["SPLIT_TAIL"],
-             constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"], has_softcap)
+    build = (cfg, head_dim, elem_bytes, causal, scale_positive, has_softcap, constexprs["SPLIT_TAIL"],
+             constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
 

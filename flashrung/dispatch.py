@@ -171,15 +171,25 @@ class Dispatch:
 
 
 _local = threading.local()
+# autograd runs the backward of CUDA tensors on a thread of its own (one per device), never the
+# caller's: a backward's dispatch is kept for the whole process, where the caller can read it
+_last_backward: Dispatch | None = None
 
 
 def last_dispatch(direction: str = "fwd") -> Dispatch | None:
-    """The kernel that ran the most recent call on this thread (``"fwd"`` or ``"bwd"``)."""
+    """The kernel that ran the most recent forward call on this thread (``"fwd"``), or the most
+    recent backward in this process (``"bwd"``: autograd runs it on its own thread)."""
+    if direction == "bwd":
+        return _last_backward
     return getattr(_local, direction, None)
 
 
 def _record(d: Dispatch) -> None:
-    setattr(_local, d.direction, d)
+    global _last_backward
+    if d.direction == "bwd":
+        _last_backward = d
+    else:
+        setattr(_local, d.direction, d)
 
 
 def _backends(direction: str):

@@ -256,6 +256,24 @@ def test_fully_masked_rows_are_zero_with_minus_inf_lse():
     assert torch.all(torch.isfinite(out[:, 5:])) and torch.all(torch.isfinite(lse[..., 5:]))
 
 
+def test_a_backward_run_on_another_thread_is_the_last_backward_dispatch():
+    # autograd runs a CUDA backward on a device thread of its own: the caller must still read which
+    # kernel ran it (the bench records it per row); here the backward runs on a thread of the test's
+    import threading
+
+    # a shape no other test uses, so an earlier test's record cannot pass for this one
+    q, k, v = (t.requires_grad_(True) for t in gate.random_inputs(gate.Case(1, 23, 29, 6, 3, 40, torch.float16,
+                                                                             True), DEVICE))
+    out = flashrung.attention(q, k, v, causal=True)
+    worker = threading.Thread(target=lambda: out.float().sum().backward())
+    worker.start()
+    worker.join()
+    assert q.grad is not None
+    d = flashrung.last_dispatch("bwd")
+    assert d is not None and d.kernel == "portable.bwd"
+    assert (d.problem.seqlen_q, d.problem.seqlen_k, d.problem.heads_q, d.problem.head_dim) == (23, 29, 6, 40)
+
+
 def test_autograd_gradients_pass_the_gate_including_lse_gradient():
     torch.manual_seed(1)
     q, k, v = gate.random_inputs(gate.Case(1, 21, 33, 4, 2, 32, torch.float32, True), DEVICE)

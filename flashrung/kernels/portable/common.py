@@ -81,8 +81,10 @@ def offset_index(index, INT64_OFFSETS: tl.constexpr):
     """``index`` as int64 when the launch needs it (``needs_int64_offsets``), else as it is. The
     kernels pass their program ids and in-tile row ranges through this: every batch, head and row
     index derives from them, so every product with an int32 stride widens with them."""
+    # one return: compiled (not interpreted), a function whose returns differ in type is refused
+    # even where a constexpr decides which one runs
     if INT64_OFFSETS:
-        return index.to(tl.int64)
+        index = index.to(tl.int64)
     return index
 
 

@@ -212,7 +212,8 @@ def test_packed_sequences_are_each_sequence_alone_forward_and_backward():
             continue
         alone = [t.detach()[None, rows].requires_grad_(True) for t, rows in ((q, slice(a, b)), (k, slice(c, d)),
                                                                              (v, slice(c, d)))]
-        o, l = flashrung.attention(*alone, causal=True, return_lse=True)
+        # the same kernel: automatic dispatch may send the sequence alone to hopper.fwd (d32 on the H200)
+        o, l = flashrung.attention(*alone, causal=True, return_lse=True, impl="portable.fwd")
         o.backward(do[None, a:b])
         assert torch.equal(o[0], out[a:b]) and torch.equal(l[0], lse[:, a:b])
         assert torch.equal(alone[0].grad[0], leaves[0].grad[a:b])

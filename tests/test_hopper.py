@@ -2283,6 +2283,7 @@ def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(mon
     # picked unasked
     from flashrung import dispatch
 
+    monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset())
     padded = _problem(head_dim=96, head_dim_v=96, **_contiguous(96))
     reason = _runs_by_name_only(padded, padded)
     assert "padded to 128" in reason and "impl='hopper.fwd'" in reason
@@ -2300,6 +2301,7 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     # fwd.SOFTCAP_AUTO; a window or packed sequences beside the cap are still refused
     from flashrung import dispatch
 
+    monkeypatch.setattr(fwd, "SOFTCAP_AUTO", False)
     capped = _problem(softcap=30.0, **_contiguous(128))
     reason = _runs_by_name_only(capped, dataclasses.replace(capped, softcap=0.0))
     assert reason.startswith("softcap 30 runs on hopper.fwd only when asked for by name") and "impl=" in reason
@@ -2355,6 +2357,7 @@ def test_softcap_factors_give_flash_attns_cap_in_raw_units():
 def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
     # MLA's 192/128: the d256 kernel on both, by name only until the pair is gated and timed on the
     # H200; listed as a pair, not as either head dim alone
+    monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset())
     mla = _problem(head_dim=192, head_dim_v=128, **_contiguous(192, 128))
     reason = _runs_by_name_only(mla, dataclasses.replace(mla, head_dim=256, head_dim_v=256))
     assert reason.startswith("head_dim 192 with head_dim_v 128 would run padded to 256") and "none yet" in reason

@@ -116,9 +116,11 @@ def test_a_padded_head_dim_names_its_kernel_and_prints_that_schedule(capsys):
     assert cli.main(["defaults", "--headdim", "96", "--seqlen", "16384", "--no-causal"]) == 0
     padded = capsys.readouterr().out
     assert padded.startswith("d96 runs the d128 kernel, its columns 96–127 zero-filled by TMA")
-    assert "automatic dispatch runs portable.fwd instead; impl='hopper.fwd' runs it" in padded
+    assert "; automatic dispatch picks it." in padded            # listed: fwd.PADDED_AUTO_HEAD_DIMS
     assert cli.main(["defaults", "--headdim", "128", "--seqlen", "16384", "--no-causal"]) == 0
     assert padded.split("\n", 1)[1] == capsys.readouterr().out
+    assert cli.main(["defaults", "--headdim", "80", "--seqlen", "16384", "--no-causal"]) == 0
+    assert "automatic dispatch runs portable.fwd instead; impl='hopper.fwd' runs it" in capsys.readouterr().out
     assert D.selected(96, True, 4096) == D.selected(128, True, 4096)
     assert cli.main(["defaults", "--headdim", "32", "--seqlen", "100", "--causal", "--json"]) == 0
     row, = json.loads(capsys.readouterr().out)

@@ -1921,10 +1921,18 @@ def unsupported_reason(problem) -> str | None:
 # (tests/test_hopper.py::test_gate_padded_head_dims, test_gate_value_head_dims) passed and a paired
 # timing there put it ahead of portable.fwd, which pads too, but each tensor to the next power of
 # two (d32 stays d32 there, d64 here; MLA's 192/128 is 256/128 there, 256/256 here).
-PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset()
-# softcap (softmax.capped) likewise: built and compiled (census), taken by name; automatic dispatch
-# sends capped problems here once tests/test_hopper.py::test_gate_softcap has passed on the H200.
-SOFTCAP_AUTO = False
+# Listed (H200, bf16, 2026-12-05): the gates passed (110 tests, d32/d80/d96/d192 and 192/128,
+# 128/64, 64/128); paired over portable.fwd, two fresh processes each, KEEP: d32 B4 H16 S8192
+# non-causal 1.117 / 1.116, d96 B2 H16 S16384 non-causal 1.728 / 1.721 and causal 1.916 / 1.906,
+# d192 B2 H16 S8192 non-causal 4.889 / 4.892 (h200-compare-padded-*-a42ecb2.json); MLA's 192/128
+# B2 H16 S8192 non-causal 3.501 / 3.526 (h200-compare-mla-192-128-s8192-6bf020f.json). d80, 128/64
+# and 64/128 are gated but not timed: by name only.
+PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 96, 192, (192, 128)})
+# softcap (softmax.capped) likewise: automatic dispatch sends capped problems here since its gate
+# passed on the H200 (tests/test_hopper.py::test_gate_softcap, 60/60, d64/d128/d256, both masks) and
+# the paired timing put it ahead of portable.fwd at a cap of 30, KEEP: d128 B4 H16 S8192 non-causal
+# 1.381 / 1.380, d64 B4 H32 S8192 causal 1.152 / 1.153 (h200-compare-softcap30-*-a42ecb2.json).
+SOFTCAP_AUTO = True
 
 
 def _padded_key(problem) -> int | tuple[int, int]:

@@ -57,7 +57,8 @@ def _softcap(text: str) -> float:
     try:
         return check_softcap(float(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"softcap must be 0 (none) or a finite positive number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"softcap must be 0 (none) or a finite positive number, "
+                                         f"got {text!r}") from None
 
 
 def non_negative_float(text: str) -> float:

@@ -97,8 +97,13 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
             for b in fwd_backends:
                 jobs.append(("fwd", b, None, case, problem))
         if "bwd" in directions:
-            # the backward is gated on the forward that really feeds it: the one dispatch picks
-            fwd_module, fwd_dispatch = dispatch.select(problem, "fwd")
+            # the backward is gated on the forward that really feeds it: the one dispatch picks;
+            # where dispatch picks none (a head dim only a kernel named by impl= runs), the
+            # backward has nothing to gate and is counted as declined, with dispatch's reason
+            try:
+                fwd_module, _ = dispatch.select(problem, "fwd")
+            except dispatch.UnsupportedError as err:
+                fwd_module = f"no forward feeds it: {err}"
             for b in bwd_backends:
                 jobs.append(("bwd", b, fwd_module, case, problem))
     if kernels:
@@ -112,7 +117,7 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
     for direction, backend, fwd_module, case, problem in progress(jobs, desc=f"gate on {device}"):
         s = summaries.setdefault((backend.name, direction), KernelSummary(backend.name, direction))
         module = backend.load()
-        reason = module.unsupported_reason(problem)
+        reason = fwd_module if isinstance(fwd_module, str) else module.unsupported_reason(problem)
         if reason is not None:
             s.unsupported += 1
             s.declined[reason] = s.declined.get(reason, 0) + 1

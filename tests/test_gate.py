@@ -145,6 +145,24 @@ def test_check_gates_the_head_dims_it_is_given(capsys):
     assert "--head-dim: expected a multiple of 8 up to 256, got 100" in capsys.readouterr().err
 
 
+def test_check_declines_the_backward_where_no_forward_is_dispatched():
+    # d16 runs only on a kernel named by impl= (hopper.fwd, padded): dispatch picks no forward, so
+    # the backward gate has nothing to feed it. Both directions asked: the forward's kernels decline
+    # the cases, the backward is counted as declined with dispatch's reason — the check runs on
+    # (it raised UnsupportedError before any case ran)
+    from flashrung.check import run_check
+
+    summaries = run_check("cpu", "small", ["portable"], ("fwd", "bwd"), progress=lambda jobs, desc: jobs,
+                          head_dims=(16,))
+    by_direction = {s.direction: s for s in summaries}
+    assert set(by_direction) == {"fwd", "bwd"}
+    cases = len(gate.envelope("small", head_dims=(16,)))
+    for s in summaries:
+        assert s.cases == 0 and s.unsupported == cases, s
+    (reason,) = by_direction["bwd"].declined
+    assert reason.startswith("no forward feeds it: ") and "head_dim 16" in reason
+
+
 def test_check_gates_a_value_head_dim_of_its_own(capsys):
     # --head-dim D/DV: v (and out, dout, dv) DV wide, q and k D wide; the shards get it back as
     # given; either half out of range is refused naming the argument

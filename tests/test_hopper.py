@@ -48,7 +48,7 @@ def _d64_unpaired_32k():
 # Gluon cannot compile in a process that imported Triton under TRITON_INTERPRET=1 (the CPU test
 # set-up), so the compiles run in a clean child process, like the census command does.
 _CENSUS_SCRIPT = r"""
-import dataclasses, json, os, re, sys, tempfile
+import collections, dataclasses, json, os, re, sys, tempfile
 import torch
 from flashrung.evidence.census import census_one, compile_spec, innermost_loops, sass_text
 from flashrung.kernels.hopper import fwd
@@ -93,7 +93,7 @@ def kv_loops(sass):
     # partition, masked and unmasked): its length and its mask and local-memory opcodes
     return [dict(length=loop["length"], fsel=loop["FSEL"], isetp=loop["ISETP"], ldl=loop["LDL"] + loop["STL"],
                  mufu=loop["MUFU"], bar=loop["BAR"], arrives=loop["sequence"].split().count("ARRIVES"),
-                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], hgmma=loop["HGMMA"],
+                 forward_skip=loop["forward_skip"], fadd=loop["FADD"], fmul=loop["FMUL"], hgmma=loop["HGMMA"],
                  s2ur=loop["sequence"].split().count("S2UR"), fmnmx=loop["sequence"].split().count("FMNMX"),
                  fmnmx_before_last_wait=fmnmx_before_last_wait(loop["sequence"].split()),
                  mufu_before_last_wait=mufu_before_last_wait(loop["sequence"].split()))
@@ -177,8 +177,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
         cfg = fwd.replace_following(cfg, d, kv_multicast=False)
     # "_softcap": True builds the capped kernel (HAS_SOFTCAP)
     softcap = changes.pop("_softcap", False)
+    # "_qv": (q's head dim, v's) on the row of d: a v with a head dim of its own
+    q_dim, v_dim = changes.pop("_qv", (d, None))
     cfg = dataclasses.replace(cfg, **changes)
-    spec = fwd.census_spec(cfg, d, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap)
+    spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -209,6 +211,8 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
             entry["multicast_copies"] = len(re.findall(r"UTMALDG\.\dD\.MULTICAST", sass))
             entry["cluster_barriers"] = sass.count("UCGABAR_ARV")
             entry["remote_arrivals"] = len(re.findall(r"SYNCS\.ARRIVE\.TRANS64\.RED", sass))
+            # wgmma instructions by shape, "64x128x16" (M x N x K of one instruction)
+            entry["hgmma_shapes"] = dict(collections.Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)))
     result[label] = entry
 print(json.dumps(result))
 """
@@ -434,6 +438,16 @@ CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64
 CENSUS_CONFIGS += [("d128-full-s16k-paired-softcap", 128, False, {"_seqlen": 16384, "_key_tail": False,
                                                                   "_paired": True, "_softcap": True}),
                    ("d64-causal-softcap", 64, True, {"_softcap": True})]
+# a v with a head dim of its own (config.own_value_dim): MLA's 192/128 on d256's rows (Q and K
+# padded to 256, V and O 128 wide), and 128/64 and 64/128 on d128 non-causal's S16k default (the
+# relayed pair: its multicast copies take each tensor's own width)
+OWN_VALUE_DIM_CENSUS = [("d256-full-v128", "d256-full", 256, False, (192, 128)),
+                        ("d256-causal-v128", "d256-causal", 256, True, (192, 128)),
+                        ("d128-full-s16k-paired-v64", "d128-full-s16k-paired", 128, False, (128, 64)),
+                        ("d128-full-s16k-paired-q64", "d128-full-s16k-paired", 128, False, (64, 128))]
+CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **({"_seqlen": 16384, "_key_tail": False, "_paired": True}
+                                                     if d == 128 else {})})
+                   for label, _, d, causal, qv in OWN_VALUE_DIM_CENSUS]
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
@@ -2366,6 +2380,64 @@ def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({(192, 128), 96}))
     assert fwd.auto_declined_reason(mla) is None
     assert "(96, 192/128)" in fwd.auto_declined_reason(dataclasses.replace(mla, head_dim_v=64))
+
+
+def test_a_value_head_dim_is_compiled_at_its_own_width():
+    # config.kernel_head_dims: with own_value_dim (the default) Q/K and V/O each take the next
+    # compiled head dim up from their own; the configuration stays the wider one's. A v wider than
+    # q without O's own buffer, or the switch off, pads both to the wider (the build before)
+    own = config.HopperFwdConfig()
+    assert config.kernel_head_dims(192, 128, own) == (256, 128)
+    assert config.kernel_head_dims(128, 64, own) == (128, 64)
+    assert config.kernel_head_dims(96, 40, own) == (128, 64)
+    assert config.kernel_head_dims(128, None, own) == config.kernel_head_dims(96, 96, own) == (128, 128)
+    assert config.kernel_head_dims(64, 128, dataclasses.replace(own, separate_o=True)) == (64, 128)
+    assert config.kernel_head_dims(64, 128, own) == (128, 128)              # O would not fit in Q's buffer
+    assert config.kernel_head_dims(192, 128, dataclasses.replace(own, own_value_dim=False)) == (256, 256)
+    # every default row a pair runs on: d256's for 192/128 (O staged in Q's buffer, reinterpreted),
+    # d128's for 128/64 and 64/128 (O's own buffer at every length)
+    for (d, dv), widths in (((192, 128), (256, 128)), ((128, 64), (128, 64)), ((64, 128), (64, 128))):
+        for causal in (False, True):
+            for seqlen in (1000, 4096, 16384):
+                problem = _problem(head_dim=d, head_dim_v=dv, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+                cfg = select_config(problem)
+                assert cfg == select_config(dataclasses.replace(problem, head_dim=max(d, dv), head_dim_v=max(d, dv)))
+                assert config.kernel_head_dims(d, dv, cfg) == widths, (d, dv, causal, seqlen)
+                cfg.check(widths[0], 2, widths[1])
+    # the shared memory it frees: V's ring and (separate_o) O's buffer at v's width
+    d256 = fwd.default_config(256, False, 8192)
+    saved = d256.smem_bytes(256, 2) - d256.smem_bytes(256, 2, 128)
+    assert saved == d256.num_kv_stages * d256.kv_tile * 128 * 2
+    with pytest.raises(ValueError, match="head_dim_v 256 wider than head_dim 128 needs separate_o"):
+        dataclasses.replace(own, separate_o=False).check(128, 2, 256)
+    with pytest.raises(ValueError, match="head_dim_v must be one of"):
+        own.check(128, 2, 96)
+
+
+@pytest.mark.parametrize("label, base, d, causal, qv", OWN_VALUE_DIM_CENSUS, ids=[c[0] for c in OWN_VALUE_DIM_CENSUS])
+def test_own_value_dim_census(census, label, base, d, causal, qv):
+    # v's own width (192/128: PV's wgmma 64x128 instead of 64x256, O's rescale over 64 registers
+    # instead of 128) against the padded build of the same row: no local memory in the loops, the
+    # shared memory the config counts, wgmma N only the keys' and v's widths
+    own, padded = census[label], census[base]
+    assert "error" not in own["row"], own["row"]["error"]
+    cfg = HopperFwdConfig(**{f.name: own["row"]["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
+    q_width, v_width = config.kernel_head_dims(*qv, cfg)
+    assert (q_width, v_width) != (d, d)
+    assert own["row"]["spill_bytes"] == 0 and all(loop["ldl"] == 0 for loop in own["kv_loops"])
+    freed = cfg.smem_bytes(d, 2) - cfg.smem_bytes(q_width, 2, v_width)
+    assert abs((padded["row"]["smem_bytes"] - own["row"]["smem_bytes"]) - freed) <= 64
+    widths = {int(shape.split("x")[1]) for shape in own["hgmma_shapes"]}
+    assert widths == {cfg.block_n, v_width}, own["hgmma_shapes"]
+    # the tensor work, instructions × N (every shape here 64 rows × 16 deep): less
+    work = [sum(int(shape.split("x")[1]) * n for shape, n in e["hgmma_shapes"].items()) for e in (own, padded)]
+    assert work[0] < work[1], work
+    assert len(own["kv_loops"]) == len(padded["kv_loops"]) > 0
+    if v_width < d:
+        # O's rescale multiplies: a thread holds v_width / 2 of O's fp32 values instead of d / 2
+        assert sum(loop["fmul"] for loop in own["kv_loops"]) < sum(loop["fmul"] for loop in padded["kv_loops"])
+    if cfg.kv_multicast:
+        assert own["multicast_copies"] > 0
 
 
 def test_a_padded_descriptor_boxes_the_kernels_columns():

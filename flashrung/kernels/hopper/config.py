@@ -467,6 +467,14 @@ class HopperFwdConfig:
     # order puts other heads' tiles next to each other). On by default on the d64 pairs
     # (CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN, change 49)
     cross_head_pairs: bool = False
+    # a v with a head dim of its own (MLA's 192/128) compiled at its own width: V's ring, PV's
+    # wgmma N, O's accumulator and O's buffer are the next compiled head dim up from v's, Q's and
+    # K's from q's (kernel_head_dims), instead of all four at the wider of the two. At 192/128 the
+    # products a K/V tile are QK's 256 columns and PV's 128 instead of 256 + 256, and O holds 64
+    # fp32 registers per consumer thread instead of 128. Off: every tensor padded to the wider
+    # (the build before). A v wider than q's kernel needs O's own buffer (separate_o): O staged in
+    # Q's would not fit; without it such a pair runs padded
+    own_value_dim: bool = True
 
     @property
     def dynamic(self) -> bool:
@@ -483,13 +491,14 @@ class HopperFwdConfig:
     def num_consumers(self) -> int:
         return self.block_m // ROWS_PER_CONSUMER_WARPGROUP
 
-    def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
+    def smem_bytes(self, head_dim: int, elem_bytes: int, head_dim_v: int | None = None) -> int:
         """Shared memory the kernel allocates: Q (also O's staging unless ``separate_o``), the K and V
-        rings, barriers."""
-        q_tile = self.block_m * head_dim * elem_bytes
-        q = self.num_q_stages * q_tile
-        o = q_tile if self.separate_o else 0
-        kv = 2 * self.num_kv_stages * self.kv_tile * head_dim * elem_bytes
+        rings, barriers. ``head_dim_v``: the kernel's V and O width where it is not ``head_dim``'s
+        (``kernel_head_dims``)."""
+        head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        q = self.num_q_stages * self.block_m * head_dim * elem_bytes
+        o = self.block_m * head_dim_v * elem_bytes if self.separate_o else 0
+        kv = self.num_kv_stages * self.kv_tile * (head_dim + head_dim_v) * elem_bytes
         # row_sum_by_mma: each consumer's [8, block_n] tile of ones
         ones = self.num_consumers * ROW_SUM_COLS * self.block_n * elem_bytes if self.row_sum_by_mma else 0
         # q ready/empty per consumer and Q stage, k/v ready/empty per stage, one turn barrier per
@@ -503,20 +512,27 @@ class HopperFwdConfig:
         warpgroup (its 1 warp is padded to a warpgroup)."""
         return THREADS_PER_WARPGROUP * (self.num_consumers * self.consumer_regs + self.producer_regs)
 
-    def smem_budget_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+    def smem_budget_bytes(self, head_dim: int, elem_bytes: int = 2, head_dim_v: int | None = None) -> int:
         """:meth:`smem_bytes` with the margin the compiler's own allocations may take."""
-        return self.smem_bytes(head_dim, elem_bytes) + SMEM_MARGIN_BYTES
+        return self.smem_bytes(head_dim, elem_bytes, head_dim_v) + SMEM_MARGIN_BYTES
 
-    def resident_ctas_per_sm(self, head_dim: int, elem_bytes: int = 2) -> int:
+    def resident_ctas_per_sm(self, head_dim: int, elem_bytes: int = 2, head_dim_v: int | None = None) -> int:
         """CTAs of this configuration one SM holds at once: the tighter of the register file and
         shared memory."""
         return max(1, min(REGISTER_FILE_WORDS // self.register_words,
-                          SMEM_PER_SM_BYTES // self.smem_budget_bytes(head_dim, elem_bytes)))
+                          SMEM_PER_SM_BYTES // self.smem_budget_bytes(head_dim, elem_bytes, head_dim_v)))
 
-    def check(self, head_dim: int, elem_bytes: int = 2) -> None:
-        """Raise ``ValueError`` if this configuration cannot be built for ``head_dim``."""
+    def check(self, head_dim: int, elem_bytes: int = 2, head_dim_v: int | None = None) -> None:
+        """Raise ``ValueError`` if this configuration cannot be built for ``head_dim`` (and
+        ``head_dim_v``, the kernel's V and O width, where it is not ``head_dim``'s)."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        if head_dim_v is not None and head_dim_v != head_dim:
+            if head_dim_v not in SUPPORTED_HEAD_DIMS:
+                raise ValueError(f"head_dim_v must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim_v}")
+            if head_dim_v > head_dim and not self.separate_o:
+                raise ValueError(f"head_dim_v {head_dim_v} wider than head_dim {head_dim} needs separate_o "
+                                 "(O is staged in Q's buffer otherwise, which is narrower)")
         if self.block_m % ROWS_PER_CONSUMER_WARPGROUP or not 1 <= self.num_consumers <= 3:
             raise ValueError(f"block_m must be 64, 128 or 192 (64 rows per consumer warpgroup), got {self.block_m}")
         # Triton block shapes (the TMA box) are powers of two; wgmma needs N, K multiples of 16.
@@ -690,12 +706,13 @@ class HopperFwdConfig:
             raise ValueError(
                 f"{self.num_consumers} consumer warpgroups × {self.consumer_regs} regs + producer "
                 f"{self.producer_regs} regs need {words} registers per SM, more than {REGISTER_FILE_WORDS}")
-        smem = self.smem_budget_bytes(head_dim, elem_bytes)
+        smem = self.smem_budget_bytes(head_dim, elem_bytes, head_dim_v)
         if smem > SMEM_PER_BLOCK_BYTES:
+            dims = f"head_dim={head_dim}" + (f", head_dim_v={head_dim_v}" if head_dim_v not in (None, head_dim) else "")
             raise ValueError(
                 f"block_m={self.block_m}, block_n={self.block_n}, num_kv_stages={self.num_kv_stages}, "
                 f"num_q_stages={self.num_q_stages}, separate_o={self.separate_o} at "
-                f"head_dim={head_dim} needs {smem} bytes of shared memory, more than {SMEM_PER_BLOCK_BYTES}")
+                f"{dims} needs {smem} bytes of shared memory, more than {SMEM_PER_BLOCK_BYTES}")
 
 
 # Default per head dim. Starting points from the feasibility probe on our H200 (d128: 2 consumer
@@ -1326,6 +1343,21 @@ def kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> int:
                              f"{SUPPORTED_HEAD_DIMS}, others padded to the next), got {dim}")
     widest = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
     return next(d for d in SUPPORTED_HEAD_DIMS if d >= widest)
+
+
+def kernel_head_dims(head_dim: int, head_dim_v: int | None, cfg: HopperFwdConfig) -> tuple[int, int]:
+    """``(Q's and K's, V's and O's)`` compiled widths of a problem run with ``cfg``. The
+    configuration is the wider one's (:func:`kernel_head_dim`, :func:`select_config`); with
+    ``cfg.own_value_dim`` each side is the next compiled head dim up from its own (MLA's 192/128:
+    (256, 128)), unless v's would be wider than q's without O's own buffer (``separate_o``), where
+    both are the wider (as with the switch off)."""
+    wide = kernel_head_dim(head_dim, head_dim_v)
+    if head_dim_v is None or head_dim_v == head_dim or not cfg.own_value_dim:
+        return wide, wide
+    qk, value = kernel_head_dim(head_dim), kernel_head_dim(head_dim_v)
+    if value > qk and not cfg.separate_o:
+        return wide, wide
+    return qk, value
 
 
 def select_config(problem) -> HopperFwdConfig:

@@ -140,6 +140,7 @@ from flashrung.kernels.hopper.config import (
     WORK_ITEM_FIXED_KV_TILES,
     HopperFwdConfig,
     kernel_head_dim,
+    kernel_head_dims,
     replace_following,
     select_config,
 )
@@ -337,7 +338,8 @@ class _Schedule:
 
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
-    HEAD_DIM: gl.constexpr
+    HEAD_DIM: gl.constexpr       # Q's and K's columns: QK's reduction
+    HEAD_DIM_V: gl.constexpr     # V's and O's columns: PV's N, O's accumulator (config.kernel_head_dims)
     NUM_KV_STAGES: gl.constexpr
     NUM_Q_STAGES: gl.constexpr   # Q buffers per consumer warpgroup: q_bufs[stage · NUM_CONSUMERS + wg]
     NUM_CONSUMERS: gl.constexpr
@@ -540,15 +542,16 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
         tmap = _tensor_map(sz, KV)
         RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
         ARM_AT: gl.constexpr = c.K_ARM_AT if KV == 0 else c.V_ARM_AT
+        COLS: gl.constexpr = c.HEAD_DIM if KV == 0 else c.HEAD_DIM_V
         # ``solo`` is a constant False without CROSS_HEAD_PAIRS, and the branch vanishes. With it, a
         # branch uniform across the item, which ptxas unswitches the producer's loop on; a
         # predicated second copy would issue in every pair (census: d64's loop 54 -> 90
         # instructions, against 58 in a pair within a head this way)
         if solo:
-            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, COLS, c.ELEM_BYTES,
                       c.PRODUCER_WARPS, True)
         else:
-            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, c.HEAD_DIM, c.ELEM_BYTES,
+            load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, COLS, c.ELEM_BYTES,
                       c.PRODUCER_WARPS)
     elif c.EXTRA_KEYS > 0:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
@@ -700,13 +703,13 @@ def _drain_ring(sh, count, c):
 
 @gluon.constexpr_function
 def _acc_layout(cols):
-    """The wgmma accumulator of one consumer warpgroup, 64 rows × ``cols`` (S: BLOCK_N, O: HEAD_DIM)."""
+    """The wgmma accumulator of one consumer warpgroup, 64 rows × ``cols`` (S: BLOCK_N, O: HEAD_DIM_V)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
 
 
 @gluon.constexpr_function
 def _a_operand_layout(cols):
-    """A register operand of a wgmma whose accumulator is 64 × ``cols``: P for PV (cols = HEAD_DIM,
+    """A register operand of a wgmma whose accumulator is 64 × ``cols``: P for PV (cols = HEAD_DIM_V,
     the conversion from S's accumulator is free in SASS) and, with ``Q_IN_REGISTERS``, Q for QK
     (cols = BLOCK_N)."""
     return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(cols), k_width=2)
@@ -741,9 +744,9 @@ def _pv(p_op, acc, l_i, sh, idx, WG: gl.constexpr, c):
     ``ROW_SUM_BY_MMA``, l += P 1 (one more group: the row sums of the same 16-bit P that multiplies
     V, accumulated in fp32 by the tensor pipe instead of 64 FADDs per thread on the FMA pipe).
     Returns ``(acc, l_i)``."""
-    acc = warpgroup_mma(p_op[0], sh.v_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM]), acc, is_async=True)
+    acc = warpgroup_mma(p_op[0], sh.v_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM_V]), acc, is_async=True)
     if c.EXTRA_KEYS > 0:
-        acc = warpgroup_mma(p_op[1], sh.v2_bufs.index(idx).reshape([c.EXTRA_KEYS, c.HEAD_DIM]), acc,
+        acc = warpgroup_mma(p_op[1], sh.v2_bufs.index(idx).reshape([c.EXTRA_KEYS, c.HEAD_DIM_V]), acc,
                             is_async=True)
     if c.ROW_SUM_BY_MMA:
         # the A operand's registers are those of P for PV: the layout change moves nothing
@@ -964,9 +967,9 @@ def _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c):
 
 
 @gluon.jit
-def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM: gl.constexpr):
+def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM_V: gl.constexpr):
     """P's parts as 16-bit register operands of the PV wgmma (the layout change is free in SASS)."""
-    p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM)
+    p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM_V)
     p0 = gl.convert_layout(to_operand_dtype(p[0], dtype, PACKED), p_layout)
     if len(p) == 2:
         out = (p0, gl.convert_layout(to_operand_dtype(p[1], dtype, PACKED), p_layout))
@@ -1060,7 +1063,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
 
     ``trace`` is this step's clock record (:func:`trace.step_record`; nothing with ``TRACE_STEPS = 0``).
     """
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     first_row = last_row - (_ROWS - 1)
     stamp(trace, rows, first_row, E_TOP, c.TRACE_STEPS, c.TRACE_WARPS)
     if c.CARRY_RING_SLOT:
@@ -1174,11 +1177,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
     if not c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
     stamp(trace, rows, first_row, E_END, c.TRACE_STEPS, c.TRACE_WARPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
@@ -1193,7 +1196,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
     With ``OVERLAP_EPILOGUE`` the previous tile's epilogue (``prev``, stored through ``epi``: see
     :func:`_finish_previous`) runs while this tile's first QK is in flight, the one product no
     softmax overlaps."""
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     if kv_hi > kv_lo:
         idx, phase = ring_slot(count, c.NUM_KV_STAGES)
         ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
@@ -1216,7 +1219,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP,
                                                     not c.ROW_SUM_BY_MMA)
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM)
+        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
@@ -1266,7 +1269,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
                  WG: gl.constexpr, MASK: gl.constexpr, c):
     """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step (``j``, ``kv_lo``, ``count``
     as in :func:`_overlapped_step`)."""
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
@@ -1279,7 +1282,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
-    p_op = _operands(p, q.dtype, False, c.HEAD_DIM)
+    p_op = _operands(p, q.dtype, False, c.HEAD_DIM_V)
     ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
@@ -1369,15 +1372,15 @@ def _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows: gl.constexpr):
 def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: gl.constexpr, c):
     """A split-tail item's normalized O (fp32) and LSE, every row of the tile (the workspace has
     them all; ``tail_combine`` masks the tail), and the tile's coordinates from its first split."""
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     # 64-bit item base, 32-bit offsets inside the item (an item is BLOCK_M × D words). Census:
     # 0 spill at d128 with either form; outside the loop d64 spills 64 B with this form and 16 B
     # with 64-bit offsets per element, d256 80 B with both (the split tail is off at d64 and d256)
     first_row = part.to(gl.int64) * c.BLOCK_M
     rows = WG * _ROWS + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, c.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_ptr = parts.o_ptr + first_row * c.HEAD_DIM
-    gl.store(o_ptr + gl.expand_dims(rows, 1) * c.HEAD_DIM + gl.expand_dims(cols, 0), out)
+    cols = gl.arange(0, c.HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    o_ptr = parts.o_ptr + first_row * c.HEAD_DIM_V
+    gl.store(o_ptr + gl.expand_dims(rows, 1) * c.HEAD_DIM_V + gl.expand_dims(cols, 0), out)
     gl.store(parts.lse_ptr + first_row + rows, lse)
     if WG == 0:
         # written by the first split of the tile (any split would do: they agree)
@@ -1392,8 +1395,14 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
     and a TMA store (a split item's both to the workspace). ``epi`` is ``(o_desc, lse_ptr,
     parts)``."""
     o_desc, lse_ptr, parts = epi
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
-    o_buf = sh.o_bufs.index(WG)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
+    if c.SEPARATE_O or c.HEAD_DIM_V == c.HEAD_DIM:
+        o_buf = sh.o_bufs.index(WG)
+    else:
+        # O narrower than Q, staged in this consumer's own Q buffer: the same bytes seen as O's
+        # box (reinterpreting the whole array instead would put consumer 1's O inside consumer
+        # 0's Q, which may still be in use)
+        o_buf = sh.o_bufs.index(WG)._reinterpret(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
     my_row0 = m_block * c.BLOCK_M + WG * _ROWS
     out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(_sum_total(l_i, c), out_rows))
@@ -1421,7 +1430,7 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
         if c.SEPARATE_O:
             # the previous tile's store must have read the buffer; it ran under this tile
             tma.store_wait(0)
-        o_buf.reshape([_ROWS, c.HEAD_DIM]).store(out.to(o_buf.dtype))
+        o_buf.reshape([_ROWS, c.HEAD_DIM_V]).store(out.to(o_buf.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
         if not c.SEPARATE_O:
@@ -1459,7 +1468,7 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     previous item's, ``prev``, with OVERLAP_EPILOGUE). Returns the ring count and pingpong turn after
     it, and its unnormalized O and row statistics (what OVERLAP_EPILOGUE keeps for the next item)."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
     row0 = m_block * c.BLOCK_M
     my_row0 = row0 + WG * _ROWS
@@ -1471,7 +1480,7 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
                kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
     m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = _init_sum(s_layout, c)
-    acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([_ROWS, c.HEAD_DIM_V], gl.float32, o_layout)
     q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
     q_slot = q_stage * c.NUM_CONSUMERS + WG
     # [1, 64, 1, D], the TMA box; reshaped, the same bytes as a wgmma operand
@@ -1528,7 +1537,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
                         WG: gl.constexpr, c):
     """Rows ``[WG·64, WG·64 + 64)`` of every tile this CTA owns."""
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
-    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM)
+    o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     count = 0
     turn = 0
     tile_iter = 0
@@ -1541,7 +1550,7 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
     start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
     if c.OVERLAP_EPILOGUE:
         # the finished tile whose epilogue is still to run: none before the first
-        prev_acc = gl.zeros([_ROWS, c.HEAD_DIM], gl.float32, o_layout)
+        prev_acc = gl.zeros([_ROWS, c.HEAD_DIM_V], gl.float32, o_layout)
         prev_m = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         prev_l = _init_sum(s_layout, c)
         prev_item = start
@@ -1595,7 +1604,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
                      qk_scale_log2, softcap_pre, softcap_post,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
+                     HEAD_DIM_V: gl.constexpr, NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
@@ -1701,7 +1710,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                 kv_tmaps_ptr, softcap_pre, softcap_post)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
-    c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, NUM_KV_STAGES=NUM_KV_STAGES,
+    c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                  NUM_KV_STAGES=NUM_KV_STAGES,
                   NUM_Q_STAGES=NUM_Q_STAGES,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
@@ -1782,17 +1792,20 @@ def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
 
 
 def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True,
-                has_softcap: bool = False) -> dict:
+                has_softcap: bool = False, head_dim_v: int | None = None) -> dict:
     """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
-    A fresh dict each call (the launch edits it) from a per-configuration cache."""
-    return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap)))
+    A fresh dict each call (the launch edits it) from a per-configuration cache. ``head_dim_v``: the
+    kernel's V and O width (``config.kernel_head_dims``), ``head_dim`` when None."""
+    return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap),
+                                 head_dim if head_dim_v is None else head_dim_v))
 
 
 @functools.lru_cache(maxsize=None)
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
-                     has_softcap: bool) -> tuple:
+                     has_softcap: bool, head_dim_v: int) -> tuple:
     return tuple(dict(
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, NUM_KV_STAGES=cfg.num_kv_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        NUM_KV_STAGES=cfg.num_kv_stages,
         NUM_Q_STAGES=cfg.num_q_stages,
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
@@ -1925,9 +1938,10 @@ def unsupported_reason(problem) -> str | None:
 # 128/64, 64/128); paired over portable.fwd, two fresh processes each, KEEP: d32 B4 H16 S8192
 # non-causal 1.117 / 1.116, d96 B2 H16 S16384 non-causal 1.728 / 1.721 and causal 1.916 / 1.906,
 # d192 B2 H16 S8192 non-causal 4.889 / 4.892 (h200-compare-padded-*-a42ecb2.json); MLA's 192/128
-# B2 H16 S8192 non-causal 3.501 / 3.526 (h200-compare-mla-192-128-s8192-6bf020f.json). d80, 128/64
-# and 64/128 are gated but not timed: by name only.
-PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 96, 192, (192, 128)})
+# B2 H16 S8192 non-causal 3.501 / 3.526 (h200-compare-mla-192-128-s8192-6bf020f.json); d80 B2 H16
+# S16384 1.740 / 1.740, 128/64 B4 H16 S8192 1.582 / 1.575, 64/128 1.353 / 1.355, all non-causal
+# (h200-compare-padded-d*-3d810b6.json; timed padded, before v took its own width: config.own_value_dim).
+PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 80, 96, 192, (192, 128), (128, 64), (64, 128)})
 # softcap (softmax.capped) likewise: automatic dispatch sends capped problems here since its gate
 # passed on the H200 (tests/test_hopper.py::test_gate_softcap, 60/60, d64/d128/d256, both masks) and
 # the paired timing put it ahead of portable.fwd at a cap of 30, KEEP: d128 B4 H16 S8192 non-causal
@@ -2048,9 +2062,11 @@ class _LaunchPlan:
 @functools.lru_cache(maxsize=4096)
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None,
-          has_softcap: bool = False) -> _LaunchPlan:
+          has_softcap: bool = False, head_dim_v: int | None = None) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
     ``has_softcap``: the launch caps its scores (``HAS_SOFTCAP``; the factors are run-time arguments).
+    ``head_dim`` and ``head_dim_v``: the kernel's Q/K and V/O widths (``config.kernel_head_dims``;
+    ``head_dim_v`` None: ``head_dim``); the configuration's own tables are the wider one's.
 
     With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
     with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
@@ -2063,11 +2079,13 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m * pair)
         num_tiles = num_m_blocks * batch * heads_q
     num_full_tiles, splits = num_tiles, 1
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    row_dim = max(head_dim, head_dim_v)      # the configuration's row (select_config)
     resident = None
     if sm_count is not None:
-        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes) // pair
+        resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes, head_dim_v) // pair
         if cfg.split_tail:
-            fixed = WORK_ITEM_FIXED_KV_TILES[head_dim] if cfg.split_tail_rounds else None
+            fixed = WORK_ITEM_FIXED_KV_TILES[row_dim] if cfg.split_tail_rounds else None
             num_full_tiles, splits = tail_split(num_tiles, resident, triton.cdiv(seqlen_k, cfg.kv_tile), fixed)
     num_items = num_full_tiles + (num_tiles - num_full_tiles) * splits
     if num_items >= 1 << DIVIDEND_BITS:
@@ -2075,11 +2093,12 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         raise ValueError(f"{KERNEL_NAME}: {num_items} work items; the kernel numbers them in int32")
     grid = (min(num_items, resident) if cfg.persistent and resident is not None else num_items) * pair
     # a section wider than every column is one section; clamped, its tile count stays an int32
-    section = min(head_section(seqlen_k, heads_q, heads_kv, head_dim, elem_bytes, cfg.l2_section_mib << 20),
-                  batch * heads_q)
+    # K's and V's bytes a head: their mean width
+    section = min(head_section(seqlen_k, heads_q, heads_kv, (head_dim + head_dim_v) // 2, elem_bytes,
+                               cfg.l2_section_mib << 20), batch * heads_q)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
-    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap)
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v)
     if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
@@ -2087,7 +2106,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         constexprs["SPLIT_TAIL"] = splits > 1
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
-    build = (cfg, head_dim, elem_bytes, causal, scale_positive, has_softcap, constexprs["SPLIT_TAIL"],
+    build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
@@ -2121,32 +2140,34 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
     batch, seqlen_q, heads_q = q.shape[:3]
-    # the compiled kernel's head dim: every tile, buffer and workspace row has its columns
-    head_dim = kernel_head_dim(q.shape[3], v.shape[3])
+    # the compiled kernel's widths: Q's and K's tiles have head_dim columns, V's, O's and the
+    # workspace rows head_dim_v
+    head_dim, head_dim_v = kernel_head_dims(q.shape[3], v.shape[3], cfg)
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
-                 softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0)
+                 softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0,
+                 head_dim_v=head_dim_v)
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
         part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * plan.cluster_ctas,
                                                   (plan.num_tiles - plan.num_full_tiles) * plan.cluster_ctas,
-                                                  cfg.block_m, head_dim, q.device)
+                                                  cfg.block_m, head_dim_v, q.device)
     else:
         # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
-                                partial_tile_share(cfg, head_dim), cfg.dynamic_pool_share)
+                                partial_tile_share(cfg, max(head_dim, head_dim_v)), cfg.dynamic_pool_share)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
         sched = coords          # never dereferenced: the stride needs no table
     # never dereferenced without the dynamic hand-out
     handout = handout_counters(device_index) if cfg.dynamic and not warmup else coords
-    k_desc, v_desc = _descriptor(k, cfg.block_n, head_dim), _descriptor(v, cfg.block_n, head_dim)
+    k_desc, v_desc = _descriptor(k, cfg.block_n, head_dim), _descriptor(v, cfg.block_n, head_dim_v)
     # never dereferenced without kv_multicast (a compile-only call's stand-in has the maps' type)
     if cfg.kv_multicast:
         if warmup:
@@ -2162,8 +2183,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, head_dim), k_desc, v_desc,
         # the second box of each K/V tile (extra_keys); without one the kernel never reads these
         _descriptor(k, cfg.extra_keys, head_dim) if cfg.extra_keys else k_desc,
-        _descriptor(v, cfg.extra_keys, head_dim) if cfg.extra_keys else v_desc,
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim), *pointers, *plan.ints, scale,
+        _descriptor(v, cfg.extra_keys, head_dim_v) if cfg.extra_keys else v_desc,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
         *softcap_factors(softcap, softmax_scale),
     )
     constexprs = plan.constexprs
@@ -2229,22 +2250,25 @@ def _decode_sizes(heads_q: int, group: int, num_m_blocks: int, batch_heads: int,
             *fast_divisor(num_m_blocks * section, "per_section"))
 
 
-def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0):
+def warmup(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype, softmax_scale: float = 1.0,
+           head_dim_v: int | None = None):
     """Compile (into Triton's cache) what :func:`forward` will run for this configuration, without
     launching: the sizes are runtime arguments, so one compile serves every shape — two for a
     ``kv_multicast`` configuration, whose launches with a pair past the sequence (an odd count of
     q-tiles a head, or with ``cross_head_pairs`` in the launch) build without the skip of empty
     rows (:func:`_skip_empty_rows`); the build of even counts is returned. Needs a
     CUDA driver (the target is queried from it); the tensors stay on the CPU. A padded head dim
-    compiles its kernel's (``kernel_head_dim``)."""
-    head_dim = kernel_head_dim(head_dim)
-    cfg.check(head_dim, torch.empty((), dtype=dtype).element_size())
+    compiles its kernel's (``kernel_head_dims``); ``head_dim_v``: v's own, when it differs."""
+    head_dim, head_dim_v = kernel_head_dims(head_dim, head_dim_v, cfg)
+    cfg.check(head_dim, torch.empty((), dtype=dtype).element_size(), head_dim_v)
     k = torch.empty((1, cfg.block_n, 1, head_dim), dtype=dtype)
+    v = torch.empty((1, cfg.block_n, 1, head_dim_v), dtype=dtype)
     compiled = None
     for tiles in ((1, CLUSTER_CTAS) if cfg.kv_multicast else (1,)):
         q = torch.empty((1, tiles * cfg.block_m, 1, head_dim), dtype=dtype)
+        out = torch.empty((1, tiles * cfg.block_m, 1, head_dim_v), dtype=dtype)
         lse = torch.empty((1, 1, tiles * cfg.block_m), dtype=torch.float32)
-        compiled = _launch(q, k, k, torch.empty_like(q), lse, causal, softmax_scale, cfg, warmup=True)
+        compiled = _launch(q, k, v, out, lse, causal, softmax_scale, cfg, warmup=True)
     return compiled
 
 
@@ -2300,7 +2324,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
-    _check(cfg, kernel_head_dim(problem.head_dim, problem.head_dim_v), q.element_size())
+    _check(cfg, *kernel_head_dims(problem.head_dim, problem.head_dim_v, cfg), q.element_size())
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -2360,12 +2384,12 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     from flashrung.dispatch import Problem
 
     problem = Problem.of(q, k, v, causal)
-    head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
-    config.check(head_dim, q.element_size())
+    head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, config)
+    config.check(head_dim, q.element_size(), head_dim_v)
     batch, seqlen_q, heads_q = q.shape[:3]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
-                 float(softmax_scale) > 0, _sm_count(device_index))
+                 float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v)
     if config.trace_steps:
         record = (config.trace_steps, WARPS_PER_WARPGROUP, NUM_EVENTS) if config.trace_warps else \
             (config.trace_steps, NUM_EVENTS)
@@ -2377,30 +2401,34 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 
 @functools.lru_cache(maxsize=None)
-def _check(cfg: HopperFwdConfig, head_dim: int, elem_bytes: int) -> None:
+def _check(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_bytes: int) -> None:
     """``cfg.check`` once per configuration (a failing check raises every time: nothing is cached)."""
-    cfg.check(head_dim, elem_bytes)
+    cfg.check(head_dim, elem_bytes, head_dim_v)
 
 
 # --------------------------------------------------------------------------- census
 
 
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
-                key_tail: bool = True, softcap: bool = False):
+                key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
     False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``);
-    ``softcap``: the build of a capped launch."""
+    ``softcap``: the build of a capped launch; ``head_dim_v``: v's head dim where it differs
+    (``config.kernel_head_dims`` gives the widths built)."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
-    q_lay = _smem_layout(dtype, ROWS_PER_CONSUMER_WARPGROUP, head_dim)
-    kv_lay = _smem_layout(dtype, cfg.block_n, head_dim)
-    q_sig = f"tensordesc<{t}[1, {ROWS_PER_CONSUMER_WARPGROUP}, 1, {head_dim}],{q_lay!r}>"
-    kv_sig = f"tensordesc<{t}[1, {cfg.block_n}, 1, {head_dim}],{kv_lay!r}>"
+    given_v = head_dim_v
+    head_dim, head_dim_v = kernel_head_dims(head_dim, head_dim_v, cfg)
+
+    def box(rows, cols):
+        return f"tensordesc<{t}[1, {rows}, 1, {cols}],{_smem_layout(dtype, rows, cols)!r}>"
+
     box2 = cfg.extra_keys or cfg.block_n
-    kv2_sig = f"tensordesc<{t}[1, {box2}, 1, {head_dim}],{_smem_layout(dtype, box2, head_dim)!r}>"
     signature = {
-        "q_desc": q_sig, "k_desc": kv_sig, "v_desc": kv_sig, "k2_desc": kv2_sig, "v2_desc": kv2_sig, "o_desc": q_sig, "lse_ptr": "*fp32",
+        "q_desc": box(ROWS_PER_CONSUMER_WARPGROUP, head_dim), "k_desc": box(cfg.block_n, head_dim),
+        "v_desc": box(cfg.block_n, head_dim_v), "k2_desc": box(box2, head_dim), "v2_desc": box(box2, head_dim_v),
+        "o_desc": box(ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
         "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32", "softcap_pre": "fp32", "softcap_post": "fp32",
@@ -2408,8 +2436,10 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
     if softcap:
         config["softcap"] = True
+    if given_v is not None:
+        config["head_dim_v"] = head_dim_v
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
-                      constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap),
+                      constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap, head_dim_v=head_dim_v),
                                       FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,
@@ -2427,7 +2457,8 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
     or a combination that does not fit the hardware budgets at ``problem.head_dim``.
     """
     cfg = overridden_config(problem, overrides)
-    cfg.check(kernel_head_dim(problem.head_dim, problem.head_dim_v), problem.dtype.itemsize)
+    head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, cfg)
+    cfg.check(head_dim, problem.dtype.itemsize, head_dim_v)
     return cfg
 
 

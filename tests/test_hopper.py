@@ -439,15 +439,21 @@ CENSUS_CONFIGS += [("d128-full-s16k-paired-softcap", 128, False, {"_seqlen": 163
                                                                   "_paired": True, "_softcap": True}),
                    ("d64-causal-softcap", 64, True, {"_softcap": True})]
 # a v with a head dim of its own (config.own_value_dim): MLA's 192/128 on d256's rows (Q and K
-# padded to 256, V and O 128 wide), and 128/64 and 64/128 on d128 non-causal's S16k default (the
-# relayed pair: its multicast copies take each tensor's own width)
-OWN_VALUE_DIM_CENSUS = [("d256-full-v128", "d256-full", 256, False, (192, 128)),
-                        ("d256-causal-v128", "d256-causal", 256, True, (192, 128)),
-                        ("d128-full-s16k-paired-v64", "d128-full-s16k-paired", 128, False, (128, 64)),
-                        ("d128-full-s16k-paired-q64", "d128-full-s16k-paired", 128, False, (64, 128))]
-CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **({"_seqlen": 16384, "_key_tail": False, "_paired": True}
-                                                     if d == 128 else {})})
-                   for label, _, d, causal, qv in OWN_VALUE_DIM_CENSUS]
+# padded to 256, V and O 128 wide; with split_head_dim, Q and K as 128 + 64 columns), and 128/64
+# and 64/128 on d128 non-causal's S16k default (the relayed pair: its multicast copies take each
+# tensor's own width)
+_OWN = {"own_value_dim": True}
+_SPLIT = {"own_value_dim": True, "split_head_dim": True}
+OWN_VALUE_DIM_CENSUS = [("d256-full-v128", "d256-full", 256, False, (192, 128), _OWN),
+                        ("d256-causal-v128", "d256-causal", 256, True, (192, 128), _OWN),
+                        ("d256-full-q192-v128", "d256-full", 256, False, (192, 128), _SPLIT),
+                        ("d256-causal-q192-v128", "d256-causal", 256, True, (192, 128), _SPLIT),
+                        ("d256-full-q160-v128", "d256-full", 256, False, (160, 128), _SPLIT),
+                        ("d128-full-s16k-paired-v64", "d128-full-s16k-paired", 128, False, (128, 64), _OWN),
+                        ("d128-full-s16k-paired-q64", "d128-full-s16k-paired", 128, False, (64, 128), _OWN)]
+CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **switches,
+                                       **({"_seqlen": 16384, "_key_tail": False, "_paired": True} if d == 128 else {})})
+                   for label, _, d, causal, qv, switches in OWN_VALUE_DIM_CENSUS]
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
@@ -2386,7 +2392,7 @@ def test_a_value_head_dim_is_compiled_at_its_own_width():
     # config.kernel_head_dims: with own_value_dim (the default) Q/K and V/O each take the next
     # compiled head dim up from their own; the configuration stays the wider one's. A v wider than
     # q without O's own buffer, or the switch off, pads both to the wider (the build before)
-    own = config.HopperFwdConfig()
+    own = config.HopperFwdConfig(own_value_dim=True)
     assert config.kernel_head_dims(192, 128, own) == (256, 128)
     assert config.kernel_head_dims(128, 64, own) == (128, 64)
     assert config.kernel_head_dims(96, 40, own) == (128, 64)
@@ -2394,14 +2400,16 @@ def test_a_value_head_dim_is_compiled_at_its_own_width():
     assert config.kernel_head_dims(64, 128, dataclasses.replace(own, separate_o=True)) == (64, 128)
     assert config.kernel_head_dims(64, 128, own) == (128, 128)              # O would not fit in Q's buffer
     assert config.kernel_head_dims(192, 128, dataclasses.replace(own, own_value_dim=False)) == (256, 256)
-    # every default row a pair runs on: d256's for 192/128 (O staged in Q's buffer, reinterpreted),
-    # d128's for 128/64 and 64/128 (O's own buffer at every length)
+    # every default row a pair runs on, the switch on: d256's for 192/128 (O staged in Q's buffer,
+    # reinterpreted), d128's for 128/64 and 64/128 (O's own buffer at every length); off by default
     for (d, dv), widths in (((192, 128), (256, 128)), ((128, 64), (128, 64)), ((64, 128), (64, 128))):
         for causal in (False, True):
             for seqlen in (1000, 4096, 16384):
                 problem = _problem(head_dim=d, head_dim_v=dv, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
                 cfg = select_config(problem)
                 assert cfg == select_config(dataclasses.replace(problem, head_dim=max(d, dv), head_dim_v=max(d, dv)))
+                assert config.kernel_head_dims(d, dv, cfg) == (config.kernel_head_dim(d, dv),) * 2
+                cfg = dataclasses.replace(cfg, own_value_dim=True)
                 assert config.kernel_head_dims(d, dv, cfg) == widths, (d, dv, causal, seqlen)
                 cfg.check(widths[0], 2, widths[1])
     # the shared memory it frees: V's ring and (separate_o) O's buffer at v's width
@@ -2414,11 +2422,44 @@ def test_a_value_head_dim_is_compiled_at_its_own_width():
         own.check(128, 2, 96)
 
 
-@pytest.mark.parametrize("label, base, d, causal, qv", OWN_VALUE_DIM_CENSUS, ids=[c[0] for c in OWN_VALUE_DIM_CENSUS])
-def test_own_value_dim_census(census, label, base, d, causal, qv):
+def test_a_split_head_dim_reads_q_and_k_in_two_boxes():
+    # split_head_dim: q's head dim 136-192 as 128 columns and the narrowest tail box of 16, 32 or
+    # 64 that holds the rest (kernel_head_dims, qk_boxes), where O fits Q's first box; the boxes'
+    # inline copies, the second-box ring of keys and Q in registers are refused beside it
+    split = config.HopperFwdConfig(own_value_dim=True, split_head_dim=True)
+    assert config.kernel_head_dims(192, 128, split) == (192, 128)
+    assert config.kernel_head_dims(136, 64, split) == (144, 64)
+    assert config.kernel_head_dims(152, 152, split) == (256, 256)           # O would not fit 128 columns
+    assert config.kernel_head_dims(152, 152, dataclasses.replace(split, separate_o=True)) == (160, 256)
+    assert config.kernel_head_dims(200, 128, split) == (256, 128)           # past 192: one box of 256
+    assert config.kernel_head_dims(128, 64, split) == (128, 64)
+    assert config.kernel_head_dims(192, 128, dataclasses.replace(split, own_value_dim=False)) == (256, 256)
+    assert [config.qk_boxes(w) for w in (64, 144, 160, 192, 256)] == [(64, 0), (128, 16), (128, 32), (128, 64),
+                                                                       (256, 0)]
+    with pytest.raises(ValueError, match="Q's and K's width must be one of"):
+        config.qk_boxes(176)
+    d256 = dataclasses.replace(fwd.default_config(256, True, 8192), own_value_dim=True, split_head_dim=True)
+    d256.check(192, 2, 128)
+    assert d256.smem_bytes(192, 2, 128) == d256.smem_bytes(256, 2, 128) - (
+        d256.num_q_stages * d256.block_m + d256.num_kv_stages * d256.kv_tile) * 64 * 2
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        dataclasses.replace(d256, split_head_dim=False).check(192, 2, 128)
+    with pytest.raises(ValueError, match="head_dim_v must be at most that or separate_o on, got 256"):
+        d256.check(192, 2, 256)
+    with pytest.raises(ValueError, match="it excludes q_in_registers"):
+        dataclasses.replace(d256, q_in_registers=True).check(192, 2, 128)
+    paired = dataclasses.replace(fwd.default_config(128, False, 16384), own_value_dim=True, split_head_dim=True)
+    with pytest.raises(ValueError, match="it excludes kv_multicast"):
+        paired.check(192, 2, 128)
+
+
+@pytest.mark.parametrize("label, base, d, causal, qv, switches", OWN_VALUE_DIM_CENSUS,
+                         ids=[c[0] for c in OWN_VALUE_DIM_CENSUS])
+def test_own_value_dim_census(census, label, base, d, causal, qv, switches):
     # v's own width (192/128: PV's wgmma 64x128 instead of 64x256, O's rescale over 64 registers
     # instead of 128) against the padded build of the same row: no local memory in the loops, the
-    # shared memory the config counts, wgmma N only the keys' and v's widths
+    # shared memory the config counts, wgmma N only the keys' and v's widths. Split, QK's wgmma
+    # run K = 128 + the tail's columns deep instead of 256: that share of the QK instructions
     own, padded = census[label], census[base]
     assert "error" not in own["row"], own["row"]["error"]
     cfg = HopperFwdConfig(**{f.name: own["row"]["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
@@ -2438,6 +2479,9 @@ def test_own_value_dim_census(census, label, base, d, causal, qv):
         assert sum(loop["fmul"] for loop in own["kv_loops"]) < sum(loop["fmul"] for loop in padded["kv_loops"])
     if cfg.kv_multicast:
         assert own["multicast_copies"] > 0
+    if cfg.split_head_dim:
+        qk = lambda e: e["hgmma_shapes"][f"64x{cfg.block_n}x16"]      # noqa: E731 (block_n 64: QK alone)
+        assert qk(own) * d == qk(padded) * q_width, (own["hgmma_shapes"], padded["hgmma_shapes"])
 
 
 def test_a_padded_descriptor_boxes_the_kernels_columns():
@@ -2631,11 +2675,29 @@ def test_gate_padded_head_dims(head_dim, causal, shape):
 @on_hopper
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim, head_dim_v", [(192, 128), (128, 64), (64, 128)])
-def test_gate_value_head_dims(head_dim, head_dim_v, causal, shape):
+@pytest.mark.parametrize("head_dim, head_dim_v, build", [
+    *[(d, dv, build) for build in ("padded", "own-width") for d, dv in ((192, 128), (128, 64), (64, 128))],
+    (192, 128, "split"), (160, 128, "split"), (136, 64, "split")])
+def test_gate_value_head_dims(head_dim, head_dim_v, build, causal, shape):
     # v with a head dim of its own (MLA's 192/128 on the d256 kernel; narrower and wider than q/k
-    # on the d128 one): each tensor's descriptor pads to the kernel's columns, out keeps v's
-    _gate(head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, **shape)
+    # on the d128 one): each tensor's descriptor pads to the kernel's columns, out keeps v's; with
+    # own_value_dim V, PV and O at v's own width (192/128: 256/128, its O staged in Q's buffer);
+    # split, Q and K as 128 columns and a tail box (192/128: 192/128, 136/64: 144/64)
+    _gate(_forward_with(**_BUILDS[build]), head_dim=head_dim, head_dim_v=head_dim_v,
+          dtype=torch.bfloat16, causal=causal, **shape)
+
+
+# the value head dims' builds: every tensor at the wider kernel head dim (the default), v at its own
+# width, and q and k split in two boxes as well
+_BUILDS = {"padded": {}, "own-width": {"own_value_dim": True}, "split": {"own_value_dim": True, "split_head_dim": True}}
+
+
+def _forward_with(**changes):
+    """``fwd.forward`` on each problem's default configuration with ``changes``."""
+    def run(q, k, v, causal, softmax_scale, **kw):
+        cfg = dataclasses.replace(select_config(Problem.of(q, k, v, causal)), **changes)
+        return fwd.forward(q, k, v, causal, softmax_scale, config=cfg, **kw)
+    return run
 
 
 @pytest.mark.gpu
@@ -2655,19 +2717,25 @@ def test_gate_softcap(softcap, head_dim, causal, shape):
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("seqlen, causal", [(1000, False), (1000, True), (4096, False), (8192, False)])
-@pytest.mark.parametrize("head_dim, head_dim_v", [(32, 32), (96, 96), (128, 64)])
-def test_a_padded_head_dim_writes_only_its_own_columns(head_dim, head_dim_v, causal, seqlen):
+@pytest.mark.parametrize("head_dim, head_dim_v, build", [(32, 32, "padded"), (96, 96, "padded"), (128, 64, "padded"),
+                                                          (128, 40, "own-width"), (192, 128, "own-width"),
+                                                          (192, 72, "own-width"), (192, 128, "split"),
+                                                          (160, 72, "split")])
+def test_a_padded_head_dim_writes_only_its_own_columns(head_dim, head_dim_v, build, causal, seqlen):
     # out as a view into wider rows of a poisoned buffer: the kernel's TMA stores (and the split
     # tail's merge, from S4096 non-causal) write the output's columns and not one past them;
-    # the result is the contiguous out's, bit for bit, twice over (a moving result is a race)
+    # the result is the contiguous out's, bit for bit, twice over (a moving result is a race).
+    # With v's own width, O's box is v's kernel width (192/72: 128 columns, staged in Q's buffer;
+    # split, in Q's first box)
     torch.manual_seed(0)
     kd = config.kernel_head_dim(head_dim, head_dim_v)
     q, k = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(2))
     v = torch.randn(2, seqlen, 4, head_dim_v, device="cuda", dtype=torch.float16)
-    want, want_lse = fwd.forward(q, k, v, causal, head_dim ** -0.5)
+    forward = _forward_with(**_BUILDS[build])
+    want, want_lse = forward(q, k, v, causal, head_dim ** -0.5)
     for _ in range(2):
         wide = torch.full((2, seqlen, 4, kd), float("nan"), device="cuda", dtype=torch.float16)
-        out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, out=wide[..., :head_dim_v])
+        out, lse = forward(q, k, v, causal, head_dim ** -0.5, out=wide[..., :head_dim_v])
         assert wide[..., head_dim_v:].isnan().all(), "a column past the head dim was written"
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 

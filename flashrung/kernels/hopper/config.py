@@ -29,6 +29,11 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # them on every store, so the extra columns add 0 to QK and leave O's real columns exact. A row of
 # 8 16-bit elements is TMA's 16-byte stride unit.
 PADDED_HEAD_DIM_MULTIPLE = 8
+# split_head_dim: q's head dim as a box of 128 columns and a tail box of one of these widths (each
+# a power of two: a Triton block, and a multiple of wgmma's K of 16), for head dims up to 192
+SPLIT_FIRST_BOX_COLS = 128
+SPLIT_TAIL_BOX_COLS = (16, 32, 64)
+SPLIT_MAX_HEAD_DIM = SPLIT_FIRST_BOX_COLS + SPLIT_TAIL_BOX_COLS[-1]
 # Conditional rescaling lets unnormalized probabilities reach 2^τ: τ ≤ 15 keeps them below the
 # fp16 maximum (65504) with margin; FA4 uses τ = 8 for 16-bit inputs (seed 001, 0x09).
 MAX_RESCALE_THRESHOLD = 15.0
@@ -473,8 +478,18 @@ class HopperFwdConfig:
     # products a K/V tile are QK's 256 columns and PV's 128 instead of 256 + 256, and O holds 64
     # fp32 registers per consumer thread instead of 128. Off: every tensor padded to the wider
     # (the build before). A v wider than q's kernel needs O's own buffer (separate_o): O staged in
-    # Q's would not fit; without it such a pair runs padded
-    own_value_dim: bool = True
+    # Q's would not fit; without it such a pair runs padded. Off by default until its gate has run on
+    # the H200 (tests/test_hopper.py::test_gate_value_head_dims with it on): census only so far
+    own_value_dim: bool = False
+    # q's head dim between 136 and 192 as two TMA boxes and two wgmma per QK: the first 128 columns
+    # and a narrower tail (16, 32 or 64 columns: kernel_head_dims), instead of padding Q and K to 256.
+    # At MLA's 192 QK reads 192 columns a key, not 256 (with own_value_dim, 192/128 runs 192/128,
+    # FA3's and FA4's build). Both boxes complete the Q and K ready barriers; the tail reuses the
+    # second-box descriptors and ring of extra_keys, so the two exclude each other, as do the
+    # single-box inline copies (kv_multicast, producer_unsynced) and Q in registers. O must fit the
+    # first box (v's width at most 128, or separate_o); otherwise q pads as without the switch. Off
+    # by default until its gate has run on the H200: census only so far
+    split_head_dim: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -526,11 +541,22 @@ class HopperFwdConfig:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim`` (and
         ``head_dim_v``, the kernel's V and O width, where it is not ``head_dim``'s)."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+            if not self.split_head_dim:
+                raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+            qk_boxes(head_dim)
+            value = head_dim if head_dim_v is None else head_dim_v
+            if value > SPLIT_FIRST_BOX_COLS and not self.separate_o:
+                raise ValueError(f"split_head_dim stages O in Q's first box of {SPLIT_FIRST_BOX_COLS} columns: "
+                                 f"head_dim_v must be at most that or separate_o on, got {value}")
+            clashes = [name for name in ("extra_keys", "q_in_registers", "kv_multicast", "producer_unsynced")
+                       if getattr(self, name)]
+            if clashes:
+                raise ValueError(f"split_head_dim loads Q and K as two boxes each: it excludes {', '.join(clashes)} "
+                                 "(the second-box ring, Q's one register operand, the single-box inline copies)")
         if head_dim_v is not None and head_dim_v != head_dim:
             if head_dim_v not in SUPPORTED_HEAD_DIMS:
                 raise ValueError(f"head_dim_v must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim_v}")
-            if head_dim_v > head_dim and not self.separate_o:
+            if head_dim_v > qk_boxes(head_dim)[0] and not self.separate_o:
                 raise ValueError(f"head_dim_v {head_dim_v} wider than head_dim {head_dim} needs separate_o "
                                  "(O is staged in Q's buffer otherwise, which is narrower)")
         if self.block_m % ROWS_PER_CONSUMER_WARPGROUP or not 1 <= self.num_consumers <= 3:
@@ -1350,14 +1376,37 @@ def kernel_head_dims(head_dim: int, head_dim_v: int | None, cfg: HopperFwdConfig
     configuration is the wider one's (:func:`kernel_head_dim`, :func:`select_config`); with
     ``cfg.own_value_dim`` each side is the next compiled head dim up from its own (MLA's 192/128:
     (256, 128)), unless v's would be wider than q's without O's own buffer (``separate_o``), where
-    both are the wider (as with the switch off)."""
+    both are the wider (as with the switch off). With ``cfg.split_head_dim``, Q's and K's width of
+    136–192 is 128 columns and a tail box (:func:`qk_boxes`; MLA's: (192, 128)) where O fits the
+    first box."""
     wide = kernel_head_dim(head_dim, head_dim_v)
     if head_dim_v is None or head_dim_v == head_dim or not cfg.own_value_dim:
-        return wide, wide
-    qk, value = kernel_head_dim(head_dim), kernel_head_dim(head_dim_v)
-    if value > qk and not cfg.separate_o:
-        return wide, wide
+        qk = value = wide
+    else:
+        qk, value = kernel_head_dim(head_dim), kernel_head_dim(head_dim_v)
+        if value > qk and not cfg.separate_o:
+            qk = value = wide
+    if cfg.split_head_dim and SPLIT_FIRST_BOX_COLS < head_dim <= SPLIT_MAX_HEAD_DIM \
+            and (value <= SPLIT_FIRST_BOX_COLS or cfg.separate_o):
+        qk = SPLIT_FIRST_BOX_COLS + _tail_box_cols(head_dim - SPLIT_FIRST_BOX_COLS)
     return qk, value
+
+
+def _tail_box_cols(cols: int) -> int:
+    """The narrowest tail box (``SPLIT_TAIL_BOX_COLS``) holding ``cols`` columns."""
+    return next((c for c in SPLIT_TAIL_BOX_COLS if c >= cols), SPLIT_TAIL_BOX_COLS[-1])
+
+
+def qk_boxes(width: int) -> tuple[int, int]:
+    """Q's and K's compiled width as TMA boxes: ``(width, 0)`` for a compiled head dim, ``(128,
+    tail)`` for a split one (``split_head_dim``: 144, 160, 192). Raises ``ValueError`` otherwise."""
+    if width in SUPPORTED_HEAD_DIMS:
+        return width, 0
+    tail = width - SPLIT_FIRST_BOX_COLS
+    if tail not in SPLIT_TAIL_BOX_COLS:
+        raise ValueError(f"Q's and K's width must be one of {SUPPORTED_HEAD_DIMS} or, split, "
+                         f"{tuple(SPLIT_FIRST_BOX_COLS + t for t in SPLIT_TAIL_BOX_COLS)}; got {width}")
+    return SPLIT_FIRST_BOX_COLS, tail
 
 
 def select_config(problem) -> HopperFwdConfig:

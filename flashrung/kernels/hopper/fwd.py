@@ -141,6 +141,7 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     kernel_head_dim,
     kernel_head_dims,
+    qk_boxes,
     replace_following,
     select_config,
 )
@@ -240,8 +241,9 @@ class _Shared:
     v_ready_bars: gl.shared_memory_descriptor
     v_empty_bars: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor     # per consumer: the pingpong GEMM-issue token
-    k2_bufs: gl.shared_memory_descriptor       # [stages, 1, EXTRA_KEYS, 1, D]: the second box (k_bufs if none)
-    v2_bufs: gl.shared_memory_descriptor
+    k2_bufs: gl.shared_memory_descriptor       # [stages, 1, EXTRA_KEYS, 1, D]: the second box (k_bufs if none),
+    v2_bufs: gl.shared_memory_descriptor       # or for K [stages, 1, BLOCK_N, 1, HEAD_DIM_TAIL] (split_head_dim)
+    q2_bufs: gl.shared_memory_descriptor       # [Q stages · consumers, 1, 64, 1, HEAD_DIM_TAIL] (q_bufs if none)
     ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
     item_bufs: gl.shared_memory_descriptor     # int32 [Q stages · consumers, 1]: the handed work item (DYNAMIC)
     k_relay_bars: gl.shared_memory_descriptor  # per stage: the peer's consumers released it (RELAY_RELEASE)
@@ -250,7 +252,8 @@ class _Shared:
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
                  k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs,
-                 k_relay_bars, v_relay_bars):
+                 k_relay_bars, v_relay_bars, q2_bufs):
+        self.q2_bufs = q2_bufs
         self.item_bufs = item_bufs
         self.k_relay_bars = k_relay_bars
         self.v_relay_bars = v_relay_bars
@@ -338,7 +341,8 @@ class _Schedule:
 
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
-    HEAD_DIM: gl.constexpr       # Q's and K's columns: QK's reduction
+    HEAD_DIM: gl.constexpr       # Q's and K's columns: QK's reduction (its first box with HEAD_DIM_TAIL)
+    HEAD_DIM_TAIL: gl.constexpr  # split_head_dim: Q's and K's columns in a second box after HEAD_DIM; 0: none
     HEAD_DIM_V: gl.constexpr     # V's and O's columns: PV's N, O's accumulator (config.kernel_head_dims)
     NUM_KV_STAGES: gl.constexpr
     NUM_Q_STAGES: gl.constexpr   # Q buffers per consumer warpgroup: q_bufs[stage · NUM_CONSUMERS + wg]
@@ -487,7 +491,7 @@ def _solo_pair(tile_id, m_block, sz, c):
 
 
 @gluon.jit
-def _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
+def _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
     """The tile's Q, one box per consumer, into Q stage ``q_stage`` (``ring_slot`` of the tile's count);
     with the dynamic hand-out, work item ``item`` beside it (:func:`_hand_item`)."""
     for wg in gl.static_range(c.NUM_CONSUMERS):
@@ -500,6 +504,13 @@ def _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
             # side; the inline copy is thread 0's alone and needs none
             load_q(_tensor_map(sz, _Q_MAP), slot, row0 + wg * _ROWS, h, b, c.Q_BUFS_AT, c.Q_ARM_AT, _ROWS,
                    c.HEAD_DIM, c.ELEM_BYTES, c.PRODUCER_WARPS)
+        elif c.HEAD_DIM_TAIL > 0:
+            # split_head_dim: the first HEAD_DIM columns and the tail box after them, one barrier
+            mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes + q2_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
+                                            sh.q_bufs.index(slot))
+            tma.async_copy_global_to_shared(q2_desc, [b, row0 + wg * _ROWS, h, c.HEAD_DIM], sh.q_ready_bars.index(slot),
+                                            sh.q2_bufs.index(slot))
         else:
             mbarrier.expect(sh.q_ready_bars.index(slot), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b, row0 + wg * _ROWS, h, 0], sh.q_ready_bars.index(slot),
@@ -553,6 +564,11 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
         else:
             load_half(tmap, idx, key0, kv_head, b, RING_AT, ARM_AT, c.BLOCK_N, COLS, c.ELEM_BYTES,
                       c.PRODUCER_WARPS)
+    elif c.HEAD_DIM_TAIL > 0 and KV == 0:
+        # split_head_dim: K's first HEAD_DIM columns and its tail box (in the second-box ring)
+        mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
+        tma.async_copy_global_to_shared(desc2, [b, key0, kv_head, c.HEAD_DIM], ready_bars.index(idx), bufs2.index(idx))
     elif c.EXTRA_KEYS > 0:
         mbarrier.expect(ready_bars.index(idx), desc.block_type.nbytes + desc2.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [b, key0, kv_head, 0], ready_bars.index(idx), bufs.index(idx))
@@ -589,7 +605,7 @@ def _hand_item(sh, slot, item):
 
 
 @gluon.jit
-def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c):
+def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c):
     """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
     ring count after it."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
@@ -607,7 +623,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, b,
                       kv_head, first, count, solo, c, sz, 0)
-        _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
+        _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
             # slot is filled when its tile is next needed, not as soon as it frees
@@ -633,7 +649,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count,
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-        _load_q(q_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
+        _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
     count += kv_hi - kv_lo
     return count
 
@@ -651,7 +667,7 @@ def _end_handout(sh, tile_iter, c):
 
 
 @gluon.jit
-def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
+def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, c):
     count = 0      # K/V ring items loaded so far, across persistent tiles
     tile_iter = 0
     if c.MULTICAST:
@@ -662,7 +678,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         pos = start
         item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
         while item < sz.num_items:
-            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
             pos += 1
             # Drawn once this item's last load is issued: the CTA commits to its next tile about a
@@ -680,7 +696,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c):
         start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
         for pos in range(start, stop, step):
             item = work_at(sz.sched_ptr, pos, c.BALANCED)
-            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, item, count, tile_iter, c)
+            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
         if c.MULTICAST:
             _drain_ring(sh, count, c)
@@ -730,11 +746,18 @@ def _qk_part(q, bufs, idx, N: gl.constexpr, HEAD_DIM: gl.constexpr):
 def _qk(q, sh, idx, c):
     """Issue S = Q Kᵀ for ring slot ``idx`` (async; K in shared memory, Q in shared memory or, with
     ``Q_IN_REGISTERS``, already in registers): a tuple of one group per part."""
-    s = _qk_part(q, sh.k_bufs, idx, c.BLOCK_N, c.HEAD_DIM)
-    if c.EXTRA_KEYS > 0:
-        parts = (s, _qk_part(q, sh.k2_bufs, idx, c.EXTRA_KEYS, c.HEAD_DIM))
+    if c.HEAD_DIM_TAIL > 0:
+        # split_head_dim: ``q`` is (first box, tail box); the tail's product accumulates onto the
+        # first's, two wgmma groups that complete in order before any PV issued after them
+        s = _qk_part(q[0], sh.k_bufs, idx, c.BLOCK_N, c.HEAD_DIM)
+        k_tail = sh.k2_bufs.index(idx).reshape([c.BLOCK_N, c.HEAD_DIM_TAIL])
+        parts = (warpgroup_mma(q[1], k_tail.permute((1, 0)), s, is_async=True),)
     else:
-        parts = (s,)
+        s = _qk_part(q, sh.k_bufs, idx, c.BLOCK_N, c.HEAD_DIM)
+        if c.EXTRA_KEYS > 0:
+            parts = (s, _qk_part(q, sh.k2_bufs, idx, c.EXTRA_KEYS, c.HEAD_DIM))
+        else:
+            parts = (s,)
     return parts
 
 
@@ -1177,11 +1200,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
     if not c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
     stamp(trace, rows, first_row, E_END, c.TRACE_STEPS, c.TRACE_WARPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
@@ -1219,7 +1242,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP,
                                                     not c.ROW_SUM_BY_MMA)
-        p_op = _operands(p, q.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
@@ -1282,7 +1305,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
-    p_op = _operands(p, q.dtype, False, c.HEAD_DIM_V)
+    p_op = _operands(p, sh.v_bufs.dtype, False, c.HEAD_DIM_V)
     ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
@@ -1489,6 +1512,8 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     if c.Q_IN_REGISTERS:
         # one ldmatrix pass per tile; every QK of the tile then reads only K from shared memory
         q_op = q.load(_a_operand_layout(c.BLOCK_N))
+    elif c.HEAD_DIM_TAIL > 0:
+        q_op = (q, sh.q2_bufs.index(q_slot).reshape([_ROWS, c.HEAD_DIM_TAIL]))
     else:
         q_op = q
     if c.SKIP_EMPTY_ROWS and my_row0 >= sz.seqlen_q:
@@ -1596,7 +1621,8 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
 
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
-def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, tail_coords_ptr,
+def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr,
+                     tail_coords_ptr,
                      sched_ptr, handout_ptr, kv_tmaps_ptr,
                      seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
@@ -1604,7 +1630,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
                      qk_scale_log2, softcap_pre, softcap_post,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     HEAD_DIM_V: gl.constexpr, NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
+                     HEAD_DIM_V: gl.constexpr, HEAD_DIM_TAIL: gl.constexpr,
+                     NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
                      OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
@@ -1649,9 +1676,17 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     if EXTRA_KEYS > 0:
         k2_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k2_desc.block_type.shape, k2_desc.layout)
         v2_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + v2_desc.block_type.shape, v2_desc.layout)
+    elif HEAD_DIM_TAIL > 0:
+        k2_bufs = gl.allocate_shared_memory(dtype, [NUM_KV_STAGES] + k2_desc.block_type.shape, k2_desc.layout)
+        v2_bufs = v_bufs
     else:
         k2_bufs = k_bufs
         v2_bufs = v_bufs
+    if HEAD_DIM_TAIL > 0:
+        q2_bufs = gl.allocate_shared_memory(dtype, [NUM_Q_STAGES * NUM_CONSUMERS] + q2_desc.block_type.shape,
+                                            q2_desc.layout)
+    else:
+        q2_bufs = q_bufs
     if SEPARATE_O:
         o_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     else:
@@ -1700,7 +1735,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
         mbarrier.init(v_empty_bars.index(i), count=RELEASES_PER_SLOT)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs, k_relay_bars,
-                 v_relay_bars)
+                 v_relay_bars, q2_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -1711,6 +1746,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                  HEAD_DIM_TAIL=HEAD_DIM_TAIL,
                   NUM_KV_STAGES=NUM_KV_STAGES,
                   NUM_Q_STAGES=NUM_Q_STAGES,
                   NUM_CONSUMERS=NUM_CONSUMERS, IS_CAUSAL=IS_CAUSAL, LPT=LPT, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
@@ -1747,20 +1783,20 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse_ptr, 
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, c)),
         ], [PRODUCER_WARPS_USED], [PRODUCER_REGS])
     elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, PRODUCER_WARPS_USED], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 0, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 1, c)),
             (_consumer_partition, (o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, 2, c)),
-            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, sh, sz, c)),
+            (_producer_partition, (q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, c)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, PRODUCER_WARPS_USED], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1804,7 +1840,8 @@ def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positiv
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
                      has_softcap: bool, head_dim_v: int) -> tuple:
     return tuple(dict(
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=qk_boxes(head_dim)[0], HEAD_DIM_V=head_dim_v,
+        HEAD_DIM_TAIL=qk_boxes(head_dim)[1],
         NUM_KV_STAGES=cfg.num_kv_stages,
         NUM_Q_STAGES=cfg.num_q_stages,
         IS_CAUSAL=bool(causal), LPT=cfg.lpt, OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
@@ -2080,7 +2117,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         num_tiles = num_m_blocks * batch * heads_q
     num_full_tiles, splits = num_tiles, 1
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    row_dim = max(head_dim, head_dim_v)      # the configuration's row (select_config)
+    row_dim = kernel_head_dim(max(head_dim, head_dim_v))      # the configuration's row (select_config)
     resident = None
     if sm_count is not None:
         resident = sm_count * cfg.resident_ctas_per_sm(head_dim, elem_bytes, head_dim_v) // pair
@@ -2160,14 +2197,18 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
-                                partial_tile_share(cfg, max(head_dim, head_dim_v)), cfg.dynamic_pool_share)
+                                partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
+                                cfg.dynamic_pool_share)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
         sched = coords          # never dereferenced: the stride needs no table
     # never dereferenced without the dynamic hand-out
     handout = handout_counters(device_index) if cfg.dynamic and not warmup else coords
-    k_desc, v_desc = _descriptor(k, cfg.block_n, head_dim), _descriptor(v, cfg.block_n, head_dim_v)
+    # Q's and K's columns as one box, or (split_head_dim) a first box and a tail box after it
+    first_cols, tail_cols = qk_boxes(head_dim)
+    q_desc = _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, first_cols)
+    k_desc, v_desc = _descriptor(k, cfg.block_n, first_cols), _descriptor(v, cfg.block_n, head_dim_v)
     # never dereferenced without kv_multicast (a compile-only call's stand-in has the maps' type)
     if cfg.kv_multicast:
         if warmup:
@@ -2179,11 +2220,17 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         tmaps = lse
     pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps)
+    if tail_cols:
+        k2_desc, v2_desc = _descriptor(k, cfg.block_n, tail_cols), v_desc
+    elif cfg.extra_keys:
+        k2_desc, v2_desc = _descriptor(k, cfg.extra_keys, head_dim), _descriptor(v, cfg.extra_keys, head_dim_v)
+    else:
+        k2_desc, v2_desc = k_desc, v_desc
     args = (
-        _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, head_dim), k_desc, v_desc,
-        # the second box of each K/V tile (extra_keys); without one the kernel never reads these
-        _descriptor(k, cfg.extra_keys, head_dim) if cfg.extra_keys else k_desc,
-        _descriptor(v, cfg.extra_keys, head_dim_v) if cfg.extra_keys else v_desc,
+        q_desc, k_desc, v_desc,
+        # K's second box: the tail of its columns (split_head_dim) or a second box of keys
+        # (extra_keys, V's too); Q's tail box. The kernel never reads those it has no use for
+        k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
         *softcap_factors(softcap, softmax_scale),
     )
@@ -2424,11 +2471,14 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
     def box(rows, cols):
         return f"tensordesc<{t}[1, {rows}, 1, {cols}],{_smem_layout(dtype, rows, cols)!r}>"
 
+    first_cols, tail_cols = qk_boxes(head_dim)
     box2 = cfg.extra_keys or cfg.block_n
+    rows = ROWS_PER_CONSUMER_WARPGROUP
     signature = {
-        "q_desc": box(ROWS_PER_CONSUMER_WARPGROUP, head_dim), "k_desc": box(cfg.block_n, head_dim),
-        "v_desc": box(cfg.block_n, head_dim_v), "k2_desc": box(box2, head_dim), "v2_desc": box(box2, head_dim_v),
-        "o_desc": box(ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), "lse_ptr": "*fp32",
+        "q_desc": box(rows, first_cols), "k_desc": box(cfg.block_n, first_cols), "v_desc": box(cfg.block_n, head_dim_v),
+        "k2_desc": box(cfg.block_n, tail_cols) if tail_cols else box(box2, head_dim),
+        "v2_desc": box(box2, head_dim_v), "q2_desc": box(rows, tail_cols or first_cols),
+        "o_desc": box(rows, head_dim_v), "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
         "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32", "softcap_pre": "fp32", "softcap_post": "fp32",

@@ -87,6 +87,33 @@ def test_a_softcap_reaches_free_shapes_and_paired_rows_and_not_a_suite(capsys):
         assert "softcap must be 0 (none) or a finite positive number" in capsys.readouterr().err
 
 
+def test_a_window_reaches_free_shapes_and_paired_rows_and_not_a_suite(capsys):
+    # --window LEFT,RIGHT: the rows' problem (label, plan, shared inputs) and their FLOPs, which
+    # count the pairs inside the window under a convention of their own
+    _, rows = cli.rows_from_args(parse("bench", "--seqlen", "8192", "--window", "1024,0", "--causal"))
+    (row,) = rows
+    assert row.window == (1024, 0) and "causal win1024,0" in row.label()
+    assert row.flops() == (row.flop_count().forward("window"), "window")
+    assert row.flops()[0] < cli.rows_from_args(parse("bench", "--seqlen", "8192", "--causal"))[1][0].flops()[0]
+    assert suites.Row.from_plan(row.plan()) == row and row.plan()["window"] == [1024, 0]
+    assert row.shape_key() != dataclasses.replace(row, window=None).shape_key()
+    assert cli.pair_row(parse("compare", "fa4", "flashrung", "--window", "256,256")).window == (256, 256)
+    rc, out, _ = run(capsys, "bench", "--seqlen", "4096", "--window", "128,-1", "--causal", "--dry-run")
+    assert rc == 0 and "causal win128,-1" in out and "window" in out
+    rc, _, err = run(capsys, "bench", "--suite", "fa4-protocol", "--window", "128,0", "--dry-run")
+    assert rc == 2 and "--window" in err and "suite" in err
+    # a right side a causal row cannot have, and windows that bound nothing the mask does not
+    for argv in (("--window", "128,4", "--causal"), ("--window=-1,0",), ("--window=-1,-1", "--causal")):
+        rc, _, err = run(capsys, "bench", "--seqlen", "4096", *argv, "--dry-run")
+        assert rc == 2 and err.startswith("flashrung bench: --window: "), err
+    with pytest.raises(SystemExit, match="--window: a causal row's window right side"):
+        cli.pair_row(parse("compare", "fa4", "flashrung", "--window", "64,3", "--causal"))
+    for bad in ("64", "a,b", "-2,0", "1,2,3"):
+        with pytest.raises(SystemExit):
+            parse("bench", "--seqlen", "4096", "--window=" + bad, "--dry-run")
+        assert "--window" in capsys.readouterr().err
+
+
 def test_bad_arguments_say_what_to_fix(capsys):
     rc, _, err = run(capsys, "bench", "--suite", "seed-frozen", "--batch", "3", "--dry-run")
     assert rc == 2 and "--batch" in err and "suite" in err

@@ -82,3 +82,44 @@ def test_seed_frozen_rows():
     rows = suites.seed_frozen()
     assert [(r.batch, r.heads_q, r.seqlen_q, r.headdim, r.dtype, r.causal) for r in rows] == [
         (2, 16, 2048, 128, "float16", False), (1, 16, 32768, 128, "bfloat16", True)]
+
+
+def _window_mask(sq, sk, left, right, causal):
+    # flash-attn's window, bottom-right aligned: query i sees key j iff
+    # i + (sk - sq) - left <= j <= i + (sk - sq) + right, a side of -1 unbounded, causal right 0
+    i = np.arange(sq)[:, None] + (sk - sq)
+    j = np.arange(sk)[None, :]
+    seen = np.ones((sq, sk), dtype=bool)
+    if left != -1:
+        seen &= j >= i - left
+    right = 0 if causal else right
+    if right != -1:
+        seen &= j <= i + right
+    return seen
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 9), (9, 1), (17, 17), (5, 40), (40, 5), (64, 65), (130, 37)])
+@pytest.mark.parametrize("left,right,causal", [(0, 0, False), (3, -1, True), (3, 0, True), (8, 2, False),
+                                               (-1, 5, False), (6, -1, False), (100, 100, False), (0, -1, True)])
+def test_window_pairs_equal_a_brute_force_mask(sq, sk, left, right, causal):
+    """Protects: a windowed row's FLOPs count exactly the (query, key) pairs flash-attn's window
+    allows, wherever the clamps to the key range bite (Sq != Sk, windows wider than the keys)."""
+    want = int(_window_mask(sq, sk, left, right, causal).sum())
+    assert numerators.window_pairs(sq, sk, left, right, causal) == want
+    fc = numerators.count(batch=2, heads_q=3, seqlen_q=sq, seqlen_k=sk, head_dim=64, head_dim_v=32, causal=causal,
+                          window=(left, right))
+    assert fc.forward(numerators.WINDOW) == 2 * 2 * 3 * (64 + 32) * want
+    assert fc.backward(numerators.WINDOW) == fc.forward(numerators.WINDOW) * 5 // 2
+    for convention in (numerators.FA_HALF, numerators.EXACT):
+        with pytest.raises(ValueError, match="windowed: 'window'"):
+            fc.forward(convention)
+
+
+def test_a_window_reaching_every_key_counts_the_mask_it_leaves():
+    # a left side past the first key is no bound: causal pairs, or dense pairs
+    assert numerators.window_pairs(300, 300, 299, 0, causal=True) == numerators.causal_pairs(300, 300)
+    assert numerators.window_pairs(70, 90, 1000, 1000) == numerators.dense_pairs(70, 90)
+    with pytest.raises(ValueError, match="window left must be an integer >= -1"):
+        numerators.window_pairs(8, 8, -2, 0)
+    with pytest.raises(ValueError, match="causal window's right side must be -1 or 0"):
+        numerators.window_pairs(8, 8, 4, 2, causal=True)

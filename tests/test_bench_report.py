@@ -250,6 +250,43 @@ def test_peers_without_a_softcap_are_unsupported_not_uncapped():
             peers.prepare(impl, row, inputs=None)
 
 
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_run_gate_checks_a_window(mode, device):
+    # a windowed row's gate windows the references too: the kernel is judged on the row's problem
+    row = suites.Row(batch=1, seqlen_q=40, seqlen_k=56, heads_q=2, heads_kv=1, headdim=32, dtype="float16",
+                     causal=True, mode=mode, window=(9, 0))
+    assert runner.gate_config(row)["window_size"] == (9, 0)
+    g = runner.run_gate("flashrung:portable", row, seed=2, device=device)
+    assert g["passed"] and "window(9, 0)" in g["text"], g["text"]
+
+
+def test_peers_without_a_window_are_unsupported_not_unwindowed():
+    row = suites.Row(batch=1, seqlen_q=64, seqlen_k=64, heads_q=2, heads_kv=2, headdim=64, dtype="bfloat16",
+                     causal=True, mode="fwd", window=(16, 0))
+    for impl in peers.SDPA_PEERS:
+        with pytest.raises(peers.Unsupported, match="no sliding window"):
+            peers.prepare(impl, row, inputs=None)
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (True, (5, 0)), (False, (5, 3)), (False, (-1, 2)),
+                                            (False, (4, -1)), (True, (7, -1))])
+@pytest.mark.parametrize("sq, sk", [(24, 24), (16, 40), (40, 16)])
+def test_flex_mask_mod_is_the_gates_mask(causal, window, sq, sk):
+    """Protects: FlexAttention is timed on the row's own mask — the causal diagonal and the window,
+    bottom-right aligned as flash-attn's (the reference's mask, evaluated here on index grids)."""
+    import torch
+
+    from flashrung import reference
+
+    row = suites.Row(batch=1, seqlen_q=sq, seqlen_k=sk, heads_q=1, heads_kv=1, headdim=32, dtype="bfloat16",
+                     causal=causal, mode="fwd", window=window)
+    q_idx, kv_idx = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    got = peers.flex_mask_mod(row)(0, 0, q_idx, kv_idx)
+    want = reference.attention_mask(sq, sk, causal, window or (-1, -1), device="cpu")
+    assert torch.equal(got.expand(sq, sk), want)
+    assert peers.flex_mask_mod(dataclasses.replace(row, causal=False, window=None)) is None
+
+
 def test_a_failure_after_the_first_call_is_an_error_row_not_a_crash(monkeypatch):
     def prepare(impl, row, inputs, options=None):
         calls = {"n": 0}

@@ -61,6 +61,18 @@ def _softcap(text: str) -> float:
                                          f"got {text!r}") from None
 
 
+def _window(text: str) -> tuple[int, int]:
+    """``--window``'s value: ``LEFT,RIGHT`` as flash-attn's ``window_size`` (-1: unbounded). Whether
+    it suits the mask is the row's to say (``suites.check_window``)."""
+    try:
+        left, right = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT (two integers, -1 unbounded), got {text!r}") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT, each >= -1 (-1 unbounded), got {text!r}")
+    return left, right
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -135,6 +147,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
     g.add_argument("--softcap", type=_softcap, metavar="C",
                    help="cap the scaled scores as flash-attn does, C·tanh(scores / C) (Gemma 2's 50); peers "
                         "without a cap are marked unsupported; the FLOPs do not count it")
+    g.add_argument("--window", type=_window, metavar="LEFT,RIGHT",
+                   help="a sliding window as flash-attn's window_size, bottom-right aligned (-1 unbounded; "
+                        "causal: RIGHT -1 or 0): --window 4096,0 with --causal is Mistral's; peers without one "
+                        "are marked unsupported; the FLOPs count the (query, key) pairs inside it")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
                                                               "only that half" if many else ""))
@@ -270,8 +286,13 @@ def register(subparsers) -> None:
 
 def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
-    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap")
+    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap", "window")
     shape_given = any(getattr(args, a) is not None for a in shape_flags)
+    if args.window is not None:
+        try:
+            suites.check_window(args.window, bool(args.causal))
+        except ValueError as exc:
+            raise ValueError(f"--window: {exc}") from None
     if args.suite is None and (shape_given or args.seqlen or args.headdim):
         if not args.seqlen:
             raise ValueError("free shapes need --seqlen (or pick a --suite)")
@@ -280,7 +301,7 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
             raise ValueError("free shapes take one --headdim")
         rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
                                 kv_heads=args.kv_heads, headdim=headdims[0], headdim_v=args.headdim_v,
-                                seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0,
+                                seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0, window=args.window,
                                 dtype=args.dtype or "bfloat16", causal=bool(args.causal), mode=args.mode or "fwd")
         return "free", rows
     if shape_given:
@@ -376,6 +397,17 @@ def bench_protocol(args) -> timing.BenchProtocol:
     return dataclasses.replace(base, **changes)
 
 
+def _checked_window(args) -> tuple[int, int] | None:
+    """``--window`` checked against the mask, or the command exits naming the argument."""
+    window = getattr(args, "window", None)
+    if window is None:
+        return None
+    try:
+        return suites.check_window(window, bool(args.causal))
+    except ValueError as exc:
+        raise SystemExit(f"flashrung: --window: {exc}") from None
+
+
 def pair_row(args) -> suites.Row:
     d = DEFAULT_PAIR_SHAPE
     seqlen = args.seqlen or d["seqlen"]
@@ -384,7 +416,8 @@ def pair_row(args) -> suites.Row:
                       headdim=args.headdim or d["headdim"],
                       headdim_v=args.headdim_v if args.headdim_v not in (None, args.headdim or d["headdim"]) else None,
                       dtype=args.dtype or d["dtype"],
-                      causal=bool(args.causal), mode=args.mode or "fwd", softcap=args.softcap or 0.0)
+                      causal=bool(args.causal), mode=args.mode or "fwd", softcap=args.softcap or 0.0,
+                      window=_checked_window(args))
 
 
 def pair_protocol(args) -> timing.PairedProtocol:

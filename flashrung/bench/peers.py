@@ -36,6 +36,7 @@ import warnings
 from typing import Any, Callable
 
 from flashrung.bench.suites import Row
+from flashrung.inputs import NO_WINDOW
 
 SDPA_PEERS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 PEERS = ("cudnn", "flash", "efficient", "flex", "fa4")
@@ -215,6 +216,10 @@ SDPA_GQA_NOTES = {
 def _prepare_sdpa(impl: str, row: Row, inputs: Inputs) -> Prepared:
     if row.softcap:
         raise Unsupported(f"SDPA {impl} backend: scaled_dot_product_attention has no softcap")
+    if row.window is not None:
+        # an explicit mask would be the window, but it sends SDPA to its masked (materialised) path,
+        # not the backend's flash path: no peer worth timing
+        raise Unsupported(f"SDPA {impl} backend: scaled_dot_product_attention has no sliding window")
     backend = SDPA_PEERS[impl]
     gqa_modes = ["none"] if row.heads_q == row.heads_kv else ["enable_gqa", "repeat_interleave"]
     reasons, status = [], "unsupported"
@@ -274,6 +279,26 @@ def _compiled_flex(dynamic: bool):
     return torch.compile(flex_attention, dynamic=dynamic)
 
 
+def flex_mask_mod(row: Row):
+    """FlexAttention's ``mask_mod`` for ``row``: the causal mask and the sliding window, both aligned
+    bottom-right as flash-attn's (query ``i`` sees key ``j`` iff ``i + Sk − Sq − left <= j <= i + Sk −
+    Sq + right``, a side of -1 unbounded); None for a row with neither."""
+    offset = row.seqlen_k - row.seqlen_q
+    left, right = row.window if row.window is not None else (-1, -1)
+    if row.causal:
+        right = 0
+    if left == -1 and right == -1:
+        return None
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        diagonal = q_idx + offset
+        seen = kv_idx <= diagonal + right if right != -1 else kv_idx >= 0
+        if left != -1:
+            seen = seen & (kv_idx >= diagonal - left)
+        return seen
+    return mask_mod
+
+
 def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
     try:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -281,13 +306,9 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
         raise Unsupported(f"FlexAttention not importable: {exc}") from None
     flex = _compiled_flex(options.flex_dynamic)
     block_mask = None
-    if row.causal:
-        offset = row.seqlen_k - row.seqlen_q
-
-        def causal_bottom_right(b, h, q_idx, kv_idx):
-            return q_idx + offset >= kv_idx
-        block_mask = create_block_mask(causal_bottom_right, None, None, row.seqlen_q, row.seqlen_k,
-                                       device=inputs.q.device)
+    mask_mod = flex_mask_mod(row)
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, None, None, row.seqlen_q, row.seqlen_k, device=inputs.q.device)
     gqa = row.heads_q != row.heads_kv
     score_mod = None
     if row.softcap:
@@ -302,7 +323,8 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
                    block_mask=block_mask, scale=inputs.scale, enable_gqa=gqa)
         return out.transpose(1, 2)
     note = (f"torch.compile(flex_attention, dynamic={options.flex_dynamic}); block mask built outside the "
-            "timed region" + ("; softcap as a score_mod" if row.softcap else ""))
+            "timed region" + ("; softcap as a score_mod" if row.softcap else "")
+            + ("; the window in the block mask" if row.window is not None else ""))
     return _wrap(row, inputs, forward, note)
 
 
@@ -316,10 +338,11 @@ def _prepare_fa4(row: Row, inputs: Inputs) -> Prepared:
     except Exception as exc:  # ImportError, or a DSL library that fails to load
         raise Unsupported(f"flash_attn.cute not importable ({type(exc).__name__}: {_one_line(exc, 160)})") from None
 
-    cap = {"softcap": row.softcap} if row.softcap else {}
+    extra = ({"softcap": row.softcap} if row.softcap else {}) | (
+        {"window_size": row.window} if row.window is not None else {})
 
     def forward(q, k, v):
-        return _first(flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=row.causal, **cap))
+        return _first(flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=row.causal, **extra))
     return _wrap(row, inputs, forward, "flash_attn.cute.flash_attn_func")
 
 
@@ -333,13 +356,14 @@ def kernel_name(impl: str) -> str | None:
 
 
 def flashrung_forward_fn(impl: str):
-    """``forward_fn(q, k, v, causal, softmax_scale[, softcap=]) -> (out, lse)`` for the correctness gate."""
+    """``forward_fn(q, k, v, causal, softmax_scale[, window_size=, softcap=]) -> (out, lse)`` for the
+    correctness gate."""
     import flashrung
     name = kernel_name(impl)
 
-    def forward_fn(q, k, v, causal, softmax_scale, softcap=0.0):
+    def forward_fn(q, k, v, causal, softmax_scale, window_size=NO_WINDOW, softcap=0.0):
         return flashrung.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                   impl=name, softcap=softcap)
+                                   impl=name, window_size=window_size, softcap=softcap)
     return forward_fn
 
 
@@ -350,9 +374,10 @@ def flashrung_backward_fn(impl: str):
     import flashrung
     name = kernel_name(impl)
 
-    def backward_fn(do, q, k, v, out, lse, causal, scale, softcap=0.0):
+    def backward_fn(do, q, k, v, out, lse, causal, scale, window_size=NO_WINDOW, softcap=0.0):
         leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
-        o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, softcap=softcap)
+        o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, window_size=window_size,
+                                softcap=softcap)
         return torch.autograd.grad(o, leaves, do)
     return backward_fn
 
@@ -374,9 +399,11 @@ def _prepare_flashrung(impl: str, row: Row, inputs: Inputs) -> Prepared:
         raise Unsupported(f"flashrung not importable: {type(exc).__name__}: {_one_line(exc)}", status="error") from None
     name = kernel_name(impl)
 
+    window = row.window if row.window is not None else NO_WINDOW
+
     def forward(q, k, v):
         return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name,
-                                   softcap=row.softcap)
+                                   window_size=window, softcap=row.softcap)
     try:
         prepared = _wrap(row, inputs, forward)
     except Unsupported as exc:

@@ -59,20 +59,22 @@ def write_for_cli(render, doc: dict, plot_path, json_path) -> None:
 
 
 def _facet(row: dict) -> tuple:
-    return (row["headdim"], row["heads_q"], row["heads_kv"], row["causal"], row["dtype"])
+    window = tuple(row["window"]) if row.get("window") is not None else None
+    return (row["headdim"], row["heads_q"], row["heads_kv"], row["causal"], row["dtype"], window)
 
 
 def _facet_title(f: tuple) -> str:
-    d, hq, hkv, causal, dtype = f
+    d, hq, hkv, causal, dtype, window = f
     h = f"H{hq}" if hq == hkv else f"H{hq}/{hkv}"
-    return f"d{d} {h} {'causal' if causal else 'non-causal'} {dtype}"
+    win = f" window {window[0]},{window[1]}" if window is not None else ""
+    return f"d{d} {h} {'causal' if causal else 'non-causal'}{win} {dtype}"
 
 
 def plot(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
     plt = pyplot("bench")
     rows = doc["rows"]
     modes = [m for m in ("fwd", "bwd") if any(r["mode"] == m for r in rows)]
-    facets = sorted({_facet(r) for r in rows}, key=lambda f: (-f[0], f[3], f[4]))
+    facets = sorted({_facet(r) for r in rows}, key=lambda f: (-f[0], f[3], f[4], f[5] or (-2, -2)))
     if not rows:
         raise ValueError("no rows to plot")
     impls = doc["impls"]

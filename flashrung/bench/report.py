@@ -32,11 +32,18 @@ def _table(header: Sequence[str], lines: Iterable[Sequence[str]], left: int = 1)
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths)] + [fmt(ln) for ln in lines])
 
 
+def _window_text(row: dict) -> str:
+    """A plan row's sliding window as the mask column shows it: `` win4096,0``, or nothing."""
+    window = row.get("window")
+    return f" win{window[0]},{window[1]}" if window is not None else ""
+
+
 def plan_table(plan: dict) -> str:
     rows = plan["rows"]
     lines = [[f"B{r['batch']} H{r['heads_q']}" + ("" if r["heads_kv"] == r["heads_q"] else f"/{r['heads_kv']}"),
               f"{r['seqlen_q']}" if r["seqlen_q"] == r["seqlen_k"] else f"{r['seqlen_q']}x{r['seqlen_k']}",
-              r["headdim"], r["dtype"], "causal" if r["causal"] else "full", r["mode"], f"{r['flops']:,}",
+              r["headdim"], r["dtype"], ("causal" if r["causal"] else "full") + _window_text(r), r["mode"],
+              f"{r['flops']:,}",
               r["flops_convention"]] for r in rows]
     return _table(["shape", "seqlen", "d", "dtype", "mask", "mode", "FLOPs", "convention"], lines, left=1)
 

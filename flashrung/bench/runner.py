@@ -42,6 +42,8 @@ def gate_config(row: Row) -> dict:
         config["head_dim_v"] = row.dv
     if row.softcap:
         config["softcap"] = row.softcap
+    if row.window is not None:
+        config["window_size"] = row.window
     return config
 
 

@@ -19,6 +19,25 @@ from typing import Iterable, Sequence
 from flashrung.bench import numerators
 from flashrung.inputs import check_softcap
 
+
+def check_window(window, causal: bool) -> tuple[int, int]:
+    """A row's sliding window, flash-attn's ``window_size`` as the API takes it (-1 an unbounded
+    side; with ``causal`` the right side -1 or 0, the mask's own), as integers. Two windows that are
+    no window — ``(-1, -1)``, and ``(-1, 0)`` without ``causal``, the causal mask itself — are refused:
+    such a row is a plain or a causal one (``--causal``)."""
+    try:
+        left, right = (int(x) for x in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (left, right), two integers (-1 unbounded), got {window!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window sides must be integers >= -1 (-1: unbounded), got {(left, right)}")
+    if causal and right not in (-1, 0):
+        raise ValueError(f"a causal row's window right side must be -1 or 0 (the mask's), got {right}")
+    if (left, right) == (-1, -1) or (left == -1 and (causal or right == 0)):
+        raise ValueError(f"window {(left, right)} bounds no side the mask does not: give a plain or a causal row "
+                         "(--causal) instead")
+    return left, right
+
 MODES = ("fwd", "bwd")
 MODE_CHOICES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("bfloat16", "float16")
@@ -62,6 +81,9 @@ class Row:
     headdim_v: int | None = None
     suite: str = "free"
     softcap: float = 0.0  # flash-attn's cap on the scaled scores (0: none); the FLOPs do not count it
+    # flash-attn's sliding window (left, right), -1 an unbounded side; None: none. The FLOPs count the
+    # pairs inside it (numerators.window_pairs)
+    window: tuple[int, int] | None = None
 
     def __post_init__(self):
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "headdim"):
@@ -75,6 +97,8 @@ class Row:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         check_softcap(self.softcap)
+        if self.window is not None:
+            object.__setattr__(self, "window", check_window(self.window, self.causal))
 
     @property
     def dv(self) -> int:
@@ -83,23 +107,27 @@ class Row:
     def flop_count(self) -> numerators.FlopCount:
         return numerators.count(batch=self.batch, heads_q=self.heads_q, seqlen_q=self.seqlen_q,
                                 seqlen_k=self.seqlen_k, head_dim=self.headdim, head_dim_v=self.dv,
-                                causal=self.causal)
+                                causal=self.causal, window=self.window)
 
     def flops(self, causal_convention: str = numerators.FA_HALF) -> tuple[int, str]:
-        """(FLOPs, convention) this row reports under the chosen causal convention."""
-        convention = numerators.convention_for(self.causal, causal_convention)
+        """(FLOPs, convention) this row reports under the chosen causal convention (a windowed row:
+        the window's own, whatever the causal one)."""
+        convention = numerators.convention_for(self.causal, causal_convention, self.window is not None)
         fc = self.flop_count()
         return (fc.forward(convention) if self.mode == "fwd" else fc.backward(convention)), convention
 
     def flops_by_convention(self) -> dict[str, int]:
         fc = self.flop_count()
-        conventions = numerators.CAUSAL_CONVENTIONS if self.causal else (numerators.DENSE,)
+        if self.window is not None:
+            conventions = (numerators.WINDOW,)
+        else:
+            conventions = numerators.CAUSAL_CONVENTIONS if self.causal else (numerators.DENSE,)
         return {c: (fc.forward(c) if self.mode == "fwd" else fc.backward(c)) for c in conventions}
 
     def shape_key(self) -> tuple:
         """Everything but the direction: rows sharing it share inputs."""
         return (self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.headdim,
-                self.dv, self.dtype, self.causal, self.softcap)
+                self.dv, self.dtype, self.causal, self.softcap, self.window)
 
     def label(self) -> str:
         s = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}x{self.seqlen_k}"
@@ -107,7 +135,8 @@ class Row:
         d = f"d{self.headdim}" if self.dv == self.headdim else f"d{self.headdim}/{self.dv}"
         dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         cap = f" cap{self.softcap:g}" if self.softcap else ""
-        return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'}{cap} {self.mode}"
+        win = f" win{self.window[0]},{self.window[1]}" if self.window is not None else ""
+        return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'}{win}{cap} {self.mode}"
 
     def plan(self, causal_convention: str = numerators.FA_HALF) -> dict:
         flops, convention = self.flops(causal_convention)
@@ -117,6 +146,7 @@ class Row:
             "headdim_v": self.dv, "dtype": self.dtype, "causal": self.causal, "mode": self.mode,
             "flops": flops, "flops_convention": convention,
             "flops_by_convention": self.flops_by_convention(), "suite": self.suite, "softcap": self.softcap,
+            "window": list(self.window) if self.window is not None else None,
         }
 
     @classmethod
@@ -125,7 +155,8 @@ class Row:
                    heads_kv=d["heads_kv"], headdim=d["headdim"],
                    headdim_v=d.get("headdim_v") if d.get("headdim_v") != d["headdim"] else None,
                    dtype=d["dtype"], causal=bool(d["causal"]), mode=d["mode"], suite=d.get("suite", "free"),
-                   softcap=d.get("softcap", 0.0))
+                   softcap=d.get("softcap", 0.0),
+                   window=tuple(d["window"]) if d.get("window") is not None else None)
 
 
 def fa4_protocol(modes: Sequence[str] = MODES) -> list[Row]:
@@ -164,7 +195,8 @@ def suite_rows(name: str, mode: str | None = None) -> list[Row]:
 
 def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads: int | None,
               headdim: int, headdim_v: int | None = None, seqlen_k: int | None = None,
-              dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd", softcap: float = 0.0) -> list[Row]:
+              dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd", softcap: float = 0.0,
+              window: tuple[int, int] | None = None) -> list[Row]:
     """Rows for shapes given on the command line. ``batch=None`` keeps 32k tokens per row."""
     rows = []
     for s in seqlens:
@@ -175,7 +207,7 @@ def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads
             rows.append(Row(batch=b, seqlen_q=s, seqlen_k=seqlen_k or s, heads_q=heads,
                             heads_kv=kv_heads or heads, headdim=headdim,
                             headdim_v=headdim_v if headdim_v not in (None, headdim) else None,
-                            dtype=normalize_dtype(dtype), causal=causal, mode=m, softcap=softcap))
+                            dtype=normalize_dtype(dtype), causal=causal, mode=m, softcap=softcap, window=window))
     return rows
 
 

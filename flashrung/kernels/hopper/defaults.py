@@ -58,18 +58,19 @@ class DefaultRange:
     config: C.HopperFwdConfig
 
 
-def problem(head_dim: int, causal: bool, seqlen: int):
+def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None):
     """The :class:`flashrung.dispatch.Problem` the table evaluates for ``max(Sq, Sk) = seqlen``:
     Sq = seqlen, Sk the largest whole number of 128-key tiles not above it (Sk = seqlen below one
-    tile), bf16, one head; only the head dim, the mask, ``max(Sq, Sk)`` and Sk's tail matter."""
+    tile), bf16, one head; only the head dims, the mask, ``max(Sq, Sk)`` and Sk's tail matter."""
     from flashrung.dispatch import Problem
 
-    C.kernel_head_dim(head_dim)         # raises naming the head dims hopper.fwd takes
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    C.kernel_head_dim(head_dim, head_dim_v)         # raises naming the head dims hopper.fwd takes
     if not 1 <= seqlen <= MAX_SEQLEN:
         raise ValueError(f"seqlen must be between 1 and 2**62 - 1, got {seqlen}")
     seqlen_k = seqlen - seqlen % WHOLE_KEY_TILE if seqlen >= WHOLE_KEY_TILE else seqlen
     return Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen_k, heads_q=1, heads_kv=1, head_dim=head_dim,
-                   head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal, device_type="cuda",
+                   head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, device_type="cuda",
                    capability=(9, 0))
 
 
@@ -234,6 +235,9 @@ def register(subparsers) -> None:
                    help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
                         f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "
                         "runs the next one's kernel, padded)")
+    p.add_argument("--headdim-v", type=int, default=None, metavar="DV",
+                   help="v's head dim where it differs from --headdim (MLA's 192/128: --headdim 192 --headdim-v "
+                        "128): the row of the wider, and with --seqlen the widths each tensor is compiled at")
     mask = p.add_mutually_exclusive_group()
     mask.add_argument("--causal", dest="causal", action="store_true", default=None, help="causal only")
     mask.add_argument("--no-causal", dest="causal", action="store_false", help="non-causal only")
@@ -249,7 +253,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str) -> tuple[C.HopperFwdConfig, list[str]]:
+def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str,
+                   head_dim_v: int | None = None) -> tuple[C.HopperFwdConfig, list[str]]:
     """What ``impl="hopper.fwd@<spec>"`` builds for :func:`problem`: ``fwd.config_with`` (the
     overrides parsed and checked, the fields derived from them carried along), and each field the
     spec does not name whose value still moved, as ``name: old → new``. Raises ``ValueError`` as
@@ -260,7 +265,7 @@ def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str) -> tuple
     _, overrides = parse_impl(f"{fwd.KERNEL_NAME}@{spec}")
     if not overrides:
         raise ValueError(f"--set must be key=value,... (as in impl='hopper.fwd@...'), got {spec!r}")
-    base_problem = problem(head_dim, causal, seqlen)
+    base_problem = problem(head_dim, causal, seqlen, head_dim_v)
     base = C.select_config(base_problem)
     cfg = fwd.config_with(base_problem, overrides)
     derived = [f"{f.name}: {_value(getattr(base, f.name))} → {_value(getattr(cfg, f.name))}"
@@ -269,16 +274,21 @@ def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str) -> tuple
     return cfg, derived
 
 
-def padding_note(head_dim: int) -> str | None:
-    """For a padded head dim: which kernel runs it and whether automatic dispatch picks it; None
-    for a compiled one."""
+def padding_note(head_dim: int, head_dim_v: int | None = None) -> str | None:
+    """For a padded head dim, or a v with a head dim of its own: which kernel's row runs it and
+    whether automatic dispatch picks it; None for a compiled one."""
     from flashrung.kernels.hopper import fwd
 
-    kernel = C.kernel_head_dim(head_dim)
-    if kernel == head_dim:
+    pair = head_dim_v is not None and head_dim_v != head_dim
+    kernel = C.kernel_head_dim(head_dim, head_dim_v if pair else None)
+    if kernel == head_dim and not pair:
         return None
-    auto = ("automatic dispatch picks it" if head_dim in fwd.PADDED_AUTO_HEAD_DIMS else
+    key = (head_dim, head_dim_v) if pair else head_dim
+    auto = ("automatic dispatch picks it" if key in fwd.PADDED_AUTO_HEAD_DIMS else
             "automatic dispatch runs portable.fwd instead; impl='hopper.fwd' runs it")
+    if pair:
+        return (f"d{head_dim}/{head_dim_v} runs the d{kernel} row, each tensor padded to the widths its "
+                f"configuration compiles (config.kernel_head_dims); {auto}. The d{kernel} schedule:")
     return (f"d{head_dim} runs the d{kernel} kernel, its columns {head_dim}–{kernel - 1} zero-filled by TMA "
             f"(config.kernel_head_dim); {auto}. The d{kernel} schedule:")
 
@@ -286,13 +296,18 @@ def padding_note(head_dim: int) -> str | None:
 def run(args) -> int:
     # a padded head dim (--headdim 96) is answered with its kernel's schedule, under a note
     requested = kernel = args.headdim
+    value = args.headdim_v if args.headdim_v != requested else None
+    if value is not None and requested is None:
+        print("flashrung defaults: --headdim-v needs --headdim (q's and k's head dim)", file=sys.stderr)
+        return 2
     if requested is not None:
         try:
-            kernel = C.kernel_head_dim(requested)
+            kernel = C.kernel_head_dim(requested, value)
         except ValueError as exc:
-            print(f"flashrung defaults: --headdim: {exc}", file=sys.stderr)
+            flag = "--headdim-v" if "head_dim_v" in str(exc) else "--headdim"
+            print(f"flashrung defaults: {flag}: {exc}", file=sys.stderr)
             return 2
-        note = padding_note(requested)
+        note = padding_note(requested, value)
         if note is not None and not args.json:
             print(note)
     head_dims = C.SUPPORTED_HEAD_DIMS if kernel is None else (kernel,)
@@ -304,14 +319,18 @@ def run(args) -> int:
             return 2
         try:
             if args.set:
-                configs = [(causal, *with_overrides(kernel, causal, args.seqlen, args.set)) for causal in masks]
+                # a pair is checked at its own widths (the row is the wider's either way)
+                configs = [(causal, *(with_overrides(requested, causal, args.seqlen, args.set, value) if value
+                                      else with_overrides(kernel, causal, args.seqlen, args.set)))
+                           for causal in masks]
             else:
                 configs = [(causal, selected(kernel, causal, args.seqlen), []) for causal in masks]
         except ValueError as exc:
             print(f"flashrung defaults: {exc}", file=sys.stderr)
             return 2
         if args.json:
-            print(json.dumps([dict(head_dim=requested, kernel_head_dim=kernel, causal=causal,
+            print(json.dumps([dict(head_dim=requested, head_dim_v=value or requested, kernel_head_dim=kernel,
+                                   kernel_widths=C.kernel_head_dims(requested, value, cfg), causal=causal,
                                    seqlen=args.seqlen, overrides=args.set,
                                    derived=derived, switches=switches(cfg), config=dataclasses.asdict(cfg))
                               for causal, cfg, derived in configs], indent=1))
@@ -322,6 +341,11 @@ def run(args) -> int:
             print(f"  tile      {tile_text(cfg)}")
             print(f"  grid      {grid_text(cfg)}")
             print(f"  switches  {', '.join(switches(cfg)) or '-'}")
+            if value is not None:
+                qk, vo = C.kernel_head_dims(requested, value, cfg)
+                boxes = C.qk_boxes(qk)
+                split = f" ({boxes[0]} + {boxes[1]} columns)" if boxes[1] else ""
+                print(f"  widths    Q/K {qk}{split}, V/O {vo} (config.kernel_head_dims)")
             if args.set:
                 print(f"  derived   {'; '.join(derived) or '-'}")
         return 0

@@ -66,11 +66,11 @@ class Problem:
         )
 
 
-def score_options_reason(problem: Problem, *, takes_softcap: bool = False) -> str | None:
-    """Why a kernel that has neither sliding windows, nor packed sequences, nor (unless
-    ``takes_softcap``) softcap cannot run ``problem`` (the first of them it asks for), or None: one
-    wording for every such kernel."""
-    if problem.windowed:
+def score_options_reason(problem: Problem, *, takes_softcap: bool = False, takes_window: bool = False) -> str | None:
+    """Why a kernel that has neither sliding windows (unless ``takes_window``: the kernel then says
+    which windows it takes), nor packed sequences, nor (unless ``takes_softcap``) softcap cannot run
+    ``problem`` (the first of them it asks for), or None: one wording for every such kernel."""
+    if problem.windowed and not takes_window:
         return f"has no sliding window (window_size {problem.window_size})"
     if problem.softcap and not takes_softcap:
         return f"has no softcap (softcap {problem.softcap:g})"

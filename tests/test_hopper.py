@@ -179,8 +179,14 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     softcap = changes.pop("_softcap", False)
     # "_qv": (q's head dim, v's) on the row of d: a v with a head dim of its own
     q_dim, v_dim = changes.pop("_qv", (d, None))
+    # "_window": True builds a launch with a sliding window's left side (HAS_WINDOW) on the windowed
+    # default (config.select_config leaves config.WINDOW_CLASHES off)
+    window = changes.pop("_window", False)
+    if window:
+        cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
     cfg = dataclasses.replace(cfg, **changes)
-    spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim)
+    spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
+                           window=window)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -454,6 +460,11 @@ OWN_VALUE_DIM_CENSUS = [("d256-full-v128", "d256-full", 256, False, (192, 128), 
 CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **switches,
                                        **({"_seqlen": 16384, "_key_tail": False, "_paired": True} if d == 128 else {})})
                    for label, _, d, causal, qv, switches in OWN_VALUE_DIM_CENSUS]
+# a sliding window's left side (HAS_WINDOW) on the windowed defaults: d64 and d128 causal and not, d256 causal
+WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-window", "d64-full", 64, False),
+                 ("d128-causal-window", "d128-causal", 128, True), ("d128-full-window", "d128-full", 128, False),
+                 ("d256-causal-window", "d256-causal", 256, True)]
+CENSUS_CONFIGS += [(label, d, causal, {"_window": True}) for label, _, d, causal in WINDOW_CENSUS]
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
@@ -2328,8 +2339,55 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
     assert fwd.auto_declined_reason(capped) is None
     assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
-    for other, match in ((dict(window_size=(8, -1)), "sliding window"), (dict(varlen=True), "packed sequences")):
+    for other, match in ((dict(window_size=(8, 8)), "sliding window"), (dict(varlen=True), "packed sequences")):
         assert match in fwd.unsupported_reason(dataclasses.replace(capped, **other))
+
+
+def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
+    # a sliding window's left side, built and compiled but not yet gated on the H200, runs by name
+    # only; a window with a right side of its own (or none on the left) is refused naming what it takes
+    from flashrung import dispatch
+
+    for causal, window in ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1))):
+        windowed = _problem(causal=causal, window_size=window, **_contiguous(128))
+        reason = _runs_by_name_only(windowed, windowed)
+        assert reason.startswith(f"window_size {window} runs on hopper.fwd only when asked for by name"), reason
+    monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
+    assert dispatch.select(_problem(causal=True, window_size=(64, 0), **_contiguous(128)), "fwd")[1].kernel == "hopper.fwd"
+    for causal, window in ((False, (8, 8)), (False, (-1, 8)), (False, (8, 0))):
+        problem = _problem(causal=causal, window_size=window, **_contiguous(128))
+        reason = fwd.unsupported_reason(problem)
+        assert reason.startswith("takes a sliding window's left side only") and str(window) in reason
+        assert dispatch.select(problem, "fwd")[1].kernel == "portable.fwd"
+
+
+def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
+    # config.WINDOW_CLASHES (the split tail, the staggered sweep, the pairs, the halves, the single
+    # loop) off at every default a windowed problem selects, what follows from them re-derived and
+    # the result buildable; the unwindowed problem's default unchanged
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in (17, 1000, 2048, 4096, 8192, 16384):
+                plain = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+                windowed = dataclasses.replace(plain, window_size=(256, 0 if causal else -1))
+                cfg = select_config(windowed)
+                assert config.window_clashes(cfg) == [], (d, causal, seqlen)
+                cfg.check(d, 2)
+                base = select_config(plain)
+                assert cfg == (replace_following(base, d, **{n: False for n in config.window_clashes(base)})
+                               if config.window_clashes(base) else base)
+
+
+@pytest.mark.parametrize("label, base, d, causal", WINDOW_CENSUS, ids=[c[0] for c in WINDOW_CENSUS])
+def test_window_census(census, label, base, d, causal):
+    # the window's build: one more masked K/V loop per consumer (the tiles the window cuts on the
+    # left, ahead of the unmasked run), every K/V loop still on wgmma, the same shared memory
+    windowed, plain = census[label], census[base]
+    assert "error" not in windowed["row"], windowed["row"]["error"]
+    assert all(loop["hgmma"] > 0 for loop in windowed["kv_loops"])
+    assert len(windowed["kv_loops"]) > len(plain["kv_loops"])
+    assert abs(windowed["row"]["smem_bytes"] - plain["row"]["smem_bytes"]) <= 64
+    assert windowed["row"]["config"]["window"] is True
 
 
 @pytest.mark.parametrize("label, base", [("d128-full-s16k-paired-softcap", "d128-full-s16k-paired"),
@@ -2712,6 +2770,33 @@ def test_gate_softcap(softcap, head_dim, causal, shape):
     # these lengths select (paired, split tail, balanced causal grid); a cap of 30 bends only the
     # largest scores, one of 0.5 nearly every score
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, softcap=softcap, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("left", [0, 17, 300])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_window(head_dim, causal, left, shape):
+    # the gate automatic dispatch waits for (fwd.WINDOW_AUTO): a sliding window's left side on every
+    # windowed default these lengths select — a window of one key (0), one inside a K/V tile (17),
+    # one across tiles (300); Sq != Sk both ways, GQA, row and key tails
+    _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_windowed_output_is_bit_identical_run_twice(causal):
+    # a moving result is a race: the window's masked loops and ranges, twice over, bit for bit
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    window = (700, 0 if causal else -1)
+    first = fwd.forward(q, k, v, causal, 128 ** -0.5, window_size=window)
+    for _ in range(3):
+        again = fwd.forward(q, k, v, causal, 128 ** -0.5, window_size=window)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 @pytest.mark.gpu

@@ -1446,9 +1446,31 @@ def select_config(problem) -> HopperFwdConfig:
     relay_release = kv_multicast and rr_first <= seqlen <= rr_last
     ch_first, ch_last = CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN.get(head_dim, (1, 0))
     cross_head_pairs = kv_multicast and ch_first <= seqlen <= ch_last
-    return _select(head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
-                   CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
-                   fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
-                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
-                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
-                   cross_head_pairs)
+    cfg = _select(head_dim, bool(problem.causal), persistent, short, split_tail, balanced, stagger_kv,
+                  CAUSAL_L2_SECTION_MIB if small_section else L2_SECTION_MIB, 2 if two_q_stages else 1,
+                  fast_divide, first <= seqlen <= last, pp_first <= seqlen <= pp_last, single_kv_loop,
+                  rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
+                  gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
+                  cross_head_pairs)
+    if problem.windowed and window_clashes(cfg):
+        cfg = _windowed(cfg, head_dim)
+    return cfg
+
+
+# What a sliding window's launch runs without: levers that assume every item's K/V range is whole
+# or ends at the causal diagonal (the split tail splits whole ranges; a staggered sweep rotates the
+# tiles the window masks into the unmasked run; a pair shares one range between two q-tiles; the
+# halves and the single loop mask by the diagonal alone). Off, the default's other switches stay.
+WINDOW_CLASHES = ("split_tail", "stagger_kv", "kv_multicast", "skip_unseen_half", "mask_second_half",
+                  "single_kv_loop")
+
+
+def window_clashes(cfg: HopperFwdConfig) -> list[str]:
+    """The switches of ``cfg`` a sliding window cannot run with (``WINDOW_CLASHES``) that are on."""
+    return [name for name in WINDOW_CLASHES if getattr(cfg, name)]
+
+
+@functools.lru_cache(maxsize=None)
+def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
+    """``cfg`` with ``WINDOW_CLASHES`` off, what follows from them re-derived (:func:`replace_following`)."""
+    return replace_following(cfg, head_dim, **{name: False for name in window_clashes(cfg)})

@@ -130,7 +130,7 @@ from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
 from flashrung.dispatch import score_options_reason
-from flashrung.inputs import check_softcap
+from flashrung.inputs import NO_WINDOW, check_softcap
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     PARTIAL_TILE_COST_SHARE,
@@ -142,6 +142,7 @@ from flashrung.kernels.hopper.config import (
     kernel_head_dim,
     kernel_head_dims,
     qk_boxes,
+    window_clashes,
     replace_following,
     select_config,
 )
@@ -172,6 +173,7 @@ from flashrung.kernels.hopper.schedule import (
     work_at,
     work_item,
     work_range,
+    window_tile_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
 from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
@@ -187,6 +189,7 @@ from flashrung.kernels.hopper.softmax import (
     last_visible_key,
     mask_scores,
     mask_scores_by_bound,
+    mask_scores_left,
     online_softmax,
     online_softmax_retained,
     rescale_by_warp,
@@ -296,11 +299,13 @@ class _Sizes:
                                 # producer_unsynced (multicast.kv_tensor_maps)
     softcap_pre: gl.tensor      # HAS_SOFTCAP: softmax.capped's factors (softmax.softcap_factors)
     softcap_post: gl.tensor
+    window_left: gl.tensor      # HAS_WINDOW: keys a row sees to the left of its diagonal (window_size[0])
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
                  per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr,
-                 softcap_pre, softcap_post):
+                 softcap_pre, softcap_post, window_left):
+        self.window_left = window_left
         self.softcap_pre = softcap_pre
         self.softcap_post = softcap_post
         self.kv_tmaps_ptr = kv_tmaps_ptr
@@ -419,6 +424,7 @@ class _Schedule:
     K_RELAY_AT: gl.constexpr     # relay_release: byte offsets of the K/V relay barriers, which the
     V_RELAY_AT: gl.constexpr     # producers arrive on in each other's CTA and wait on in their own
     HAS_SOFTCAP: gl.constexpr    # flash-attn's softcap on the raw scores (softmax.capped)
+    HAS_WINDOW: gl.constexpr     # a sliding window's left side (sz.window_left; the right is the causal mask or none)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -614,6 +620,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     row0 = m_block * c.BLOCK_M
     n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
+    kv_lo, _ = _window_range(row0, kv_lo, kv_hi, sz, c)
     n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     # ring position of K/V tile j of this item: base + j
     base = count - kv_lo
@@ -831,7 +838,24 @@ def _mask_part(s, rows, key0, sz, c):
         out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
     else:
         out = mask_scores(s, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    if c.HAS_WINDOW:
+        out = mask_scores_left(out, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, sz.window_left)
     return out
+
+
+@gluon.jit
+def _window_range(row0, kv_lo, kv_hi, sz, c):
+    """``(kv_lo, left_unmasked)``: with ``HAS_WINDOW``, the item's first K/V tile moved to the
+    window's first (:func:`schedule.window_tile_range`; never past ``kv_hi``, so an item whose rows see
+    no key stays empty) and the first tile no row's window cuts; without, ``kv_lo`` for both (no tile
+    is masked on the left)."""
+    if c.HAS_WINDOW:
+        first, left_unmasked = window_tile_range(row0, sz.seqlen_q, sz.seqlen_k, sz.window_left, c.BLOCK_M,
+                                                 c.KV_TILE)
+        kv_lo = gl.minimum(gl.maximum(kv_lo, first), kv_hi)
+    else:
+        left_unmasked = kv_lo
+    return kv_lo, left_unmasked
 
 
 @gluon.jit
@@ -1210,11 +1234,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
 
 
 @gluon.jit
-def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n_unmasked, first_kv, count, turn,
-                       qk_scale_log2, prev, epi, tile_iter, WG: gl.constexpr, c):
+def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n_unmasked, left_unmasked, first_kv,
+                       count, turn, qk_scale_log2, prev, epi, tile_iter, WG: gl.constexpr, c):
     """Two-stage schedule (seed 001, 0x05) over K/V tiles ``[kv_lo, kv_hi)``: QK(lo)+softmax(lo);
     steady QK(j)‖PV(j-1); drain PV. ``count`` is the ring position of the first tile visited,
-    ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``).
+    ``first_kv`` (``kv_lo``, or the staggered start: ``schedule.kv_stagger``). With ``HAS_WINDOW`` the
+    tiles before ``left_unmasked`` are masked too (:func:`_window_range`).
 
     With ``OVERLAP_EPILOGUE`` the previous tile's epilogue (``prev``, stored through ``epi``: see
     :func:`_finish_previous`) runs while this tile's first QK is in flight, the one product no
@@ -1259,12 +1284,29 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
                     qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, False, c,
                     kv_lo + j >= n_unmasked)
         else:
-            for j in range(1, gl.minimum(n_unmasked - kv_lo, n_tiles)):
+            if c.HAS_WINDOW:
+                # the tiles the window cuts on the left, masked (the peeled first one was); the
+                # unmasked run starts after them, the diagonal's masked run after both
+                for j in range(1, gl.minimum(left_unmasked - kv_lo, n_tiles)):
+                    acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
+                        q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
+                        ring_phase, turn,
+                        qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, True, c)
+                unmasked_from = gl.maximum(left_unmasked - kv_lo, 1)
+            else:
+                unmasked_from = 1
+            for j in range(unmasked_from, gl.minimum(n_unmasked - kv_lo, n_tiles)):
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
                     qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, False, c)
-            for j in range(gl.maximum(n_unmasked - kv_lo, 1), n_tiles):
+            # computed after the unmasked run, as before the window: a bound computed ahead of the
+            # loop stays live across it (census: the unwindowed builds' registers moved)
+            if c.HAS_WINDOW:
+                masked_from = gl.maximum(n_unmasked - kv_lo, unmasked_from)
+            else:
+                masked_from = gl.maximum(n_unmasked - kv_lo, 1)
+            for j in range(masked_from, n_tiles):
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
@@ -1316,14 +1358,26 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
 
 
 @gluon.jit
-def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2,
-                   WG: gl.constexpr, c):
-    """K/V tiles ``[kv_lo, kv_hi)`` one after another; ``count`` is the ring position of ``kv_lo``."""
+def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, left_unmasked, count, turn,
+                   qk_scale_log2, WG: gl.constexpr, c):
+    """K/V tiles ``[kv_lo, kv_hi)`` one after another; ``count`` is the ring position of ``kv_lo``; with
+    ``HAS_WINDOW`` those before ``left_unmasked`` masked first."""
     n_tiles = kv_hi - kv_lo
-    for j in range(0, gl.minimum(n_unmasked - kv_lo, n_tiles)):
+    if c.HAS_WINDOW:
+        for j in range(0, gl.minimum(left_unmasked - kv_lo, n_tiles)):
+            acc, m_i, l_i, turn = _serial_step(
+                q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, True, c)
+        unmasked_from = gl.maximum(left_unmasked - kv_lo, 0)
+    else:
+        unmasked_from = 0
+    for j in range(unmasked_from, gl.minimum(n_unmasked - kv_lo, n_tiles)):
         acc, m_i, l_i, turn = _serial_step(
             q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, False, c)
-    for j in range(gl.maximum(n_unmasked - kv_lo, 0), n_tiles):
+    if c.HAS_WINDOW:
+        masked_from = gl.maximum(n_unmasked - kv_lo, unmasked_from)
+    else:
+        masked_from = gl.maximum(n_unmasked - kv_lo, 0)
+    for j in range(masked_from, n_tiles):
         acc, m_i, l_i, turn = _serial_step(
             q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, True, c)
     return acc, m_i, l_i, turn
@@ -1497,6 +1551,7 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     my_row0 = row0 + WG * _ROWS
     n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
+    kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, sz, c)
     n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
     tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
@@ -1525,12 +1580,13 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
         turn = _pass_tiles(sh, kv_hi - kv_lo, count, turn, WG, c)
     elif c.OVERLAP:
         acc, m_i, l_i, turn = _attend_overlapped(
-            q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked,
+            q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked, left_unmasked,
             kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT),
             count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
     else:
         acc, m_i, l_i, turn = _attend_serial(
-            q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, count, turn, qk_scale_log2, WG, c)
+            q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, left_unmasked, count, turn, qk_scale_log2,
+            WG, c)
     count += kv_hi - kv_lo
     if c.SEPARATE_O:
         # every QK of the tile is done: the producer may load the next tile's Q while this
@@ -1617,7 +1673,8 @@ def _consumer_partition(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2,
 _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift", "group", "group_mul", "group_shift",
               "num_m_blocks", "m_blocks_mul", "m_blocks_shift", "batch_heads", "head_section", "section_mul",
               "section_shift", "last_section", "last_section_mul", "last_section_shift", "per_section_mul",
-              "per_section_shift", "num_items", "num_full_tiles", "tail_splits", "splits_mul", "splits_shift")
+              "per_section_shift", "num_items", "num_full_tiles", "tail_splits", "splits_mul", "splits_shift",
+              "window_left")
 
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
@@ -1628,7 +1685,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
-                     qk_scale_log2, softcap_pre, softcap_post,
+                     qk_scale_log2, softcap_pre, softcap_post, window_left,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      HEAD_DIM_V: gl.constexpr, HEAD_DIM_TAIL: gl.constexpr,
                      NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
@@ -1659,7 +1716,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      PRODUCER_UNSYNCED: gl.constexpr, Q_BUFS_AT: gl.constexpr, Q_ARM_AT: gl.constexpr,
                      Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
                      V_RELAY_AT: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                     HAS_WINDOW: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
     # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too,
@@ -1742,7 +1800,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
                 num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr,
-                kv_tmaps_ptr, softcap_pre, softcap_post)
+                kv_tmaps_ptr, softcap_pre, softcap_post, window_left)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
@@ -1774,7 +1832,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   PRODUCER_WARPS=PRODUCER_WARPS_USED, ELEM_BYTES=dtype.primitive_bitwidth // 8, K_RING_AT=K_RING_AT,
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
                   Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
-                  PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT, HAS_SOFTCAP=HAS_SOFTCAP)
+                  PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT, HAS_SOFTCAP=HAS_SOFTCAP,
+                  HAS_WINDOW=HAS_WINDOW)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1828,17 +1887,17 @@ def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
 
 
 def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True,
-                has_softcap: bool = False, head_dim_v: int | None = None) -> dict:
+                has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False) -> dict:
     """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
     A fresh dict each call (the launch edits it) from a per-configuration cache. ``head_dim_v``: the
     kernel's V and O width (``config.kernel_head_dims``), ``head_dim`` when None."""
     return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap),
-                                 head_dim if head_dim_v is None else head_dim_v))
+                                 head_dim if head_dim_v is None else head_dim_v, bool(has_window)))
 
 
 @functools.lru_cache(maxsize=None)
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
-                     has_softcap: bool, head_dim_v: int) -> tuple:
+                     has_softcap: bool, head_dim_v: int, has_window: bool) -> tuple:
     return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=qk_boxes(head_dim)[0], HEAD_DIM_V=head_dim_v,
         HEAD_DIM_TAIL=qk_boxes(head_dim)[1],
@@ -1872,6 +1931,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs,
         HAS_SOFTCAP=has_softcap,
+        HAS_WINDOW=has_window,
     ).items())
 
 
@@ -1932,6 +1992,19 @@ def layout_reason(*tensors: torch.Tensor, names=("q", "k", "v")) -> str | None:
     return None
 
 
+def window_reason(problem) -> str | None:
+    """Why ``hopper.fwd`` cannot run ``problem``'s sliding window, or ``None``: it takes the left side
+    (``(left, -1)``, or ``(left, 0)``/``(left, -1)`` with ``causal``); a bounded right side other than
+    the causal mask's, or a window with no left side, runs on ``portable.fwd``."""
+    if not problem.windowed:
+        return None
+    left, right = problem.window_size
+    if left < 0 or (right >= 0 and not (problem.causal and right == 0)):
+        return (f"takes a sliding window's left side only (window_size (left, -1), or with causal (left, 0)), "
+                f"got {tuple(problem.window_size)}{' causal' if problem.causal else ''}")
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def unsupported_reason(problem) -> str | None:
     """Why ``hopper.fwd`` cannot run ``problem`` (a :class:`flashrung.dispatch.Problem`), or ``None``.
@@ -1951,7 +2024,7 @@ def unsupported_reason(problem) -> str | None:
         return str(e)
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
-    reason = score_options_reason(problem, takes_softcap=True)
+    reason = score_options_reason(problem, takes_softcap=True, takes_window=True) or window_reason(problem)
     if reason is not None:
         return reason
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
@@ -1984,6 +2057,10 @@ PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 80, 96,
 # the paired timing put it ahead of portable.fwd at a cap of 30, KEEP: d128 B4 H16 S8192 non-causal
 # 1.381 / 1.380, d64 B4 H32 S8192 causal 1.152 / 1.153 (h200-compare-softcap30-*-a42ecb2.json).
 SOFTCAP_AUTO = True
+# A sliding window's left side (window_size (left, -1), or (left, 0) causal) runs here by name only
+# until its gate has passed on the H200 (tests/test_hopper.py::test_gate_window): built and
+# compiled (census), not yet run on a GPU.
+WINDOW_AUTO = False
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -1996,6 +2073,9 @@ def _padded_key(problem) -> int | tuple[int, int]:
 def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
+    if problem.windowed and not WINDOW_AUTO:
+        return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name until its "
+                "gate has passed on the H200 (tests/test_hopper.py::test_gate_window); impl='hopper.fwd' runs it")
     if problem.softcap and not SOFTCAP_AUTO:
         return (f"softcap {problem.softcap:g} runs on hopper.fwd only when asked for by name until its gate has "
                 "passed on the H200 (tests/test_hopper.py::test_gate_softcap); impl='hopper.fwd' runs it")
@@ -2099,11 +2179,13 @@ class _LaunchPlan:
 @functools.lru_cache(maxsize=4096)
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None,
-          has_softcap: bool = False, head_dim_v: int | None = None) -> _LaunchPlan:
+          has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
     ``has_softcap``: the launch caps its scores (``HAS_SOFTCAP``; the factors are run-time arguments).
     ``head_dim`` and ``head_dim_v``: the kernel's Q/K and V/O widths (``config.kernel_head_dims``;
     ``head_dim_v`` None: ``head_dim``); the configuration's own tables are the wider one's.
+    ``has_window``: the launch has a sliding window's left side (``HAS_WINDOW``; its width a run-time
+    argument).
 
     With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
     with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
@@ -2135,15 +2217,18 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
                                cfg.l2_section_mib << 20), batch * heads_q)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
-    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v)
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window)
     if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
-    constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0)
+    # a windowed item's first tile is cut by the window: masked always
+    constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0) \
+        and not has_window
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
-    build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, constexprs["SPLIT_TAIL"],
+    build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, has_window,
+             constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
                        types.MappingProxyType(constexprs), build)
@@ -2171,8 +2256,9 @@ DIRECT_LAUNCH = _direct_launch_default()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
-            trace: torch.Tensor | None = None, softcap: float = 0.0):
-    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``trace``: the
+            trace: torch.Tensor | None = None, softcap: float = 0.0, window_left: int = -1):
+    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``window_left`` >= 0:
+    a sliding window's left side (:func:`forward` has checked the rest of the window). ``trace``: the
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
@@ -2185,7 +2271,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     scale = fold_scale(softmax_scale)
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
                  softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0,
-                 head_dim_v=head_dim_v)
+                 head_dim_v=head_dim_v, has_window=window_left >= 0)
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
         part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * plan.cluster_ctas,
@@ -2232,7 +2318,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # (extra_keys, V's too); Q's tail box. The kernel never reads those it has no use for
         k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
-        *softcap_factors(softcap, softmax_scale),
+        *softcap_factors(softcap, softmax_scale), max(window_left, 0),
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:
@@ -2341,7 +2427,7 @@ FORWARD_TAKES_PROBLEM = True
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
             lse: torch.Tensor | None = None, problem=None, softcap: float = 0.0,
-            _trace: torch.Tensor | None = None):
+            window_size: tuple[int, int] = NO_WINDOW, _trace: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) → out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32
@@ -2353,9 +2439,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     :class:`flashrung.dispatch.Problem` of exactly these ``(q, k, v, causal)``, when the caller
     has built it from tensors it validated (``flashrung.api`` does); forward then skips its own
     argument checks. ``softcap`` > 0: flash-attn's ``softcap · tanh(scores / softcap)`` on the
-    scaled scores (:func:`softmax.capped`), with a positive ``softmax_scale``.
+    scaled scores (:func:`softmax.capped`), with a positive ``softmax_scale``. ``window_size``:
+    flash-attn's sliding window, its left side (``(left, -1)``, or with ``causal`` ``(left, 0)``; a
+    right side of its own runs on ``portable.fwd``), bottom-right aligned as the causal mask.
     """
     softcap = check_softcap(softcap)
+    window_size = tuple(window_size)
     if problem is None:
         # a caller that hands its Problem over (dispatch) has validated the tensors already; a
         # direct call gets the same structural checks as flashrung.attention (flashrung.inputs),
@@ -2364,14 +2453,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         from flashrung.inputs import check_qkv
 
         check_qkv(q, k, v)
-        problem = Problem.of(q, k, v, causal, softcap=softcap)
+        problem = Problem.of(q, k, v, causal, window_size=window_size, softcap=softcap)
     elif problem.softcap != softcap:
         raise ValueError(f"{KERNEL_NAME}: softcap {softcap:g} is not the problem's ({problem.softcap:g})")
+    elif tuple(problem.window_size) != window_size:
+        raise ValueError(f"{KERNEL_NAME}: window_size {window_size} is not the problem's ({problem.window_size})")
     reason = unsupported_reason(problem)
     if reason is not None:
         raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
     cfg = config if config is not None else select_config(problem)
     _check(cfg, *kernel_head_dims(problem.head_dim, problem.head_dim_v, cfg), q.element_size())
+    if problem.windowed:
+        clashes = window_clashes(cfg)
+        if clashes:
+            raise ValueError(f"{KERNEL_NAME}: a sliding window runs without {', '.join(clashes)} (they assume whole or "
+                             "diagonal K/V ranges); select_config's windowed default leaves them off")
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -2407,10 +2503,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         return out.zero_(), lse.fill_(float("-inf"))
 
     if q.device.index == torch.cuda.current_device():
-        _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap)
+        _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
+                window_left=window_size[0] if problem.windowed else -1)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
-            _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap)
+            _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
+                    window_left=window_size[0] if problem.windowed else -1)
     return out, lse
 
 
@@ -2457,11 +2555,12 @@ def _check(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_bytes: int
 
 
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
-                key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None):
+                key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None, window: bool = False):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
     False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``);
     ``softcap``: the build of a capped launch; ``head_dim_v``: v's head dim where it differs
-    (``config.kernel_head_dims`` gives the widths built)."""
+    (``config.kernel_head_dims`` gives the widths built); ``window``: the build of a launch with a
+    sliding window's left side."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -2488,9 +2587,12 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         config["softcap"] = True
     if given_v is not None:
         config["head_dim_v"] = head_dim_v
+    if window:
+        config["window"] = True
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
-                      constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap, head_dim_v=head_dim_v),
-                                      FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail)),
+                      constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap, head_dim_v=head_dim_v,
+                                                  has_window=window),
+                                      FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail) and not window),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,
                       # as forward launches them: LSE, workspace and table from torch allocations

@@ -496,6 +496,20 @@ def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr, BY_SUBTRACT: gl.cons
 
 
 @gluon.jit
+def window_tile_range(row0, seqlen_q, seqlen_k, window_left, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(first, left_unmasked) K/V tiles of the query rows ``[row0, row0 + BLOCK_M)`` under a sliding
+    window of ``window_left`` keys to the left (flash-attn's ``window_size[0]``, bottom-right aligned:
+    row ``r`` sees no key before ``r + Sk − Sq − window_left``). Tile ``first`` holds the first row's
+    first visible key; from tile ``left_unmasked`` on, every row sees the tile's keys on the left
+    (the last row's bound decides). Tiles ``[first, left_unmasked)`` need the window's mask."""
+    off = seqlen_k - seqlen_q
+    last_row = gl.minimum(row0 + BLOCK_M, seqlen_q) - 1
+    first = gl.maximum(row0 + off - window_left, 0) // BLOCK_N
+    left_unmasked = gl.cdiv(gl.maximum(last_row + off - window_left, 0), BLOCK_N)
+    return first, left_unmasked
+
+
+@gluon.jit
 def kv_tile_range(row0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr):
     """(num_tiles, num_unmasked) K/V tiles for the query rows ``[row0, row0 + BLOCK_M)``.

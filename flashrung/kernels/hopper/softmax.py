@@ -214,6 +214,15 @@ def mask_scores(s, rows, cols, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def mask_scores_left(s, rows, cols, seqlen_q, seqlen_k, window_left):
+    """Scores of keys left of a sliding window → ``-inf``: row ``i`` sees no key before ``i + Sk − Sq
+    − window_left`` (flash-attn's ``window_size[0]``, bottom-right aligned as the causal mask);
+    ``rows``/``cols`` as in :func:`mask_scores`, whose bounds this one adds to."""
+    first = gl.expand_dims(rows, 1) + (seqlen_k - seqlen_q - window_left)
+    return gl.where(gl.expand_dims(cols, 0) >= first, s, float("-inf"))
+
+
+@gluon.jit
 def last_visible_key(rows, key0, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
     """Per row, the offset from ``key0`` of the last key the row may see: ``Sk - 1``, and if causal
     at most the bottom-right diagonal ``row + Sk - Sq`` (negative: the row sees none of the tile).

@@ -2232,7 +2232,7 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=264, head_dim_v=264), "head_dim"),
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=12), "head_dim_v"),
-    (dict(window_size=(8, -1)), "sliding window"),
+    (dict(window_size=(8, 8)), "sliding window"),
     (dict(varlen=True), "packed sequences"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
@@ -2353,7 +2353,8 @@ def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypat
         reason = _runs_by_name_only(windowed, windowed)
         assert reason.startswith(f"window_size {window} runs on hopper.fwd only when asked for by name"), reason
     monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
-    assert dispatch.select(_problem(causal=True, window_size=(64, 0), **_contiguous(128)), "fwd")[1].kernel == "hopper.fwd"
+    windowed = _problem(causal=True, window_size=(64, 0), **_contiguous(128))
+    assert dispatch.select(windowed, "fwd")[1].kernel == "hopper.fwd"
     for causal, window in ((False, (8, 8)), (False, (-1, 8)), (False, (8, 0))):
         problem = _problem(causal=causal, window_size=window, **_contiguous(128))
         reason = fwd.unsupported_reason(problem)

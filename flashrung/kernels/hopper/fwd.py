@@ -2318,7 +2318,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # (extra_keys, V's too); Q's tail box. The kernel never reads those it has no use for
         k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
-        *softcap_factors(softcap, softmax_scale), max(window_left, 0),
+        # a left side past every key bounds nothing: clamped, it stays an int32
+        *softcap_factors(softcap, softmax_scale), min(max(window_left, 0), seqlen_q + seqlen_k),
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:

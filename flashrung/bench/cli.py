@@ -288,11 +288,7 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
     shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap", "window")
     shape_given = any(getattr(args, a) is not None for a in shape_flags)
-    if args.window is not None:
-        try:
-            suites.check_window(args.window, bool(args.causal))
-        except ValueError as exc:
-            raise ValueError(f"--window: {exc}") from None
+    window = _window_of(args)
     if args.suite is None and (shape_given or args.seqlen or args.headdim):
         if not args.seqlen:
             raise ValueError("free shapes need --seqlen (or pick a --suite)")
@@ -301,7 +297,7 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
             raise ValueError("free shapes take one --headdim")
         rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
                                 kv_heads=args.kv_heads, headdim=headdims[0], headdim_v=args.headdim_v,
-                                seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0, window=args.window,
+                                seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0, window=window,
                                 dtype=args.dtype or "bfloat16", causal=bool(args.causal), mode=args.mode or "fwd")
         return "free", rows
     if shape_given:
@@ -397,15 +393,24 @@ def bench_protocol(args) -> timing.BenchProtocol:
     return dataclasses.replace(base, **changes)
 
 
-def _checked_window(args) -> tuple[int, int] | None:
-    """``--window`` checked against the mask, or the command exits naming the argument."""
+def _window_of(args) -> tuple[int, int] | None:
+    """``--window`` checked against the mask (``suites.check_window``); a ``ValueError`` names the
+    argument."""
     window = getattr(args, "window", None)
     if window is None:
         return None
     try:
         return suites.check_window(window, bool(args.causal))
     except ValueError as exc:
-        raise SystemExit(f"flashrung: --window: {exc}") from None
+        raise ValueError(f"--window: {exc}") from None
+
+
+def _checked_window(args) -> tuple[int, int] | None:
+    """:func:`_window_of` for the commands built on :func:`pair_row`, which exit naming the argument."""
+    try:
+        return _window_of(args)
+    except ValueError as exc:
+        raise SystemExit(f"flashrung: {exc}") from None
 
 
 def pair_row(args) -> suites.Row:

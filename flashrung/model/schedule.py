@@ -39,19 +39,36 @@ def q_blocks(seqlen_q: int, block_m: int) -> int:
 
 
 def live_blocks(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int,
-                causal: bool = True) -> int:
-    """K/V tiles that hold at least one visible score for query tile ``q_tile``."""
+                causal: bool = True, window_left: int = -1) -> int:
+    """K/V tiles that hold at least one visible score for query tile ``q_tile``. With ``window_left``
+    >= 0 (a sliding window's left side, flash-attn's ``window_size[0]``), the tiles before the one
+    holding the tile's first row's first visible key (:func:`window_first_block`) are not counted."""
     nq = q_blocks(seqlen_q, block_m)
     nk = kv_blocks(seqlen_k, block_n)
     if not 0 <= q_tile < nq:
         raise ValueError(f"q_tile must be in [0, {nq}), got {q_tile!r}")
-    if not causal:
-        return nk
-    last_row = min((q_tile + 1) * block_m, seqlen_q) - 1
-    last_key = last_row + (seqlen_k - seqlen_q)
-    if last_key < 0:
-        return 0          # every row of this tile sees no key (Sq > Sk, bottom-right aligned)
-    return min(nk, last_key // block_n + 1)
+    if causal:
+        last_row = min((q_tile + 1) * block_m, seqlen_q) - 1
+        last_key = last_row + (seqlen_k - seqlen_q)
+        if last_key < 0:
+            return 0      # every row of this tile sees no key (Sq > Sk, bottom-right aligned)
+        end = min(nk, last_key // block_n + 1)
+    else:
+        end = nk
+    return max(0, end - window_first_block(q_tile, block_m, block_n, seqlen_q, seqlen_k, window_left))
+
+
+def window_first_block(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int,
+                       window_left: int = -1) -> int:
+    """The first K/V tile any row of ``q_tile`` sees under a sliding window of ``window_left`` keys to
+    the left, bottom-right aligned as the causal mask (row ``i`` sees no key before
+    ``i + Sk - Sq - window_left``): the one holding the tile's first row's first visible key; 0
+    without a window (``window_left`` < 0)."""
+    if not isinstance(window_left, int) or isinstance(window_left, bool):
+        raise ValueError(f"window_left must be an integer (-1: no window), got {window_left!r}")
+    if window_left < 0:
+        return 0
+    return max(0, q_tile * block_m + seqlen_k - seqlen_q - window_left) // block_n
 
 
 def masked_blocks(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int) -> int:

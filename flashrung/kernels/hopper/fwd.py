@@ -185,11 +185,12 @@ from flashrung.kernels.hopper.softmax import (
     capped,
     finalize,
     fold_scale,
+    first_visible_key,
     init_row_sum,
     last_visible_key,
     mask_scores,
     mask_scores_by_bound,
-    mask_scores_left,
+    mask_scores_by_bounds,
     online_softmax,
     online_softmax_retained,
     rescale_by_warp,
@@ -831,15 +832,17 @@ def _wait_pv(acc, l_i, p_op, c):
 def _mask_part(s, rows, key0, sz, c):
     """The keys of one part of a K/V tile (its first key ``key0``, absolute) that its rows may not
     see → ``-inf``: ``mask_scores``, or with ``ROW_BOUND_MASK`` one bound per row
-    (``mask_scores_by_bound``)."""
+    (``mask_scores_by_bound``); a window's launch always by bounds, its lower bound beside the upper
+    (``mask_scores_by_bounds``)."""
     rows = gl.convert_layout(rows, gl.SliceLayout(1, s.type.layout))
     offs = gl.arange(0, s.type.shape[1], layout=gl.SliceLayout(0, s.type.layout))
-    if c.ROW_BOUND_MASK:
+    if c.HAS_WINDOW:
+        out = mask_scores_by_bounds(s, offs, first_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, sz.window_left),
+                                    last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
+    elif c.ROW_BOUND_MASK:
         out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
     else:
         out = mask_scores(s, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
-    if c.HAS_WINDOW:
-        out = mask_scores_left(out, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, sz.window_left)
     return out
 
 
@@ -2115,13 +2118,13 @@ def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]
 
 
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
-                    device, consumer_share=(), pool_share=0.0) -> torch.Tensor:
+                    device, consumer_share=(), pool_share=0.0, window_left=-1) -> torch.Tensor:
     """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
     key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
-           consumer_share, pool_share)
+           consumer_share, pool_share, window_left)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
@@ -2131,7 +2134,7 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
                 "capture cannot record: call once with this shape before capturing, or pass a config with "
                 "balanced=False")
         host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
-                                 causal, ctas, consumer_share, pool_share)
+                                 causal, ctas, consumer_share, pool_share, window_left)
         table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
     return table
 
@@ -2269,6 +2272,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
+    # a width past every key bounds nothing more: clamped, it stays an int32 argument
+    window_left = min(window_left, seqlen_q + seqlen_k) if window_left >= 0 else -1
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
                  softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0,
                  head_dim_v=head_dim_v, has_window=window_left >= 0)
@@ -2284,7 +2289,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
                                 partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
-                                cfg.dynamic_pool_share)
+                                cfg.dynamic_pool_share, window_left)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
@@ -2319,7 +2324,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
         # a left side past every key bounds nothing: clamped, it stays an int32
-        *softcap_factors(softcap, softmax_scale), min(max(window_left, 0), seqlen_q + seqlen_k),
+        *softcap_factors(softcap, softmax_scale), max(window_left, 0),
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:

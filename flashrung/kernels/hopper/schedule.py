@@ -230,13 +230,16 @@ def check_consumer_share(consumer_share: tuple[float, ...], block_m: int) -> Non
 
 
 def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k: int, causal: bool,
-              consumer_share: tuple[float, ...] = ()) -> float:
+              consumer_share: tuple[float, ...] = (), window_left: int = -1) -> float:
     """The balanced schedule's estimate of query tile ``m_block``, in K/V steps: its live K/V tiles
     and :data:`TILE_OVERHEAD_KV_TILES`. With ``consumer_share`` (one entry per consumer warpgroup
     of the tile, the last 1.0), a tile whose rows fill only ``k`` of its warpgroups — the partial
     last one — costs ``consumer_share[k - 1]`` of that: the empty warpgroups issue no GEMM and no
-    softmax (``skip_empty_rows``), so its steps are shorter."""
-    cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal) + TILE_OVERHEAD_KV_TILES
+    softmax (``skip_empty_rows``), so its steps are shorter. ``window_left`` >= 0: a sliding
+    window's launch, whose tiles start at the window's first (:func:`window_tile_range`) — under a
+    causal mask every tile past the window's width costs about the same, where the causal count
+    alone grows with the row."""
+    cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal, window_left) + TILE_OVERHEAD_KV_TILES
     if consumer_share:
         rows = min(block_m, seqlen_q - m_block * block_m)
         rows_per_consumer = block_m // len(consumer_share)
@@ -246,7 +249,8 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
 
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
                       block_m: int, kv_tile: int, causal: bool, ctas: int,
-                      consumer_share: tuple[float, ...] = (), pool_share: float = 0.0) -> tuple[int, ...]:
+                      consumer_share: tuple[float, ...] = (), pool_share: float = 0.0,
+                      window_left: int = -1) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
 
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
@@ -256,6 +260,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`). ``pool_share``:
     the launch order's last tiles, up to that share of the estimated work (:func:`pool_start`), are
     left out of the lists for the dynamic hand-out; ``offsets[ctas]`` is then the first of them.
+    ``window_left``: a sliding window's left side (:func:`tile_cost`), -1 for none.
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
@@ -263,7 +268,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     check_consumer_share(consumer_share, block_m)
-    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
+    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), window_left)
             for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
     free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index

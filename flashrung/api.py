@@ -8,7 +8,6 @@ one users call.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -219,22 +218,34 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, rows: int, max_name: str, max
         raise ValueError(f"{max_name} must be at least the longest sequence ({max(lengths)}), got {max_seqlen}")
 
 
+def check_packed(q: torch.Tensor, k: torch.Tensor, cu_seqlens, max_seqlens) -> None:
+    """Packed sequences checked as :func:`attention_varlen` checks them: ``q``, ``k`` the packed
+    ``(1, rows, heads, dim)`` tensors, ``cu_seqlens`` (cu_seqlens_q, cu_seqlens_k) and ``max_seqlens``
+    (max_seqlen_q, max_seqlen_k); a kernel called directly with them checks the same."""
+    (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k) = cu_seqlens, max_seqlens
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[1], "max_seqlen_q", max_seqlen_q, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[1], "max_seqlen_k", max_seqlen_k, q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
+                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
+
+
 def _run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                         impl, window_size=NO_WINDOW, softcap=0.0):
     problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, window_size, softcap)
     module, _ = dispatch.select(problem, "fwd", impl)
+    extra = {"problem": problem} if getattr(module, "FORWARD_TAKES_PROBLEM", False) else {}
     out, lse = module.forward(q[None], k[None], v[None], causal, softmax_scale,
                               cu_seqlens=(cu_seqlens_q, cu_seqlens_k), max_seqlens=(max_seqlen_q, max_seqlen_k),
-                              **score_kwargs(window_size, softcap))
+                              **score_kwargs(window_size, softcap), **extra)
     return out[0], lse[0]
 
 
 def _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, window_size, softcap):
     """The :class:`~flashrung.dispatch.Problem` of packed sequences: the packed tensors' layout, the
     sequences' count and longest lengths."""
-    problem = dispatch.Problem.of(q[None], k[None], v[None], causal, window_size, softcap)
-    return dataclasses.replace(problem, batch=cu_seqlens_q.numel() - 1, seqlen_q=max_seqlen_q,
-                               seqlen_k=max_seqlen_k, varlen=True)
+    return dispatch.Problem.of_packed(q[None], k[None], v[None], causal, cu_seqlens_q.numel() - 1,
+                                      (max_seqlen_q, max_seqlen_k), window_size, softcap)
 
 
 @torch.library.custom_op("flashrung::attention_varlen_fwd", mutates_args=())
@@ -321,11 +332,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     # the packed tensors as one batch entry: the same checks as attention's, the same messages
     q4, k4, v4 = (t[None] if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     scale = _validate(q4, k4, v4, causal, softmax_scale, impl)
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q, q.device)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k, q.device)
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
-                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
+    check_packed(q4, k4, (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k))
     causal, window, softcap = _score_options(causal, window_size, softcap)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
     if _needs_the_op(q, k, v):

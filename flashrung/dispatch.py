@@ -65,16 +65,27 @@ class Problem:
             window_size=tuple(window_size), softcap=float(softcap),
         )
 
+    @classmethod
+    def of_packed(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sequences: int,
+                  max_seqlens: tuple[int, int], window_size: tuple[int, int] = NO_WINDOW,
+                  softcap: float = 0.0) -> "Problem":
+        """The problem of packed sequences (flash-attn's varlen): q, k, v the packed ``(1, rows,
+        heads, dim)`` tensors (their layout), ``sequences`` of them, the longest ``max_seqlens``."""
+        return dataclasses.replace(cls.of(q, k, v, causal, window_size, softcap), batch=sequences,
+                                   seqlen_q=max_seqlens[0], seqlen_k=max_seqlens[1], varlen=True)
 
-def score_options_reason(problem: Problem, *, takes_softcap: bool = False, takes_window: bool = False) -> str | None:
+
+def score_options_reason(problem: Problem, *, takes_softcap: bool = False, takes_window: bool = False,
+                         takes_varlen: bool = False) -> str | None:
     """Why a kernel that has neither sliding windows (unless ``takes_window``: the kernel then says
-    which windows it takes), nor packed sequences, nor (unless ``takes_softcap``) softcap cannot run
-    ``problem`` (the first of them it asks for), or None: one wording for every such kernel."""
+    which windows it takes), nor (unless ``takes_varlen``) packed sequences, nor (unless
+    ``takes_softcap``) softcap cannot run ``problem`` (the first of them it asks for), or None: one
+    wording for every such kernel."""
     if problem.windowed and not takes_window:
         return f"has no sliding window (window_size {problem.window_size})"
     if problem.softcap and not takes_softcap:
         return f"has no softcap (softcap {problem.softcap:g})"
-    if problem.varlen:
+    if problem.varlen and not takes_varlen:
         return "has no packed sequences (varlen)"
     return None
 
@@ -280,12 +291,20 @@ class Variant:
     def FORWARD_TAKES_PROBLEM(self) -> bool:     # noqa: N802 (the module-level flag's name)
         return bool(getattr(self.module, "FORWARD_TAKES_PROBLEM", False))
 
-    def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None, problem=None):
+    def forward(self, q, k, v, causal, softmax_scale, out=None, lse=None, problem=None, **options):
+        """The module's forward under the overrides; ``options`` (``window_size``, ``softcap``,
+        ``cu_seqlens`` and ``max_seqlens``: what the caller's problem has) pass through as given."""
         if problem is None:
-            problem = Problem.of(q, k, v, causal)
+            scores = {key: options[key] for key in ("window_size", "softcap") if key in options}
+            if "cu_seqlens" in options:
+                problem = Problem.of_packed(q, k, v, causal, options["cu_seqlens"][0].numel() - 1,
+                                            options["max_seqlens"], **scores)
+            else:
+                problem = Problem.of(q, k, v, causal, **scores)
         config = _variant_config(self.module, problem, self.overrides)
         extra = {"problem": problem} if self.FORWARD_TAKES_PROBLEM else {}
-        return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config, **extra)
+        return self.module.forward(q, k, v, causal, softmax_scale, out=out, lse=lse, config=config, **extra,
+                                   **options)
 
 
 @functools.lru_cache(maxsize=256)

@@ -358,6 +358,34 @@ def test_a_variant_resolves_its_overrides_once_per_problem():
     assert forwards == [("config", (("num_q_stages", "2"),))] * 4
 
 
+def test_a_variant_passes_the_problems_score_options_and_packing_through():
+    # impl="name@key=value" on a windowed, capped or packed problem: the variant's module gets the
+    # window, the cap and the packing (a forward that did not take them raised TypeError), and
+    # resolves its overrides on the problem they make (a packed one's sequences and longest lengths)
+    from flashrung import dispatch
+    problems, forwards = [], []
+
+    def config_with(problem, overrides):
+        problems.append(problem)
+        return "config"
+
+    def forward(q, k, v, causal, scale, out=None, lse=None, config=None, **options):
+        forwards.append(options)
+        return q
+
+    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward),
+                                   "unsupported_reason": staticmethod(lambda problem: None)})
+    variant = dispatch.Variant(module, (("num_q_stages", "2"),))
+    q, k, v = qkv()
+    variant.forward(q, k, v, True, 0.125, window_size=(8, 0), softcap=30.0)
+    assert forwards[-1] == {"window_size": (8, 0), "softcap": 30.0}
+    assert problems[-1].window_size == (8, 0) and problems[-1].softcap == 30.0
+    cu = torch.tensor([0, 3, q.shape[1]], dtype=torch.int32)
+    variant.forward(q[:1], k[:1], v[:1], False, 0.125, cu_seqlens=(cu, cu), max_seqlens=(q.shape[1] - 3, 3))
+    assert set(forwards[-1]) == {"cu_seqlens", "max_seqlens"}
+    assert problems[-1].varlen and problems[-1].batch == 2 and problems[-1].seqlen_q == q.shape[1] - 3
+
+
 def test_a_variant_with_a_bad_override_raises_on_every_call():
     from flashrung import dispatch
 

@@ -5,8 +5,10 @@ cores (HGMMA), TMA (UTMALDG), register reallocation (USETMAXREG), no local-memor
 memory within 227 KiB, and the softmax placed between the QK wait and the PV wait. GPU tests run
 the correctness gate and need compute capability 9.0.
 """
+import collections
 import dataclasses
 import functools
+import itertools
 import re
 
 import pytest
@@ -184,9 +186,15 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     window = changes.pop("_window", False)
     if window:
         cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
+    # "_packed": True builds a launch of packed sequences (PACKED) on the packed default
+    # (config.select_config leaves config.PACKED_CLASHES off); "_plain_of_packed" the same
+    # configuration unpacked, its baseline
+    packed = changes.pop("_packed", False)
+    if packed or changes.pop("_plain_of_packed", False):
+        cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.packed_clashes(cfg)})
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
-                           window=window)
+                           window=window, packed=packed)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -212,6 +220,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
                                    if loop["SYNCS"] and not loop["HGMMA"] and not loop["UTMALDG"]]
             entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
+            entry["global_stores"] = len(re.findall(r"\bSTG\.", sass))
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
             entry["atomics"] = sass.count("ATOMG")
             entry["multicast_copies"] = len(re.findall(r"UTMALDG\.\dD\.MULTICAST", sass))
@@ -465,6 +474,12 @@ WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-windo
                  ("d128-causal-window", "d128-causal", 128, True), ("d128-full-window", "d128-full", 128, False),
                  ("d256-causal-window", "d256-causal", 256, True)]
 CENSUS_CONFIGS += [(label, d, causal, {"_window": True}) for label, _, d, causal in WINDOW_CENSUS]
+# packed sequences (flash-attn's varlen) on each head dim's packed default, beside the same
+# configuration unpacked
+PACKED_CENSUS = [(f"d{d}-{'causal' if causal else 'full'}", d, causal)
+                 for d in (64, 128, 256) for causal in (False, True)]
+CENSUS_CONFIGS += [(f"{label}-{kind}", d, causal, {f"_{kind}": True}) for label, d, causal in PACKED_CENSUS
+                   for kind in ("packed", "plain_of_packed")]
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
@@ -2233,7 +2248,6 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=12), "head_dim_v"),
     (dict(window_size=(8, 8)), "sliding window"),
-    (dict(varlen=True), "packed sequences"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
 ])
@@ -2329,7 +2343,7 @@ def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(mon
 def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
     # the capped kernel, built and compiled but not yet gated on the H200, runs by name only;
     # automatic dispatch sends capped problems to the portable kernel and says why, until
-    # fwd.SOFTCAP_AUTO; a window or packed sequences beside the cap are still refused
+    # fwd.SOFTCAP_AUTO; a window with a right side of its own beside the cap is still refused
     from flashrung import dispatch
 
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", False)
@@ -2339,8 +2353,7 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
     assert fwd.auto_declined_reason(capped) is None
     assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
-    for other, match in ((dict(window_size=(8, 8)), "sliding window"), (dict(varlen=True), "packed sequences")):
-        assert match in fwd.unsupported_reason(dataclasses.replace(capped, **other))
+    assert "sliding window" in fwd.unsupported_reason(dataclasses.replace(capped, window_size=(8, 8)))
 
 
 def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
@@ -2362,6 +2375,60 @@ def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypat
         assert dispatch.select(problem, "fwd")[1].kernel == "portable.fwd"
 
 
+def test_packed_sequences_run_when_asked_for_and_fall_back_visibly_otherwise(monkeypatch):
+    # packed sequences (flash-attn's varlen), built and compiled but not yet gated on the H200, run
+    # by name only; automatic dispatch sends them to the portable kernel and says why, until
+    # fwd.PACKED_AUTO; a window's left side and a cap beside them run too
+    from flashrung import dispatch
+
+    for causal in (False, True):
+        packed = _problem(causal=causal, varlen=True, batch=5, **_contiguous(128))
+        reason = _runs_by_name_only(packed, packed)
+        assert reason.startswith("packed sequences (varlen) run on hopper.fwd only when asked for by name"), reason
+        assert config.packed_clashes(select_config(packed)) == []
+    monkeypatch.setattr(fwd, "PACKED_AUTO", True)
+    for extra in ({}, dict(window_size=(64, 0), causal=True), dict(softcap=30.0)):
+        problem = _problem(varlen=True, **extra, **_contiguous(128))
+        monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
+        monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
+        assert fwd.unsupported_reason(problem) is None
+        assert dispatch.select(problem, "fwd")[1].kernel == "hopper.fwd"
+
+
+def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
+    # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
+    # default packed sequences select, the result buildable; the rest is the unpacked default's.
+    # Forced on, forward refuses them before looking at a tensor's memory
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in (17, 1000, 2048, 4096, 8192, 16384, 32768):
+                plain = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+                cfg = select_config(dataclasses.replace(plain, varlen=True))
+                assert config.packed_clashes(cfg) == [], (d, causal, seqlen)
+                cfg.check(d, 2)
+                base = select_config(plain)
+                assert cfg == (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
+                               if config.packed_clashes(base) else base)
+    assert config.packed_clashes(fwd.default_config(128, False, 16384)) == ["split_tail", "kv_multicast"]
+
+
+def test_packed_forward_refuses_what_it_cannot_run():
+    # the arguments a direct call gets wrong, named before anything is launched (CPU tensors: the
+    # checks run first)
+    q = torch.zeros(1, 40, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 30, 2, 64, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 10, 40], dtype=torch.int32), torch.tensor([0, 25, 30], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens and max_seqlens"):
+        fwd.forward(q, k, v, False, 0.125, cu_seqlens=(cu_q, cu_k))
+    with pytest.raises(ValueError, match="max_seqlen_q must be at least the longest sequence"):
+        fwd.forward(q, k, v, False, 0.125, cu_seqlens=(cu_q, cu_k), max_seqlens=(20, 25))
+    with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
+        fwd.forward(q, k, v, False, 0.125, cu_seqlens=(cu_q, cu_k + 1), max_seqlens=(30, 25))
+    problem = _problem(varlen=True, **_contiguous(64))
+    with pytest.raises(ValueError, match="is one of packed sequences but cu_seqlens is None"):
+        fwd.forward(q, k, v, False, 0.125, problem=problem)
+
+
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
     # config.WINDOW_CLASHES (the split tail, the staggered sweep, the pairs, the halves, the single
     # loop) off at every default a windowed problem selects, what follows from them re-derived and
@@ -2377,6 +2444,29 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 base = select_config(plain)
                 assert cfg == (replace_following(base, d, **{n: False for n in config.window_clashes(base)})
                                if config.window_clashes(base) else base)
+
+
+@pytest.mark.parametrize("label, d, causal", PACKED_CENSUS, ids=[c[0] for c in PACKED_CENSUS])
+def test_packed_census(census, label, d, causal):
+    # packed sequences' build against the same configuration unpacked: the K/V loops keep their
+    # instructions within a few (each item's lengths are read ahead of its loops) and their wgmma, the
+    # buffers stay (+ 64 B at most), and a sequence's partial last box of O goes out from
+    # registers (global stores the unpacked build has none of)
+    packed, plain = census[f"{label}-packed"], census[f"{label}-plain_of_packed"]
+    assert "error" not in packed["row"], packed["row"]["error"]
+    assert packed["row"]["config"]["packed"] is True
+    assert len(packed["kv_loops"]) == len(plain["kv_loops"])
+    # the K/V steps' loops: each consumer's unmasked and masked loop, the most common wgmma count
+    # (the loops around a whole item hold more: its peeled first step and its epilogue's)
+    step_hgmma = collections.Counter(loop["hgmma"] for loop in plain["kv_loops"]).most_common(1)[0][0]
+    steady = [(a, b) for a, b in zip(packed["kv_loops"], plain["kv_loops"]) if b["hgmma"] == step_hgmma]
+    assert len(steady) >= 2
+    for a, b in steady:
+        # (d256 non-causal's masked loop: 502 -> 520, its lengths now loaded, not arguments)
+        assert abs(a["length"] - b["length"]) <= max(8, 0.04 * b["length"]), (a["length"], b["length"])
+        assert a["ldl"] == b["ldl"] == 0 and a["hgmma"] == b["hgmma"]
+    assert 0 <= packed["row"]["smem_bytes"] - plain["row"]["smem_bytes"] <= 64
+    assert packed["global_stores"] > plain["global_stores"]
 
 
 @pytest.mark.parametrize("label, base, d, causal", WINDOW_CENSUS, ids=[c[0] for c in WINDOW_CENSUS])
@@ -2784,6 +2874,58 @@ def test_gate_window(head_dim, causal, left, shape):
     # windowed default these lengths select — a window of one key (0), one inside a K/V tile (17),
     # one across tiles (300); Sq != Sk both ways, GQA, row and key tails
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
+
+
+# packed sequences: long and short ones, Sq != Sk within the pack, an empty query range and an
+# empty key range (tests/test_gpu.py's pack); and lengths ending inside, on and one past the 64-row O
+# boxes and the K/V tiles, one row and one key
+PACKED_LENGTHS = [((1000, 4097, 17, 0, 300), (1000, 4097, 3000, 5, 0)),
+                  ((64, 65, 1, 192, 127, 128, 63), (64, 63, 1, 192, 129, 128, 200))]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("lengths", PACKED_LENGTHS, ids=["long-short-empty", "box-edges"])
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_packed(head_dim, causal, window, lengths):
+    # the gate automatic dispatch waits for (fwd.PACKED_AUTO): every sequence against the references
+    # run on it alone (gate.check_varlen: a row that reads another sequence's keys, or a partial O
+    # box that writes the next sequence's first rows, fails), the outputs poisoned first (a row
+    # never written fails); with and without a window's left side
+    from flashrung import gate
+
+    lens_q, lens_k = lengths
+    window_size = gate.NO_WINDOW if window is None else (window, 0 if causal else -1)
+    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal, varlen=lengths,
+                     window_size=window_size)
+    result = gate.check_varlen(fwd.forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+    assert result.passed, str(result)
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_packed_sequences_by_name_through_the_api_are_bit_identical_run_twice():
+    # flashrung.attention_varlen(impl="hopper.fwd"): the kernel runs (not a fallback), twice over bit
+    # for bit (a moving result is a race), and each sequence's rows are, bit for bit, the same
+    # sequence run alone on the packed launch's configuration (its own lengths, nothing of its
+    # neighbours')
+    import flashrung
+
+    torch.manual_seed(0)
+    lens = (700, 1, 2048, 130)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    first = flashrung.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, impl="hopper.fwd")
+    assert flashrung.last_dispatch().kernel == "hopper.fwd"
+    for _ in range(3):
+        assert torch.equal(first, flashrung.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                                             impl="hopper.fwd"))
+    cfg = select_config(Problem.of_packed(q[None], k[None], v[None], True, len(lens), (max(lens), max(lens))))
+    for start, end in zip(cu.tolist(), cu.tolist()[1:]):
+        alone = fwd.forward(*(t[None, start:end] for t in (q, k, v)), True, 128 ** -0.5, config=cfg)[0][0]
+        assert torch.equal(first[start:end], alone), (start, end)
 
 
 @pytest.mark.gpu

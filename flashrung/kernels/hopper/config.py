@@ -1454,6 +1454,8 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if problem.windowed and window_clashes(cfg):
         cfg = _windowed(cfg, head_dim)
+    if problem.varlen and packed_clashes(cfg):
+        cfg = _packed(cfg, head_dim)
     return cfg
 
 
@@ -1474,3 +1476,21 @@ def window_clashes(cfg: HopperFwdConfig) -> list[str]:
 def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     """``cfg`` with ``WINDOW_CLASHES`` off, what follows from them re-derived (:func:`replace_following`)."""
     return replace_following(cfg, head_dim, **{name: False for name in window_clashes(cfg)})
+
+
+# What a launch of packed sequences runs without: the split tail (its tail tiles are counted and
+# split launch-wide, from the longest sequence's keys) and the pairs of kv_multicast (two q-tiles
+# share one K/V range; a pair across two sequences would not). Off, the default's other switches
+# stay; every item reads its own sequence's lengths (fwd._sequence).
+PACKED_CLASHES = ("split_tail", "kv_multicast")
+
+
+def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
+    """The switches of ``cfg`` packed sequences cannot run with (``PACKED_CLASHES``) that are on."""
+    return [name for name in PACKED_CLASHES if getattr(cfg, name)]
+
+
+@functools.lru_cache(maxsize=None)
+def _packed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
+    """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`)."""
+    return replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})

@@ -101,6 +101,14 @@ Descriptors are 4-D over the untransposed (B, S, H, D) tensors, box ``[1, rows, 
 bounds every dimension, so a tile that runs past ``S`` reads zeros (never the next batch) and its
 store is clipped (never writes the next batch); no transposed or padded copies are made.
 
+Packed sequences (flash-attn's varlen, ``PACKED``) are one batch entry of rows: each work item reads
+its sequence's first rows and lengths from ``cu_seqlens`` (``_sequence``) and every range, mask and
+bound of the item uses them; the grid covers the longest sequence, an item past its sequence's rows
+has no K/V tile. A tile past a sequence's end reads the next sequence's rows (masked, as a key tail
+is), and its O box would write them: a sequence's partial last box of O goes out from registers,
+masked (``_store_rows``), its whole boxes by TMA. The split tail and the pairs are off
+(``config.PACKED_CLASHES``).
+
 Evidence: SASS census (``census_specs``; HGMMA, UTMALDG, USETMAXREG, no local memory in the KV
 loop, shared memory ≤ 227 KiB), the gate on the H200 (``flashrung check --kernel hopper.fwd``: 84/84), paired
 margins of every default lever (``flashrung compare``) and the preheated ``fa4-protocol`` bench;
@@ -143,6 +151,7 @@ from flashrung.kernels.hopper.config import (
     kernel_head_dims,
     qk_boxes,
     window_clashes,
+    packed_clashes,
     replace_following,
     select_config,
 )
@@ -301,12 +310,20 @@ class _Sizes:
     softcap_pre: gl.tensor      # HAS_SOFTCAP: softmax.capped's factors (softmax.softcap_factors)
     softcap_post: gl.tensor
     window_left: gl.tensor      # HAS_WINDOW: keys a row sees to the left of its diagonal (window_size[0])
+    rows_q: gl.tensor           # LSE's rows a head: seqlen_q, or with PACKED the packed rows of every sequence
+    cu_seqlens_q: gl.tensor     # PACKED: int32 [batch + 1], flash-attn's cumulative lengths (never read otherwise)
+    cu_seqlens_k: gl.tensor
+    out_ptr: gl.tensor          # PACKED: out's base, for a sequence's last rows (_store_rows; never read otherwise)
 
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
                  per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr,
-                 softcap_pre, softcap_post, window_left):
+                 softcap_pre, softcap_post, window_left, rows_q, cu_seqlens_q, cu_seqlens_k, out_ptr):
         self.window_left = window_left
+        self.rows_q = rows_q
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_k = cu_seqlens_k
+        self.out_ptr = out_ptr
         self.softcap_pre = softcap_pre
         self.softcap_post = softcap_post
         self.kv_tmaps_ptr = kv_tmaps_ptr
@@ -426,6 +443,7 @@ class _Schedule:
     V_RELAY_AT: gl.constexpr     # producers arrive on in each other's CTA and wait on in their own
     HAS_SOFTCAP: gl.constexpr    # flash-attn's softcap on the raw scores (softmax.capped)
     HAS_WINDOW: gl.constexpr     # a sliding window's left side (sz.window_left; the right is the causal mask or none)
+    PACKED: gl.constexpr         # packed sequences (flash-attn's varlen): each item's lengths from cu_seqlens
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -477,6 +495,47 @@ def _work_coords(item, sz, c, FAST_DIV: gl.constexpr):
 def _tiles_in_launch(sz):
     """Every (batch, head, m-block) tile of the launch."""
     return sz.batch_heads * sz.num_m_blocks.d
+
+
+@gluon.jit
+def _sequence(sz, b, c):
+    """``(sizes, tma_b, q0, k0)`` of batch entry ``b``'s work items. With ``PACKED`` (flash-attn's
+    varlen) ``sizes`` holds sequence ``b``'s own lengths, read from ``cu_seqlens`` (every K/V range,
+    mask and store bound of its items reads them there), ``tma_b`` is 0 (the packed tensors are one
+    batch entry) and ``q0``/``k0`` are its first query and key rows in them. Otherwise ``sz`` itself,
+    ``b``, 0 and 0: the unpacked build's code is unchanged.
+
+    Called again wherever an item's sizes are needed (producer, consumer, epilogue) rather than
+    carried, so that an epilogue run under the next item (``overlap_epilogue``) reads its own
+    sequence's: the loads hit L1."""
+    if c.PACKED:
+        q0 = gl.load(sz.cu_seqlens_q + b)
+        k0 = gl.load(sz.cu_seqlens_k + b)
+        seq = _Sizes(gl.load(sz.cu_seqlens_q + b + 1) - q0, gl.load(sz.cu_seqlens_k + b + 1) - k0, sz.heads_q,
+                     sz.group, sz.num_m_blocks, sz.batch_heads, sz.head_section, sz.last_section, sz.per_section,
+                     sz.num_items, sz.num_full_tiles, sz.tail_splits, sz.sched_ptr, sz.handout_ptr, sz.kv_tmaps_ptr,
+                     sz.softcap_pre, sz.softcap_post, sz.window_left, sz.rows_q, sz.cu_seqlens_q, sz.cu_seqlens_k,
+                     sz.out_ptr)
+        tma_b = 0
+    else:
+        seq = sz
+        tma_b = b
+        q0 = 0
+        k0 = 0
+    return seq, tma_b, q0, k0
+
+
+@gluon.jit
+def _kv_tiles(row0, seq, c):
+    """:func:`schedule.kv_tile_range` of the item whose first row is ``row0``, with ``seq`` its
+    sequence's sizes (:func:`_sequence`). With ``PACKED`` an item past its sequence's rows (the grid
+    covers the longest) has no K/V tile: producer and consumers both skip its K/V, its Q still flows
+    (the ring's phases stay in step) and its epilogue stores no row."""
+    n_kv, n_unmasked = kv_tile_range(row0, seq.seqlen_q, seq.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    if c.PACKED:
+        n_kv = gl.where(row0 < seq.seqlen_q, n_kv, 0)
+        n_unmasked = gl.minimum(n_unmasked, n_kv)
+    return n_kv, n_unmasked
 
 
 @gluon.jit
@@ -543,7 +602,7 @@ def _producer_wait(bars, idx, phase, SMEM_OFFSET: gl.constexpr, c):
 
 
 @gluon.jit
-def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, b, kv_head, j, count, solo, c, sz,
+def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, b, kv_head, j, k0, count, solo, c, sz,
                   KV: gl.constexpr):
     """K/V tile ``j`` into ring slot ``count % stages``: one box, or two (BLOCK_N then EXTRA_KEYS keys)
     completing the same barrier; with ``MULTICAST``, this CTA's half of it into both CTAs of the
@@ -555,7 +614,8 @@ def _load_kv_tile(desc, desc2, bufs, bufs2, ready_bars, empty_bars, relay_bars, 
     _producer_wait(empty_bars, idx, phase ^ 1, c.K_EMPTY_AT if KV == 0 else c.V_EMPTY_AT, c)
     if c.RELAY_RELEASE:
         _relay(relay_bars, idx, phase, c, KV)
-    key0 = j * c.KV_TILE
+    # k0: the sequence's first key row in a packed K/V (0 unpacked)
+    key0 = k0 + j * c.KV_TILE
     if c.MULTICAST:
         tmap = _tensor_map(sz, KV)
         RING_AT: gl.constexpr = c.K_RING_AT if KV == 0 else c.V_RING_AT
@@ -616,12 +676,13 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
     ring count after it."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
+    seq, tma_b, q0, k0 = _sequence(sz, b, c)
     kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
     solo = _solo_pair(tile_id, m_block, sz, c)
     row0 = m_block * c.BLOCK_M
-    n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    n_kv, n_unmasked = _kv_tiles(row0, seq, c)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
-    kv_lo, _ = _window_range(row0, kv_lo, kv_hi, sz, c)
+    kv_lo, _ = _window_range(row0, kv_lo, kv_hi, seq, c)
     n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     # ring position of K/V tile j of this item: base + j
     base = count - kv_lo
@@ -629,9 +690,9 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     if kv_hi > kv_lo:
         # the first K first: it streams while the previous tile still holds the Q buffers.
         first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
-        _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, b,
-                      kv_head, first, count, solo, c, sz, 0)
-        _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
+        _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, tma_b,
+                      kv_head, first, k0, count, solo, c, sz, 0)
+        _load_q(q_desc, q2_desc, sh, sz, tma_b, h, q0 + row0, q_stage, q_phase, item, c)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
             # slot is filled when its tile is next needed, not as soon as it frees
@@ -639,25 +700,25 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
-                              sh.k_relay_bars, b, kv_head, t, base + j, solo, c, sz, 0)
+                              sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
-                              sh.v_relay_bars, b, kv_head, prev, base + j - 1, solo, c, sz, 1)
+                              sh.v_relay_bars, tma_b, kv_head, prev, k0, base + j - 1, solo, c, sz, 1)
                 prev = t
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
-                          kv_head, prev, base + kv_hi - 1, solo, c, sz, 1)
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars,
+                          tma_b, kv_head, prev, k0, base + kv_hi - 1, solo, c, sz, 1)
         else:
-            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars, b,
-                          kv_head, first, count, solo, c, sz, 1)
+            _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars,
+                          tma_b, kv_head, first, k0, count, solo, c, sz, 1)
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
-                              sh.k_relay_bars, b, kv_head, t, base + j, solo, c, sz, 0)
+                              sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
-                              sh.v_relay_bars, b, kv_head, t, base + j, solo, c, sz, 1)
+                              sh.v_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 1)
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
-        _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c)
+        _load_q(q_desc, q2_desc, sh, sz, tma_b, h, q0 + row0, q_stage, q_phase, item, c)
     count += kv_hi - kv_lo
     return count
 
@@ -1442,10 +1503,25 @@ def _pass_tiles(sh, n_tiles, count, turn, WG: gl.constexpr, c):
 
 
 @gluon.jit
-def _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows: gl.constexpr):
+def _store_lse(lse_ptr, lse, sz, b, h, q0, my_row0, out_rows: gl.constexpr):
+    """This warpgroup's rows of LSE ``(B, Hq, rows_q)``: ``b`` the TMA batch coordinate and ``q0`` the
+    sequence's first row (:func:`_sequence`; 0 and the packed rows' count with ``PACKED``)."""
     lse_rows = my_row0 + gl.arange(0, _ROWS, layout=out_rows)
-    lse_offs = (b * sz.heads_q.d + h).to(gl.int64) * sz.seqlen_q + lse_rows
+    lse_offs = (b * sz.heads_q.d + h).to(gl.int64) * sz.rows_q + q0 + lse_rows
     gl.store(lse_ptr + lse_offs, lse, mask=lse_rows < sz.seqlen_q)
+
+
+@gluon.jit
+def _store_rows(out_ptr, o_desc, out, h, q0, my_row0, seqlen_q, o_layout: gl.constexpr):
+    """This warpgroup's O rows below ``seqlen_q`` (and columns below out's own head dim) from
+    registers: a packed sequence's last, partial box (``PACKED``). O's strides and width are
+    ``o_desc``'s (its last stride 1)."""
+    rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, o_desc.block_type.shape[3], layout=gl.SliceLayout(0, o_layout))
+    offs = (gl.expand_dims((q0 + rows).to(gl.int64) * o_desc.strides[1], 1) + h.to(gl.int64) * o_desc.strides[2]
+            + gl.expand_dims(cols, 0))
+    keep = gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < o_desc.shape[3], 0)
+    gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 @gluon.jit
@@ -1484,6 +1560,8 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
         # 0's Q, which may still be in use)
         o_buf = sh.o_bufs.index(WG)._reinterpret(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
     my_row0 = m_block * c.BLOCK_M + WG * _ROWS
+    # the item's own sequence (PACKED), even when this runs under another item's first QK
+    sz, tma_b, q0, _ = _sequence(sz, b, c)
     out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(_sum_total(l_i, c), out_rows))
     if c.SPLIT_TAIL:
@@ -1498,12 +1576,19 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
                 _store_partial(parts, out, lse, item - sz.num_full_tiles, tile_id - sz.num_full_tiles, split, b, h,
                                m_block, WG, c)
         else:
-            _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+            _store_lse(lse_ptr, lse, sz, tma_b, h, q0, my_row0, out_rows)
     else:
-        _store_lse(lse_ptr, lse, sz, b, h, my_row0, out_rows)
+        _store_lse(lse_ptr, lse, sz, tma_b, h, q0, my_row0, out_rows)
     write_o = my_row0 < sz.seqlen_q
     if c.SPLIT_TAIL:
         write_o = write_o & (split < 0)      # a split item's O went to the workspace
+    if c.PACKED:
+        # a box past the sequence's last row would write the next sequence's first rows (TMA
+        # clips at the packed tensor's end only): those rows go out from registers, masked
+        whole = my_row0 + _ROWS <= sz.seqlen_q
+        if write_o & (my_row0 + _ROWS > sz.seqlen_q):
+            _store_rows(sz.out_ptr, o_desc, out, h, q0, my_row0, sz.seqlen_q, o_layout)
+        write_o = write_o & whole
     if write_o:
         # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
         # is done
@@ -1512,7 +1597,7 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
             tma.store_wait(0)
         o_buf.reshape([_ROWS, c.HEAD_DIM_V]).store(out.to(o_buf.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, my_row0, h, 0], o_buf)
+        tma.async_copy_shared_to_global(o_desc, [tma_b, q0 + my_row0, h, 0], o_buf)
         if not c.SEPARATE_O:
             # the next Q may only land in the buffer once the store has read it
             tma.store_wait(0)
@@ -1550,9 +1635,11 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     s_layout: gl.constexpr = _acc_layout(c.BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_CONSUMERS)
+    # the item's sequence: sz itself unless PACKED, whose masks and ranges read its own lengths
+    sz, _, _, _ = _sequence(sz, b, c)
     row0 = m_block * c.BLOCK_M
     my_row0 = row0 + WG * _ROWS
-    n_kv, n_unmasked = kv_tile_range(row0, sz.seqlen_q, sz.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    n_kv, n_unmasked = _kv_tiles(row0, sz, c)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
     kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, sz, c)
     n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
@@ -1683,7 +1770,7 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr,
                      tail_coords_ptr,
-                     sched_ptr, handout_ptr, kv_tmaps_ptr,
+                     sched_ptr, handout_ptr, kv_tmaps_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr,
                      seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
@@ -1720,7 +1807,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
                      V_RELAY_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                     HAS_WINDOW: gl.constexpr):
+                     HAS_WINDOW: gl.constexpr, PACKED: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
     # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too,
@@ -1803,7 +1890,10 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
                 num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr,
-                kv_tmaps_ptr, softcap_pre, softcap_post, window_left)
+                kv_tmaps_ptr, softcap_pre, softcap_post, window_left,
+                # with PACKED, seqlen_q and seqlen_k are the packed rows; each item reads its own
+                # sequence's lengths (_sequence)
+                seqlen_q, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr)
     parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
@@ -1836,7 +1926,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
                   Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
                   PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT, HAS_SOFTCAP=HAS_SOFTCAP,
-                  HAS_WINDOW=HAS_WINDOW)
+                  HAS_WINDOW=HAS_WINDOW, PACKED=PACKED)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1890,17 +1980,18 @@ def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
 
 
 def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True,
-                has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False) -> dict:
+                has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False,
+                packed: bool = False) -> dict:
     """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
     A fresh dict each call (the launch edits it) from a per-configuration cache. ``head_dim_v``: the
     kernel's V and O width (``config.kernel_head_dims``), ``head_dim`` when None."""
     return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap),
-                                 head_dim if head_dim_v is None else head_dim_v, bool(has_window)))
+                                 head_dim if head_dim_v is None else head_dim_v, bool(has_window), bool(packed)))
 
 
 @functools.lru_cache(maxsize=None)
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
-                     has_softcap: bool, head_dim_v: int, has_window: bool) -> tuple:
+                     has_softcap: bool, head_dim_v: int, has_window: bool, packed: bool) -> tuple:
     return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=qk_boxes(head_dim)[0], HEAD_DIM_V=head_dim_v,
         HEAD_DIM_TAIL=qk_boxes(head_dim)[1],
@@ -1935,6 +2026,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         PRODUCER_REGS=cfg.producer_regs,
         HAS_SOFTCAP=has_softcap,
         HAS_WINDOW=has_window,
+        PACKED=packed,
     ).items())
 
 
@@ -2027,7 +2119,8 @@ def unsupported_reason(problem) -> str | None:
         return str(e)
     if problem.heads_kv <= 0 or problem.heads_q % problem.heads_kv:
         return f"heads_q ({problem.heads_q}) must be a multiple of heads_kv ({problem.heads_kv})"
-    reason = score_options_reason(problem, takes_softcap=True, takes_window=True) or window_reason(problem)
+    reason = (score_options_reason(problem, takes_softcap=True, takes_window=True, takes_varlen=True)
+              or window_reason(problem))
     if reason is not None:
         return reason
     # Inputs TMA cannot address where they lie go to a kernel that can, visibly, rather than
@@ -2064,6 +2157,10 @@ SOFTCAP_AUTO = True
 # until its gate has passed on the H200 (tests/test_hopper.py::test_gate_window): built and
 # compiled (census), not yet run on a GPU.
 WINDOW_AUTO = False
+# Packed sequences (flash-attn's varlen, ``PACKED``): by name only until
+# tests/test_hopper.py::test_gate_packed has passed on the H200 and a paired timing has put them
+# ahead of portable.fwd.
+PACKED_AUTO = False
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -2076,6 +2173,9 @@ def _padded_key(problem) -> int | tuple[int, int]:
 def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
+    if problem.varlen and not PACKED_AUTO:
+        return ("packed sequences (varlen) run on hopper.fwd only when asked for by name until their gate has passed "
+                "on the H200 (tests/test_hopper.py::test_gate_packed); impl='hopper.fwd' runs them")
     if problem.windowed and not WINDOW_AUTO:
         return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name until its "
                 "gate has passed on the H200 (tests/test_hopper.py::test_gate_window); impl='hopper.fwd' runs it")
@@ -2182,13 +2282,16 @@ class _LaunchPlan:
 @functools.lru_cache(maxsize=4096)
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None,
-          has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False) -> _LaunchPlan:
+          has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False,
+          packed: bool = False) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
     ``has_softcap``: the launch caps its scores (``HAS_SOFTCAP``; the factors are run-time arguments).
     ``head_dim`` and ``head_dim_v``: the kernel's Q/K and V/O widths (``config.kernel_head_dims``;
     ``head_dim_v`` None: ``head_dim``); the configuration's own tables are the wider one's.
     ``has_window``: the launch has a sliding window's left side (``HAS_WINDOW``; its width a run-time
-    argument).
+    argument). ``packed``: packed sequences (``PACKED``): ``batch`` sequences of up to ``seqlen_q`` /
+    ``seqlen_k`` rows (the longest), each item bounded by its own; any of them may end inside a K/V
+    tile, so the launch is built as one with a key tail.
 
     With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
     with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
@@ -2220,17 +2323,17 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
                                cfg.l2_section_mib << 20), batch * heads_q)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
-    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window)
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed)
     if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
         # 0.988)
         constexprs["SPLIT_TAIL"] = splits > 1
     # a windowed item's first tile is cut by the window: masked always
-    constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=seqlen_k % cfg.kv_tile != 0) \
-        and not has_window
+    key_tail = packed or seqlen_k % cfg.kv_tile != 0
+    constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=key_tail) and not has_window
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
-    build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, has_window,
+    build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, has_window, packed,
              constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
@@ -2259,9 +2362,11 @@ DIRECT_LAUNCH = _direct_launch_default()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
-            trace: torch.Tensor | None = None, softcap: float = 0.0, window_left: int = -1):
+            trace: torch.Tensor | None = None, softcap: float = 0.0, window_left: int = -1,
+            cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``window_left`` >= 0:
-    a sliding window's left side (:func:`forward` has checked the rest of the window). ``trace``: the
+    a sliding window's left side (:func:`forward` has checked the rest of the window). ``cu_seqlens``
+    and ``max_seqlens``: packed sequences (q, k, v, out one batch entry of rows). ``trace``: the
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
@@ -2270,13 +2375,20 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     # workspace rows head_dim_v
     head_dim, head_dim_v = kernel_head_dims(q.shape[3], v.shape[3], cfg)
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    packed = cu_seqlens is not None
+    if packed:
+        # the kernel's seqlen_q / seqlen_k are the packed rows (LSE's stride); the grid and its
+        # plan cover the longest sequence, each item bounded by its own (_sequence)
+        packed_rows = (seqlen_q, seqlen_k)
+        batch, (seqlen_q, seqlen_k) = cu_seqlens[0].numel() - 1, max_seqlens
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
     # a width past every key bounds nothing more: clamped, it stays an int32 argument
     window_left = min(window_left, seqlen_q + seqlen_k) if window_left >= 0 else -1
     plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
                  softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0,
-                 head_dim_v=head_dim_v, has_window=window_left >= 0)
+                 head_dim_v=head_dim_v, has_window=window_left >= 0, packed=packed)
+    ints = packed_rows + plan.ints[2:] if packed else plan.ints
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
         part_o, part_lse, coords = tail_workspace((plan.num_items - plan.num_full_tiles) * plan.cluster_ctas,
@@ -2310,7 +2422,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
             tmaps = kv_tensor_maps(k, v, cfg.block_n)
     else:
         tmaps = lse
-    pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps)
+    # cu_seqlens and out's base: read only by a packed launch
+    pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps, *(cu_seqlens or (coords, coords)), out)
     if tail_cols:
         k2_desc, v2_desc = _descriptor(k, cfg.block_n, tail_cols), v_desc
     elif cfg.extra_keys:
@@ -2322,7 +2435,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # K's second box: the tail of its columns (split_head_dim) or a second box of keys
         # (extra_keys, V's too); Q's tail box. The kernel never reads those it has no use for
         k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
-        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *plan.ints, scale,
+        _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *ints, scale,
         # a left side past every key bounds nothing: clamped, it stays an int32
         *softcap_factors(softcap, softmax_scale), max(window_left, 0),
     )
@@ -2433,7 +2546,8 @@ FORWARD_TAKES_PROBLEM = True
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
             lse: torch.Tensor | None = None, problem=None, softcap: float = 0.0,
-            window_size: tuple[int, int] = NO_WINDOW, _trace: torch.Tensor | None = None):
+            window_size: tuple[int, int] = NO_WINDOW, cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
+            max_seqlens: tuple[int, int] | None = None, _trace: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) → out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32
@@ -2448,9 +2562,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     scaled scores (:func:`softmax.capped`), with a positive ``softmax_scale``. ``window_size``:
     flash-attn's sliding window, its left side (``(left, -1)``, or with ``causal`` ``(left, 0)``; a
     right side of its own runs on ``portable.fwd``), bottom-right aligned as the causal mask.
+
+    Packed sequences (flash-attn's varlen): ``cu_seqlens`` = (cu_seqlens_q, cu_seqlens_k), int32
+    cumulative lengths of B + 1 entries, and ``max_seqlens`` = (max_seqlen_q, max_seqlen_k); q, k, v,
+    out are then (1, rows, heads, dim) and lse (1, Hq, rows of q), as ``portable.fwd`` takes them.
+    Each sequence is its own problem (its causal diagonal and window bottom-right aligned on its own
+    lengths); the grid covers the longest.
     """
     softcap = check_softcap(softcap)
     window_size = tuple(window_size)
+    packed = cu_seqlens is not None
+    if packed != (max_seqlens is not None):
+        raise ValueError(f"{KERNEL_NAME}: cu_seqlens and max_seqlens describe packed sequences together; got "
+                         f"cu_seqlens {'without' if packed else 'None with'} max_seqlens")
     if problem is None:
         # a caller that hands its Problem over (dispatch) has validated the tensors already; a
         # direct call gets the same structural checks as flashrung.attention (flashrung.inputs),
@@ -2459,7 +2583,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         from flashrung.inputs import check_qkv
 
         check_qkv(q, k, v)
-        problem = Problem.of(q, k, v, causal, window_size=window_size, softcap=softcap)
+        if packed:
+            from flashrung.api import check_packed
+
+            check_packed(q, k, cu_seqlens, max_seqlens)
+            problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens),
+                                        window_size=window_size, softcap=softcap)
+        else:
+            problem = Problem.of(q, k, v, causal, window_size=window_size, softcap=softcap)
+    elif problem.varlen != packed:
+        raise ValueError(f"{KERNEL_NAME}: the problem {'is' if problem.varlen else 'is not'} one of packed sequences "
+                         f"but cu_seqlens is {'None' if not packed else 'given'}")
     elif problem.softcap != softcap:
         raise ValueError(f"{KERNEL_NAME}: softcap {softcap:g} is not the problem's ({problem.softcap:g})")
     elif tuple(problem.window_size) != window_size:
@@ -2474,6 +2608,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         if clashes:
             raise ValueError(f"{KERNEL_NAME}: a sliding window runs without {', '.join(clashes)} (they assume whole or "
                              "diagonal K/V ranges); select_config's windowed default leaves them off")
+    if packed:
+        clashes = packed_clashes(cfg)
+        if clashes:
+            raise ValueError(f"{KERNEL_NAME}: packed sequences run without {', '.join(clashes)} (they share K/V ranges "
+                             "or split them across the launch); select_config's packed default leaves them off")
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")
@@ -2508,13 +2647,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     if seqlen_k == 0:            # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("-inf"))
 
+    packing = {"cu_seqlens": tuple(cu_seqlens), "max_seqlens": tuple(max_seqlens)} if packed else {}
     if q.device.index == torch.cuda.current_device():
         _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                window_left=window_size[0] if problem.windowed else -1)
+                window_left=window_size[0] if problem.windowed else -1, **packing)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
             _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                    window_left=window_size[0] if problem.windowed else -1)
+                    window_left=window_size[0] if problem.windowed else -1, **packing)
     return out, lse
 
 
@@ -2561,12 +2701,13 @@ def _check(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_bytes: int
 
 
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
-                key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None, window: bool = False):
+                key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None, window: bool = False,
+                packed: bool = False):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
     False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``);
     ``softcap``: the build of a capped launch; ``head_dim_v``: v's head dim where it differs
     (``config.kernel_head_dims`` gives the widths built); ``window``: the build of a launch with a
-    sliding window's left side."""
+    sliding window's left side; ``packed``: of packed sequences (built as with a key tail)."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -2586,6 +2727,7 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         "o_desc": box(rows, head_dim_v), "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
         "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
+        "cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "out_ptr": f"*{t}",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32", "softcap_pre": "fp32", "softcap_post": "fp32",
     }
     config = dict(dataclasses.asdict(cfg), head_dim=head_dim, causal=causal, dtype=t, key_tail=key_tail)
@@ -2595,9 +2737,12 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         config["head_dim_v"] = head_dim_v
     if window:
         config["window"] = True
+    if packed:
+        config["packed"] = True
+        key_tail = True
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
                       constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap, head_dim_v=head_dim_v,
-                                                  has_window=window),
+                                                  has_window=window, packed=packed),
                                       FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail) and not window),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,

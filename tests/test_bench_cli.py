@@ -114,6 +114,37 @@ def test_a_window_reaches_free_shapes_and_paired_rows_and_not_a_suite(capsys):
         assert "--window" in capsys.readouterr().err
 
 
+def test_packed_sequences_reach_free_shapes_and_paired_rows_and_not_a_suite(capsys):
+    # --packed LENGTHS: one row of those sequences (batch their count, seqlen the longest), labelled
+    # and planned as a pack, its FLOPs each sequence's; refused beside the flags it replaces and
+    # beside a suite
+    _, rows = cli.rows_from_args(parse("bench", "--packed", "4096x2,1024x3,17", "--causal", "--heads", "32",
+                                       "--kv-heads", "8"))
+    (row,) = rows
+    assert row.packed == (4096, 4096, 1024, 1024, 1024, 17) and (row.batch, row.seqlen_q) == (6, 4096)
+    assert "packed 4096x2,1024x3,17" in row.label()
+    assert suites.Row.from_plan(row.plan()) == row and row.plan()["packed"] == list(row.packed)
+    assert row.flops()[0] == row.flop_count().forward("fa-half") < suites.Row(
+        batch=6, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=8, headdim=128, dtype="bfloat16", causal=True,
+        mode="fwd").flops()[0]
+    assert row.shape_key() != dataclasses.replace(row, packed=None, batch=6).shape_key()
+    paired = cli.pair_row(parse("compare", "flashrung:portable.fwd", "flashrung:hopper.fwd", "--packed", "300,7"))
+    assert paired.packed == (300, 7) and paired.batch == 2
+    rc, out, _ = run(capsys, "bench", "--packed", "2048x4", "--dry-run")
+    assert rc == 0 and "packed 2048x4" in out
+    for extra in (("--seqlen", "4096"), ("--batch", "2"), ("--seqlen-k", "100")):
+        rc, _, err = run(capsys, "bench", "--packed", "2048x4", *extra, "--dry-run")
+        assert rc == 2 and "--packed" in err and extra[0] in err, err
+    with pytest.raises(SystemExit, match="drop --seqlen"):
+        cli.pair_row(parse("compare", "fa4", "flashrung", "--packed", "64", "--seqlen", "64"))
+    rc, _, err = run(capsys, "bench", "--suite", "fa4-protocol", "--packed", "128", "--dry-run")
+    assert rc == 2 and "--packed" in err and "suite" in err
+    for bad in ("", "a", "12x0", "-3", "0,0"):
+        with pytest.raises(SystemExit):
+            parse("bench", "--packed=" + bad, "--dry-run")
+        assert "--packed" in capsys.readouterr().err
+
+
 def test_bad_arguments_say_what_to_fix(capsys):
     rc, _, err = run(capsys, "bench", "--suite", "seed-frozen", "--batch", "3", "--dry-run")
     assert rc == 2 and "--batch" in err and "suite" in err

@@ -43,6 +43,24 @@ def test_tiny_rows_end_to_end():
     assert env["gpu"] and env["sm_count"] > 0 and doc["manifest"]["clocks_end"]["source"]
 
 
+def test_a_packed_row_end_to_end():
+    # packed sequences through every implementation: SDPA's backends decline, flex (its document
+    # mask) and the flashrung kernels run and agree, each flashrung kernel's packed gate passes
+    hopper = ["flashrung:hopper.fwd"] if torch.cuda.get_device_capability() == (9, 0) else []
+    impls = list(peers.DEFAULT_IMPLS) + hopper
+    rows = suites.packed_rows(lengths=(300, 1, 0, 700, 129), heads=4, kv_heads=2, headdim=64, causal=True,
+                              mode="fwd")
+    doc = runner.run(rows, impls, protocol=timing.QUICK_BENCH, progress=False)
+    (row,) = doc["rows"]
+    for impl in peers.SDPA_PEERS:
+        assert row["results"][impl]["status"] == "unsupported" and "packed" in row["results"][impl]["reason"]
+    assert row["results"]["flashrung"]["status"] == "ok", row["results"]["flashrung"]
+    for impl, r in row["results"].items():
+        if "max_abs_diff" in r:
+            assert r["max_abs_diff"]["value"] < 0.05, (impl, r["max_abs_diff"])
+    assert doc["correctness"] and all(g["passed"] for g in doc["correctness"]), doc["correctness"]
+
+
 def test_fresh_process_a_a_pair_is_near_one():
     spec = worker.Spec("cudnn", "cudnn", suites.Row(**{**TINY, "batch": 8, "seqlen_q": 1024, "seqlen_k": 1024},
                                                    mode="fwd"),

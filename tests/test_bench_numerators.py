@@ -123,3 +123,24 @@ def test_a_window_reaching_every_key_counts_the_mask_it_leaves():
         numerators.window_pairs(8, 8, -2, 0)
     with pytest.raises(ValueError, match="causal window's right side must be -1 or 0"):
         numerators.window_pairs(8, 8, 4, 2, causal=True)
+
+
+@pytest.mark.parametrize("lengths", [(5,), (17, 0, 40), (64, 65, 1, 130)])
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, (6, 0)), (False, (3, 9))])
+def test_packed_flops_are_each_sequences_own(lengths, causal, window):
+    """Protects: a packed row's FLOPs count each sequence as its own problem (no pair across two
+    sequences), an empty one none, under every convention that applies — fa-half halving each
+    sequence's dense count."""
+    fc = numerators.count_packed(lengths=lengths, heads_q=3, head_dim=64, head_dim_v=32, causal=causal,
+                                 window=window)
+    per_pair = 2 * 3 * (64 + 32)
+    if window is not None:
+        want = sum(int(_window_mask(n, n, *window, causal).sum()) for n in lengths if n)
+        assert fc.forward(numerators.WINDOW) == per_pair * want
+    elif causal:
+        assert fc.forward(numerators.EXACT) == per_pair * sum(n * (n + 1) // 2 for n in lengths)
+        assert fc.forward(numerators.FA_HALF) == sum(per_pair * n * n // 2 for n in lengths)
+    else:
+        assert fc.forward(numerators.DENSE) == per_pair * sum(n * n for n in lengths)
+    with pytest.raises(ValueError, match="at least one row"):
+        numerators.count_packed(lengths=(0, 0), heads_q=1, head_dim=64, causal=False)

@@ -287,6 +287,57 @@ def test_flex_mask_mod_is_the_gates_mask(causal, window, sq, sk):
     assert peers.flex_mask_mod(dataclasses.replace(row, causal=False, window=None)) is None
 
 
+def _packed_row(mode="fwd", causal=True, window=None, lengths=(40, 1, 0, 25, 64)):
+    return suites.packed_rows(lengths=lengths, heads=2, kv_heads=1, headdim=32, dtype="float16", causal=causal,
+                              mode=mode, window=window)[0]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_run_gate_checks_packed_sequences(mode, device):
+    # a packed row's gate is the packed gate (each sequence against the references run on it alone),
+    # on the pack's first sequences, each at most GATE_MAX_SEQLEN
+    row = _packed_row(mode, window=(9, 0))
+    config = runner.gate_config(row)
+    assert config["varlen"] == ((40, 1, 0, 25), (40, 1, 0, 25)) and config["batch"] == 4
+    g = runner.run_gate("flashrung:portable", row, seed=2, device=device)
+    assert g["passed"] and "varlen q(40, 1, 0, 25)" in g["text"], g["text"]
+    long = _packed_row(lengths=(5000, 3, 7, 9, 11))
+    assert runner.gate_config(long)["varlen"][0] == (runner.GATE_MAX_SEQLEN, 3, 7, 9)
+
+
+def test_packed_inputs_are_one_batch_entry_of_rows_and_sdpa_declines_them():
+    import torch
+
+    row = _packed_row()
+    inputs = peers.make_inputs(row, device="cpu")
+    assert inputs.q.shape == (1, 130, 2, 32) and inputs.k.shape == (1, 130, 1, 32)
+    assert inputs.cu_seqlens.tolist() == [0, 40, 41, 41, 66, 130] and inputs.cu_seqlens.dtype == torch.int32
+    for impl in peers.SDPA_PEERS:
+        with pytest.raises(peers.Unsupported, match="no packed sequences"):
+            peers.prepare(impl, row, inputs=None)
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, (5, 0)), (False, (4, 3))])
+def test_flex_mask_mod_of_a_pack_is_each_sequences_mask(causal, window):
+    """Protects: FlexAttention is timed on packed sequences as the kernels compute them — each query
+    sees its own sequence's keys only, under that sequence's causal diagonal and window."""
+    import torch
+
+    from flashrung import reference
+
+    row = _packed_row(causal=causal, window=window, lengths=(9, 0, 1, 13))
+    total = sum(row.packed)
+    q_idx, kv_idx = torch.arange(total)[:, None], torch.arange(total)[None, :]
+    got = peers.flex_mask_mod(row, peers.sequence_index(row))(0, 0, q_idx, kv_idx).expand(total, total)
+    want = torch.zeros(total, total, dtype=torch.bool)
+    start = 0
+    for n in row.packed:
+        mask = reference.attention_mask(n, n, causal, window or (-1, -1), device="cpu")
+        want[start:start + n, start:start + n] = True if mask is None else mask     # None: no mask
+        start += n
+    assert torch.equal(got, want)
+
+
 def test_a_failure_after_the_first_call_is_an_error_row_not_a_crash(monkeypatch):
     def prepare(impl, row, inputs, options=None):
         calls = {"n": 0}

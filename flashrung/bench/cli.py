@@ -73,6 +73,14 @@ def _window(text: str) -> tuple[int, int]:
     return left, right
 
 
+def _packed(text: str) -> tuple[int, ...]:
+    """``--packed``'s value: the sequences' lengths (``suites.parse_packed``)."""
+    try:
+        return suites.parse_packed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -151,6 +159,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
                    help="a sliding window as flash-attn's window_size, bottom-right aligned (-1 unbounded; "
                         "causal: RIGHT -1 or 0): --window 4096,0 with --causal is Mistral's; peers without one "
                         "are marked unsupported; the FLOPs count the (query, key) pairs inside it")
+    g.add_argument("--packed", type=_packed, metavar="LENGTHS",
+                   help="packed sequences (flash-attn's varlen) of these lengths, queries and keys alike, LxN for N "
+                        "of length L: --packed 8192,4096x2,1024x8; instead of --batch/--seqlen/--seqlen-k; SDPA's "
+                        "backends are marked unsupported; the FLOPs sum each sequence's")
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="causal mask, bottom-right aligned" + ("; with --suite, --causal/--no-causal keeps "
                                                               "only that half" if many else ""))
@@ -286,9 +298,19 @@ def register(subparsers) -> None:
 
 def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     """The rows a ``bench`` invocation asks for, and the suite name they belong to."""
-    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap", "window")
+    shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap", "window", "packed")
     shape_given = any(getattr(args, a) is not None for a in shape_flags)
     window = _window_of(args)
+    if args.suite is None and args.packed is not None:
+        _check_packed_flags(args)
+        headdims = args.headdim or [128]
+        if len(headdims) > 1:
+            raise ValueError("free shapes take one --headdim")
+        rows = suites.packed_rows(lengths=args.packed, heads=args.heads or 16, kv_heads=args.kv_heads,
+                                  headdim=headdims[0], headdim_v=args.headdim_v, softcap=args.softcap or 0.0,
+                                  window=window, dtype=args.dtype or "bfloat16", causal=bool(args.causal),
+                                  mode=args.mode or "fwd")
+        return "free", rows
     if args.suite is None and (shape_given or args.seqlen or args.headdim):
         if not args.seqlen:
             raise ValueError("free shapes need --seqlen (or pick a --suite)")
@@ -413,8 +435,27 @@ def _checked_window(args) -> tuple[int, int] | None:
         raise SystemExit(f"flashrung: {exc}") from None
 
 
+def _check_packed_flags(args) -> None:
+    """``--packed`` gives the batch and the lengths: the flags that would too are refused, named."""
+    clash = [flag for flag, attr in (("--batch", "batch"), ("--seqlen", "seqlen"), ("--seqlen-k", "seqlen_k"))
+             if getattr(args, attr, None)]
+    if clash:
+        raise ValueError(f"--packed gives the sequences and their lengths; drop {', '.join(clash)}")
+
+
 def pair_row(args) -> suites.Row:
     d = DEFAULT_PAIR_SHAPE
+    if getattr(args, "packed", None) is not None:
+        try:
+            _check_packed_flags(args)
+        except ValueError as exc:
+            raise SystemExit(f"flashrung: {exc}") from None
+        return suites.packed_rows(lengths=args.packed, heads=args.heads or d["heads"],
+                                  kv_heads=args.kv_heads or args.heads or d["heads"],
+                                  headdim=args.headdim or d["headdim"],
+                                  headdim_v=args.headdim_v, dtype=args.dtype or d["dtype"], causal=bool(args.causal),
+                                  mode=args.mode or "fwd", softcap=args.softcap or 0.0,
+                                  window=_checked_window(args))[0]
     seqlen = args.seqlen or d["seqlen"]
     return suites.Row(batch=args.batch or d["batch"], seqlen_q=seqlen, seqlen_k=args.seqlen_k or seqlen,
                       heads_q=args.heads or d["heads"], heads_kv=args.kv_heads or args.heads or d["heads"],

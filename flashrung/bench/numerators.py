@@ -146,6 +146,23 @@ def count(*, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, head_dim: i
                      exact_fwd=per_pair * causal_pairs(seqlen_q, seqlen_k))
 
 
+def count_packed(*, lengths, heads_q: int, head_dim: int, head_dim_v: int | None = None, causal: bool,
+                 window: tuple[int, int] | None = None) -> FlopCount:
+    """FLOPs of packed sequences (flash-attn's varlen): each sequence of ``lengths`` (queries and keys
+    alike) its own problem, the counts summed convention by convention (an empty sequence counts
+    none; under ``fa-half`` each sequence's dense count is halved)."""
+    parts = [count(batch=1, heads_q=heads_q, seqlen_q=n, seqlen_k=n, head_dim=head_dim, head_dim_v=head_dim_v,
+                   causal=causal, window=window) for n in lengths if n > 0]
+    if not parts:
+        raise ValueError(f"packed sequences need one of at least one row, got lengths {tuple(lengths)}")
+
+    def total(field):
+        values = [getattr(fc, field) for fc in parts]
+        return None if values[0] is None else sum(values)
+    return FlopCount(dense_fwd=total("dense_fwd"), fa_half_fwd=total("fa_half_fwd"), exact_fwd=total("exact_fwd"),
+                     window_fwd=total("window_fwd"))
+
+
 def convention_for(causal: bool, causal_convention: str, windowed: bool = False) -> str:
     """The convention a row reports: ``window`` with a sliding window, else ``dense`` unless causal,
     then the chosen causal one."""

@@ -25,6 +25,11 @@ Peers:
 - ``fa4`` — ``flash_attn.cute.flash_attn_func`` (FlashAttention-4, CuTe DSL) when importable.
 - ``flashrung`` / ``flashrung:<name>`` — ``flashrung.attention(..., impl=<name>)``, the public
   entry point users call; the dispatch record of what actually ran is kept.
+
+Packed rows (flash-attn's varlen, ``Row.packed``) get one batch entry of rows, q (1, total, Hq, D),
+and the sequences' cumulative lengths: flashrung through ``flashrung.attention_varlen``, FA4 through
+``flash_attn.cute.flash_attn_varlen_func``, FlexAttention over the whole pack with a block mask that
+keeps each query to its own sequence (a document mask); SDPA's backends have no packed sequences.
 """
 from __future__ import annotations
 
@@ -83,6 +88,9 @@ class Inputs:
     v: Any          # (B, Sk, Hkv, Dv)
     dout: Any       # (B, Sq, Hq, Dv), the upstream gradient for backward rows
     scale: float
+    # packed rows: int32 cumulative lengths (queries and keys alike) of the sequences in the one
+    # batch entry of rows; None otherwise
+    cu_seqlens: Any = None
 
     def leaves(self):
         """Fresh autograd leaves over the same storage, for one implementation's backward."""
@@ -103,11 +111,18 @@ def make_inputs(row: Row, *, device="cuda", seed: int = 0) -> Inputs:
     def randn(*shape):
         return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
 
-    q = randn(row.batch, row.seqlen_q, row.heads_q, row.headdim)
-    k = randn(row.batch, row.seqlen_k, row.heads_kv, row.headdim)
-    v = randn(row.batch, row.seqlen_k, row.heads_kv, row.dv)
-    dout = randn(row.batch, row.seqlen_q, row.heads_q, row.dv) if row.mode == "bwd" else None
-    return Inputs(q=q, k=k, v=v, dout=dout, scale=1.0 / math.sqrt(row.headdim))
+    # a packed row: one batch entry of every sequence's rows
+    batch, seqlen_q, seqlen_k = (1, sum(row.packed), sum(row.packed)) if row.packed else \
+        (row.batch, row.seqlen_q, row.seqlen_k)
+    q = randn(batch, seqlen_q, row.heads_q, row.headdim)
+    k = randn(batch, seqlen_k, row.heads_kv, row.headdim)
+    v = randn(batch, seqlen_k, row.heads_kv, row.dv)
+    dout = randn(batch, seqlen_q, row.heads_q, row.dv) if row.mode == "bwd" else None
+    cu = None
+    if row.packed:
+        from flashrung.gate import cu_seqlens
+        cu = cu_seqlens(row.packed, device)
+    return Inputs(q=q, k=k, v=v, dout=dout, scale=1.0 / math.sqrt(row.headdim), cu_seqlens=cu)
 
 
 @dataclasses.dataclass
@@ -214,6 +229,8 @@ SDPA_GQA_NOTES = {
 
 
 def _prepare_sdpa(impl: str, row: Row, inputs: Inputs) -> Prepared:
+    if row.packed:
+        raise Unsupported(f"SDPA {impl} backend: scaled_dot_product_attention has no packed sequences (varlen)")
     if row.softcap:
         raise Unsupported(f"SDPA {impl} backend: scaled_dot_product_attention has no softcap")
     if row.window is not None:
@@ -279,15 +296,17 @@ def _compiled_flex(dynamic: bool):
     return torch.compile(flex_attention, dynamic=dynamic)
 
 
-def flex_mask_mod(row: Row):
+def flex_mask_mod(row: Row, sequence_of=None):
     """FlexAttention's ``mask_mod`` for ``row``: the causal mask and the sliding window, both aligned
     bottom-right as flash-attn's (query ``i`` sees key ``j`` iff ``i + Sk − Sq − left <= j <= i + Sk −
-    Sq + right``, a side of -1 unbounded); None for a row with neither."""
-    offset = row.seqlen_k - row.seqlen_q
+    Sq + right``, a side of -1 unbounded); None for a row with neither. A packed row's (``sequence_of``:
+    each packed row's sequence index, an int tensor) keeps each query to its own sequence's keys
+    too; its sequences have as many keys as queries, so its offset within one is 0."""
+    offset = 0 if row.packed else row.seqlen_k - row.seqlen_q
     left, right = row.window if row.window is not None else (-1, -1)
     if row.causal:
         right = 0
-    if left == -1 and right == -1:
+    if left == -1 and right == -1 and not row.packed:
         return None
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -295,8 +314,17 @@ def flex_mask_mod(row: Row):
         seen = kv_idx <= diagonal + right if right != -1 else kv_idx >= 0
         if left != -1:
             seen = seen & (kv_idx >= diagonal - left)
+        if row.packed:
+            seen = seen & (sequence_of[q_idx] == sequence_of[kv_idx])
         return seen
     return mask_mod
+
+
+def sequence_index(row: Row, device=None):
+    """Each packed row's sequence, ``len(packed)`` runs of their lengths (an int32 tensor)."""
+    import torch
+    lengths = torch.tensor(row.packed, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(torch.arange(len(row.packed), dtype=torch.int32, device=device), lengths)
 
 
 def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
@@ -306,9 +334,11 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
         raise Unsupported(f"FlexAttention not importable: {exc}") from None
     flex = _compiled_flex(options.flex_dynamic)
     block_mask = None
-    mask_mod = flex_mask_mod(row)
+    mask_mod = flex_mask_mod(row, sequence_index(row, inputs.q.device) if row.packed else None)
     if mask_mod is not None:
-        block_mask = create_block_mask(mask_mod, None, None, row.seqlen_q, row.seqlen_k, device=inputs.q.device)
+        # a packed row's mask spans the whole pack
+        rows_q, rows_k = inputs.q.shape[1], inputs.k.shape[1]
+        block_mask = create_block_mask(mask_mod, None, None, rows_q, rows_k, device=inputs.q.device)
     gqa = row.heads_q != row.heads_kv
     score_mod = None
     if row.softcap:
@@ -324,7 +354,8 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
         return out.transpose(1, 2)
     note = (f"torch.compile(flex_attention, dynamic={options.flex_dynamic}); block mask built outside the "
             "timed region" + ("; softcap as a score_mod" if row.softcap else "")
-            + ("; the window in the block mask" if row.window is not None else ""))
+            + ("; the window in the block mask" if row.window is not None else "")
+            + ("; the pack's sequences in the block mask" if row.packed else ""))
     return _wrap(row, inputs, forward, note)
 
 
@@ -334,12 +365,21 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
 
 def _prepare_fa4(row: Row, inputs: Inputs) -> Prepared:
     try:
-        from flash_attn.cute import flash_attn_func
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     except Exception as exc:  # ImportError, or a DSL library that fails to load
         raise Unsupported(f"flash_attn.cute not importable ({type(exc).__name__}: {_one_line(exc, 160)})") from None
 
     extra = ({"softcap": row.softcap} if row.softcap else {}) | (
         {"window_size": row.window} if row.window is not None else {})
+    if row.packed:
+        cu, longest = inputs.cu_seqlens, max(row.packed)
+
+        def packed_forward(q, k, v):
+            out = _first(flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                max_seqlen_q=longest, max_seqlen_k=longest,
+                                                softmax_scale=inputs.scale, causal=row.causal, **extra))
+            return out[None]
+        return _wrap(row, inputs, packed_forward, "flash_attn.cute.flash_attn_varlen_func")
 
     def forward(q, k, v):
         return _first(flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=row.causal, **extra))
@@ -356,12 +396,20 @@ def kernel_name(impl: str) -> str | None:
 
 
 def flashrung_forward_fn(impl: str):
-    """``forward_fn(q, k, v, causal, softmax_scale[, window_size=, softcap=]) -> (out, lse)`` for the
-    correctness gate."""
+    """``forward_fn(q, k, v, causal, softmax_scale[, window_size=, softcap=][, cu_seqlens=,
+    max_seqlens=]) -> (out, lse)`` for the correctness gate; with ``cu_seqlens`` (packed sequences,
+    q/k/v one batch entry of rows) through ``flashrung.attention_varlen``. ``out``/``lse`` given by the
+    gate are not written: the results come back as new tensors."""
     import flashrung
     name = kernel_name(impl)
 
-    def forward_fn(q, k, v, causal, softmax_scale, window_size=NO_WINDOW, softcap=0.0):
+    def forward_fn(q, k, v, causal, softmax_scale, window_size=NO_WINDOW, softcap=0.0, cu_seqlens=None,
+                   max_seqlens=None, out=None, lse=None):
+        if cu_seqlens is not None:
+            packed_out, packed_lse = flashrung.attention_varlen(
+                q[0], k[0], v[0], *cu_seqlens, *max_seqlens, causal=causal, softmax_scale=softmax_scale,
+                return_lse=True, impl=name, window_size=window_size, softcap=softcap)
+            return packed_out[None], packed_lse[None]
         return flashrung.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
                                    impl=name, window_size=window_size, softcap=softcap)
     return forward_fn
@@ -374,10 +422,16 @@ def flashrung_backward_fn(impl: str):
     import flashrung
     name = kernel_name(impl)
 
-    def backward_fn(do, q, k, v, out, lse, causal, scale, window_size=NO_WINDOW, softcap=0.0):
+    def backward_fn(do, q, k, v, out, lse, causal, scale, window_size=NO_WINDOW, softcap=0.0, cu_seqlens=None,
+                    max_seqlens=None, dq=None, dk=None, dv=None):
         leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
-        o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, window_size=window_size,
-                                softcap=softcap)
+        if cu_seqlens is not None:
+            o = flashrung.attention_varlen(*(t[0] for t in leaves), *cu_seqlens, *max_seqlens, causal=causal,
+                                           softmax_scale=scale, impl=name, window_size=window_size,
+                                           softcap=softcap)[None]
+        else:
+            o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, window_size=window_size,
+                                    softcap=softcap)
         return torch.autograd.grad(o, leaves, do)
     return backward_fn
 
@@ -400,10 +454,17 @@ def _prepare_flashrung(impl: str, row: Row, inputs: Inputs) -> Prepared:
     name = kernel_name(impl)
 
     window = row.window if row.window is not None else NO_WINDOW
+    if row.packed:
+        cu, longest = inputs.cu_seqlens, max(row.packed)
 
-    def forward(q, k, v):
-        return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name,
-                                   window_size=window, softcap=row.softcap)
+        def forward(q, k, v):
+            return flashrung.attention_varlen(q[0], k[0], v[0], cu, cu, longest, longest, causal=row.causal,
+                                              softmax_scale=inputs.scale, impl=name, window_size=window,
+                                              softcap=row.softcap)[None]
+    else:
+        def forward(q, k, v):
+            return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name,
+                                       window_size=window, softcap=row.softcap)
     try:
         prepared = _wrap(row, inputs, forward)
     except Unsupported as exc:

@@ -38,10 +38,19 @@ def _window_text(row: dict) -> str:
     return f" win{window[0]},{window[1]}" if window is not None else ""
 
 
+def _seqlen_text(row: dict) -> str:
+    """A plan row's lengths as the seqlen column shows them: ``4096``, ``1000x4097``, or a packed
+    row's sequences (``packed 4096x2,1024x8``)."""
+    if row.get("packed") is not None:
+        from flashrung.bench.suites import packed_text
+        return f"packed {packed_text(row['packed'])}"
+    return f"{row['seqlen_q']}" if row["seqlen_q"] == row["seqlen_k"] else f"{row['seqlen_q']}x{row['seqlen_k']}"
+
+
 def plan_table(plan: dict) -> str:
     rows = plan["rows"]
     lines = [[f"B{r['batch']} H{r['heads_q']}" + ("" if r["heads_kv"] == r["heads_q"] else f"/{r['heads_kv']}"),
-              f"{r['seqlen_q']}" if r["seqlen_q"] == r["seqlen_k"] else f"{r['seqlen_q']}x{r['seqlen_k']}",
+              _seqlen_text(r),
               r["headdim"], r["dtype"], ("causal" if r["causal"] else "full") + _window_text(r), r["mode"],
               f"{r['flops']:,}",
               r["flops_convention"]] for r in rows]

@@ -27,6 +27,8 @@ from flashrung.bench.suites import Row
 # reduced-sequence oracle"); the kernel, dtype, heads, head dim and mask stay the row's.
 GATE_MAX_SEQLEN = 1024
 GATE_MAX_BATCH = 2
+# a packed row's gate: its first sequences, each at most GATE_MAX_SEQLEN long
+GATE_MAX_SEQUENCES = 4
 # The host-path probe after a row's timing: back-to-back calls filling about this many ms
 # (between HOST_PROBE_MIN_CALLS and timing.HOST_PATH_CALLS), host time to issue them beside the
 # events' time for them
@@ -44,6 +46,12 @@ def gate_config(row: Row) -> dict:
         config["softcap"] = row.softcap
     if row.window is not None:
         config["window_size"] = row.window
+    if row.packed is not None:
+        # the pack's first sequences, shortened: each checked against the references run on it alone
+        lengths = tuple(min(n, GATE_MAX_SEQLEN) for n in row.packed[:GATE_MAX_SEQUENCES])
+        if max(lengths) == 0:
+            lengths = tuple(min(n, GATE_MAX_SEQLEN) for n in row.packed if n)[:GATE_MAX_SEQUENCES]
+        config.update(batch=len(lengths), seqlen_q=max(lengths), seqlen_k=max(lengths), varlen=(lengths, lengths))
     return config
 
 
@@ -59,7 +67,11 @@ def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
     try:
         from flashrung import gate
         dtype = peers.torch_dtype(row.dtype)
-        if row.mode == "fwd":
+        if row.packed is not None:
+            backward_fn = peers.flashrung_backward_fn(impl) if row.mode == "bwd" else None
+            result = gate.check_varlen(peers.flashrung_forward_fn(impl), backward_fn,
+                                       gate.Case(**{**config, "dtype": dtype}), device, seed=seed, kernel=impl)
+        elif row.mode == "fwd":
             result = gate.check_forward(peers.flashrung_forward_fn(impl), **{**config, "dtype": dtype},
                                         device=device, seed=seed, kernel=impl)
         else:

@@ -38,6 +38,46 @@ def check_window(window, causal: bool) -> tuple[int, int]:
                          "(--causal) instead")
     return left, right
 
+def check_packed(lengths) -> tuple[int, ...]:
+    """A packed row's sequence lengths (queries and keys alike) as a tuple of integers: each >= 0,
+    at least one of them positive."""
+    try:
+        out = tuple(int(n) for n in lengths)
+    except (TypeError, ValueError):
+        raise ValueError(f"packed must be the sequences' lengths, integers, got {lengths!r}") from None
+    if not out or min(out) < 0 or max(out) < 1 or any(n != m for n, m in zip(out, lengths)):
+        raise ValueError(f"packed must be integer lengths >= 0, one of them positive, got {tuple(lengths)!r}")
+    return out
+
+
+def packed_text(lengths: Sequence[int]) -> str:
+    """``lengths`` as ``--packed`` takes them, runs of one length as ``LxN``: ``4096x2,1024x8``."""
+    runs: list[list[int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{c}" if c > 1 else f"{n}" for n, c in runs)
+
+
+def parse_packed(text: str) -> tuple[int, ...]:
+    """``--packed``'s value: lengths separated by commas, ``LxN`` for N sequences of length L
+    (``4096x2,1024x8,17``)."""
+    lengths = []
+    for part in text.split(","):
+        length, _, times = part.strip().partition("x")
+        try:
+            n, c = int(length), int(times) if times else 1
+        except ValueError:
+            raise ValueError(f"expected lengths such as 4096x2,1024x8,17 (LxN: N sequences of L), got {text!r}") \
+                from None
+        if c < 1:
+            raise ValueError(f"a run's count must be positive, got {part.strip()!r} in {text!r}")
+        lengths += [n] * c
+    return check_packed(lengths)
+
+
 MODES = ("fwd", "bwd")
 MODE_CHOICES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("bfloat16", "float16")
@@ -84,6 +124,10 @@ class Row:
     # flash-attn's sliding window (left, right), -1 an unbounded side; None: none. The FLOPs count the
     # pairs inside it (numerators.window_pairs)
     window: tuple[int, int] | None = None
+    # packed sequences (flash-attn's varlen): each sequence's length, queries and keys alike; None:
+    # none. The tensors are then (1, total, heads, dim); batch is the count of sequences and
+    # seqlen_q = seqlen_k the longest (numerators.count_packed sums each sequence's count)
+    packed: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "headdim"):
@@ -99,12 +143,22 @@ class Row:
         check_softcap(self.softcap)
         if self.window is not None:
             object.__setattr__(self, "window", check_window(self.window, self.causal))
+        if self.packed is not None:
+            object.__setattr__(self, "packed", check_packed(self.packed))
+            longest = max(self.packed)
+            if (self.batch, self.seqlen_q, self.seqlen_k) != (len(self.packed), longest, longest):
+                raise ValueError(f"a packed row's batch is its count of sequences ({len(self.packed)}) and its "
+                                 f"seqlen_q and seqlen_k the longest ({longest}); got batch {self.batch}, "
+                                 f"seqlen_q {self.seqlen_q}, seqlen_k {self.seqlen_k}")
 
     @property
     def dv(self) -> int:
         return self.headdim if self.headdim_v is None else self.headdim_v
 
     def flop_count(self) -> numerators.FlopCount:
+        if self.packed is not None:
+            return numerators.count_packed(lengths=self.packed, heads_q=self.heads_q, head_dim=self.headdim,
+                                           head_dim_v=self.dv, causal=self.causal, window=self.window)
         return numerators.count(batch=self.batch, heads_q=self.heads_q, seqlen_q=self.seqlen_q,
                                 seqlen_k=self.seqlen_k, head_dim=self.headdim, head_dim_v=self.dv,
                                 causal=self.causal, window=self.window)
@@ -127,7 +181,7 @@ class Row:
     def shape_key(self) -> tuple:
         """Everything but the direction: rows sharing it share inputs."""
         return (self.batch, self.seqlen_q, self.seqlen_k, self.heads_q, self.heads_kv, self.headdim,
-                self.dv, self.dtype, self.causal, self.softcap, self.window)
+                self.dv, self.dtype, self.causal, self.softcap, self.window, self.packed)
 
     def label(self) -> str:
         s = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}x{self.seqlen_k}"
@@ -136,6 +190,9 @@ class Row:
         dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         cap = f" cap{self.softcap:g}" if self.softcap else ""
         win = f" win{self.window[0]},{self.window[1]}" if self.window is not None else ""
+        if self.packed is not None:
+            return (f"packed {packed_text(self.packed)} {h} {d} {dt} {'causal' if self.causal else 'full'}{win}{cap} "
+                    f"{self.mode}")
         return f"B{self.batch} {h} S{s} {d} {dt} {'causal' if self.causal else 'full'}{win}{cap} {self.mode}"
 
     def plan(self, causal_convention: str = numerators.FA_HALF) -> dict:
@@ -147,6 +204,7 @@ class Row:
             "flops": flops, "flops_convention": convention,
             "flops_by_convention": self.flops_by_convention(), "suite": self.suite, "softcap": self.softcap,
             "window": list(self.window) if self.window is not None else None,
+            "packed": list(self.packed) if self.packed is not None else None,
         }
 
     @classmethod
@@ -156,7 +214,8 @@ class Row:
                    headdim_v=d.get("headdim_v") if d.get("headdim_v") != d["headdim"] else None,
                    dtype=d["dtype"], causal=bool(d["causal"]), mode=d["mode"], suite=d.get("suite", "free"),
                    softcap=d.get("softcap", 0.0),
-                   window=tuple(d["window"]) if d.get("window") is not None else None)
+                   window=tuple(d["window"]) if d.get("window") is not None else None,
+                   packed=tuple(d["packed"]) if d.get("packed") is not None else None)
 
 
 def fa4_protocol(modes: Sequence[str] = MODES) -> list[Row]:
@@ -209,6 +268,17 @@ def free_rows(*, seqlens: Iterable[int], batch: int | None, heads: int, kv_heads
                             headdim_v=headdim_v if headdim_v not in (None, headdim) else None,
                             dtype=normalize_dtype(dtype), causal=causal, mode=m, softcap=softcap, window=window))
     return rows
+
+
+def packed_rows(*, lengths: Sequence[int], heads: int, kv_heads: int | None, headdim: int,
+                headdim_v: int | None = None, dtype: str = "bfloat16", causal: bool = False, mode: str = "fwd",
+                softcap: float = 0.0, window: tuple[int, int] | None = None) -> list[Row]:
+    """Rows of one pack of sequences (``--packed``), one per direction."""
+    lengths = check_packed(lengths)
+    return [Row(batch=len(lengths), seqlen_q=max(lengths), seqlen_k=max(lengths), heads_q=heads,
+                heads_kv=kv_heads or heads, headdim=headdim,
+                headdim_v=headdim_v if headdim_v not in (None, headdim) else None, dtype=normalize_dtype(dtype),
+                causal=causal, mode=m, softcap=softcap, window=window, packed=lengths) for m in expand_mode(mode)]
 
 
 def filter_rows(rows: Iterable[Row], *, seqlens: Sequence[int] | None = None,

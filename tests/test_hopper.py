@@ -184,6 +184,9 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # "_window": True builds a launch with a sliding window's left side (HAS_WINDOW) on the windowed
     # default (config.select_config leaves config.WINDOW_CLASHES off)
     window = changes.pop("_window", False)
+    # "_window_right": True, with "_window", its right side too (HAS_WINDOW_RIGHT: the causal build's
+    # diagonal moved by a run-time width)
+    window_right = changes.pop("_window_right", False)
     if window:
         cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
     # "_packed": True builds a launch of packed sequences (PACKED) on the packed default
@@ -194,7 +197,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
         cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.packed_clashes(cfg)})
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
-                           window=window, packed=packed)
+                           window=window, packed=packed, window_right=window_right)
     row = census_one(spec, "sm_90a")
     entry = dict(row=row.to_json())
     if row.error is None:
@@ -472,12 +475,15 @@ CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **switches,
 # a sliding window's left side (HAS_WINDOW) on the windowed defaults: d64 and d128 causal and not, d256 causal
 WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-window", "d64-full", 64, False),
                  ("d128-causal-window", "d128-causal", 128, True), ("d128-full-window", "d128-full", 128, False),
-                 ("d256-causal-window", "d256-causal", 256, True)]
-CENSUS_CONFIGS += [(label, d, causal, {"_window": True}) for label, _, d, causal in WINDOW_CENSUS]
-# packed sequences (flash-attn's varlen) on each head dim's packed default, beside the same
-# configuration unpacked
-PACKED_CENSUS = [(f"d{d}-{'causal' if causal else 'full'}", d, causal)
-                 for d in (64, 128, 256) for causal in (False, True)]
+                 ("d256-causal-window", "d256-causal", 256, True),
+                 # a right side of its own: the causal build, its diagonal moved by a run-time width
+                 ("d128-causal-band-window", "d128-causal", 128, True)]
+CENSUS_CONFIGS += [(label, d, causal, {"_window": True, **({"_window_right": True} if "band" in label else {})})
+                   for label, _, d, causal in WINDOW_CENSUS]
+# packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
+# configuration unpacked (d64 causal: local memory outside its K/V loops; d256 non-causal: the
+# masked loop that grew most; all six compiled at the switch's introduction, 2026-12-05)
+PACKED_CENSUS = [("d64-causal", 64, True), ("d128-full", 128, False), ("d256-full", 256, False)]
 CENSUS_CONFIGS += [(f"{label}-{kind}", d, causal, {f"_{kind}": True}) for label, d, causal in PACKED_CENSUS
                    for kind in ("packed", "plain_of_packed")]
 # the balanced lists with a run-time pool of the order's last tiles
@@ -516,7 +522,7 @@ def census():
              for i in range(jobs)]
     result = {}
     for proc in procs:
-        out, err = proc.communicate(timeout=900)
+        out, err = proc.communicate(timeout=1500)
         assert proc.returncode == 0, err[-3000:]
         result.update(json.loads(out.strip().splitlines()[-1]))
     assert set(result) == {label for label, *_ in CENSUS_CONFIGS}
@@ -2247,7 +2253,7 @@ def test_supported_problem_has_no_reason():
     (dict(head_dim=264, head_dim_v=264), "head_dim"),
     (dict(head_dim=512, head_dim_v=512), "head_dim"),
     (dict(head_dim_v=12), "head_dim_v"),
-    (dict(window_size=(8, 8)), "sliding window"),
+    (dict(window_size=(8, 8), causal=True), "right side must be -1 or 0"),
     (dict(head_dim_v=264), "head_dim_v"),
     (dict(heads_q=6, heads_kv=4), "multiple"),
 ])
@@ -2343,7 +2349,7 @@ def test_padded_head_dims_run_when_asked_for_and_fall_back_visibly_otherwise(mon
 def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
     # the capped kernel, built and compiled but not yet gated on the H200, runs by name only;
     # automatic dispatch sends capped problems to the portable kernel and says why, until
-    # fwd.SOFTCAP_AUTO; a window with a right side of its own beside the cap is still refused
+    # fwd.SOFTCAP_AUTO; a causal problem's window with a right side past the diagonal is refused
     from flashrung import dispatch
 
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", False)
@@ -2353,26 +2359,42 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
     assert fwd.auto_declined_reason(capped) is None
     assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
-    assert "sliding window" in fwd.unsupported_reason(dataclasses.replace(capped, window_size=(8, 8)))
+    assert "right side" in fwd.unsupported_reason(dataclasses.replace(capped, causal=True, window_size=(8, 8)))
 
 
 def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
-    # a sliding window's left side, built and compiled but not yet gated on the H200, runs by name
-    # only; a window with a right side of its own (or none on the left) is refused naming what it takes
+    # a sliding window, built and compiled but not yet gated on the H200, runs by name only: its
+    # left side, its right side (the causal schedule with the diagonal moved: a non-causal problem
+    # with a right side runs the causal default), or both; a causal problem's right side past the
+    # diagonal is refused naming what it takes
     from flashrung import dispatch
 
-    for causal, window in ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1))):
+    for causal, window in ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1)), (False, (8, 8)), (False, (-1, 8)),
+                           (False, (8, 0))):
         windowed = _problem(causal=causal, window_size=window, **_contiguous(128))
-        reason = _runs_by_name_only(windowed, windowed)
+        band = window[1] >= 0 and not causal
+        reason = _runs_by_name_only(windowed, dataclasses.replace(windowed, causal=True) if band else windowed)
         assert reason.startswith(f"window_size {window} runs on hopper.fwd only when asked for by name"), reason
     monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
     windowed = _problem(causal=True, window_size=(64, 0), **_contiguous(128))
     assert dispatch.select(windowed, "fwd")[1].kernel == "hopper.fwd"
-    for causal, window in ((False, (8, 8)), (False, (-1, 8)), (False, (8, 0))):
-        problem = _problem(causal=causal, window_size=window, **_contiguous(128))
-        reason = fwd.unsupported_reason(problem)
-        assert reason.startswith("takes a sliding window's left side only") and str(window) in reason
-        assert dispatch.select(problem, "fwd")[1].kernel == "portable.fwd"
+    problem = _problem(causal=True, window_size=(8, 8), **_contiguous(128))
+    reason = fwd.unsupported_reason(problem)
+    assert reason.startswith("a causal problem's window right side must be -1 or 0") and "(8, 8)" in reason
+    assert dispatch.select(problem, "fwd")[1].kernel == "portable.fwd"
+
+
+@pytest.mark.parametrize("window, causal, expected", [
+    (None, False, (-1, 0, False)), (None, True, (-1, 0, True)),
+    ((64, -1), True, (64, 0, True)), ((64, 0), True, (64, 0, True)), ((64, -1), False, (64, 0, False)),
+    ((64, 9), False, (64, 9, True)), ((-1, 9), False, (3000, 9, True)), ((64, 0), False, (64, 0, True)),
+    ((5000, 5000), False, (3000, 3000, True)),
+])
+def test_a_windows_sides_are_the_launchs(window, causal, expected):
+    # what a launch runs for flash-attn's window_size: its run-time sides (an unbounded or too wide
+    # side clamped to Sq + Sk, an int32 that bounds nothing) and whether the causal schedule runs it
+    # (a bounded right side moves its diagonal)
+    assert fwd._window_sides(window, causal, 3000) == expected
 
 
 def test_packed_sequences_run_when_asked_for_and_fall_back_visibly_otherwise(monkeypatch):
@@ -2874,6 +2896,18 @@ def test_gate_window(head_dim, causal, left, shape):
     # windowed default these lengths select — a window of one key (0), one inside a K/V tile (17),
     # one across tiles (300); Sq != Sk both ways, GQA, row and key tails
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("window", [(0, 0), (17, 0), (300, 45), (-1, 100), (64, 300), (5, 4000)])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_window_right(head_dim, window, shape):
+    # a window with a right side of its own on a non-causal problem: the causal schedule with the
+    # diagonal moved right (fwd._window_sides) — a band of one key (0, 0), one ending on the
+    # diagonal, both sides inside and across tiles, a right side alone, one past every key
+    _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=False, window_size=window, **shape)
 
 
 # packed sequences: long and short ones, Sq != Sk within the pack, an empty query range and an

@@ -331,20 +331,24 @@ def test_balanced_schedule_is_the_greedy_list_schedule(m_blocks, batch_heads, se
     assert _split_table(table, ctas) == lists
 
 
-@pytest.mark.parametrize("window_left", [0, 300, 1024])
-def test_balanced_schedule_of_a_window_is_the_greedy_list_schedule_of_its_tiles(window_left):
+@pytest.mark.parametrize("window_left, window_right", [(0, 0), (300, 0), (1024, 0), (300, 200)])
+def test_balanced_schedule_of_a_window_is_the_greedy_list_schedule_of_its_tiles(window_left, window_right):
     # a windowed causal launch (d128's 128-row tiles, S8000 in 63 m-blocks, 12 heads in sections of
-    # 4, 29 CTAs): each tile estimated by the K/V tiles its window leaves, not the causal count
+    # 4, 29 CTAs): each tile estimated by the K/V tiles its window leaves, not the causal count (a
+    # right side moves the diagonal)
     m_blocks, batch_heads, section, ctas, seqlen = 63, 12, 4, 29, 8000
-    per_m = [live_blocks(m, 128, 128, seqlen, seqlen, True, window_left) + 1.0 for m in range(m_blocks)]
-    assert per_m == [tile_cost(m, 128, 128, seqlen, seqlen, True, (), window_left) for m in range(m_blocks)]
-    assert max(per_m) <= -(-(window_left + 128) // 128) + 2          # flat past the window's width
+    per_m = [live_blocks(m, 128, 128, seqlen, seqlen, True, window_left, window_right) + 1.0
+             for m in range(m_blocks)]
+    assert per_m == [tile_cost(m, 128, 128, seqlen, seqlen, True, (), window_left, window_right)
+                     for m in range(m_blocks)]
+    # flat past the window's width
+    assert max(per_m) <= -(-(window_left + window_right + 128) // 128) + 2
     costs = [per_m[m] for m in tile_m_blocks(m_blocks, batch_heads, section, True)]
     lists = [[] for _ in range(ctas)]
     for a in list_schedule(costs, list(range(len(costs))), ctas).assignments:
         lists[a.worker].append(a.tile)
     table = balanced_schedule(m_blocks, batch_heads, section, True, seqlen, seqlen, 128, 128, True, ctas,
-                              window_left=window_left)
+                              window_left=window_left, window_right=window_right)
     assert _split_table(table, ctas) == lists
     assert table != balanced_schedule(m_blocks, batch_heads, section, True, seqlen, seqlen, 128, 128, True, ctas)
 

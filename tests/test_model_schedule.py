@@ -27,20 +27,22 @@ def test_bottom_right_alignment():
     assert S.causal_costs(128, 128, 1024, 256) == [0, 0, 0, 0, 0, 0, 1, 2]
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal, right", [(True, 0), (False, None), (True, 45)])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (17, 300), (300, 17), (1000, 1000), (333, 4097)])
 @pytest.mark.parametrize("window_left", [0, 17, 300])
-def test_window_live_blocks_are_the_tiles_holding_a_visible_score(causal, seqlen_q, seqlen_k, window_left):
+def test_window_live_blocks_are_the_tiles_holding_a_visible_score(causal, right, seqlen_q, seqlen_k, window_left):
     # the count a windowed launch's estimate rests on, against the mask itself (bottom-right
-    # aligned: row i sees keys [i + Sk - Sq - left, i + Sk - Sq] causal, up to Sk - 1 without)
+    # aligned: row i sees keys [i + Sk - Sq - left, i + Sk - Sq + right] causal, right 0 the mask's
+    # own and more a window's right side, up to Sk - 1 without)
     block_m, block_n = 128, 64
     off = seqlen_k - seqlen_q
     for q_tile in range(S.q_blocks(seqlen_q, block_m)):
         seen = set()
         for i in range(q_tile * block_m, min((q_tile + 1) * block_m, seqlen_q)):
-            lo, hi = max(i + off - window_left, 0), min(i + off if causal else seqlen_k - 1, seqlen_k - 1)
+            lo, hi = max(i + off - window_left, 0), min(i + off + right if causal else seqlen_k - 1, seqlen_k - 1)
             seen |= {j // block_n for j in range(lo, hi + 1)}
-        assert S.live_blocks(q_tile, block_m, block_n, seqlen_q, seqlen_k, causal, window_left) == len(seen)
+        assert S.live_blocks(q_tile, block_m, block_n, seqlen_q, seqlen_k, causal, window_left,
+                             right or 0) == len(seen)
         # the tiles seen are one run from the window's first: the kernel visits [first, end)
         if seen:
             assert min(seen) == S.window_first_block(q_tile, block_m, block_n, seqlen_q, seqlen_k, window_left)

@@ -39,17 +39,18 @@ def q_blocks(seqlen_q: int, block_m: int) -> int:
 
 
 def live_blocks(q_tile: int, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int,
-                causal: bool = True, window_left: int = -1) -> int:
+                causal: bool = True, window_left: int = -1, diag_shift: int = 0) -> int:
     """K/V tiles that hold at least one visible score for query tile ``q_tile``. With ``window_left``
     >= 0 (a sliding window's left side, flash-attn's ``window_size[0]``), the tiles before the one
-    holding the tile's first row's first visible key (:func:`window_first_block`) are not counted."""
+    holding the tile's first row's first visible key (:func:`window_first_block`) are not counted;
+    ``diag_shift`` (with ``causal``: a window's right side) moves the diagonal that many keys right."""
     nq = q_blocks(seqlen_q, block_m)
     nk = kv_blocks(seqlen_k, block_n)
     if not 0 <= q_tile < nq:
         raise ValueError(f"q_tile must be in [0, {nq}), got {q_tile!r}")
     if causal:
         last_row = min((q_tile + 1) * block_m, seqlen_q) - 1
-        last_key = last_row + (seqlen_k - seqlen_q)
+        last_key = last_row + (seqlen_k - seqlen_q) + diag_shift
         if last_key < 0:
             return 0      # every row of this tile sees no key (Sq > Sk, bottom-right aligned)
         end = min(nk, last_key // block_n + 1)

@@ -1411,7 +1411,11 @@ def qk_boxes(width: int) -> tuple[int, int]:
 
 def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
-    dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds."""
+    dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds. A window's
+    right side bounds a band, which the kernel runs on the causal schedule with its diagonal moved
+    (``fwd._window_sides``): such a problem gets the causal default."""
+    if problem.windowed and problem.window_size[1] >= 0 and not problem.causal:
+        problem = dataclasses.replace(problem, causal=True)
     head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[head_dim]

@@ -310,6 +310,7 @@ class _Sizes:
     softcap_pre: gl.tensor      # HAS_SOFTCAP: softmax.capped's factors (softmax.softcap_factors)
     softcap_post: gl.tensor
     window_left: gl.tensor      # HAS_WINDOW: keys a row sees to the left of its diagonal (window_size[0])
+    window_right: gl.tensor     # HAS_WINDOW: keys right of it (window_size[1]; 0 for the causal mask's own)
     rows_q: gl.tensor           # LSE's rows a head: seqlen_q, or with PACKED the packed rows of every sequence
     cu_seqlens_q: gl.tensor     # PACKED: int32 [batch + 1], flash-attn's cumulative lengths (never read otherwise)
     cu_seqlens_k: gl.tensor
@@ -318,8 +319,10 @@ class _Sizes:
     @gluon.constexpr_function
     def __init__(self, seqlen_q, seqlen_k, heads_q, group, num_m_blocks, batch_heads, head_section, last_section,
                  per_section, num_items, num_full_tiles, tail_splits, sched_ptr, handout_ptr, kv_tmaps_ptr,
-                 softcap_pre, softcap_post, window_left, rows_q, cu_seqlens_q, cu_seqlens_k, out_ptr):
+                 softcap_pre, softcap_post, window_left, window_right, rows_q, cu_seqlens_q, cu_seqlens_k,
+                 out_ptr):
         self.window_left = window_left
+        self.window_right = window_right
         self.rows_q = rows_q
         self.cu_seqlens_q = cu_seqlens_q
         self.cu_seqlens_k = cu_seqlens_k
@@ -444,6 +447,7 @@ class _Schedule:
     HAS_SOFTCAP: gl.constexpr    # flash-attn's softcap on the raw scores (softmax.capped)
     HAS_WINDOW: gl.constexpr     # a sliding window's left side (sz.window_left; the right is the causal mask or none)
     PACKED: gl.constexpr         # packed sequences (flash-attn's varlen): each item's lengths from cu_seqlens
+    HAS_WINDOW_RIGHT: gl.constexpr   # a window's right side moves the causal diagonal (sz.window_right)
 
     @gluon.constexpr_function
     def __init__(self, **values):
@@ -514,8 +518,8 @@ def _sequence(sz, b, c):
         seq = _Sizes(gl.load(sz.cu_seqlens_q + b + 1) - q0, gl.load(sz.cu_seqlens_k + b + 1) - k0, sz.heads_q,
                      sz.group, sz.num_m_blocks, sz.batch_heads, sz.head_section, sz.last_section, sz.per_section,
                      sz.num_items, sz.num_full_tiles, sz.tail_splits, sz.sched_ptr, sz.handout_ptr, sz.kv_tmaps_ptr,
-                     sz.softcap_pre, sz.softcap_post, sz.window_left, sz.rows_q, sz.cu_seqlens_q, sz.cu_seqlens_k,
-                     sz.out_ptr)
+                     sz.softcap_pre, sz.softcap_post, sz.window_left, sz.window_right, sz.rows_q, sz.cu_seqlens_q,
+                     sz.cu_seqlens_k, sz.out_ptr)
         tma_b = 0
     else:
         seq = sz
@@ -526,12 +530,27 @@ def _sequence(sz, b, c):
 
 
 @gluon.jit
+def _diag_shift(sz, c):
+    """How many keys right of the bottom-right diagonal a row sees: a window's right side
+    (``window_size[1]``, the launch causal: the band a right side bounds is the causal schedule's
+    with the diagonal moved; ``HAS_WINDOW_RIGHT``), 0 for the causal mask's own and without one. A
+    constant where it is 0: the run-time shift kept one more value live per row, and the windowed
+    d64 causal build's third consumer spilled in its left loop too (census)."""
+    if c.HAS_WINDOW_RIGHT:
+        shift = sz.window_right
+    else:
+        shift = 0
+    return shift
+
+
+@gluon.jit
 def _kv_tiles(row0, seq, c):
     """:func:`schedule.kv_tile_range` of the item whose first row is ``row0``, with ``seq`` its
     sequence's sizes (:func:`_sequence`). With ``PACKED`` an item past its sequence's rows (the grid
     covers the longest) has no K/V tile: producer and consumers both skip its K/V, its Q still flows
     (the ring's phases stay in step) and its epilogue stores no row."""
-    n_kv, n_unmasked = kv_tile_range(row0, seq.seqlen_q, seq.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL)
+    n_kv, n_unmasked = kv_tile_range(row0, seq.seqlen_q, seq.seqlen_k, c.BLOCK_M, c.KV_TILE, c.IS_CAUSAL,
+                                     _diag_shift(seq, c))
     if c.PACKED:
         n_kv = gl.where(row0 < seq.seqlen_q, n_kv, 0)
         n_unmasked = gl.minimum(n_unmasked, n_kv)
@@ -899,7 +918,8 @@ def _mask_part(s, rows, key0, sz, c):
     offs = gl.arange(0, s.type.shape[1], layout=gl.SliceLayout(0, s.type.layout))
     if c.HAS_WINDOW:
         out = mask_scores_by_bounds(s, offs, first_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, sz.window_left),
-                                    last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
+                                    last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL,
+                                                     _diag_shift(sz, c)))
     elif c.ROW_BOUND_MASK:
         out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
     else:
@@ -1764,7 +1784,7 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
               "num_m_blocks", "m_blocks_mul", "m_blocks_shift", "batch_heads", "head_section", "section_mul",
               "section_shift", "last_section", "last_section_mul", "last_section_shift", "per_section_mul",
               "per_section_shift", "num_items", "num_full_tiles", "tail_splits", "splits_mul", "splits_shift",
-              "window_left")
+              "window_left", "window_right")
 
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
@@ -1775,7 +1795,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
                      section_shift, last_section, last_section_mul, last_section_shift, per_section_mul,
                      per_section_shift, num_items, num_full_tiles, tail_splits, splits_mul, splits_shift,
-                     qk_scale_log2, softcap_pre, softcap_post, window_left,
+                     qk_scale_log2, softcap_pre, softcap_post, window_left, window_right,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      HEAD_DIM_V: gl.constexpr, HEAD_DIM_TAIL: gl.constexpr,
                      NUM_KV_STAGES: gl.constexpr, NUM_Q_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LPT: gl.constexpr,
@@ -1807,7 +1827,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      Q_EMPTY_AT: gl.constexpr, RELAY_RELEASE: gl.constexpr, K_RELAY_AT: gl.constexpr,
                      V_RELAY_AT: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                     HAS_WINDOW: gl.constexpr, PACKED: gl.constexpr):
+                     HAS_WINDOW: gl.constexpr, PACKED: gl.constexpr, HAS_WINDOW_RIGHT: gl.constexpr):
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // _ROWS
     PRODUCER_WARPS_USED: gl.constexpr = _MULTICAST_PRODUCER_WARPS if MULTICAST or PRODUCER_WARPGROUP else _PRODUCER_WARPS
     # a K/V slot's release: each consumer of this CTA, and with MULTICAST each of the peer's too,
@@ -1890,7 +1910,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                 FastDivisor(last_section, last_section_mul, last_section_shift),
                 FastDivisor(num_m_blocks * head_section, per_section_mul, per_section_shift), num_items,
                 num_full_tiles, FastDivisor(tail_splits, splits_mul, splits_shift), sched_ptr, handout_ptr,
-                kv_tmaps_ptr, softcap_pre, softcap_post, window_left,
+                kv_tmaps_ptr, softcap_pre, softcap_post, window_left, window_right,
                 # with PACKED, seqlen_q and seqlen_k are the packed rows; each item reads its own
                 # sequence's lengths (_sequence)
                 seqlen_q, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr)
@@ -1926,7 +1946,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   V_RING_AT=V_RING_AT, K_ARM_AT=K_ARM_AT, V_ARM_AT=V_ARM_AT, UNSYNCED_PRODUCER=PRODUCER_UNSYNCED,
                   Q_BUFS_AT=Q_BUFS_AT, Q_ARM_AT=Q_ARM_AT, Q_EMPTY_AT=Q_EMPTY_AT, RELAY_RELEASE=RELAY_RELEASE,
                   PEER_RELEASE=PEER_RELEASE, K_RELAY_AT=K_RELAY_AT, V_RELAY_AT=V_RELAY_AT, HAS_SOFTCAP=HAS_SOFTCAP,
-                  HAS_WINDOW=HAS_WINDOW, PACKED=PACKED)
+                  HAS_WINDOW=HAS_WINDOW, PACKED=PACKED, HAS_WINDOW_RIGHT=HAS_WINDOW_RIGHT)
 
     # Argument tuples are written inline: built in a variable first they lose their
     # constexpr-ness (Gluon 3.6); the constexpr fields of an aggregate (``c``) keep theirs. The
@@ -1981,17 +2001,19 @@ def _descriptor(t: torch.Tensor, rows: int, box_dim: int) -> TensorDescriptor:
 
 def _constexprs(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool = True,
                 has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False,
-                packed: bool = False) -> dict:
+                packed: bool = False, has_window_right: bool = False) -> dict:
     """The kernel's compile-time arguments: derived from the config, never listed by hand elsewhere.
     A fresh dict each call (the launch edits it) from a per-configuration cache. ``head_dim_v``: the
     kernel's V and O width (``config.kernel_head_dims``), ``head_dim`` when None."""
     return dict(_constexpr_items(cfg, head_dim, bool(causal), bool(scale_positive), bool(has_softcap),
-                                 head_dim if head_dim_v is None else head_dim_v, bool(has_window), bool(packed)))
+                                 head_dim if head_dim_v is None else head_dim_v, bool(has_window), bool(packed),
+                                 bool(has_window_right)))
 
 
 @functools.lru_cache(maxsize=None)
 def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_positive: bool,
-                     has_softcap: bool, head_dim_v: int, has_window: bool, packed: bool) -> tuple:
+                     has_softcap: bool, head_dim_v: int, has_window: bool, packed: bool,
+                     has_window_right: bool) -> tuple:
     return tuple(dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=qk_boxes(head_dim)[0], HEAD_DIM_V=head_dim_v,
         HEAD_DIM_TAIL=qk_boxes(head_dim)[1],
@@ -2027,6 +2049,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         HAS_SOFTCAP=has_softcap,
         HAS_WINDOW=has_window,
         PACKED=packed,
+        HAS_WINDOW_RIGHT=has_window_right,
     ).items())
 
 
@@ -2088,15 +2111,15 @@ def layout_reason(*tensors: torch.Tensor, names=("q", "k", "v")) -> str | None:
 
 
 def window_reason(problem) -> str | None:
-    """Why ``hopper.fwd`` cannot run ``problem``'s sliding window, or ``None``: it takes the left side
-    (``(left, -1)``, or ``(left, 0)``/``(left, -1)`` with ``causal``); a bounded right side other than
-    the causal mask's, or a window with no left side, runs on ``portable.fwd``."""
+    """Why ``hopper.fwd`` cannot run ``problem``'s sliding window, or ``None``. It runs any window
+    flash-attn's API takes: a left side bounds each row's first key, a right side moves the
+    causal schedule's diagonal (``_window_sides``); a causal problem's right side is the mask's own
+    (-1 or 0), as ``flashrung.attention`` keeps it."""
     if not problem.windowed:
         return None
     left, right = problem.window_size
-    if left < 0 or (right >= 0 and not (problem.causal and right == 0)):
-        return (f"takes a sliding window's left side only (window_size (left, -1), or with causal (left, 0)), "
-                f"got {tuple(problem.window_size)}{' causal' if problem.causal else ''}")
+    if problem.causal and right > 0:
+        return f"a causal problem's window right side must be -1 or 0 (the mask's), got {tuple(problem.window_size)}"
     return None
 
 
@@ -2198,6 +2221,21 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _window_sides(window: tuple[int, int] | None, causal: bool, keys_and_rows: int) -> tuple[int, int, bool]:
+    """``(window_left, window_right, causal)`` of a launch: the kernel's run-time sides of ``window``
+    (flash-attn's ``(left, right)``, -1 unbounded; None: no window, -1 and 0) and the mask it
+    launches. A side past every key (``keys_and_rows``, Sq + Sk) bounds nothing more: clamped, each
+    stays an int32, and an unbounded left side is that far. A bounded right side makes the launch
+    causal, its diagonal moved ``window_right`` keys right; the causal mask's own right side is 0."""
+    if window is None:
+        return -1, 0, bool(causal)
+    left, right = window
+    window_left = min(left, keys_and_rows) if left >= 0 else keys_and_rows
+    if causal or right < 0:
+        return window_left, 0, bool(causal)
+    return window_left, min(right, keys_and_rows), True
+
+
 # the balanced grid's tables on the device, by shape and device: 4 bytes per tile and per CTA (16 KiB
 # for 32k tokens of 16 heads at d128). Never evicted: a captured CUDA graph keeps the table's
 # address, and a freed table would let the allocator hand that memory to something else.
@@ -2218,13 +2256,13 @@ def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]
 
 
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
-                    device, consumer_share=(), pool_share=0.0, window_left=-1) -> torch.Tensor:
+                    device, consumer_share=(), pool_share=0.0, window_left=-1, window_right=0) -> torch.Tensor:
     """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
     key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
-           consumer_share, pool_share, window_left)
+           consumer_share, pool_share, window_left, window_right)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
@@ -2234,7 +2272,7 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
                 "capture cannot record: call once with this shape before capturing, or pass a config with "
                 "balanced=False")
         host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
-                                 causal, ctas, consumer_share, pool_share, window_left)
+                                 causal, ctas, consumer_share, pool_share, window_left, window_right)
         table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
     return table
 
@@ -2283,7 +2321,7 @@ class _LaunchPlan:
 def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, elem_bytes: int, causal: bool, scale_positive: bool, sm_count: int | None,
           has_softcap: bool = False, head_dim_v: int | None = None, has_window: bool = False,
-          packed: bool = False) -> _LaunchPlan:
+          packed: bool = False, has_window_right: bool = False) -> _LaunchPlan:
     """The launch plan of one shape; ``sm_count`` None: a compile-only plan (one CTA per item).
     ``has_softcap``: the launch caps its scores (``HAS_SOFTCAP``; the factors are run-time arguments).
     ``head_dim`` and ``head_dim_v``: the kernel's Q/K and V/O widths (``config.kernel_head_dims``;
@@ -2291,7 +2329,8 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     ``has_window``: the launch has a sliding window's left side (``HAS_WINDOW``; its width a run-time
     argument). ``packed``: packed sequences (``PACKED``): ``batch`` sequences of up to ``seqlen_q`` /
     ``seqlen_k`` rows (the longest), each item bounded by its own; any of them may end inside a K/V
-    tile, so the launch is built as one with a key tail.
+    tile, so the launch is built as one with a key tail. ``has_window_right``: a window's right side
+    moves the causal diagonal (``HAS_WINDOW_RIGHT``; its width a run-time argument).
 
     With ``kv_multicast`` the schedule's tiles are pairs of q-tiles (``num_m_blocks`` counts pairs;
     with ``cross_head_pairs`` it counts q-tiles, and a pair is two consecutive tiles of the launch)
@@ -2323,7 +2362,8 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
                                cfg.l2_section_mib << 20), batch * heads_q)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
-    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed)
+    constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed,
+                             has_window_right)
     if sm_count is not None:
         # a launch without split items runs the kernel without the split-tail code (screening on
         # the H200, B1 H33 S16384 d128, where 32 full rounds leave no tail: that code alone read
@@ -2334,6 +2374,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     constexprs["FIRST_MASK_ON_NEED"] = _first_mask_on_need(cfg, causal, key_tail=key_tail) and not has_window
     constexprs["SKIP_EMPTY_ROWS"] = _skip_empty_rows(cfg, seqlen_q, batch * heads_q)
     build = (cfg, head_dim, head_dim_v, elem_bytes, causal, scale_positive, has_softcap, has_window, packed,
+             has_window_right,
              constexprs["SPLIT_TAIL"],
              constexprs["FIRST_MASK_ON_NEED"], constexprs["SKIP_EMPTY_ROWS"])
     return _LaunchPlan(grid, pair, num_m_blocks, num_tiles, num_items, num_full_tiles, splits, section, ints,
@@ -2362,10 +2403,12 @@ DIRECT_LAUNCH = _direct_launch_default()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
-            trace: torch.Tensor | None = None, softcap: float = 0.0, window_left: int = -1,
+            trace: torch.Tensor | None = None, softcap: float = 0.0, window: tuple[int, int] | None = None,
             cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None):
-    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``window_left`` >= 0:
-    a sliding window's left side (:func:`forward` has checked the rest of the window). ``cu_seqlens``
+    """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``window``: a sliding
+    window ``(left, right)`` as flash-attn's, -1 an unbounded side (:func:`forward` has checked it
+    against the mask): a bounded right side launches the causal schedule with its diagonal moved that
+    many keys right (``_diag_shift``). ``cu_seqlens``
     and ``max_seqlens``: packed sequences (q, k, v, out one batch entry of rows). ``trace``: the
     int32 buffer of :func:`traced_forward` (``cfg.trace_steps > 0`` or ``cfg.trace_tiles > 0``), in the split tail's
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
@@ -2383,11 +2426,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         batch, (seqlen_q, seqlen_k) = cu_seqlens[0].numel() - 1, max_seqlens
     device_index = None if warmup else (q.device.index if q.device.index is not None else torch.cuda.current_device())
     scale = fold_scale(softmax_scale)
-    # a width past every key bounds nothing more: clamped, it stays an int32 argument
-    window_left = min(window_left, seqlen_q + seqlen_k) if window_left >= 0 else -1
-    plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), bool(causal),
+    window_left, window_right, causal = _window_sides(window, causal, seqlen_q + seqlen_k)
+    plan = _plan(cfg, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, q.element_size(), causal,
                  softmax_scale > 0, None if warmup else _sm_count(device_index), has_softcap=softcap > 0,
-                 head_dim_v=head_dim_v, has_window=window_left >= 0, packed=packed)
+                 head_dim_v=head_dim_v, has_window=window is not None, packed=packed,
+                 has_window_right=window_right > 0)
     ints = packed_rows + plan.ints[2:] if packed else plan.ints
     if plan.splits > 1:
         # with kv_multicast a pair's split item leaves each CTA's tile its own partials
@@ -2399,9 +2442,9 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
     if cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
-                                cfg.block_m, cfg.kv_tile, bool(causal), plan.grid, device_index,
+                                cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,
                                 partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
-                                cfg.dynamic_pool_share, window_left)
+                                cfg.dynamic_pool_share, window_left, window_right)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:
@@ -2436,8 +2479,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # (extra_keys, V's too); Q's tail box. The kernel never reads those it has no use for
         k2_desc, v2_desc, _descriptor(q, ROWS_PER_CONSUMER_WARPGROUP, tail_cols) if tail_cols else q_desc,
         _descriptor(out, ROWS_PER_CONSUMER_WARPGROUP, head_dim_v), *pointers, *ints, scale,
-        # a left side past every key bounds nothing: clamped, it stays an int32
-        *softcap_factors(softcap, softmax_scale), max(window_left, 0),
+        *softcap_factors(softcap, softmax_scale), max(window_left, 0), window_right,
     )
     constexprs = plan.constexprs
     if cfg.asm_arrivals or cfg.asm_waits:
@@ -2650,11 +2692,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     packing = {"cu_seqlens": tuple(cu_seqlens), "max_seqlens": tuple(max_seqlens)} if packed else {}
     if q.device.index == torch.cuda.current_device():
         _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                window_left=window_size[0] if problem.windowed else -1, **packing)
+                window=window_size if problem.windowed else None, **packing)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
             _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                    window_left=window_size[0] if problem.windowed else -1, **packing)
+                    window=window_size if problem.windowed else None, **packing)
     return out, lse
 
 
@@ -2702,12 +2744,13 @@ def _check(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_bytes: int
 
 def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16,
                 key_tail: bool = True, softcap: bool = False, head_dim_v: int | None = None, window: bool = False,
-                packed: bool = False):
+                packed: bool = False, window_right: bool = False):
     """The :class:`CensusSpec` of one configuration (what ``forward`` would compile); ``key_tail``
     False is the build of a launch whose keys fill their K/V tiles (``_first_mask_on_need``);
     ``softcap``: the build of a capped launch; ``head_dim_v``: v's head dim where it differs
     (``config.kernel_head_dims`` gives the widths built); ``window``: the build of a launch with a
-    sliding window's left side; ``packed``: of packed sequences (built as with a key tail)."""
+    sliding window's left side, with ``window_right`` its right side too (a causal build whose
+    diagonal the window moves); ``packed``: of packed sequences (built as with a key tail)."""
     from flashrung.evidence.census import CensusSpec
 
     t = _SIG_DTYPES[dtype]
@@ -2737,13 +2780,17 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         config["head_dim_v"] = head_dim_v
     if window:
         config["window"] = True
+    if window_right:
+        config["window_right"] = True
     if packed:
         config["packed"] = True
         key_tail = True
     return CensusSpec(kernel=KERNEL_NAME, config=config, fn=_attn_fwd_kernel, signature=signature,
                       constexprs=dict(_constexprs(cfg, head_dim, causal, has_softcap=softcap, head_dim_v=head_dim_v,
-                                                  has_window=window, packed=packed),
-                                      FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail) and not window),
+                                                  has_window=window or window_right, packed=packed,
+                                                  has_window_right=window_right),
+                                      FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail) and not window
+                                      and not window_right),
                       num_warps=CONSUMER_WARPS, gluon=True,
                       arches=("sm_90a",), resolve=barrier_offsets if cfg.asm_arrivals or cfg.asm_waits else None,
                       # as forward launches them: LSE, workspace and table from torch allocations

@@ -230,7 +230,7 @@ def check_consumer_share(consumer_share: tuple[float, ...], block_m: int) -> Non
 
 
 def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k: int, causal: bool,
-              consumer_share: tuple[float, ...] = (), window_left: int = -1) -> float:
+              consumer_share: tuple[float, ...] = (), window_left: int = -1, window_right: int = 0) -> float:
     """The balanced schedule's estimate of query tile ``m_block``, in K/V steps: its live K/V tiles
     and :data:`TILE_OVERHEAD_KV_TILES`. With ``consumer_share`` (one entry per consumer warpgroup
     of the tile, the last 1.0), a tile whose rows fill only ``k`` of its warpgroups — the partial
@@ -238,8 +238,9 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
     softmax (``skip_empty_rows``), so its steps are shorter. ``window_left`` >= 0: a sliding
     window's launch, whose tiles start at the window's first (:func:`window_tile_range`) — under a
     causal mask every tile past the window's width costs about the same, where the causal count
-    alone grows with the row."""
-    cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal, window_left) + TILE_OVERHEAD_KV_TILES
+    alone grows with the row; ``window_right`` its right side, the causal launch's diagonal moved."""
+    cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal, window_left,
+                       window_right) + TILE_OVERHEAD_KV_TILES
     if consumer_share:
         rows = min(block_m, seqlen_q - m_block * block_m)
         rows_per_consumer = block_m // len(consumer_share)
@@ -250,7 +251,7 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
                       block_m: int, kv_tile: int, causal: bool, ctas: int,
                       consumer_share: tuple[float, ...] = (), pool_share: float = 0.0,
-                      window_left: int = -1) -> tuple[int, ...]:
+                      window_left: int = -1, window_right: int = 0) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
 
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
@@ -260,7 +261,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`). ``pool_share``:
     the launch order's last tiles, up to that share of the estimated work (:func:`pool_start`), are
     left out of the lists for the dynamic hand-out; ``offsets[ctas]`` is then the first of them.
-    ``window_left``: a sliding window's left side (:func:`tile_cost`), -1 for none.
+    ``window_left``, ``window_right``: a sliding window's sides (:func:`tile_cost`), -1 and 0 for none.
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
@@ -268,8 +269,8 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     check_consumer_share(consumer_share, block_m)
-    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), window_left)
-            for m in range(num_m_blocks)]
+    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), window_left,
+                      window_right) for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
     free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
     replace = heapq.heapreplace
@@ -516,14 +517,15 @@ def window_tile_range(row0, seqlen_q, seqlen_k, window_left, BLOCK_M: gl.constex
 
 @gluon.jit
 def kv_tile_range(row0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, diag_shift=0):
     """(num_tiles, num_unmasked) K/V tiles for the query rows ``[row0, row0 + BLOCK_M)``.
 
     Tiles ``[0, num_unmasked)`` need no mask for any row of the CTA; tiles
     ``[num_unmasked, num_tiles)`` are masked (key tail ``>= Sk`` and/or the causal diagonal).
+    ``diag_shift``: the diagonal moved that many keys right (a sliding window's right side).
     """
     if IS_CAUSAL:
-        diag = seqlen_k - seqlen_q
+        diag = seqlen_k - seqlen_q + diag_shift
         last_row = gl.minimum(row0 + BLOCK_M, seqlen_q) - 1
         kv_end = gl.maximum(gl.minimum(seqlen_k, last_row + diag + 1), 0)
         # keys every row of the tile sees: those the first row sees

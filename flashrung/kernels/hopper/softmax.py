@@ -223,9 +223,10 @@ def first_visible_key(rows, key0, seqlen_q, seqlen_k, window_left):
 
 
 @gluon.jit
-def last_visible_key(rows, key0, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
+def last_visible_key(rows, key0, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr, diag_shift=0):
     """Per row, the offset from ``key0`` of the last key the row may see: ``Sk - 1``, and if causal
-    at most the bottom-right diagonal ``row + Sk - Sq`` (negative: the row sees none of the tile).
+    at most the bottom-right diagonal ``row + Sk - Sq`` (negative: the row sees none of the tile),
+    moved ``diag_shift`` keys right (a sliding window's right side: ``window_size[1]``).
 
     :func:`mask_scores`' two conditions folded into one bound per row, so that
     :func:`mask_scores_by_bound` pays one compare and one select per score. ptxas compiles
@@ -235,7 +236,7 @@ def last_visible_key(rows, key0, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
     not."""
     last = gl.zeros_like(rows) + (seqlen_k - 1 - key0)
     if IS_CAUSAL:
-        last = gl.minimum(last, rows + (seqlen_k - seqlen_q - key0))
+        last = gl.minimum(last, rows + (seqlen_k - seqlen_q - key0 + diag_shift))
     return last
 
 

@@ -323,7 +323,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
            (causal aligned to each sequence's own bottom-right corner).
 
     Returns ``out`` ``(total_q, heads_q, head_dim_v)``, or ``(out, lse)`` with lse ``(heads_q,
-    total_q)`` float32 as flash-attn's. Differentiable in q, k, v. Runs on the portable kernels.
+    total_q)`` float32 as flash-attn's. Differentiable in q, k, v. Runs on the portable kernels;
+    ``impl="hopper.fwd"`` runs the forward on the Hopper kernel (not yet gated on the GPU).
     """
     for name, t, layout in (("q", q, "(total_q, heads_q, head_dim)"), ("k", k, "(total_k, heads_kv, head_dim)"),
                             ("v", v, "(total_k, heads_kv, head_dim_v)")):

@@ -26,15 +26,22 @@ def gate_problem(case, device):
     contiguous, freshly allocated (B, S, H, D) tensors, described without allocating them."""
     from flashrung import dispatch, gate
 
-    q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1), device)
-    problem = dispatch.Problem.of(
-        q.expand(case.batch, case.seqlen_q, -1, -1), k.expand(case.batch, case.seqlen_k, -1, -1),
-        v.expand(case.batch, case.seqlen_k, -1, -1), case.causal, case.window_size, case.softcap)
+    q, k, v = gate.random_inputs(dataclasses.replace(case, batch=1, seqlen_q=1, seqlen_k=1, varlen=None), device)
+    # a packed case's tensors are one batch entry of every sequence's rows
+    batch, rows_q, rows_k = (1, sum(case.varlen[0]), sum(case.varlen[1])) if case.varlen else \
+        (case.batch, case.seqlen_q, case.seqlen_k)
+    q, k, v = q.expand(batch, rows_q, -1, -1), k.expand(batch, rows_k, -1, -1), v.expand(batch, rows_k, -1, -1)
+    if case.varlen:
+        problem = dispatch.Problem.of_packed(q, k, v, case.causal, len(case.varlen[0]),
+                                             (max(case.varlen[0]), max(case.varlen[1])), case.window_size,
+                                             case.softcap)
+    else:
+        problem = dispatch.Problem.of(q, k, v, case.causal, case.window_size, case.softcap)
     # expanded views have zero strides: describe the contiguous tensors instead, or a kernel with
     # layout rules (TMA) would decline every case the gate is about to run
-    shapes = ((case.batch, case.seqlen_q, case.heads_q, case.head_dim),
-              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
-              (case.batch, case.seqlen_k, case.heads_kv, case.value_head_dim))
+    shapes = ((batch, rows_q, case.heads_q, case.head_dim),
+              (batch, rows_k, case.heads_kv, case.head_dim),
+              (batch, rows_k, case.heads_kv, case.value_head_dim))
     return dataclasses.replace(problem, strides=tuple(torch.empty(s, device="meta").stride() for s in shapes),
                                ptr_alignment=ALLOCATION_ALIGNMENT_BYTES)
 
@@ -64,6 +71,16 @@ class KernelSummary:
     failures: list = dataclasses.field(default_factory=list)
 
 
+def packed_case(case):
+    """``case`` as a pack of sequences (flash-attn's varlen): its own lengths beside a third of them, a
+    one-row and a one-key sequence, an empty query range and an empty key range (a row that reads
+    another sequence's keys, or a store past a sequence's rows, fails the packed gate)."""
+    lengths_q = (case.seqlen_q, max(1, case.seqlen_q // 3), 1, 0, 5)
+    lengths_k = (case.seqlen_k, max(1, case.seqlen_k // 3), 7, 3, 0)
+    return dataclasses.replace(case, batch=len(lengths_q), seqlen_q=max(lengths_q), seqlen_k=max(lengths_k),
+                               varlen=(lengths_q, lengths_k))
+
+
 def _compile_group(job) -> tuple:
     """Jobs that share a compiled kernel: the same backend, direction, head dims, dtype, mask."""
     direction, backend, _, case, _ = job
@@ -74,13 +91,17 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
               directions=("fwd", "bwd"), progress=_progress,
               shard: tuple[int, int] = (0, 1),
               head_dims: tuple[int | tuple[int, int], ...] | None = None,
-              window_size: tuple[int, int] | None = None, softcap: float = 0.0) -> list[KernelSummary]:
+              window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+              packed: bool = False) -> list[KernelSummary]:
     """The gate over the envelope of ``size`` (its head dims, or ``head_dims``: each a head dim or a
     pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``;
     with ``window_size``, every case under that sliding window (a causal case keeps its mask: the
-    window's right side must then be -1 or 0); with ``softcap``, every case's scores capped by it."""
+    window's right side must then be -1 or 0); with ``softcap``, every case's scores capped by it;
+    with ``packed``, every case as a pack of sequences (:func:`packed_case`)."""
     from flashrung import dispatch, gate
     cases = gate.envelope(size, head_dims=head_dims)
+    if packed:
+        cases = [packed_case(c) for c in cases]
     if window_size is not None:
         cases = [dataclasses.replace(c, window_size=window_size) for c in cases]
     if softcap:
@@ -122,7 +143,11 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
             s.unsupported += 1
             s.declined[reason] = s.declined.get(reason, 0) + 1
             continue
-        if direction == "fwd":
+        if case.varlen:
+            result = gate.check_varlen(fwd_module.forward if direction == "bwd" else module.forward,
+                                       module.backward if direction == "bwd" else None, case, device,
+                                       kernel=backend.name)
+        elif direction == "fwd":
             result = gate.check_forward_case(module.forward, case, device, kernel=backend.name)
         else:
             result = gate.check_backward(fwd_module.forward, module.backward, case, device,
@@ -196,6 +221,8 @@ def _run_sharded(args, jobs: int) -> list[dict]:
             if getattr(args, "window", None) is not None:
                 # one token: a left side of -1 would read as an option of its own
                 cmd += ["--window=" + ",".join(map(str, args.window))]
+            if getattr(args, "packed", False):
+                cmd += ["--packed"]
             procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
         parts = []
         for proc, out in procs:
@@ -218,7 +245,8 @@ def check_command(args) -> int:
         summaries = [_summary_json(s) for s in run_check(device, size, args.kernel, tuple(args.direction),
                                                          shard=(index, count), head_dims=head_dims,
                                                          window_size=getattr(args, "window", None),
-                                                         softcap=getattr(args, "softcap", 0.0))]
+                                                         softcap=getattr(args, "softcap", 0.0),
+                                                         packed=getattr(args, "packed", False))]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
         worst = s["worst"]
@@ -344,6 +372,9 @@ def register(sub) -> None:
                         "an unbounded left side as --window=-1,0")
     p.add_argument("--softcap", type=_softcap, default=0.0, metavar="C",
                    help="gate every case with its scores capped by C·tanh(scores/C) (flash-attn's softcap)")
+    p.add_argument("--packed", action="store_true",
+                   help="gate every case as packed sequences (flash-attn's varlen): its own lengths beside "
+                        "shorter, one-row and empty ones, each sequence against the references run on it alone")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

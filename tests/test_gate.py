@@ -145,6 +145,39 @@ def test_check_gates_the_head_dims_it_is_given(capsys):
     assert "--head-dim: expected a multiple of 8 up to 256, got 100" in capsys.readouterr().err
 
 
+def test_check_gates_packed_sequences(monkeypatch):
+    # --packed: every envelope case as a pack (its own lengths beside shorter, one-row and empty
+    # sequences), gated by the packed gate in both directions; the problem a kernel is asked about
+    # is the pack's (hopper.fwd takes it, on the tensors' packed strides); the shards get the flag
+    import dataclasses
+
+    from flashrung import check
+    from flashrung.kernels.hopper import fwd as hopper
+
+    case = check.packed_case(gate.envelope("small", head_dims=(32,))[3])
+    assert case.varlen == ((33, 11, 1, 0, 5), (95, 31, 7, 3, 0)) and case.batch == 5
+    problem = check.gate_problem(case, "cpu")
+    assert problem.varlen and (problem.batch, problem.seqlen_q, problem.seqlen_k) == (5, 33, 95)
+    assert problem.strides[0] == torch.empty(1, 50, case.heads_q, 32, device="meta").stride()
+    on_hopper = dataclasses.replace(problem, device_type="cuda", capability=(9, 0), interpreter=False)
+    assert hopper.unsupported_reason(on_hopper) is None
+    # four of the envelope's cases, both directions (the interpreter runs each pack's kernels)
+    envelope = gate.envelope
+    monkeypatch.setattr(gate, "envelope", lambda size, head_dims=None: envelope(size, head_dims=head_dims)[:4])
+    summaries = check.run_check("cpu", "small", ["portable"], ("fwd", "bwd"), progress=lambda jobs, desc: jobs,
+                                head_dims=(32,), packed=True)
+    cases = 4
+    assert {s.direction for s in summaries} == {"fwd", "bwd"}
+    for s in summaries:
+        assert s.cases == s.passed == cases and s.worst.case.varlen, s
+    commands = []
+    monkeypatch.setattr("subprocess.Popen", lambda cmd, **kw: commands.append(cmd) or (_ for _ in ()).throw(OSError))
+    args = argparse.Namespace(device="cpu", size="small", kernel=None, direction=["fwd"], packed=True)
+    with pytest.raises(OSError):
+        check._run_sharded(args, 2)
+    assert "--packed" in commands[0]
+
+
 def test_check_declines_the_backward_where_no_forward_is_dispatched():
     # d16 runs only on a kernel named by impl= (hopper.fwd, padded): dispatch picks no forward, so
     # the backward gate has nothing to feed it. Both directions asked: the forward's kernels decline

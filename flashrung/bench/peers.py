@@ -395,23 +395,31 @@ def kernel_name(impl: str) -> str | None:
     return impl.split(":", 1)[1] if ":" in impl else None
 
 
+def _attend(q, k, v, *, causal, scale, name, window_size=NO_WINDOW, softcap=0.0, cu_seqlens=None,
+            max_seqlens=None, return_lse=False):
+    """flashrung's public call on bench tensors: ``flashrung.attention``, or with ``cu_seqlens`` and
+    ``max_seqlens`` (packed sequences, q/k/v one batch entry of rows) ``flashrung.attention_varlen``
+    on that entry, its results given the batch dimension back."""
+    import flashrung
+    options = dict(causal=causal, softmax_scale=scale, impl=name, window_size=window_size, softcap=softcap,
+                   return_lse=return_lse)
+    if cu_seqlens is None:
+        return flashrung.attention(q, k, v, **options)
+    result = flashrung.attention_varlen(q[0], k[0], v[0], *cu_seqlens, *max_seqlens, **options)
+    return tuple(t[None] for t in result) if return_lse else result[None]
+
+
 def flashrung_forward_fn(impl: str):
     """``forward_fn(q, k, v, causal, softmax_scale[, window_size=, softcap=][, cu_seqlens=,
     max_seqlens=]) -> (out, lse)`` for the correctness gate; with ``cu_seqlens`` (packed sequences,
     q/k/v one batch entry of rows) through ``flashrung.attention_varlen``. ``out``/``lse`` given by the
     gate are not written: the results come back as new tensors."""
-    import flashrung
     name = kernel_name(impl)
 
     def forward_fn(q, k, v, causal, softmax_scale, window_size=NO_WINDOW, softcap=0.0, cu_seqlens=None,
                    max_seqlens=None, out=None, lse=None):
-        if cu_seqlens is not None:
-            packed_out, packed_lse = flashrung.attention_varlen(
-                q[0], k[0], v[0], *cu_seqlens, *max_seqlens, causal=causal, softmax_scale=softmax_scale,
-                return_lse=True, impl=name, window_size=window_size, softcap=softcap)
-            return packed_out[None], packed_lse[None]
-        return flashrung.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                   impl=name, window_size=window_size, softcap=softcap)
+        return _attend(q, k, v, causal=causal, scale=softmax_scale, name=name, window_size=window_size,
+                       softcap=softcap, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens, return_lse=True)
     return forward_fn
 
 
@@ -419,19 +427,13 @@ def flashrung_backward_fn(impl: str):
     """``backward_fn(do, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)`` for the gate, through
     the same autograd path a user's ``loss.backward()`` takes."""
     import torch
-    import flashrung
     name = kernel_name(impl)
 
     def backward_fn(do, q, k, v, out, lse, causal, scale, window_size=NO_WINDOW, softcap=0.0, cu_seqlens=None,
                     max_seqlens=None, dq=None, dk=None, dv=None):
         leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
-        if cu_seqlens is not None:
-            o = flashrung.attention_varlen(*(t[0] for t in leaves), *cu_seqlens, *max_seqlens, causal=causal,
-                                           softmax_scale=scale, impl=name, window_size=window_size,
-                                           softcap=softcap)[None]
-        else:
-            o = flashrung.attention(*leaves, causal=causal, softmax_scale=scale, impl=name, window_size=window_size,
-                                    softcap=softcap)
+        o = _attend(*leaves, causal=causal, scale=scale, name=name, window_size=window_size, softcap=softcap,
+                    cu_seqlens=cu_seqlens, max_seqlens=max_seqlens)
         return torch.autograd.grad(o, leaves, do)
     return backward_fn
 
@@ -454,17 +456,11 @@ def _prepare_flashrung(impl: str, row: Row, inputs: Inputs) -> Prepared:
     name = kernel_name(impl)
 
     window = row.window if row.window is not None else NO_WINDOW
-    if row.packed:
-        cu, longest = inputs.cu_seqlens, max(row.packed)
+    packing = dict(cu_seqlens=(inputs.cu_seqlens,) * 2, max_seqlens=(max(row.packed),) * 2) if row.packed else {}
 
-        def forward(q, k, v):
-            return flashrung.attention_varlen(q[0], k[0], v[0], cu, cu, longest, longest, causal=row.causal,
-                                              softmax_scale=inputs.scale, impl=name, window_size=window,
-                                              softcap=row.softcap)[None]
-    else:
-        def forward(q, k, v):
-            return flashrung.attention(q, k, v, causal=row.causal, softmax_scale=inputs.scale, impl=name,
-                                       window_size=window, softcap=row.softcap)
+    def forward(q, k, v):
+        return _attend(q, k, v, causal=row.causal, scale=inputs.scale, name=name, window_size=window,
+                       softcap=row.softcap, **packing)
     try:
         prepared = _wrap(row, inputs, forward)
     except Unsupported as exc:

@@ -38,6 +38,7 @@ def check_window(window, causal: bool) -> tuple[int, int]:
                          "(--causal) instead")
     return left, right
 
+
 def check_packed(lengths) -> tuple[int, ...]:
     """A packed row's sequence lengths (queries and keys alike) as a tuple of integers: each >= 0,
     at least one of them positive."""

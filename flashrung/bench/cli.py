@@ -301,22 +301,19 @@ def rows_from_args(args) -> tuple[str, list[suites.Row]]:
     shape_flags = ("batch", "heads", "kv_heads", "dtype", "seqlen_k", "headdim_v", "softcap", "window", "packed")
     shape_given = any(getattr(args, a) is not None for a in shape_flags)
     window = _window_of(args)
-    if args.suite is None and args.packed is not None:
-        _check_packed_flags(args)
+    if args.suite is None and (shape_given or args.seqlen or args.headdim):
         headdims = args.headdim or [128]
         if len(headdims) > 1:
             raise ValueError("free shapes take one --headdim")
-        rows = suites.packed_rows(lengths=args.packed, heads=args.heads or 16, kv_heads=args.kv_heads,
-                                  headdim=headdims[0], headdim_v=args.headdim_v, softcap=args.softcap or 0.0,
-                                  window=window, dtype=args.dtype or "bfloat16", causal=bool(args.causal),
-                                  mode=args.mode or "fwd")
-        return "free", rows
-    if args.suite is None and (shape_given or args.seqlen or args.headdim):
+        if args.packed is not None:
+            _check_packed_flags(args)
+            return "free", suites.packed_rows(lengths=args.packed, heads=args.heads or 16, kv_heads=args.kv_heads,
+                                              headdim=headdims[0], headdim_v=args.headdim_v,
+                                              softcap=args.softcap or 0.0, window=window,
+                                              dtype=args.dtype or "bfloat16", causal=bool(args.causal),
+                                              mode=args.mode or "fwd")
         if not args.seqlen:
             raise ValueError("free shapes need --seqlen (or pick a --suite)")
-        headdims = args.headdim or [128]
-        if len(headdims) > 1:
-            raise ValueError("free shapes take one --headdim")
         rows = suites.free_rows(seqlens=args.seqlen, batch=args.batch, heads=args.heads or 16,
                                 kv_heads=args.kv_heads, headdim=headdims[0], headdim_v=args.headdim_v,
                                 seqlen_k=args.seqlen_k, softcap=args.softcap or 0.0, window=window,

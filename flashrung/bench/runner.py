@@ -47,10 +47,12 @@ def gate_config(row: Row) -> dict:
     if row.window is not None:
         config["window_size"] = row.window
     if row.packed is not None:
-        # the pack's first sequences, shortened: each checked against the references run on it alone
-        lengths = tuple(min(n, GATE_MAX_SEQLEN) for n in row.packed[:GATE_MAX_SEQUENCES])
-        if max(lengths) == 0:
-            lengths = tuple(min(n, GATE_MAX_SEQLEN) for n in row.packed if n)[:GATE_MAX_SEQUENCES]
+        # the pack's first sequences, shortened (its first non-empty ones if those are all empty):
+        # each checked against the references run on it alone
+        first = row.packed[:GATE_MAX_SEQUENCES]
+        if not any(first):
+            first = tuple(n for n in row.packed if n)[:GATE_MAX_SEQUENCES]
+        lengths = tuple(min(n, GATE_MAX_SEQLEN) for n in first)
         config.update(batch=len(lengths), seqlen_q=max(lengths), seqlen_k=max(lengths), varlen=(lengths, lengths))
     return config
 

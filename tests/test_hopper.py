@@ -2284,12 +2284,31 @@ def test_a_value_head_dim_of_its_own_runs_the_kernel_of_the_wider():
     for bad in (12, 264):
         with pytest.raises(ValueError, match=r"^head_dim_v must be a multiple of 8 .*got " + str(bad)):
             config.kernel_head_dim(64, bad)
-    mla = _problem(head_dim=192, head_dim_v=128)
-    for causal in (False, True):
-        for seqlen in (1, 1000, 4097, 16384):
-            problem = dataclasses.replace(mla, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
-            compiled = dataclasses.replace(problem, head_dim=256, head_dim_v=256)
-            assert select_config(problem) == select_config(compiled)
+    # the configuration is the wider one's row; MLA's pair (config.SPLIT_DEFAULT_HEAD_DIMS) takes
+    # q's split boxes and v's own width on it, every other pair that row as it is
+    for pair, wider in (((192, 128), 256), ((128, 64), 128), ((64, 128), 128)):
+        for causal in (False, True):
+            for seqlen in (1, 1000, 4097, 16384):
+                problem = _problem(head_dim=pair[0], head_dim_v=pair[1], causal=causal, seqlen_q=seqlen,
+                                   seqlen_k=seqlen)
+                row = select_config(dataclasses.replace(problem, head_dim=wider, head_dim_v=wider))
+                expected = config._split(row, wider) if pair in config.SPLIT_DEFAULT_HEAD_DIMS else row
+                assert select_config(problem) == expected, (pair, causal, seqlen)
+
+
+def test_mlas_split_default_waits_for_its_gate_beside_a_window_packing_or_a_cap(monkeypatch):
+    # config.SPLIT_DEFAULT_WITH_SCORE_OPTIONS: until the split is gated beside them, a windowed,
+    # packed or capped 192/128 problem runs the padded build of its row; switched on, the split
+    mla = _problem(head_dim=192, head_dim_v=128, causal=True, seqlen_q=8192, seqlen_k=8192)
+    for options in (dict(window_size=(256, 0)), dict(varlen=True), dict(softcap=30.0)):
+        problem = dataclasses.replace(mla, **options)
+        cfg = select_config(problem)
+        assert config.kernel_head_dims(192, 128, cfg) == (256, 256), options
+        assert cfg == select_config(dataclasses.replace(problem, head_dim=256, head_dim_v=256))
+        monkeypatch.setattr(config, "SPLIT_DEFAULT_WITH_SCORE_OPTIONS", True)
+        assert config.kernel_head_dims(192, 128, select_config(problem)) == (192, 128), options
+        monkeypatch.setattr(config, "SPLIT_DEFAULT_WITH_SCORE_OPTIONS", False)
+    assert config.kernel_head_dims(192, 128, select_config(mla)) == (192, 128)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192])
@@ -2362,22 +2381,31 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
     assert "right side" in fwd.unsupported_reason(dataclasses.replace(capped, causal=True, window_size=(8, 8)))
 
 
-def test_a_window_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
-    # a sliding window, built and compiled but not yet gated on the H200, runs by name only: its
-    # left side, its right side (the causal schedule with the diagonal moved: a non-causal problem
-    # with a right side runs the causal default), or both; a causal problem's right side past the
-    # diagonal is refused naming what it takes
+WINDOWS = ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1)), (False, (8, 8)), (False, (-1, 8)), (False, (8, 0)))
+
+
+def test_a_window_runs_automatically_and_falls_back_visibly_when_switched_off(monkeypatch):
+    # a sliding window (gated on the H200 and paired ahead of portable.fwd there: fwd.WINDOW_AUTO)
+    # runs on hopper.fwd: its left side, its right side (the causal schedule with the diagonal
+    # moved: a non-causal problem with a right side runs the causal default), or both. Switched
+    # off, dispatch runs portable.fwd and says why, and the name still runs it. A causal problem's
+    # right side past the diagonal is refused naming what it takes
     from flashrung import dispatch
 
-    for causal, window in ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1)), (False, (8, 8)), (False, (-1, 8)),
-                           (False, (8, 0))):
+    for causal, window in WINDOWS:
+        windowed = _problem(causal=causal, window_size=window, **_contiguous(128))
+        band = window[1] >= 0 and not causal
+        _, chosen = dispatch.select(windowed, "fwd")
+        assert chosen.kernel == "hopper.fwd" and not chosen.forced, window
+        assert chosen.config() == select_config(dataclasses.replace(windowed, causal=True) if band else windowed)
+    monkeypatch.setattr(fwd, "WINDOW_AUTO", False)
+    for causal, window in WINDOWS:
         windowed = _problem(causal=causal, window_size=window, **_contiguous(128))
         band = window[1] >= 0 and not causal
         reason = _runs_by_name_only(windowed, dataclasses.replace(windowed, causal=True) if band else windowed)
-        assert reason.startswith(f"window_size {window} runs on hopper.fwd only when asked for by name"), reason
+        assert reason.startswith(f"window_size {window} runs on hopper.fwd only when asked for by name while "
+                                 "fwd.WINDOW_AUTO is off"), reason
     monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
-    windowed = _problem(causal=True, window_size=(64, 0), **_contiguous(128))
-    assert dispatch.select(windowed, "fwd")[1].kernel == "hopper.fwd"
     problem = _problem(causal=True, window_size=(8, 8), **_contiguous(128))
     reason = fwd.unsupported_reason(problem)
     assert reason.startswith("a causal problem's window right side must be -1 or 0") and "(8, 8)" in reason
@@ -2397,24 +2425,34 @@ def test_a_windows_sides_are_the_launchs(window, causal, expected):
     assert fwd._window_sides(window, causal, 3000) == expected
 
 
-def test_packed_sequences_run_when_asked_for_and_fall_back_visibly_otherwise(monkeypatch):
-    # packed sequences (flash-attn's varlen), built and compiled but not yet gated on the H200, run
-    # by name only; automatic dispatch sends them to the portable kernel and says why, until
-    # fwd.PACKED_AUTO; a window's left side and a cap beside them run too
+def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly_otherwise(monkeypatch):
+    # packed sequences (flash-attn's varlen), gated on the H200: a non-causal pack runs on hopper.fwd
+    # (paired ahead of portable.fwd there: fwd.PACKED_AUTO), with a window's left side or a cap
+    # beside it too; a causal one, or a band (a window's right side runs the causal schedule),
+    # stays on portable.fwd saying why (measured slower: fwd.PACKED_AUTO_CAUSAL) and runs by name
     from flashrung import dispatch
 
+    for extra in ({}, dict(window_size=(64, -1)), dict(softcap=30.0)):
+        problem = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
+        assert fwd.unsupported_reason(problem) is None
+        _, chosen = dispatch.select(problem, "fwd")
+        assert chosen.kernel == "hopper.fwd" and not chosen.forced, extra
+        assert config.packed_clashes(chosen.config()) == []
+    for extra in (dict(causal=True), dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
+        packed = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
+        band = not packed.causal
+        reason = _runs_by_name_only(packed, dataclasses.replace(packed, causal=True) if band else packed)
+        assert reason.startswith("causal packed sequences (varlen) run on hopper.fwd only when asked for by name: "
+                                 "measured slower than portable.fwd"), reason
+        assert config.packed_clashes(select_config(packed)) == []
+    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL", True)
+    assert dispatch.select(_problem(varlen=True, causal=True, **_contiguous(128)), "fwd")[1].kernel == "hopper.fwd"
+    monkeypatch.setattr(fwd, "PACKED_AUTO", False)
     for causal in (False, True):
         packed = _problem(causal=causal, varlen=True, batch=5, **_contiguous(128))
         reason = _runs_by_name_only(packed, packed)
-        assert reason.startswith("packed sequences (varlen) run on hopper.fwd only when asked for by name"), reason
-        assert config.packed_clashes(select_config(packed)) == []
-    monkeypatch.setattr(fwd, "PACKED_AUTO", True)
-    for extra in ({}, dict(window_size=(64, 0), causal=True), dict(softcap=30.0)):
-        problem = _problem(varlen=True, **extra, **_contiguous(128))
-        monkeypatch.setattr(fwd, "WINDOW_AUTO", True)
-        monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
-        assert fwd.unsupported_reason(problem) is None
-        assert dispatch.select(problem, "fwd")[1].kernel == "hopper.fwd"
+        assert reason.startswith("packed sequences (varlen) run on hopper.fwd only when asked for by name while "
+                                 "fwd.PACKED_AUTO is off"), reason
 
 
 def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
@@ -2546,11 +2584,11 @@ def test_softcap_factors_give_flash_attns_cap_in_raw_units():
 
 
 def test_a_value_head_dim_of_its_own_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatch):
-    # MLA's 192/128: the d256 kernel on both, by name only until the pair is gated and timed on the
-    # H200; listed as a pair, not as either head dim alone
+    # MLA's 192/128 (on d256's row, split: config.SPLIT_DEFAULT_HEAD_DIMS): by name only unless the
+    # pair is listed as gated and timed on the H200; listed as a pair, not as either head dim alone
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset())
     mla = _problem(head_dim=192, head_dim_v=128, **_contiguous(192, 128))
-    reason = _runs_by_name_only(mla, dataclasses.replace(mla, head_dim=256, head_dim_v=256))
+    reason = _runs_by_name_only(mla, mla)
     assert reason.startswith("head_dim 192 with head_dim_v 128 would run padded to 256") and "none yet" in reason
     monkeypatch.setattr(fwd, "PADDED_AUTO_HEAD_DIMS", frozenset({192, 128}))
     assert fwd.auto_declined_reason(mla) is not None
@@ -2573,14 +2611,16 @@ def test_a_value_head_dim_is_compiled_at_its_own_width():
     assert config.kernel_head_dims(192, 128, dataclasses.replace(own, own_value_dim=False)) == (256, 256)
     # every default row a pair runs on, the switch on: d256's for 192/128 (O staged in Q's buffer,
     # reinterpreted), d128's for 128/64 and 64/128 (O's own buffer at every length); off by default
+    # but for MLA's pair, whose default splits q too (config.SPLIT_DEFAULT_HEAD_DIMS: 192/128)
     for (d, dv), widths in (((192, 128), (256, 128)), ((128, 64), (128, 64)), ((64, 128), (64, 128))):
         for causal in (False, True):
             for seqlen in (1000, 4096, 16384):
                 problem = _problem(head_dim=d, head_dim_v=dv, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
                 cfg = select_config(problem)
-                assert cfg == select_config(dataclasses.replace(problem, head_dim=max(d, dv), head_dim_v=max(d, dv)))
-                assert config.kernel_head_dims(d, dv, cfg) == (config.kernel_head_dim(d, dv),) * 2
-                cfg = dataclasses.replace(cfg, own_value_dim=True)
+                wider = config.kernel_head_dim(d, dv)
+                default = (192, 128) if (d, dv) in config.SPLIT_DEFAULT_HEAD_DIMS else (wider, wider)
+                assert config.kernel_head_dims(d, dv, cfg) == default, (d, dv, causal, seqlen)
+                cfg = dataclasses.replace(cfg, own_value_dim=True, split_head_dim=False)
                 assert config.kernel_head_dims(d, dv, cfg) == widths, (d, dv, causal, seqlen)
                 cfg.check(widths[0], 2, widths[1])
     # the shared memory it frees: V's ring and (separate_o) O's buffer at v's width
@@ -2860,7 +2900,10 @@ def test_gate_value_head_dims(head_dim, head_dim_v, build, causal, shape):
 
 # the value head dims' builds: every tensor at the wider kernel head dim (the default), v at its own
 # width, and q and k split in two boxes as well
-_BUILDS = {"padded": {}, "own-width": {"own_value_dim": True}, "split": {"own_value_dim": True, "split_head_dim": True}}
+# (each build names both switches: MLA's default splits, config.SPLIT_DEFAULT_HEAD_DIMS)
+_BUILDS = {"padded": {"own_value_dim": False, "split_head_dim": False},
+           "own-width": {"own_value_dim": True, "split_head_dim": False},
+           "split": {"own_value_dim": True, "split_head_dim": True}}
 
 
 def _forward_with(**changes):
@@ -2936,6 +2979,75 @@ def test_gate_packed(head_dim, causal, window, lengths):
                      window_size=window_size)
     result = gate.check_varlen(fwd.forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
     assert result.passed, str(result)
+
+
+# the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule;
+# the causal default), the stride without them (the non-causal default), tiles handed out at run
+# time, one CTA per tile
+PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True), "stride": dict(balanced=False, persistent=True),
+                "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True),
+                "per-tile": dict(balanced=False, persistent=False)}
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("grid", sorted(PACKED_GRIDS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_packed_grids(head_dim, causal, grid):
+    # every packed item finds its own sequence however the grid hands items out (an item read
+    # twice or never, or a CTA that skips an empty item's Q out of step with its consumers, fails)
+    from flashrung import gate
+
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
+                     varlen=PACKED_LENGTHS[0])
+
+    def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
+        problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
+        cfg = replace_following(select_config(problem), config.kernel_head_dim(head_dim), **PACKED_GRIDS[grid])
+        return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens, config=cfg, **kw)
+
+    result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+    assert result.passed, str(result)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("options", [dict(window_size=(300, 0)), dict(window_size=(64, 300)), dict(softcap=30.0),
+                                     dict(packed=None), dict(packed=100)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gate_split_with_score_options(causal, options):
+    # MLA's 192/128 split (q and k as 128 + 64 columns, v at 128: what its default runs, config.
+    # SPLIT_DEFAULT_HEAD_DIMS) beside a window's sides (a band needs the launch non-causal), a cap
+    # and packed sequences (without and with a window), on the configuration each problem selects
+    # with the split forced: what the default may take on once this passes
+    from flashrung import gate
+
+    if "window_size" in options and options["window_size"][1] > 0 and causal:
+        pytest.skip("a causal problem's window has no right side past the diagonal")
+
+    def split(q, k, v, causal, scale, cu_seqlens=None, max_seqlens=None, **kw):
+        problem = (Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
+                   if cu_seqlens is not None else Problem.of(q, k, v, causal))
+        problem = dataclasses.replace(problem, window_size=tuple(kw.get("window_size", gate.NO_WINDOW)),
+                                      softcap=kw.get("softcap", 0.0))
+        cfg = replace_following(select_config(problem), 256, **_BUILDS["split"])
+        assert config.kernel_head_dims(192, 128, cfg) == (192, 128)
+        packing = dict(cu_seqlens=cu_seqlens, max_seqlens=max_seqlens) if cu_seqlens is not None else {}
+        return fwd.forward(q, k, v, causal, scale, config=cfg, **packing, **kw)
+
+    if "packed" in options:
+        window = options["packed"]
+        window_size = gate.NO_WINDOW if window is None else (window, 0 if causal else -1)
+        lens_q, lens_k = PACKED_LENGTHS[0]
+        case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, 192, torch.bfloat16, causal, head_dim_v=128,
+                         varlen=PACKED_LENGTHS[0], window_size=window_size)
+        result = gate.check_varlen(split, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+        assert result.passed, str(result)
+        return
+    for shape in PADDED_HEAD_DIM_SHAPES[:5]:
+        _gate(split, head_dim=192, head_dim_v=128, dtype=torch.bfloat16, causal=causal, **options, **shape)
 
 
 @pytest.mark.gpu

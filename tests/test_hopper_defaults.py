@@ -112,19 +112,22 @@ def test_cli_refuses_what_it_cannot_answer(capsys):
 
 def test_a_value_head_dim_prints_its_row_and_the_widths_it_compiles(capsys):
     """Protects: `flashrung defaults --headdim D --headdim-v DV` names the row a pair runs (the
-    wider's), says whether dispatch picks it, and prints each tensor's compiled widths — padded by
-    default, v's own and q's two boxes under the switches (config.kernel_head_dims)."""
+    wider's), says whether dispatch picks it, and prints each tensor's compiled widths — MLA's 192/128
+    split by default (config.SPLIT_DEFAULT_HEAD_DIMS), other pairs padded, each as the switches
+    make them (config.kernel_head_dims)."""
     assert cli.main(["defaults", "--headdim", "192", "--headdim-v", "128", "--seqlen", "8192", "--causal"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("d192/128 runs the d256 row") and "automatic dispatch picks it" in out
-    assert "  widths    Q/K 256, V/O 256 (config.kernel_head_dims)" in out
+    assert "  widths    Q/K 192 (128 + 64 columns), V/O 128 (config.kernel_head_dims)" in out
     assert cli.main(["defaults", "--headdim", "192", "--headdim-v", "128", "--seqlen", "8192", "--causal",
-                     "--set", "own_value_dim=true,split_head_dim=true"]) == 0
-    assert "  widths    Q/K 192 (128 + 64 columns), V/O 128" in capsys.readouterr().out
+                     "--set", "own_value_dim=false,split_head_dim=false"]) == 0
+    assert "  widths    Q/K 256, V/O 256" in capsys.readouterr().out
+    assert cli.main(["defaults", "--headdim", "128", "--headdim-v", "64", "--seqlen", "8192", "--causal"]) == 0
+    assert "  widths    Q/K 128, V/O 128" in capsys.readouterr().out
     assert cli.main(["defaults", "--headdim", "96", "--headdim-v", "64", "--seqlen", "100", "--no-causal"]) == 0
     assert "automatic dispatch runs portable.fwd instead" in capsys.readouterr().out
     assert cli.main(["defaults", "--headdim", "192", "--headdim-v", "128", "--seqlen", "8192", "--json",
-                     "--set", "own_value_dim=true"]) == 0
+                     "--set", "split_head_dim=false"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {tuple(r["kernel_widths"]) for r in rows} == {(256, 128)} and rows[0]["head_dim_v"] == 128
     assert cli.main(["defaults", "--headdim-v", "128"]) == 2

@@ -74,9 +74,9 @@ def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = N
                    capability=(9, 0))
 
 
-def selected(head_dim: int, causal: bool, seqlen: int) -> C.HopperFwdConfig:
-    """``select_config`` of :func:`problem`."""
-    return C.select_config(problem(head_dim, causal, seqlen))
+def selected(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None) -> C.HopperFwdConfig:
+    """``select_config`` of :func:`problem` (a pair's own: MLA's splits, ``config.SPLIT_DEFAULT_HEAD_DIMS``)."""
+    return C.select_config(problem(head_dim, causal, seqlen, head_dim_v))
 
 
 def _threshold_lengths() -> list[int]:
@@ -324,7 +324,8 @@ def run(args) -> int:
                                       else with_overrides(kernel, causal, args.seqlen, args.set)))
                            for causal in masks]
             else:
-                configs = [(causal, selected(kernel, causal, args.seqlen), []) for causal in masks]
+                configs = [(causal, selected(requested, causal, args.seqlen, value) if value
+                            else selected(kernel, causal, args.seqlen), []) for causal in masks]
         except ValueError as exc:
             print(f"flashrung defaults: {exc}", file=sys.stderr)
             return 2

@@ -2176,14 +2176,21 @@ PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 80, 96,
 # the paired timing put it ahead of portable.fwd at a cap of 30, KEEP: d128 B4 H16 S8192 non-causal
 # 1.381 / 1.380, d64 B4 H32 S8192 causal 1.152 / 1.153 (h200-compare-softcap30-*-a42ecb2.json).
 SOFTCAP_AUTO = True
-# A sliding window's left side (window_size (left, -1), or (left, 0) causal) runs here by name only
-# until its gate has passed on the H200 (tests/test_hopper.py::test_gate_window): built and
-# compiled (census), not yet run on a GPU.
-WINDOW_AUTO = False
-# Packed sequences (flash-attn's varlen, ``PACKED``): by name only until
-# tests/test_hopper.py::test_gate_packed has passed on the H200 and a paired timing has put them
-# ahead of portable.fwd.
-PACKED_AUTO = False
+# Sliding windows (either side or both) run here automatically: their gates passed on the H200
+# (tests/test_hopper.py::test_gate_window and test_gate_window_right, d64/d128/d256, 2026-12-05),
+# and paired over portable.fwd there (bf16 d128 B2 H16 S8192, two fresh processes each, KEEP):
+# window (1024, 0) causal 1.850 / 1.860, (256, 256) 1.835 / 1.852 (h200-compare-window-*-03ee57d).
+# False sends them back to portable.fwd, saying why.
+WINDOW_AUTO = True
+# Packed sequences (flash-attn's varlen, ``PACKED``): their gate passed on the H200
+# (tests/test_hopper.py::test_gate_packed, 27 passed; flashrung check --packed, 84/84; 2026-12-05).
+# Paired over portable.fwd there (bf16 d128 H16, sequences 8192, 4096 x2, 1024 x8, two fresh
+# processes each): non-causal KEEP 1.404 / 1.389, so they run here automatically; causal REVERT
+# 0.971 / 0.976 (h200-compare-packed-*-03ee57d): the balanced lists price every sequence as the
+# longest (derived makespan 3.8x the even share, schedule.balanced_schedule under each tile's true
+# cost), so causal packs stay on portable.fwd (PACKED_AUTO_CAUSAL) until their schedule is mended.
+PACKED_AUTO = True
+PACKED_AUTO_CAUSAL = False
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -2197,11 +2204,17 @@ def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
     if problem.varlen and not PACKED_AUTO:
-        return ("packed sequences (varlen) run on hopper.fwd only when asked for by name until their gate has passed "
-                "on the H200 (tests/test_hopper.py::test_gate_packed); impl='hopper.fwd' runs them")
+        return "packed sequences (varlen) run on hopper.fwd only when asked for by name while fwd.PACKED_AUTO is off; " \
+               "impl='hopper.fwd' runs them"
+    # a window's right side runs the causal schedule too (select_config)
+    causal_launch = problem.causal or (problem.windowed and problem.window_size[1] >= 0)
+    if problem.varlen and causal_launch and not PACKED_AUTO_CAUSAL:
+        return ("causal packed sequences (varlen) run on hopper.fwd only when asked for by name: measured slower than "
+                "portable.fwd on the H200 (0.97x; its balanced lists price every sequence as the longest); "
+                "impl='hopper.fwd' runs them")
     if problem.windowed and not WINDOW_AUTO:
-        return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name until its "
-                "gate has passed on the H200 (tests/test_hopper.py::test_gate_window); impl='hopper.fwd' runs it")
+        return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name while "
+                "fwd.WINDOW_AUTO is off; impl='hopper.fwd' runs it")
     if problem.softcap and not SOFTCAP_AUTO:
         return (f"softcap {problem.softcap:g} runs on hopper.fwd only when asked for by name until its gate has "
                 "passed on the H200 (tests/test_hopper.py::test_gate_softcap); impl='hopper.fwd' runs it")

@@ -18,11 +18,14 @@ from flashrung.kernels.hopper.schedule import (
     balanced_schedule,
     fast_divisor,
     last_section_width,
+    packed_schedule,
     pool_start,
     tail_split,
     tail_step_times,
+    TILE_OVERHEAD_KV_TILES,
     tile_cost,
     tile_m_blocks,
+    tile_id_of,
     tile_position,
 )
 from flashrung.kernels.hopper.tail_combine import LOADS_FIRST_COLS, SPLITS_PER_LOAD, combine_tail, workspace
@@ -431,6 +434,90 @@ def test_balanced_partial_tiles_shortens_the_makespan_of_the_measured_costs(batc
     assert shared <= whole * 1.0005
     if (batch_heads, seqlen) == (256, 4096):
         assert shared < 0.98 * whole
+
+
+@pytest.mark.parametrize("num_m_blocks, batch_heads, section", [(3, 5, 2), (7, 13, 4), (1, 1, 1), (9, 12, 12)])
+def test_tile_id_of_inverts_tile_position(num_m_blocks, batch_heads, section):
+    # the packed table names the launch's own tile ids: the kernel decodes them back (tile_coords)
+    for lpt in (True, False):
+        for t in range(num_m_blocks * batch_heads):
+            assert tile_id_of(*tile_position(t, num_m_blocks, batch_heads, section, lpt), num_m_blocks,
+                              batch_heads, section, lpt) == t
+
+
+# packs: one long and many short sequences; Sq != Sk within a pack, an empty query range, an empty
+# key range; lengths off the tile edges
+PACKS = [((8192, 4096, 4096) + (1024,) * 8, None), ((1000, 4097, 17, 0, 300), (1000, 4097, 3000, 5, 0)),
+         ((64, 65, 1, 192, 127, 128, 63), (64, 63, 1, 192, 129, 128, 200)), ((130,), None)]
+
+
+@pytest.mark.parametrize("lengths", PACKS, ids=["long-short", "uneven", "box-edges", "one"])
+@pytest.mark.parametrize("causal, lpt, window", [(True, True, (-1, 0)), (False, False, (-1, 0)),
+                                                 (True, True, (300, 0)), (True, True, (64, 40))])
+def test_packed_schedule_lists_each_tile_with_a_row_once_priced_by_its_own_sequence(lengths, causal, lpt, window):
+    # property: the table lists exactly the launch's tiles whose q-tile holds a row of its own
+    # sequence (an empty one is never drawn; one with rows but no key still runs, to write its zeros
+    # and -inf), each once; every CTA walks its tiles heaviest first; the makespan under each tile's
+    # own cost is within one tile of the tile-by-tile greedy list schedule's
+    lens_q, lens_k = lengths[0], lengths[1] or lengths[0]
+    heads, block_m, kv_tile, ctas = 3, 128, 128, 7
+    num_m_blocks = -(-max(lens_q) // block_m)
+    batch_heads = len(lens_q) * heads
+    section = 4
+    table = packed_schedule(lens_q, lens_k, heads, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
+                            (), *window)
+    assert table.dtype == np.int32
+    lists = _split_table(table.tolist(), ctas)
+
+    def cost(tile):
+        head, m = tile_position(tile, num_m_blocks, batch_heads, section, lpt)
+        b = head // heads
+        if lens_k[b] == 0:
+            return TILE_OVERHEAD_KV_TILES   # no K/V tile: its prologue and epilogue
+        return tile_cost(m, block_m, kv_tile, lens_q[b], lens_k[b], causal, (), *window)
+
+    with_rows = sorted(t for t in range(num_m_blocks * batch_heads)
+                       if tile_position(t, num_m_blocks, batch_heads, section, lpt)[1] * block_m
+                       < lens_q[tile_position(t, num_m_blocks, batch_heads, section, lpt)[0] // heads])
+    assert sorted(t for tiles in lists for t in tiles) == with_rows
+    assert all([cost(t) for t in tiles] == sorted((cost(t) for t in tiles), reverse=True) for tiles in lists)
+    costs = sorted((cost(t) for t in with_rows), reverse=True)
+    greedy = list_schedule(costs, list(range(len(costs))), ctas)
+    makespan = max(sum(cost(t) for t in tiles) for tiles in lists)
+    assert makespan <= max(greedy.loads) + max(costs)
+
+
+def test_packed_schedule_balances_where_the_longest_sequences_estimate_does_not():
+    # the pack the bench times (8192, 4096 x2, 1024 x8; 16 heads, d128's 128-row tiles, 132 CTAs),
+    # causal: the launch's balanced lists priced as if each sequence were the longest leave the CTA
+    # with the most true work at 3.8x the even share (empty tiles one step each); the packed table
+    # within 1% of it
+    lens = (8192, 4096, 4096) + (1024,) * 8
+    heads, ctas, num_m_blocks = 16, 132, 64
+    batch_heads = len(lens) * heads
+
+    def true_cost(tile):
+        head, m = tile_position(tile, num_m_blocks, batch_heads, batch_heads, True)
+        n = lens[head // heads]
+        return tile_cost(m, 128, 128, n, n, True) if m * 128 < n else 1.0
+
+    even = sum(true_cost(t) for t in range(num_m_blocks * batch_heads) if true_cost(t) > 1.0) / ctas
+    longest = balanced_schedule(num_m_blocks, batch_heads, batch_heads, True, 8192, 8192, 128, 128, True, ctas)
+    packed = packed_schedule(lens, lens, heads, num_m_blocks, batch_heads, True, 128, 128, True, ctas).tolist()
+    spans = [max(sum(true_cost(t) for t in tiles) for tiles in _split_table(table, ctas)) / even
+             for table in (longest, packed)]
+    assert spans[0] > 3.5 and spans[1] < 1.01, spans
+
+
+def test_packed_schedule_rejects_bad_input():
+    with pytest.raises(ValueError, match="as many sequences"):
+        packed_schedule((4, 5), (4,), 2, 1, 2, True, 128, 128, True, 8)
+    with pytest.raises(ValueError, match="sequence 1 has 300 rows: more than the launch's 2 q-tiles"):
+        packed_schedule((4, 300), (4, 4), 2, 2, 2, True, 128, 128, True, 8)
+    with pytest.raises(ValueError, match="must not be negative"):
+        packed_schedule((4, -1), (4, 4), 2, 2, 2, True, 128, 128, True, 8)
+    with pytest.raises(ValueError, match="ctas"):
+        packed_schedule((4,), (4,), 2, 1, 2, True, 128, 128, True, 0)
 
 
 def test_balanced_schedule_rejects_bad_input():

@@ -116,6 +116,7 @@ figures and their protocols are in docs/hopper.md.
 """
 # No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
 # annotations at trace time, which must therefore be real classes, not strings.
+import collections
 import dataclasses
 import functools
 import os
@@ -176,6 +177,7 @@ from flashrung.kernels.hopper.schedule import (
     kv_visit,
     balanced_schedule,
     kv_tile_range,
+    packed_schedule,
     last_section_width,
     tail_split,
     tile_coords,
@@ -2290,6 +2292,38 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
     return table
 
 
+# the balanced tables of packed launches (schedule.packed_schedule), by the pack's lengths and the
+# launch: each pack has its own, so the most recent few are kept (a training loop's packs differ from
+# call to call; a benchmark's or a server's repeat). A table evicted while a launch still reads it
+# goes back to the caching allocator, which reuses it only in that launch's stream order.
+_PACKED_TABLES: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+PACKED_TABLES_KEPT = 32
+
+
+def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
+                           consumer_share=(), window_left=-1, window_right=0) -> torch.Tensor:
+    """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
+    priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host (one copy
+    of both: the launch waits for the values)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("hopper.fwd: a packed launch's balanced table is built from cu_seqlens' values on every "
+                           "call, which a CUDA graph capture cannot record; pass a config with balanced=False")
+    cu = torch.stack((cu_seqlens[0], cu_seqlens[1])).cpu()
+    lens = cu[:, 1:] - cu[:, :-1]
+    key = (lens.numpy().tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
+           consumer_share, window_left, window_right)
+    table = _PACKED_TABLES.get(key)
+    if table is None:
+        host = packed_schedule(lens[0].numpy(), lens[1].numpy(), heads_q, num_m_blocks, section, lpt, block_m,
+                               kv_tile, causal, ctas, consumer_share, window_left, window_right)
+        table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
+        while len(_PACKED_TABLES) > PACKED_TABLES_KEPT:
+            _PACKED_TABLES.popitem(last=False)
+    else:
+        _PACKED_TABLES.move_to_end(key)
+    return table
+
+
 # The dynamic hand-out's counters (schedule.HANDOUT_WORDS int32 words) by device and stream. Each
 # launch leaves them at zero (schedule.handout_finish), so the launches of one stream, ordered,
 # share a pair; launches in two streams may overlap, and each stream has its own.
@@ -2453,7 +2487,12 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
-    if cfg.balanced and not warmup:
+    if cfg.balanced and not warmup and packed:
+        sched = _packed_schedule_table(cu_seqlens, heads_q, plan.num_m_blocks, plan.section, cfg.lpt, cfg.block_m,
+                                       cfg.kv_tile, causal, plan.grid, device_index,
+                                       partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
+                                       window_left, window_right)
+    elif cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,
                                 partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
@@ -2668,6 +2707,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         if clashes:
             raise ValueError(f"{KERNEL_NAME}: packed sequences run without {', '.join(clashes)} (they share K/V ranges "
                              "or split them across the launch); select_config's packed default leaves them off")
+        if cfg.balanced and cfg.dynamic_pool_share:
+            raise ValueError(f"{KERNEL_NAME}: a packed launch's balanced lists hold only its tiles with a row, so a "
+                             "run-time pool would draw ids the lists leave out: packed sequences need "
+                             f"dynamic_pool_share=0 with balanced, got {cfg.dynamic_pool_share}")
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")

@@ -36,7 +36,10 @@ Granlund and Montgomery's division by invariant integers).
 """
 # No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
 # annotations at trace time, which must therefore be real classes, not strings.
+import functools
 import heapq
+
+import numpy as np
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -284,6 +287,89 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))
     return tuple(offsets) + tuple(t for tiles in lists for t in tiles)
+
+
+def tile_id_of(head: int, m_block: int, num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> int:
+    """The linear tile id :func:`tile_position` maps to ``(head, m_block)`` (``head``: batch · heads_q
+    + q_head): its inverse, host-side."""
+    if not lpt:
+        return head * num_m_blocks + m_block
+    first = (head // section) * section
+    width = min(section, batch_heads - first)
+    return first * num_m_blocks + (num_m_blocks - 1 - m_block) * width + (head - first)
+
+
+def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
+                    kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
+                    window_left: int = -1, window_right: int = 0) -> np.ndarray:
+    """The balanced table (:func:`balanced_schedule`'s layout: ``offsets (ctas + 1) + order``, int32)
+    of a launch of packed sequences, from their own lengths (``lens_q``, ``lens_k``, one entry per
+    sequence; the launch covers ``num_m_blocks`` q-tiles of each, the longest's). Only the tiles
+    that hold a row are listed: a tile past its sequence's rows computes and stores nothing, and
+    the launch's ids for it are never drawn. Each listed tile is priced by its own sequence's
+    lengths (:func:`tile_cost`), not the longest's, and dealt heaviest first a round of ``ctas`` at
+    a time, the heaviest of a round to the CTA with the least work so far: list scheduling by
+    rounds, whose makespan stays within a tile of the tile-by-tile greedy's, vectorized because a
+    pack is scheduled on every call."""
+    lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
+    lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
+    if lens_q.shape != lens_k.shape:
+        raise ValueError(f"lens_q and lens_k must describe as many sequences, got {lens_q.size} and {lens_k.size}")
+    for name, value in (("heads_q", heads_q), ("num_m_blocks", num_m_blocks), ("section", section),
+                        ("block_m", block_m), ("kv_tile", kv_tile), ("ctas", ctas)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_consumer_share(consumer_share, block_m)
+    if (lens_q < 0).any() or (lens_k < 0).any():
+        raise ValueError("lens_q and lens_k must not be negative")
+    m_blocks = -(-lens_q // block_m)
+    if (m_blocks > num_m_blocks).any():
+        b = int(np.argmax(m_blocks > num_m_blocks))
+        raise ValueError(f"sequence {b} has {lens_q[b]} rows: more than the launch's {num_m_blocks} q-tiles of "
+                         f"{block_m}")
+    # each (sequence, q-tile) with a row, priced once per distinct pair of lengths
+    seq = np.repeat(np.arange(lens_q.size), m_blocks)
+    m = np.arange(seq.size) - np.repeat(np.cumsum(m_blocks) - m_blocks, m_blocks)
+    share = tuple(consumer_share)
+    pairs, inverse = np.unique(np.stack([lens_q, lens_k], 1), axis=0, return_inverse=True)
+    priced = [np.asarray(_sequence_costs(int(lq), int(lk), block_m, kv_tile, causal, share, window_left,
+                                         window_right)) for lq, lk in pairs]
+    cost = np.concatenate([priced[inverse.reshape(-1)[b]] for b in range(lens_q.size)]) if seq.size else np.zeros(0)
+    # every head of each: (batch · heads_q + q_head, m_block) → the launch's tile id
+    batch_heads = lens_q.size * heads_q
+    head = (seq * heads_q)[None, :] + np.arange(heads_q)[:, None]
+    m_of = np.broadcast_to(m[None, :], head.shape)
+    if lpt:
+        first = (head // section) * section
+        width = np.minimum(section, batch_heads - first)
+        tile = first * num_m_blocks + (num_m_blocks - 1 - m_of) * width + (head - first)
+    else:
+        tile = head * num_m_blocks + m_of
+    tile = tile.reshape(-1)
+    cost = np.broadcast_to(cost[None, :], head.shape).reshape(-1)
+    order = np.lexsort((tile, -cost))               # heaviest first; ties in launch order
+    tile, cost = tile[order], cost[order]
+    owner = np.empty(tile.size, dtype=np.int64)
+    load = np.zeros(ctas)
+    for first in range(0, tile.size, ctas):
+        n = min(ctas, tile.size - first)
+        ctas_by_load = np.argsort(load, kind="stable")[:n]
+        owner[first:first + n] = ctas_by_load
+        load[ctas_by_load] += cost[first:first + n]
+    by_owner = np.argsort(owner, kind="stable")     # each CTA's tiles, heaviest first
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
+    return np.concatenate([offsets, tile[by_owner]]).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sequence_costs(len_q: int, len_k: int, block_m: int, kv_tile: int, causal: bool,
+                    consumer_share: tuple[float, ...], window_left: int, window_right: int) -> tuple[float, ...]:
+    """:func:`tile_cost` of each q-tile of one sequence of these lengths; without a key, each tile
+    its prologue and epilogue alone (it still writes its rows' zeros and -inf)."""
+    if len_k == 0:
+        return (TILE_OVERHEAD_KV_TILES,) * -(-len_q // block_m)
+    return tuple(tile_cost(m, block_m, kv_tile, len_q, len_k, causal, consumer_share, window_left, window_right)
+                 for m in range(-(-len_q // block_m)))
 
 
 def pool_start(costs, pool_share: float) -> int:

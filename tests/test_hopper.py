@@ -190,11 +190,12 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     if window:
         cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
     # "_packed": True builds a launch of packed sequences (PACKED) on the packed default
-    # (config.select_config leaves config.PACKED_CLASHES off); "_plain_of_packed" the same
-    # configuration unpacked, its baseline
+    # (config._packed: config.PACKED_CLASHES off, the balanced lists traded for the run-time
+    # hand-out); "_plain_of_packed" the same configuration unpacked, its baseline
     packed = changes.pop("_packed", False)
     if packed or changes.pop("_plain_of_packed", False):
-        cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.packed_clashes(cfg)})
+        from flashrung.kernels.hopper import config as hopper_config
+        cfg = hopper_config._packed(cfg, d)
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
                            window=window, packed=packed, window_right=window_right)
@@ -2426,27 +2427,35 @@ def test_a_windows_sides_are_the_launchs(window, causal, expected):
 
 
 def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly_otherwise(monkeypatch):
-    # packed sequences (flash-attn's varlen), gated on the H200: a non-causal pack runs on hopper.fwd
-    # (paired ahead of portable.fwd there: fwd.PACKED_AUTO), with a window's left side or a cap
-    # beside it too; a causal one, or a band (a window's right side runs the causal schedule),
-    # stays on portable.fwd saying why (measured slower: fwd.PACKED_AUTO_CAUSAL) and runs by name
+    # packed sequences (flash-attn's varlen), gated on the GPU, run on hopper.fwd: non-causal (paired
+    # ahead of portable.fwd on the H200: fwd.PACKED_AUTO), with a window's left side or a cap beside
+    # them too, and causal on the run-time hand-out (ahead on an H100: fwd.PACKED_AUTO_CAUSAL); a
+    # causal pack, or a band (a window's right side runs the causal schedule), beside a window stays
+    # on portable.fwd saying why until that hand-out is gated with one, and runs by name
     from flashrung import dispatch
 
-    for extra in ({}, dict(window_size=(64, -1)), dict(softcap=30.0)):
+    for extra in ({}, dict(window_size=(64, -1)), dict(softcap=30.0), dict(causal=True),
+                  dict(causal=True, softcap=30.0)):
         problem = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
         assert fwd.unsupported_reason(problem) is None
         _, chosen = dispatch.select(problem, "fwd")
         assert chosen.kernel == "hopper.fwd" and not chosen.forced, extra
-        assert config.packed_clashes(chosen.config()) == []
-    for extra in (dict(causal=True), dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
+        assert config.packed_clashes(chosen.config()) == [] and not chosen.config().balanced
+    for extra in (dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
         packed = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
         band = not packed.causal
         reason = _runs_by_name_only(packed, dataclasses.replace(packed, causal=True) if band else packed)
-        assert reason.startswith("causal packed sequences (varlen) run on hopper.fwd only when asked for by name: "
-                                 "measured slower than portable.fwd"), reason
-        assert config.packed_clashes(select_config(packed)) == []
-    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL", True)
-    assert dispatch.select(_problem(varlen=True, causal=True, **_contiguous(128)), "fwd")[1].kernel == "hopper.fwd"
+        assert reason.startswith(f"causal packed sequences (varlen) with window_size {extra['window_size']} run "
+                                 "on hopper.fwd only when asked for by name until their run-time hand-out is gated"), \
+            reason
+    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL_WINDOWED", True)
+    problem = _problem(varlen=True, causal=True, window_size=(64, 0), **_contiguous(128))
+    assert dispatch.select(problem, "fwd")[1].kernel == "hopper.fwd"
+    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL", False)
+    reason = _runs_by_name_only(_problem(varlen=True, causal=True, **_contiguous(128)),
+                                _problem(varlen=True, causal=True, **_contiguous(128)))
+    assert reason.startswith("causal packed sequences (varlen) run on hopper.fwd only when asked for by name while "
+                             "fwd.PACKED_AUTO_CAUSAL is off"), reason
     monkeypatch.setattr(fwd, "PACKED_AUTO", False)
     for causal in (False, True):
         packed = _problem(causal=causal, varlen=True, batch=5, **_contiguous(128))
@@ -2457,18 +2466,22 @@ def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly
 
 def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
     # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
-    # default packed sequences select, the result buildable; the rest is the unpacked default's.
-    # Forced on, forward refuses them before looking at a tensor's memory
+    # default packed sequences select, the balanced lists traded for the run-time hand-out, the
+    # result buildable; the rest is the unpacked default's. Forced on, forward refuses them before
+    # looking at a tensor's memory
     for d in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (17, 1000, 2048, 4096, 8192, 16384, 32768):
                 plain = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
                 cfg = select_config(dataclasses.replace(plain, varlen=True))
-                assert config.packed_clashes(cfg) == [], (d, causal, seqlen)
+                assert config.packed_clashes(cfg) == [] and not cfg.balanced, (d, causal, seqlen)
                 cfg.check(d, 2)
                 base = select_config(plain)
-                assert cfg == (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
-                               if config.packed_clashes(base) else base)
+                expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
+                            if config.packed_clashes(base) else base)
+                if expected.balanced:
+                    expected = replace_following(expected, d, balanced=False, dynamic_tiles=True)
+                assert cfg == expected, (d, causal, seqlen)
     assert config.packed_clashes(fwd.default_config(128, False, 16384)) == ["split_tail", "kv_multicast"]
 
 
@@ -3014,18 +3027,16 @@ def test_gate_packed_grids(head_dim, causal, grid):
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("options", [dict(window_size=(300, 0)), dict(window_size=(64, 300)), dict(softcap=30.0),
-                                     dict(packed=None), dict(packed=100)], ids=str)
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal, options", [
+    (causal, options) for causal in (False, True)
+    for options in (dict(window_size=(300, 0)), dict(softcap=30.0), dict(packed=None), dict(packed=100))]
+    + [(False, dict(window_size=(64, 300)))], ids=str)
 def test_gate_split_with_score_options(causal, options):
     # MLA's 192/128 split (q and k as 128 + 64 columns, v at 128: what its default runs, config.
     # SPLIT_DEFAULT_HEAD_DIMS) beside a window's sides (a band needs the launch non-causal), a cap
     # and packed sequences (without and with a window), on the configuration each problem selects
     # with the split forced: what the default may take on once this passes
     from flashrung import gate
-
-    if "window_size" in options and options["window_size"][1] > 0 and causal:
-        pytest.skip("a causal problem's window has no right side past the diagonal")
 
     def split(q, k, v, causal, scale, cu_seqlens=None, max_seqlens=None, **kw):
         problem = (Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))

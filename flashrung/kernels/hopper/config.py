@@ -1458,7 +1458,7 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if problem.windowed and window_clashes(cfg):
         cfg = _windowed(cfg, head_dim)
-    if problem.varlen and packed_clashes(cfg):
+    if problem.varlen and (packed_clashes(cfg) or cfg.balanced):
         cfg = _packed(cfg, head_dim)
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
             SPLIT_DEFAULT_WITH_SCORE_OPTIONS or not (problem.windowed or problem.varlen or problem.softcap)):
@@ -1473,9 +1473,10 @@ def select_config(problem) -> HopperFwdConfig:
 # 1.230, causal 1.427 / 1.176 (the causal runs disagree on how much; both clear the threshold)
 # (h200-compare-split-192-128-*-03ee57d). MLA's pair; the split's other pairs are gated, not timed.
 SPLIT_DEFAULT_HEAD_DIMS = frozenset({(192, 128)})
-# The split beside a window, packed sequences or a cap is compiled (census) but not yet gated on
-# the H200 (tests/test_hopper.py::test_gate_split_with_score_options): such a problem keeps the
-# padded build until it is.
+# The split beside a window, packed sequences or a cap passed its gate on an H100
+# (tests/test_hopper.py::test_gate_split_with_score_options, 9 gates, 2026-12-05) while causal packs
+# still walked balanced lists; they now draw their tiles at run time (_packed), so such a problem
+# keeps the padded build until the gate has run again on today's defaults.
 SPLIT_DEFAULT_WITH_SCORE_OPTIONS = False
 
 
@@ -1507,7 +1508,12 @@ def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
 # What a launch of packed sequences runs without: the split tail (its tail tiles are counted and
 # split launch-wide, from the longest sequence's keys) and the pairs of kv_multicast (two q-tiles
 # share one K/V range; a pair across two sequences would not). Off, the default's other switches
-# stay; every item reads its own sequence's lengths (fwd._sequence).
+# stay; every item reads its own sequence's lengths (fwd._sequence). Where the row's default walks
+# the balanced lists (causal), a pack draws its tiles at run time instead (dynamic_tiles): on the
+# H100 (bf16 d128 H16, sequences 8192, 4096 x2, 1024 x8, causal; flashrung bench, one run, rates of
+# the entry point) 468.7 TFLOP/s against 429.7 on the lists of its own lengths
+# (schedule.packed_schedule) and 343.7 on portable.fwd — the lists price a tile by its K/V steps,
+# the hand-out by what it took (h100-bench-packed-causal-930178a).
 PACKED_CLASHES = ("split_tail", "kv_multicast")
 
 
@@ -1518,5 +1524,9 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _packed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
-    """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`)."""
-    return replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
+    """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
+    and the balanced lists replaced by the run-time hand-out."""
+    out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
+    if out.balanced:
+        out = replace_following(out, head_dim, balanced=False, dynamic_tiles=True)
+    return out

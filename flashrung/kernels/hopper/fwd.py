@@ -2188,11 +2188,15 @@ WINDOW_AUTO = True
 # (tests/test_hopper.py::test_gate_packed, 27 passed; flashrung check --packed, 84/84; 2026-12-05).
 # Paired over portable.fwd there (bf16 d128 H16, sequences 8192, 4096 x2, 1024 x8, two fresh
 # processes each): non-causal KEEP 1.404 / 1.389, so they run here automatically; causal REVERT
-# 0.971 / 0.976 (h200-compare-packed-*-03ee57d): the balanced lists price every sequence as the
-# longest (derived makespan 3.8x the even share, schedule.balanced_schedule under each tile's true
-# cost), so causal packs stay on portable.fwd (PACKED_AUTO_CAUSAL) until their schedule is mended.
+# 0.971 / 0.976 (h200-compare-packed-*-03ee57d): the balanced lists priced every sequence as the
+# longest (derived makespan 3.8x the even share). Causal packs now draw their tiles at run time
+# (config._packed): gated on an H100 (tests/test_hopper.py::test_gate_packed_grids, "dynamic", every
+# head dim and mask; 57 passed) and there 1.36x portable.fwd (468.7 against 343.7 TFLOP/s, flashrung
+# bench, one run; h100-bench-packed-causal-930178a), so they run here too — but not beside a
+# window, whose gate (test_gate_packed, window 100) has run on the lists, not on the hand-out.
 PACKED_AUTO = True
-PACKED_AUTO_CAUSAL = False
+PACKED_AUTO_CAUSAL = True
+PACKED_AUTO_CAUSAL_WINDOWED = False
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -2206,14 +2210,17 @@ def auto_declined_reason(problem) -> str | None:
     """Why automatic dispatch passes over ``hopper.fwd`` for a problem :func:`unsupported_reason`
     accepts (``impl="hopper.fwd"`` still runs it), or ``None``."""
     if problem.varlen and not PACKED_AUTO:
-        return "packed sequences (varlen) run on hopper.fwd only when asked for by name while fwd.PACKED_AUTO is off; " \
-               "impl='hopper.fwd' runs them"
+        return ("packed sequences (varlen) run on hopper.fwd only when asked for by name while fwd.PACKED_AUTO is "
+                "off; impl='hopper.fwd' runs them")
     # a window's right side runs the causal schedule too (select_config)
     causal_launch = problem.causal or (problem.windowed and problem.window_size[1] >= 0)
     if problem.varlen and causal_launch and not PACKED_AUTO_CAUSAL:
-        return ("causal packed sequences (varlen) run on hopper.fwd only when asked for by name: measured slower than "
-                "portable.fwd on the H200 (0.97x; its balanced lists price every sequence as the longest); "
-                "impl='hopper.fwd' runs them")
+        return ("causal packed sequences (varlen) run on hopper.fwd only when asked for by name while "
+                "fwd.PACKED_AUTO_CAUSAL is off; impl='hopper.fwd' runs them")
+    if problem.varlen and causal_launch and problem.windowed and not PACKED_AUTO_CAUSAL_WINDOWED:
+        return (f"causal packed sequences (varlen) with window_size {tuple(problem.window_size)} run on hopper.fwd "
+                "only when asked for by name until their run-time hand-out is gated beside a window on the GPU "
+                "(tests/test_hopper.py::test_gate_packed); impl='hopper.fwd' runs them")
     if problem.windowed and not WINDOW_AUTO:
         return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name while "
                 "fwd.WINDOW_AUTO is off; impl='hopper.fwd' runs it")

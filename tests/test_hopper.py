@@ -2500,6 +2500,12 @@ def test_packed_forward_refuses_what_it_cannot_run():
     problem = _problem(varlen=True, **_contiguous(64))
     with pytest.raises(ValueError, match="is one of packed sequences but cu_seqlens is None"):
         fwd.forward(q, k, v, False, 0.125, problem=problem)
+    # the pack's balanced lists hold only its tiles with a row: a run-time pool would draw the others
+    causal = dataclasses.replace(problem, causal=True, batch=2, seqlen_q=30, seqlen_k=25)
+    pooled = replace_following(select_config(causal), 64, balanced=True, dynamic_tiles=False, dynamic_pool_share=0.03)
+    with pytest.raises(ValueError, match="packed sequences need dynamic_pool_share=0 with balanced, got 0.03"):
+        fwd.forward(q, k, v, True, 0.125, cu_seqlens=(cu_q, cu_k), max_seqlens=(30, 25), config=pooled,
+                    problem=causal)
 
 
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():

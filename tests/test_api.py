@@ -331,6 +331,12 @@ def test_impl_overrides_parse_and_are_refused_by_kernels_without_a_config():
         flashrung.attention(q, k, v, impl="portable.fwd@block_m=64")
 
 
+def _backend(config_with, forward):
+    """A kernel module for dispatch.Variant: these ``config_with`` and ``forward``, every problem runnable."""
+    return type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward),
+                                "unsupported_reason": staticmethod(lambda problem: None)})
+
+
 def test_a_variant_resolves_its_overrides_once_per_problem():
     # a variant (impl="name@key=value") must not carry a longer host path than the kernel it is
     # compared with: its overrides are parsed and checked once per problem, not on every call
@@ -345,9 +351,7 @@ def test_a_variant_resolves_its_overrides_once_per_problem():
         forwards.append(config)
         return q
 
-    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward),
-                                   "unsupported_reason": staticmethod(lambda problem: None)})
-    variant = dispatch.Variant(module, (("num_q_stages", "2"),))
+    variant = dispatch.Variant(_backend(config_with, forward), (("num_q_stages", "2"),))
     q, k, v = qkv()
     for _ in range(3):
         # dispatch asks whether the variant can run, then runs it: both on every call
@@ -373,9 +377,7 @@ def test_a_variant_passes_the_problems_score_options_and_packing_through():
         forwards.append(options)
         return q
 
-    module = type("Backend", (), {"config_with": staticmethod(config_with), "forward": staticmethod(forward),
-                                   "unsupported_reason": staticmethod(lambda problem: None)})
-    variant = dispatch.Variant(module, (("num_q_stages", "2"),))
+    variant = dispatch.Variant(_backend(config_with, forward), (("num_q_stages", "2"),))
     q, k, v = qkv()
     variant.forward(q, k, v, True, 0.125, window_size=(8, 0), softcap=30.0)
     assert forwards[-1] == {"window_size": (8, 0), "softcap": 30.0}

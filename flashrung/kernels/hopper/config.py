@@ -1409,12 +1409,19 @@ def qk_boxes(width: int) -> tuple[int, int]:
     return SPLIT_FIRST_BOX_COLS, tail
 
 
+def launches_causal(problem) -> bool:
+    """Whether ``problem`` runs the causal schedule: a causal mask, or a window's right side (-1
+    unbounded aside), which bounds a band the kernel runs as the causal schedule with its diagonal
+    moved (``fwd._window_sides``)."""
+    return bool(problem.causal) or (problem.windowed and problem.window_size[1] >= 0)
+
+
 def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
     dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds. A window's
     right side bounds a band, which the kernel runs on the causal schedule with its diagonal moved
     (``fwd._window_sides``): such a problem gets the causal default."""
-    if problem.windowed and problem.window_size[1] >= 0 and not problem.causal:
+    if launches_causal(problem) and not problem.causal:
         problem = dataclasses.replace(problem, causal=True)
     head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
@@ -1458,7 +1465,7 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if problem.windowed and window_clashes(cfg):
         cfg = _windowed(cfg, head_dim)
-    if problem.varlen and (packed_clashes(cfg) or cfg.balanced):
+    if problem.varlen:
         cfg = _packed(cfg, head_dim)
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
             SPLIT_DEFAULT_WITH_SCORE_OPTIONS or not (problem.windowed or problem.varlen or problem.softcap)):

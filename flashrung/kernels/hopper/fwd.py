@@ -150,6 +150,7 @@ from flashrung.kernels.hopper.config import (
     HopperFwdConfig,
     kernel_head_dim,
     kernel_head_dims,
+    launches_causal,
     qk_boxes,
     window_clashes,
     packed_clashes,
@@ -2212,8 +2213,7 @@ def auto_declined_reason(problem) -> str | None:
     if problem.varlen and not PACKED_AUTO:
         return ("packed sequences (varlen) run on hopper.fwd only when asked for by name while fwd.PACKED_AUTO is "
                 "off; impl='hopper.fwd' runs them")
-    # a window's right side runs the causal schedule too (select_config)
-    causal_launch = problem.causal or (problem.windowed and problem.window_size[1] >= 0)
+    causal_launch = launches_causal(problem)
     if problem.varlen and causal_launch and not PACKED_AUTO_CAUSAL:
         return ("causal packed sequences (varlen) run on hopper.fwd only when asked for by name while "
                 "fwd.PACKED_AUTO_CAUSAL is off; impl='hopper.fwd' runs them")

@@ -13,7 +13,7 @@ import math
 import torch
 
 from flashrung import dispatch
-from flashrung.inputs import NO_WINDOW, check_qkv, check_softcap, check_softmax_scale, score_kwargs
+from flashrung.inputs import NO_WINDOW, check_qkv, check_softcap, check_softmax_scale, host_offsets, score_kwargs
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
@@ -196,9 +196,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, rows: int, max_name: str, max_seqlen, device) -> None:
     """flash-attn's cumulative lengths checked on the host: a 1-D int32 tensor on the inputs' device,
-    from 0, non-decreasing, ending at ``rows``, no sequence longer than ``max_seqlen``. One copy to the
-    host: a wrong offset would otherwise read another sequence's rows. Under ``torch.compile`` the
-    values are not read (a traced graph cannot branch on them): the type and shape are."""
+    from 0, non-decreasing, ending at ``rows``, no sequence longer than ``max_seqlen``: a wrong offset
+    would otherwise read another sequence's rows. The values are copied to the host once per tensor
+    and in-place version (:func:`flashrung.inputs.host_offsets`: a tensor reused unchanged costs no
+    wait for the GPU). Under ``torch.compile`` the values are not read (a traced graph cannot branch
+    on them): the type and shape are."""
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 2:
         raise ValueError(f"{name} must be a 1-D torch.int32 tensor of batch + 1 cumulative lengths, got "
                          f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__} "
@@ -209,7 +211,7 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, rows: int, max_name: str, max
         raise ValueError(f"{max_name} must be a non-negative integer, got {max_seqlen!r}")
     if torch.compiler.is_compiling():
         return
-    offsets = cu.tolist()
+    offsets = host_offsets(name, cu)
     lengths = [b - a for a, b in zip(offsets, offsets[1:])]
     if offsets[0] != 0 or min(lengths) < 0 or offsets[-1] != rows:
         raise ValueError(f"{name} must start at 0, never decrease and end at the packed rows ({rows}), "

@@ -8,6 +8,7 @@ no empty tensors, a contiguous last dimension; a kernel: its dtypes, device, str
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -67,3 +68,33 @@ def score_kwargs(window_size=NO_WINDOW, softcap: float = 0.0) -> dict:
     sends a problem that has them only to a kernel that takes them)."""
     kwargs = {} if tuple(window_size) == NO_WINDOW else {"window_size": tuple(window_size)}
     return kwargs | ({"softcap": float(softcap)} if softcap else {})
+
+
+# cu_seqlens' values as last read on the host, by the tensor's id: (a weak reference that proves
+# the id still names that tensor, its in-place version then, the values). An entry leaves with its
+# tensor.
+_HOST_OFFSETS: dict[int, tuple[weakref.ref, int, tuple[int, ...]]] = {}
+
+
+def host_offsets(name: str, cu: torch.Tensor) -> tuple[int, ...]:
+    """The values of a packed launch's cumulative lengths ``cu`` (named ``name``) on the host, read
+    once per tensor and in-place version: a call with the tensor it was given last time, unchanged,
+    does not copy it again, so the host does not wait for the GPU before launching (every call
+    that copies does). A change made in place through PyTorch (``cu[1] = 7``, ``cu.copy_(...)``, on
+    it or on a view of its storage) moves the version and is read again; one PyTorch cannot see
+    (through ``.data``, a kernel of one's own, DLPack) is not. Inference tensors carry no version:
+    they are read every call. Under a CUDA graph capture only a tensor already read can be used
+    (the copy would break the capture): raises ``RuntimeError`` naming it otherwise."""
+    if cu.is_inference():
+        return tuple(cu.tolist())
+    key, version = id(cu), cu._version
+    hit = _HOST_OFFSETS.get(key)
+    if hit is not None and hit[0]() is cu and hit[1] == version:
+        return hit[2]
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{name} is read on the host before a packed launch, which a CUDA graph capture cannot "
+                           "record: call once with this tensor before capturing (its values then, unchanged since, "
+                           "are what the capture checks)")
+    offsets = tuple(cu.tolist())
+    _HOST_OFFSETS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_OFFSETS.pop(key, None)), version, offsets)
+    return offsets

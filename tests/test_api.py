@@ -249,6 +249,46 @@ def test_bad_packed_sequences_say_what_to_fix():
         flashrung.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.1)
 
 
+def test_cu_seqlens_are_read_once_per_tensor_and_version(monkeypatch):
+    # a pack reused unchanged is not copied to the host again (no wait for the GPU per call); a
+    # change made in place, on the tensor or through a view, is read again and checked again
+    from flashrung import inputs
+
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    copies = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: copies.append(t.data_ptr()) or real(t))
+    call = flashrung.attention_varlen
+    first = call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    assert sorted(copies) == sorted([cu_q.data_ptr(), cu_k.data_ptr()])
+    assert torch.equal(call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True), first) and len(copies) == 2
+    cu_k[1:].sub_(1)                          # one key fewer in every sequence: ends short of the rows
+    with pytest.raises(ValueError, match="cu_seqlens_k must start at 0, never decrease and end at the packed rows"):
+        call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    cu_k[1:].add_(1)
+    cu_k[2:3].add_(40)                        # through a view: past sequence 2's end
+    with pytest.raises(ValueError, match="never decrease"):
+        call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    cu_k[2:3].sub_(40)
+    assert torch.equal(call(q, k, v, cu_q, cu_k, max_q, max_k, causal=True), first)
+    assert inputs.host_offsets("cu_seqlens_k", cu_k) == tuple(real(cu_k))
+    with torch.inference_mode():              # no version to follow: read every call
+        cu_i = cu_q.clone()
+        n = len(copies)
+        inputs.host_offsets("cu_seqlens_q", cu_i), inputs.host_offsets("cu_seqlens_q", cu_i)
+        assert len(copies) == n + 2
+
+
+def test_a_dropped_cu_seqlens_leaves_the_host_cache():
+    from flashrung import inputs
+
+    cu = gate.cu_seqlens((3, 4), DEVICE)
+    key = id(cu)
+    assert inputs.host_offsets("cu_seqlens_q", cu) == (0, 3, 7) and key in inputs._HOST_OFFSETS
+    del cu
+    assert key not in inputs._HOST_OFFSETS
+
+
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
     # causal with Sq > Sk: the first Sq - Sk queries see no key at all
     q, k, v = gate.random_inputs(gate.Case(1, 9, 4, 1, 1, 32, torch.float16, True), DEVICE)

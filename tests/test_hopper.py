@@ -3002,10 +3002,31 @@ def test_gate_packed(head_dim, causal, window, lengths):
 
 # the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule;
 # the causal default), the stride without them (the non-causal default), tiles handed out at run
-# time, one CTA per tile
-PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True), "stride": dict(balanced=False, persistent=True),
+# time, one CTA per tile. Every grid names dynamic_tiles: a causal pack's default hands its tiles out
+# at run time, and lists or one CTA per tile beside it do not build
+PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False),
+                "stride": dict(balanced=False, persistent=True, dynamic_tiles=False),
                 "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True),
-                "per-tile": dict(balanced=False, persistent=False)}
+                "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False)}
+
+
+def _packed_grid_config(problem, head_dim, grid):
+    return replace_following(select_config(problem), config.kernel_head_dim(head_dim), **PACKED_GRIDS[grid])
+
+
+@pytest.mark.parametrize("grid", sorted(PACKED_GRIDS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_packed_grids_build_on_the_default(head_dim, causal, grid):
+    # each grid the packed gate runs is a configuration the kernel accepts on top of the pack's
+    # default (no GPU: a grid that clashes with the default fails here, not on the device)
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    q = torch.empty(1, sum(lens_q), 8, head_dim, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, sum(lens_k), 2, head_dim, device="meta", dtype=torch.bfloat16)
+    problem = Problem.of_packed(q, k, k, causal, len(lens_q), (max(lens_q), max(lens_k)))
+    cfg = _packed_grid_config(problem, head_dim, grid)
+    cfg.check(config.kernel_head_dim(head_dim))
+    assert {name: getattr(cfg, name) for name in PACKED_GRIDS[grid]} == PACKED_GRIDS[grid]
 
 
 @pytest.mark.gpu
@@ -3024,7 +3045,7 @@ def test_gate_packed_grids(head_dim, causal, grid):
 
     def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
         problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
-        cfg = replace_following(select_config(problem), config.kernel_head_dim(head_dim), **PACKED_GRIDS[grid])
+        cfg = _packed_grid_config(problem, head_dim, grid)
         return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens, config=cfg, **kw)
 
     result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)

@@ -509,6 +509,27 @@ def test_packed_schedule_balances_where_the_longest_sequences_estimate_does_not(
     assert spans[0] > 3.5 and spans[1] < 1.01, spans
 
 
+def test_a_packed_launch_finds_its_table_by_the_lengths_read_once(monkeypatch):
+    # the launch's table is packed_schedule's for the lengths in cu_seqlens; the same tensors
+    # again (unchanged) find it without another copy to the host; other lengths get their own
+    from flashrung import gate
+
+    lens_q, lens_k = (300, 0, 129, 1), (200, 5, 129, 1)
+    cu = (gate.cu_seqlens(lens_q, "cpu"), gate.cu_seqlens(lens_k, "cpu"))
+    copies = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (copies.append(1) if any(t is c for c in cu) else None)
+                        or real(t))
+    args = (8, 3, 16, True, 128, 128, True, 10, torch.device("cpu"))
+    table = fwd._packed_schedule_table(cu, *args)
+    assert len(copies) == 2 and table.tolist() == packed_schedule(lens_q, lens_k, *args[:-1]).tolist()
+    assert fwd._packed_schedule_table(cu, *args) is table and len(copies) == 2
+    cu[0][2:].add_(1)                                                              # sequence 1: one row
+    other = fwd._packed_schedule_table(cu, *args)
+    assert len(copies) == 3
+    assert other.tolist() == packed_schedule((300, 1, 129, 1), lens_k, *args[:-1]).tolist()
+
+
 def test_packed_schedule_rejects_bad_input():
     with pytest.raises(ValueError, match="as many sequences"):
         packed_schedule((4, 5), (4,), 2, 1, 2, True, 128, 128, True, 8)

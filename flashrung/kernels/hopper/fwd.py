@@ -123,6 +123,7 @@ import os
 import types
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import triton
 from triton.experimental import gluon
@@ -139,7 +140,7 @@ from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 
 from flashrung.dispatch import score_options_reason
-from flashrung.inputs import NO_WINDOW, check_softcap
+from flashrung.inputs import NO_WINDOW, check_softcap, host_offsets
 from flashrung.kernels.direct_launch import DirectLaunch
 from flashrung.kernels.hopper.config import (
     PARTIAL_TILE_COST_SHARE,
@@ -2310,18 +2311,22 @@ PACKED_TABLES_KEPT = 32
 def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
                            consumer_share=(), window_left=-1, window_right=0) -> torch.Tensor:
     """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
-    priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host (one copy
-    of both: the launch waits for the values)."""
-    if torch.cuda.is_current_stream_capturing():
+    priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host as the
+    entry point's check reads them (``inputs.host_offsets``: once per tensor and in-place version,
+    so a pack reused unchanged finds its table without waiting for the GPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # the table is chosen by the lengths on the host: a replay with other lengths would walk
+        # this capture's table, missing tiles or running past them
         raise RuntimeError("hopper.fwd: a packed launch's balanced table is built from cu_seqlens' values on every "
                            "call, which a CUDA graph capture cannot record; pass a config with balanced=False")
-    cu = torch.stack((cu_seqlens[0], cu_seqlens[1])).cpu()
+    cu = np.array([host_offsets(name, t) for name, t in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens)],
+                  dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]
-    key = (lens.numpy().tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
+    key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
            consumer_share, window_left, window_right)
     table = _PACKED_TABLES.get(key)
     if table is None:
-        host = packed_schedule(lens[0].numpy(), lens[1].numpy(), heads_q, num_m_blocks, section, lpt, block_m,
+        host = packed_schedule(lens[0], lens[1], heads_q, num_m_blocks, section, lpt, block_m,
                                kv_tile, causal, ctas, consumer_share, window_left, window_right)
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
         while len(_PACKED_TABLES) > PACKED_TABLES_KEPT:

@@ -2506,6 +2506,13 @@ def test_packed_forward_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="packed sequences need dynamic_pool_share=0 with balanced, got 0.03"):
         fwd.forward(q, k, v, True, 0.125, cu_seqlens=(cu_q, cu_k), max_seqlens=(30, 25), config=pooled,
                     problem=causal)
+    # the hand-out's table lists a pack's tiles with a row: whole sequences have no such table
+    whole = dataclasses.replace(problem, varlen=False, causal=True)
+    tabled = replace_following(select_config(causal), 64, handout_table=True)
+    with pytest.raises(ValueError, match="handout_table draws a pack's tiles with a row: it needs packed sequences"):
+        fwd.forward(q, k, v, True, 0.125, config=tabled, problem=whole)
+    with pytest.raises(ValueError, match="handout_table .* needs dynamic_tiles=True"):
+        replace_following(tabled, 64, dynamic_tiles=False, balanced=True).check(64)
 
 
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
@@ -3000,13 +3007,15 @@ def test_gate_packed(head_dim, causal, window, lengths):
     assert result.passed, str(result)
 
 
-# the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule;
-# the causal default), the stride without them (the non-causal default), tiles handed out at run
-# time, one CTA per tile. Every grid names dynamic_tiles: a causal pack's default hands its tiles out
-# at run time, and lists or one CTA per tile beside it do not build
+# the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule),
+# the stride without them (the non-causal default), tiles handed out at run time (every id of the
+# grid: the causal default; or through a table of the tiles with a row), one CTA per tile. Every
+# grid names dynamic_tiles: a causal pack's default hands its tiles out at run time, and lists or
+# one CTA per tile beside it do not build
 PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False),
                 "stride": dict(balanced=False, persistent=True, dynamic_tiles=False),
-                "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True),
+                "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=False),
+                "table": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True),
                 "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False)}
 
 

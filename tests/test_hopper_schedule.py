@@ -18,7 +18,9 @@ from flashrung.kernels.hopper.schedule import (
     balanced_schedule,
     fast_divisor,
     last_section_width,
+    packed_handout_table,
     packed_schedule,
+    packed_tiles,
     pool_start,
     tail_split,
     tail_step_times,
@@ -509,6 +511,43 @@ def test_packed_schedule_balances_where_the_longest_sequences_estimate_does_not(
     assert spans[0] > 3.5 and spans[1] < 1.01, spans
 
 
+@pytest.mark.parametrize("ctas", [1, 7, 132])
+def test_the_packed_handout_table_hands_each_tile_with_a_row_out_once(ctas):
+    # the run-time hand-out through the table (handout_table), replayed on the host: each CTA's
+    # listed first tile, then draws in any interleaving; every tile with a row runs exactly once,
+    # heaviest first, no id past its sequence's rows is handed out, every CTA reads its "none left",
+    # and no draw reads past the table (a pack with fewer tiles than CTAs too)
+    lens_q, lens_k = (300, 0, 129, 1, 640), (200, 5, 129, 1, 700)
+    heads, num_m_blocks, section, block_m = 4, 5, 8, 128
+    num_items = num_m_blocks * len(lens_q) * heads
+    args = (heads, num_m_blocks, section, True, block_m, 128, True, ctas)
+    table = packed_handout_table(lens_q, lens_k, *args, num_items)
+    tiles, costs = packed_tiles(lens_q, lens_k, *args)
+    assert len(tiles) == heads * sum(-(-n // block_m) for n in lens_q) and list(costs) == sorted(costs, reverse=True)
+    offsets, order = table[:ctas + 1], table[ctas + 1:]
+    assert list(order) == list(tiles) + [num_items] * ctas
+    pool, draws, ran = int(offsets[ctas]), 0, []
+    rng = random.Random(ctas)
+    live = list(range(ctas))
+    for cta in live:
+        ran += [int(t) for t in order[offsets[cta]:offsets[cta + 1]]]
+    while live:
+        cta = rng.choice(live)
+        assert pool + draws < len(order)
+        item = int(order[pool + draws])
+        draws += 1
+        if item == num_items:
+            live.remove(cta)
+        else:
+            ran.append(item)
+    assert sorted(ran) == sorted(int(t) for t in tiles)
+    for tile in ran:
+        head, m = tile_position(tile, num_m_blocks, len(lens_q) * heads, section, True)
+        assert m * block_m < lens_q[head // heads]
+    with pytest.raises(ValueError, match="num_items"):
+        packed_handout_table(lens_q, lens_k, *args, int(tiles.max()))
+
+
 def test_a_packed_launch_finds_its_table_by_the_lengths_read_once(monkeypatch):
     # the launch's table is packed_schedule's for the lengths in cu_seqlens; the same tensors
     # again (unchanged) find it without another copy to the host; other lengths get their own
@@ -528,6 +567,9 @@ def test_a_packed_launch_finds_its_table_by_the_lengths_read_once(monkeypatch):
     other = fwd._packed_schedule_table(cu, *args)
     assert len(copies) == 3
     assert other.tolist() == packed_schedule((300, 1, 129, 1), lens_k, *args[:-1]).tolist()
+    handout = fwd._packed_schedule_table(cu, *args, handout_items=96)
+    assert len(copies) == 3
+    assert handout.tolist() == packed_handout_table((300, 1, 129, 1), lens_k, *args[:-1], 96).tolist()
 
 
 def test_packed_schedule_rejects_bad_input():

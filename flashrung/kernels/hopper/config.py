@@ -180,6 +180,14 @@ class HopperFwdConfig:
     # balanced default on the H200 (bf16, causal; docs/hopper.md, *Tiles handed out at run time*):
     # 0.987-1.000 at d128 H16 S4k-S16k, 0.964-0.966 at d64 H32 S4096 (REVERT, one NULL): off
     dynamic_tiles: bool = False
+    # with dynamic_tiles, packed sequences only: the hand-out draws from a table of the launch's
+    # tiles that hold a row, heaviest first by their own sequence's lengths (schedule.
+    # packed_handout_table; each CTA's first tile listed), instead of every id of a grid sized for
+    # the longest sequence: on a pack of one long sequence and many short ones most ids are tiles
+    # past their sequence's rows, each a draw, a Q load and a consumer's turn that compute nothing
+    # (73% of the ids of the pack 8192 + 4096 x2 + 1024 x8 at d128). One load of the table after
+    # each draw. The table is built on the host from the lengths, like the balanced lists
+    handout_table: bool = False
     # with balanced: the launch order's last tiles, up to this share of the estimated work
     # (schedule.pool_start; under LPT the lightest), are left out of the lists and handed out at run
     # time as CTAs finish their lists: the lists keep their look-ahead (the next tile's K and Q
@@ -593,6 +601,9 @@ class HopperFwdConfig:
                              "persistent=True, balanced=False (the host's lists), split_tail=False and "
                              f"overlap_epilogue=False, got persistent={self.persistent}, balanced={self.balanced}, "
                              f"split_tail={self.split_tail}, overlap_epilogue={self.overlap_epilogue}")
+        if self.handout_table and not self.dynamic_tiles:
+            raise ValueError("handout_table draws the run-time hand-out's tiles from a table: it needs "
+                             "dynamic_tiles=True")
         if not 0.0 <= self.dynamic_pool_share < 1.0 or self.dynamic_pool_share > 0 and (
                 not self.balanced or self.overlap_epilogue):
             raise ValueError("dynamic_pool_share leaves a share in [0, 1) of the balanced lists' work to the "

@@ -179,6 +179,7 @@ from flashrung.kernels.hopper.schedule import (
     kv_visit,
     balanced_schedule,
     kv_tile_range,
+    packed_handout_table,
     packed_schedule,
     last_section_width,
     tail_split,
@@ -399,6 +400,7 @@ class _Schedule:
     NUM_PARTS: gl.constexpr      # wgmma groups per product and K/V tile: 1, or 2 with EXTRA_KEYS
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
     DYNAMIC: gl.constexpr        # each CTA's producer draws its next tile from a counter and hands it on
+    HANDOUT_TABLE: gl.constexpr  # the draws read a table of the tiles with a row (schedule.packed_handout_table)
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     STAGGER_SUBTRACT: gl.constexpr  # the sweep wraps by compare and subtract, not a run-time modulo
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
@@ -768,7 +770,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, s
         # this CTA's listed items (its program id alone without the lists), then draws from the pool
         start, stop, pool = handout_range(sz.sched_ptr, c.BALANCED)
         pos = start
-        item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
+        item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
         while item < sz.num_items:
             count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c)
             tile_iter += 1
@@ -781,7 +783,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, s
             # estimate, model.schedule.reserve_schedule: 2.02% with a tile in reserve, 0.05%
             # drawn two steps ahead). The atomic's result comes back through the warp's scratch,
             # so the producer waits for it here.
-            item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED)
+            item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:
@@ -1810,6 +1812,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, EXP_TURNS: gl.constexpr,
                      SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, DYNAMIC: gl.constexpr,
+                     HANDOUT_TABLE: gl.constexpr,
                      STAGGER_KV: gl.constexpr,
                      STAGGER_SUBTRACT: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
@@ -1930,7 +1933,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
                   SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
-                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, STAGGER_KV=STAGGER_KV,
+                  NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, HANDOUT_TABLE=HANDOUT_TABLE,
+                  STAGGER_KV=STAGGER_KV,
                   STAGGER_SUBTRACT=STAGGER_SUBTRACT,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, MEET_BEFORE_PASS=MEET_BEFORE_PASS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
@@ -2029,7 +2033,9 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=softmax_reduce_form(cfg),
         SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
         EXP_TURNS=cfg.exp_turns,
-        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys, BALANCED=cfg.balanced, DYNAMIC=cfg.dynamic,
+        SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys,
+        # the hand-out's table has the balanced table's layout: its CTAs' lists are read as theirs
+        BALANCED=cfg.balanced or cfg.handout_table, DYNAMIC=cfg.dynamic, HANDOUT_TABLE=cfg.handout_table,
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
@@ -2309,11 +2315,12 @@ PACKED_TABLES_KEPT = 32
 
 
 def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-                           consumer_share=(), window_left=-1, window_right=0) -> torch.Tensor:
+                           consumer_share=(), window_left=-1, window_right=0, handout_items=None) -> torch.Tensor:
     """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
     priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host as the
     entry point's check reads them (``inputs.host_offsets``: once per tensor and in-place version,
-    so a pack reused unchanged finds its table without waiting for the GPU)."""
+    so a pack reused unchanged finds its table without waiting for the GPU). ``handout_items``: the
+    launch's item count, for the run-time hand-out's table instead (``schedule.packed_handout_table``)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # the table is chosen by the lengths on the host: a replay with other lengths would walk
         # this capture's table, missing tiles or running past them
@@ -2323,16 +2330,20 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
                   dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]
     key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-           consumer_share, window_left, window_right)
+           consumer_share, window_left, window_right, handout_items)
     table = _PACKED_TABLES.get(key)
-    if table is None:
+    if table is None and handout_items is not None:
+        host = packed_handout_table(lens[0], lens[1], heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal,
+                                    ctas, handout_items, consumer_share, window_left, window_right)
+        table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
+    elif table is None:
         host = packed_schedule(lens[0], lens[1], heads_q, num_m_blocks, section, lpt, block_m,
                                kv_tile, causal, ctas, consumer_share, window_left, window_right)
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
-        while len(_PACKED_TABLES) > PACKED_TABLES_KEPT:
-            _PACKED_TABLES.popitem(last=False)
     else:
         _PACKED_TABLES.move_to_end(key)
+    while len(_PACKED_TABLES) > PACKED_TABLES_KEPT:
+        _PACKED_TABLES.popitem(last=False)
     return table
 
 
@@ -2499,11 +2510,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     else:
         # never dereferenced: no work item is a split one (the clock stamps aside: trace.py)
         part_o, part_lse, coords = lse, lse, lse.view(torch.int32) if trace is None else trace
-    if cfg.balanced and not warmup and packed:
+    if (cfg.balanced or cfg.handout_table) and not warmup and packed:
         sched = _packed_schedule_table(cu_seqlens, heads_q, plan.num_m_blocks, plan.section, cfg.lpt, cfg.block_m,
                                        cfg.kv_tile, causal, plan.grid, device_index,
                                        partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
-                                       window_left, window_right)
+                                       window_left, window_right, plan.num_items if cfg.handout_table else None)
     elif cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,
@@ -2723,6 +2734,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
             raise ValueError(f"{KERNEL_NAME}: a packed launch's balanced lists hold only its tiles with a row, so a "
                              "run-time pool would draw ids the lists leave out: packed sequences need "
                              f"dynamic_pool_share=0 with balanced, got {cfg.dynamic_pool_share}")
+    elif cfg.handout_table:
+        raise ValueError(f"{KERNEL_NAME}: handout_table draws a pack's tiles with a row: it needs packed sequences "
+                         "(cu_seqlens); a launch of whole sequences draws every tile of its grid with "
+                         "handout_table=False")
     if cfg.split_tail and causal:
         raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
                          "heaviest first and already ends on its lightest tiles); got causal=True")

@@ -305,12 +305,51 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
     """The balanced table (:func:`balanced_schedule`'s layout: ``offsets (ctas + 1) + order``, int32)
     of a launch of packed sequences, from their own lengths (``lens_q``, ``lens_k``, one entry per
     sequence; the launch covers ``num_m_blocks`` q-tiles of each, the longest's). Only the tiles
-    that hold a row are listed: a tile past its sequence's rows computes and stores nothing, and
-    the launch's ids for it are never drawn. Each listed tile is priced by its own sequence's
-    lengths (:func:`tile_cost`), not the longest's, and dealt heaviest first a round of ``ctas`` at
-    a time, the heaviest of a round to the CTA with the least work so far: list scheduling by
-    rounds, whose makespan stays within a tile of the tile-by-tile greedy's, vectorized because a
-    pack is scheduled on every call."""
+    that hold a row are listed (:func:`packed_tiles`), each priced by its own sequence's lengths,
+    and dealt heaviest first a round of ``ctas`` at a time, the heaviest of a round to the CTA with
+    the least work so far: list scheduling by rounds, whose makespan stays within a tile of the
+    tile-by-tile greedy's, vectorized because a pack is scheduled on every call."""
+    tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
+                              consumer_share, window_left, window_right)
+    owner = np.empty(tile.size, dtype=np.int64)
+    load = np.zeros(ctas)
+    for first in range(0, tile.size, ctas):
+        n = min(ctas, tile.size - first)
+        ctas_by_load = np.argsort(load, kind="stable")[:n]
+        owner[first:first + n] = ctas_by_load
+        load[ctas_by_load] += cost[first:first + n]
+    by_owner = np.argsort(owner, kind="stable")     # each CTA's tiles, heaviest first
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
+    return np.concatenate([offsets, tile[by_owner]]).astype(np.int32)
+
+
+def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
+                         kv_tile: int, causal: bool, ctas: int, num_items: int, consumer_share: tuple[float, ...] = (),
+                         window_left: int = -1, window_right: int = 0) -> np.ndarray:
+    """The table the run-time hand-out of a packed launch draws from (``handout_table``), in the
+    balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order`` is
+    the launch's tiles that hold a row, heaviest first (:func:`packed_tiles`); CTA ``i`` lists the
+    ``i``-th as its first tile (none past the last), and every later tile is drawn
+    (:func:`handout_item`: the draw is a position in ``order`` past the listed ones). The ``ctas``
+    entries of ``num_items`` after it are each CTA's "none left": a CTA stops at its first, so the
+    draws of a launch never run past them."""
+    if not isinstance(num_items, int) or num_items < 1:
+        raise ValueError(f"num_items must be a positive integer, got {num_items!r}")
+    tile, _ = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
+                           consumer_share, window_left, window_right)
+    if tile.size and int(tile.max()) >= num_items:
+        raise ValueError(f"num_items ({num_items}) must exceed every tile id of the launch, got tile {int(tile.max())}")
+    offsets = np.minimum(np.arange(ctas + 1), tile.size)
+    return np.concatenate([offsets, tile, np.full(ctas, num_items)]).astype(np.int32)
+
+
+def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
+                 kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
+                 window_left: int = -1, window_right: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(tile, cost)`` of a launch of packed sequences: the launch's ids of the tiles that hold a
+    row (a tile past its sequence's rows computes and stores nothing, and is never listed), each
+    priced by its own sequence's lengths (:func:`tile_cost`), not the longest's; heaviest first,
+    ties in launch order."""
     lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
     lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
     if lens_q.shape != lens_k.shape:
@@ -348,17 +387,7 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
     tile = tile.reshape(-1)
     cost = np.broadcast_to(cost[None, :], head.shape).reshape(-1)
     order = np.lexsort((tile, -cost))               # heaviest first; ties in launch order
-    tile, cost = tile[order], cost[order]
-    owner = np.empty(tile.size, dtype=np.int64)
-    load = np.zeros(ctas)
-    for first in range(0, tile.size, ctas):
-        n = min(ctas, tile.size - first)
-        ctas_by_load = np.argsort(load, kind="stable")[:n]
-        owner[first:first + n] = ctas_by_load
-        load[ctas_by_load] += cost[first:first + n]
-    by_owner = np.argsort(owner, kind="stable")     # each CTA's tiles, heaviest first
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
-    return np.concatenate([offsets, tile[by_owner]]).astype(np.int32)
+    return tile[order], cost[order]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -417,9 +446,11 @@ def work_at(sched_ptr, pos, BALANCED: gl.constexpr):
 # launch order (heaviest first under LPT), so a CTA that finishes early takes the next tile instead
 # of idling while a list estimated on the host runs out unevenly. ``dynamic_tiles``: every item
 # past each CTA's first (its program id) is drawn; ``dynamic_pool_share`` with the balanced lists:
-# each CTA walks its list, then draws from the pool of the order's last tiles (:func:`pool_start`).
-# Two int32 words: the draws, and the CTAs done. The last CTA to finish zeroes both, so the next
-# launch on the stream (or the next replay of a captured graph) starts from zero without a memset.
+# each CTA walks its list, then draws from the pool of the order's last tiles (:func:`pool_start`);
+# ``handout_table`` (packed launches): each CTA's first tile listed, then draws through a table of
+# the tiles with a row (:func:`packed_handout_table`). Two int32 words: the draws, and the CTAs
+# done. The last CTA to finish zeroes both, so the next launch on the stream (or the next replay of
+# a captured graph) starts from zero without a memset.
 HANDOUT_WORDS = 2
 
 
@@ -448,12 +479,16 @@ def handout_range(sched_ptr, BALANCED: gl.constexpr):
 
 
 @gluon.jit
-def handout_item(sched_ptr, counter_ptr, pos, stop, pool, BALANCED: gl.constexpr):
-    """The item at position ``pos`` of this CTA's list while it lasts, then a draw from the pool."""
+def handout_item(sched_ptr, counter_ptr, pos, stop, pool, BALANCED: gl.constexpr, TABLE: gl.constexpr = False):
+    """The item at position ``pos`` of this CTA's list while it lasts, then a draw from the pool:
+    the item itself, or with ``TABLE`` (:func:`packed_handout_table`) a position in the table's
+    order, whose entry is the item (``num_items`` past the last: none left)."""
     if pos < stop:
         item = work_at(sched_ptr, pos, BALANCED)
     else:
         item = handout_next(counter_ptr, pool)
+        if TABLE:
+            item = gl.load(sched_ptr + gl.num_programs(0) + 1 + item)
     return item
 
 

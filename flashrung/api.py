@@ -318,15 +318,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         k: ``(total_k, heads_kv, head_dim)``; v: ``(total_k, heads_kv, head_dim_v)``.
         cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)`` cumulative lengths: sequence ``i`` is
            query rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]`` and key rows
-           ``cu_seqlens_k[i]:cu_seqlens_k[i + 1]``; a sequence may be empty. Checked on the host
-           (one copy of each: a synchronization, and not inside a CUDA graph capture).
+           ``cu_seqlens_k[i]:cu_seqlens_k[i + 1]``; a sequence may be empty. Checked on the host,
+           copied there once per tensor and in-place version (a tensor passed again unchanged costs
+           no wait for the GPU; :func:`flashrung.inputs.host_offsets` says what counts as a change).
+           Inside a CUDA graph capture only tensors already checked before it can be used.
         max_seqlen_q, max_seqlen_k: at least the longest sequence's lengths.
         causal, softmax_scale, window_size, softcap, impl: as :func:`attention`, within each sequence
            (causal aligned to each sequence's own bottom-right corner).
 
     Returns ``out`` ``(total_q, heads_q, head_dim_v)``, or ``(out, lse)`` with lse ``(heads_q,
-    total_q)`` float32 as flash-attn's. Differentiable in q, k, v. Runs on the portable kernels;
-    ``impl="hopper.fwd"`` runs the forward on the Hopper kernel (not yet gated on the GPU).
+    total_q)`` float32 as flash-attn's. Differentiable in q, k, v. The forward runs on
+    ``hopper.fwd`` where dispatch takes it (sm_90; :func:`flashrung.last_dispatch` says which kernel
+    ran and why), otherwise and backward on the portable kernels.
     """
     for name, t, layout in (("q", q, "(total_q, heads_q, head_dim)"), ("k", k, "(total_k, heads_kv, head_dim)"),
                             ("v", v, "(total_k, heads_kv, head_dim_v)")):

@@ -2297,18 +2297,19 @@ def test_a_value_head_dim_of_its_own_runs_the_kernel_of_the_wider():
                 assert select_config(problem) == expected, (pair, causal, seqlen)
 
 
-def test_mlas_split_default_waits_for_its_gate_beside_a_window_packing_or_a_cap(monkeypatch):
-    # config.SPLIT_DEFAULT_WITH_SCORE_OPTIONS: until the split is gated beside them, a windowed,
-    # packed or capped 192/128 problem runs the padded build of its row; switched on, the split
+def test_mlas_split_default_runs_beside_a_window_packing_or_a_cap(monkeypatch):
+    # config.SPLIT_DEFAULT_WITH_SCORE_OPTIONS (gated beside them, paired beside a window): a
+    # windowed, packed or capped 192/128 problem runs the split; switched off, the padded build of
+    # its row
     mla = _problem(head_dim=192, head_dim_v=128, causal=True, seqlen_q=8192, seqlen_k=8192)
     for options in (dict(window_size=(256, 0)), dict(varlen=True), dict(softcap=30.0)):
         problem = dataclasses.replace(mla, **options)
+        assert config.kernel_head_dims(192, 128, select_config(problem)) == (192, 128), options
+        monkeypatch.setattr(config, "SPLIT_DEFAULT_WITH_SCORE_OPTIONS", False)
         cfg = select_config(problem)
         assert config.kernel_head_dims(192, 128, cfg) == (256, 256), options
         assert cfg == select_config(dataclasses.replace(problem, head_dim=256, head_dim_v=256))
         monkeypatch.setattr(config, "SPLIT_DEFAULT_WITH_SCORE_OPTIONS", True)
-        assert config.kernel_head_dims(192, 128, select_config(problem)) == (192, 128), options
-        monkeypatch.setattr(config, "SPLIT_DEFAULT_WITH_SCORE_OPTIONS", False)
     assert config.kernel_head_dims(192, 128, select_config(mla)) == (192, 128)
 
 
@@ -2429,28 +2430,27 @@ def test_a_windows_sides_are_the_launchs(window, causal, expected):
 def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly_otherwise(monkeypatch):
     # packed sequences (flash-attn's varlen), gated on the GPU, run on hopper.fwd: non-causal (paired
     # ahead of portable.fwd on the H200: fwd.PACKED_AUTO), with a window's left side or a cap beside
-    # them too, and causal on the run-time hand-out (ahead on an H100: fwd.PACKED_AUTO_CAUSAL); a
-    # causal pack, or a band (a window's right side runs the causal schedule), beside a window stays
-    # on portable.fwd saying why until that hand-out is gated with one, and runs by name
+    # them too, causal on the run-time hand-out (ahead on an H100: fwd.PACKED_AUTO_CAUSAL), and a
+    # causal pack or a band (a window's right side runs the causal schedule) beside a window
+    # (fwd.PACKED_AUTO_CAUSAL_WINDOWED); each switch off sends its problems to portable.fwd saying
+    # why, and they run by name
     from flashrung import dispatch
 
     for extra in ({}, dict(window_size=(64, -1)), dict(softcap=30.0), dict(causal=True),
-                  dict(causal=True, softcap=30.0)):
+                  dict(causal=True, softcap=30.0), dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
         problem = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
         assert fwd.unsupported_reason(problem) is None
         _, chosen = dispatch.select(problem, "fwd")
         assert chosen.kernel == "hopper.fwd" and not chosen.forced, extra
         assert config.packed_clashes(chosen.config()) == [] and not chosen.config().balanced
+    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL_WINDOWED", False)
     for extra in (dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
         packed = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
         band = not packed.causal
         reason = _runs_by_name_only(packed, dataclasses.replace(packed, causal=True) if band else packed)
         assert reason.startswith(f"causal packed sequences (varlen) with window_size {extra['window_size']} run "
-                                 "on hopper.fwd only when asked for by name until their run-time hand-out is gated"), \
-            reason
-    monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL_WINDOWED", True)
-    problem = _problem(varlen=True, causal=True, window_size=(64, 0), **_contiguous(128))
-    assert dispatch.select(problem, "fwd")[1].kernel == "hopper.fwd"
+                                 "on hopper.fwd only when asked for by name while fwd.PACKED_AUTO_CAUSAL_WINDOWED is "
+                                 "off"), reason
     monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL", False)
     reason = _runs_by_name_only(_problem(varlen=True, causal=True, **_contiguous(128)),
                                 _problem(varlen=True, causal=True, **_contiguous(128)))
@@ -2466,9 +2466,9 @@ def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly
 
 def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
     # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
-    # default packed sequences select, the balanced lists traded for the run-time hand-out, the
-    # result buildable; the rest is the unpacked default's. Forced on, forward refuses them before
-    # looking at a tensor's memory
+    # default packed sequences select, the persistent grid's lists or stride traded for the run-time
+    # hand-out through the table of the pack's tiles with a row, the result buildable; the rest is
+    # the unpacked default's. Forced on, forward refuses them before looking at a tensor's memory
     for d in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (17, 1000, 2048, 4096, 8192, 16384, 32768):
@@ -2479,9 +2479,10 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 base = select_config(plain)
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
-                if expected.balanced:
-                    expected = replace_following(expected, d, balanced=False, dynamic_tiles=True)
+                if expected.persistent:
+                    expected = replace_following(expected, d, balanced=False, dynamic_tiles=True, handout_table=True)
                 assert cfg == expected, (d, causal, seqlen)
+                assert cfg.handout_table == cfg.persistent, (d, causal, seqlen)
     assert config.packed_clashes(fwd.default_config(128, False, 16384)) == ["split_tail", "kv_multicast"]
 
 
@@ -2502,7 +2503,8 @@ def test_packed_forward_refuses_what_it_cannot_run():
         fwd.forward(q, k, v, False, 0.125, problem=problem)
     # the pack's balanced lists hold only its tiles with a row: a run-time pool would draw the others
     causal = dataclasses.replace(problem, causal=True, batch=2, seqlen_q=30, seqlen_k=25)
-    pooled = replace_following(select_config(causal), 64, balanced=True, dynamic_tiles=False, dynamic_pool_share=0.03)
+    pooled = replace_following(select_config(causal), 64, balanced=True, dynamic_tiles=False, handout_table=False,
+                               dynamic_pool_share=0.03)
     with pytest.raises(ValueError, match="packed sequences need dynamic_pool_share=0 with balanced, got 0.03"):
         fwd.forward(q, k, v, True, 0.125, cu_seqlens=(cu_q, cu_k), max_seqlens=(30, 25), config=pooled,
                     problem=causal)
@@ -2518,7 +2520,8 @@ def test_packed_forward_refuses_what_it_cannot_run():
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
     # config.WINDOW_CLASHES (the split tail, the staggered sweep, the pairs, the halves, the single
     # loop) off at every default a windowed problem selects, what follows from them re-derived and
-    # the result buildable; the unwindowed problem's default unchanged
+    # the result buildable, a narrow window's tile where one is listed (config.NARROW_WINDOW_*: d64
+    # causal); the unwindowed problem's default unchanged
     for d in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (17, 1000, 2048, 4096, 8192, 16384):
@@ -2528,8 +2531,14 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 assert config.window_clashes(cfg) == [], (d, causal, seqlen)
                 cfg.check(d, 2)
                 base = select_config(plain)
-                assert cfg == (replace_following(base, d, **{n: False for n in config.window_clashes(base)})
-                               if config.window_clashes(base) else base)
+                expected = (replace_following(base, d, **{n: False for n in config.window_clashes(base)})
+                            if config.window_clashes(base) else base)
+                if causal and 256 <= config.NARROW_WINDOW_MAX_LEFT.get(d, -1):
+                    expected = replace_following(expected, d, block_m=config.NARROW_WINDOW_BLOCK_M[d])
+                assert cfg == expected, (d, causal, seqlen)
+                if d == 64 and causal:
+                    assert cfg.block_m == 128 and select_config(dataclasses.replace(
+                        windowed, window_size=(4096, 0))).block_m == base.block_m, seqlen
 
 
 @pytest.mark.parametrize("label, d, causal", PACKED_CENSUS, ids=[c[0] for c in PACKED_CENSUS])
@@ -3008,15 +3017,15 @@ def test_gate_packed(head_dim, causal, window, lengths):
 
 
 # the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule),
-# the stride without them (the non-causal default), tiles handed out at run time (every id of the
-# grid: the causal default; or through a table of the tiles with a row), one CTA per tile. Every
-# grid names dynamic_tiles: a causal pack's default hands its tiles out at run time, and lists or
+# the stride without them, tiles handed out at run time (every id of the grid, or through a table
+# of the tiles with a row: the default), one CTA per tile. Every grid names dynamic_tiles and
+# handout_table: a pack's default hands its tiles out through the table, and lists, a stride or
 # one CTA per tile beside it do not build
-PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False),
-                "stride": dict(balanced=False, persistent=True, dynamic_tiles=False),
+PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False),
+                "stride": dict(balanced=False, persistent=True, dynamic_tiles=False, handout_table=False),
                 "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=False),
                 "table": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True),
-                "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False)}
+                "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False, handout_table=False)}
 
 
 def _packed_grid_config(problem, head_dim, grid):

@@ -1476,6 +1476,8 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if problem.windowed and window_clashes(cfg):
         cfg = _windowed(cfg, head_dim)
+    if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):
+        cfg = _narrow_window(cfg, head_dim)
     if problem.varlen:
         cfg = _packed(cfg, head_dim)
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
@@ -1491,11 +1493,11 @@ def select_config(problem) -> HopperFwdConfig:
 # 1.230, causal 1.427 / 1.176 (the causal runs disagree on how much; both clear the threshold)
 # (h200-compare-split-192-128-*-03ee57d). MLA's pair; the split's other pairs are gated, not timed.
 SPLIT_DEFAULT_HEAD_DIMS = frozenset({(192, 128)})
-# The split beside a window, packed sequences or a cap passed its gate on an H100
-# (tests/test_hopper.py::test_gate_split_with_score_options, 9 gates, 2026-12-05) while causal packs
-# still walked balanced lists; they now draw their tiles at run time (_packed), so such a problem
-# keeps the padded build until the gate has run again on today's defaults.
-SPLIT_DEFAULT_WITH_SCORE_OPTIONS = False
+# The split beside a window, packed sequences or a cap: gated on an H100 on today's defaults
+# (tests/test_hopper.py::test_gate_split_with_score_options, 9 gates, the tree of dec0b2d) and
+# paired there over the padded build beside a window: bf16 B2 H16 S8192 causal (1024, 0), KEEP
+# 1.249 / 1.578 (the runs disagree on how much; h100-compare-split-window-1024-58f5923).
+SPLIT_DEFAULT_WITH_SCORE_OPTIONS = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -1512,6 +1514,25 @@ WINDOW_CLASHES = ("split_tail", "stagger_kv", "kv_multicast", "skip_unseen_half"
                   "single_kv_loop")
 
 
+# A narrow window on the causal schedule (a left side up to this many keys) at d64 runs the
+# 128-row tile of two consumers instead of the 192-row tile of three: of a tile's ~10 K/V steps
+# under a window of 1024, four or five are masked (the diagonal's and the window's edge), and the
+# 192-row build keeps per-step values in local memory there (census, sm_90a: 168 B, 2 LDL / 2 STL
+# in a masked loop, 9 LDL in each item loop; the 128-row build none, at 168 registers). Paired on
+# an H100 (bf16 B2 H16 S8192 causal, two fresh processes each): window (1024, 0) 128 rows over
+# 192 KEEP 1.379 / 1.440 (and 1.245 / 1.239 over portable.fwd, where 192 rows read 0.897 / 0.899);
+# window (4096, 0) 0.994 / 0.997 (REVERT), where a masked step is one in ten
+# (h100-compare-window-*-d64-*-58f5923).
+NARROW_WINDOW_MAX_LEFT = {64: 2048}
+NARROW_WINDOW_BLOCK_M = {64: 128}
+
+
+@functools.lru_cache(maxsize=None)
+def _narrow_window(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
+    """``cfg`` on :data:`NARROW_WINDOW_BLOCK_M`'s tile, what follows from it re-derived."""
+    return replace_following(cfg, head_dim, block_m=NARROW_WINDOW_BLOCK_M[head_dim])
+
+
 def window_clashes(cfg: HopperFwdConfig) -> list[str]:
     """The switches of ``cfg`` a sliding window cannot run with (``WINDOW_CLASHES``) that are on."""
     return [name for name in WINDOW_CLASHES if getattr(cfg, name)]
@@ -1526,12 +1547,13 @@ def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
 # What a launch of packed sequences runs without: the split tail (its tail tiles are counted and
 # split launch-wide, from the longest sequence's keys) and the pairs of kv_multicast (two q-tiles
 # share one K/V range; a pair across two sequences would not). Off, the default's other switches
-# stay; every item reads its own sequence's lengths (fwd._sequence). Where the row's default walks
-# the balanced lists (causal), a pack draws its tiles at run time instead (dynamic_tiles): on the
-# H100 (bf16 d128 H16, sequences 8192, 4096 x2, 1024 x8, causal; flashrung bench, one run, rates of
-# the entry point) 468.7 TFLOP/s against 429.7 on the lists of its own lengths
-# (schedule.packed_schedule) and 343.7 on portable.fwd — the lists price a tile by its K/V steps,
-# the hand-out by what it took (h100-bench-packed-causal-930178a).
+# stay; every item reads its own sequence's lengths (fwd._sequence). Where the row's default runs
+# the persistent grid (balanced lists or the stride), a pack draws its tiles at run time through
+# the table of its tiles with a row (dynamic_tiles, handout_table). On an H100 (bf16 d128 H16,
+# sequences 8192, 4096 x2, 1024 x8; flashrung bench, one run, rates by the sum of the sequences'
+# FLOPs, no cell host-bound; h100-bench-packed-*-58f5923), TFLOP/s: causal — hand-out over every id
+# 542.9, over the table 531.3, the pack's own lists 533.8, FA4 559.9; paired, the table over every
+# id 1.017 / 1.019 (KEEP); non-causal — stride 604.8, table 649.0, lists 639.6, FA4 655.7.
 PACKED_CLASHES = ("split_tail", "kv_multicast")
 
 
@@ -1543,8 +1565,10 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _packed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
-    and the balanced lists replaced by the run-time hand-out."""
+    and the persistent grid's lists or stride replaced by the run-time hand-out through the table of
+    the pack's tiles with a row."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
-    if out.balanced:
-        out = replace_following(out, head_dim, balanced=False, dynamic_tiles=True)
+    if out.persistent and not out.overlap_epilogue:
+        out = replace_following(out, head_dim, balanced=False, dynamic_pool_share=0.0, dynamic_tiles=True,
+                                handout_table=True)
     return out

@@ -2200,11 +2200,15 @@ WINDOW_AUTO = True
 # longest (derived makespan 3.8x the even share). Causal packs now draw their tiles at run time
 # (config._packed): gated on an H100 (tests/test_hopper.py::test_gate_packed_grids, "dynamic", every
 # head dim and mask; 57 passed) and there 1.36x portable.fwd (468.7 against 343.7 TFLOP/s, flashrung
-# bench, one run; h100-bench-packed-causal-930178a), so they run here too — but not beside a
-# window, whose gate (test_gate_packed, window 100) has run on the lists, not on the hand-out.
+# bench, one run; h100-bench-packed-causal-930178a), so they run here too; beside a window as well
+# (PACKED_AUTO_CAUSAL_WINDOWED).
 PACKED_AUTO = True
 PACKED_AUTO_CAUSAL = True
-PACKED_AUTO_CAUSAL_WINDOWED = False
+# Causal packs (and bands) beside a window: gated on the run-time hand-out on an H100
+# (test_gate_packed with a window of 100, d64/d128/d256, the tree of dec0b2d) and paired there over
+# portable.fwd: bf16 d128 H16, 8192 + 4096 x2 + 1024 x8, window (1024, 0), KEEP 1.532 / 1.510
+# (h100-compare-packed-causal-window-1024-58f5923)
+PACKED_AUTO_CAUSAL_WINDOWED = True
 
 
 def _padded_key(problem) -> int | tuple[int, int]:
@@ -2226,8 +2230,8 @@ def auto_declined_reason(problem) -> str | None:
                 "fwd.PACKED_AUTO_CAUSAL is off; impl='hopper.fwd' runs them")
     if problem.varlen and causal_launch and problem.windowed and not PACKED_AUTO_CAUSAL_WINDOWED:
         return (f"causal packed sequences (varlen) with window_size {tuple(problem.window_size)} run on hopper.fwd "
-                "only when asked for by name until their run-time hand-out is gated beside a window on the GPU "
-                "(tests/test_hopper.py::test_gate_packed); impl='hopper.fwd' runs them")
+                "only when asked for by name while fwd.PACKED_AUTO_CAUSAL_WINDOWED is off; impl='hopper.fwd' runs "
+                "them")
     if problem.windowed and not WINDOW_AUTO:
         return (f"window_size {tuple(problem.window_size)} runs on hopper.fwd only when asked for by name while "
                 "fwd.WINDOW_AUTO is off; impl='hopper.fwd' runs it")

@@ -1519,11 +1519,12 @@ WINDOW_CLASHES = ("split_tail", "stagger_kv", "kv_multicast", "skip_unseen_half"
 # under a window of 1024, four or five are masked (the diagonal's and the window's edge), and the
 # 192-row build keeps per-step values in local memory there (census, sm_90a: 168 B, 2 LDL / 2 STL
 # in a masked loop, 9 LDL in each item loop; the 128-row build none, at 168 registers). Paired on
-# an H100 (bf16 B2 H16 S8192 causal, two fresh processes each): window (1024, 0) 128 rows over
-# 192 KEEP 1.379 / 1.440 (and 1.245 / 1.239 over portable.fwd, where 192 rows read 0.897 / 0.899);
-# window (4096, 0) 0.994 / 0.997 (REVERT), where a masked step is one in ten
-# (h100-compare-window-*-d64-*-58f5923).
-NARROW_WINDOW_MAX_LEFT = {64: 2048}
+# an H100 (bf16 B2 H16 S8192 causal, two fresh processes each), 128 rows over 192 by the window's
+# left side: 1024 KEEP 1.379 / 1.440 (and 1.245 / 1.239 over portable.fwd, where 192 rows read
+# 0.897 / 0.899); 2048 1.140 / 1.120 and 1.123 / 1.132; 3072 1.038 / 1.028; 3584 1.008 / 1.005;
+# 4096 0.994 / 0.997 (REVERT), where a masked step is one in ten
+# (h100-compare-window-*-d64-*-{58f5923,dfe5314}).
+NARROW_WINDOW_MAX_LEFT = {64: 3584}
 NARROW_WINDOW_BLOCK_M = {64: 128}
 
 

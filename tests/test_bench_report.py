@@ -224,6 +224,47 @@ def test_run_gate_drives_the_real_gate_through_the_public_api(mode, device):
     assert not bad["passed"] and "could not run" in bad["text"]
 
 
+def test_the_gate_checks_the_build_a_row_times_not_the_reduced_problems(monkeypatch):
+    # the gate runs at a reduced size, where dispatch would pick the reduced problem's own schedule
+    # (d128 non-causal S16k's split tail and K/V pairs are not S1024's); pinned to every field of
+    # the row's configuration, the reduced problem builds exactly the row's, and a variant's
+    # override is applied at the row's size (where it builds)
+    from flashrung import _device, dispatch
+
+    monkeypatch.setenv("FLASHRUNG_CAPABILITY", "9.0")          # an H200 without the interpreter
+    monkeypatch.setattr(_device, "interpreter_enabled", lambda: False)
+    rows = [suites.Row(batch=2, seqlen_q=16384, seqlen_k=16384, heads_q=16, heads_kv=16, headdim=128,
+                       dtype="bfloat16", causal=False, mode="fwd"),
+            suites.Row(batch=2, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=16, headdim=64, dtype="bfloat16",
+                       causal=True, mode="fwd", window=(1024, 0)),
+            suites.Row(batch=11, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=16, headdim=128,
+                       dtype="bfloat16", causal=True, mode="fwd", packed=(8192, 4096, 4096) + (1024,) * 8)]
+    for row in rows:
+        for impl in ("flashrung", "flashrung:hopper.fwd@block_m=192" if row.window else "flashrung:hopper"):
+            build = runner.timed_build(impl, row)
+            assert build.startswith("flashrung:hopper.fwd@block_m="), build
+            _, timed = dispatch.select(runner._row_problem(row, "cuda"), "fwd", peers.kernel_name(impl))
+            g = runner.gate_config(row)
+            reduced = dataclasses.replace(row, batch=g["batch"], seqlen_q=g["seqlen_q"], seqlen_k=g["seqlen_k"],
+                                          packed=g["varlen"][0] if "varlen" in g else None)
+            _, pinned = dispatch.select(runner._row_problem(reduced, "cuda"), "fwd", peers.kernel_name(build))
+            assert pinned.config() == timed.config(), (row.label(), impl)
+            if "@" in impl:     # the override on the reduced problem's short tile does not build
+                with pytest.raises(ValueError, match="registers per SM"):
+                    dispatch.select(runner._row_problem(reduced, "cuda"), "fwd", peers.kernel_name(impl))
+            else:
+                _, own = dispatch.select(runner._row_problem(reduced, "cuda"), "fwd", peers.kernel_name(impl))
+                assert own.config() != timed.config(), (row.label(), impl)
+    # the portable kernels have no configuration: the kernel dispatch picks is pinned; a peer, a
+    # backward row and a kernel dispatch does not know stay as given (the gate says why)
+    assert runner.timed_build("flashrung:portable", rows[0]) == "flashrung:portable.fwd"
+    assert runner.timed_build("flashrung", dataclasses.replace(rows[0], mode="bwd")) == "flashrung"
+    assert runner.timed_build("fa4", rows[0]) == "fa4"
+    assert runner.timed_build("flashrung:nonexistent", rows[0]) == "flashrung:nonexistent"
+    assert runner._gate_key("flashrung", rows[0]) != runner._gate_key(
+        "flashrung", dataclasses.replace(rows[0], seqlen_q=2048, seqlen_k=2048))
+
+
 @pytest.mark.parametrize("mode", ["fwd", "bwd"])
 def test_run_gate_checks_a_value_head_dim_of_its_own(mode, device):
     row = suites.Row(batch=1, seqlen_q=40, seqlen_k=56, heads_q=2, heads_kv=1, headdim=64, headdim_v=32,

@@ -160,7 +160,7 @@ def results_table(doc: dict) -> str:
         out += "\n\nnot measured:\n" + "\n".join(f"  {n}" for n in notes)
     gates = doc.get("correctness") or []
     if gates:
-        out += "\n\ncorrectness gate (flashrung kernels, reduced size):\n" + "\n".join(
+        out += "\n\ncorrectness gate (flashrung kernels, reduced size, each on the build its rows time):\n" + "\n".join(
             f"  {'PASS' if g['passed'] else 'FAIL'} {g['impl']} {g.get('mode', 'fwd')} {_gate_shape(g['config'])}: "
             f"{g['text']}" for g in gates)
     first = {}

@@ -5,8 +5,9 @@ implementation is prepared (or marked unsupported with its reason), warmed, and 
 are timed round-robin in the same process (:func:`flashrung.bench.timing.interleave`), so the
 ratio of ours to the best peer is a paired statistic, not a ratio of medians from different
 moments. Ceilings are measured first, in the same run. Then the correctness gates of the flashrung
-kernels, at a reduced size, once per problem family: a kernel that fails its gate is not timed on
-the rows that gate stands for (status ``"gate failed"``, the check's text as the reason) — a
+kernels, at a reduced size, once per build and problem family (each row's gate runs the build the
+row times: :func:`timed_build`): a kernel that fails its gate is not timed on the rows that gate
+stands for (status ``"gate failed"``, the check's text as the reason) — a
 time would price a wrong kernel. The gates leave nothing behind that the timing sees (every timed
 block is warmed and preheated by its own implementation), but they compile flashrung's kernels, so
 its rows' ``first_call_s`` no longer include that compile.
@@ -22,6 +23,7 @@ from flashrung.bench import ceilings as ceilings_mod
 from flashrung.bench import manifest as manifest_mod
 from flashrung.bench import numerators, peers, stats, timing
 from flashrung.bench.suites import Row
+from flashrung.inputs import NO_WINDOW
 
 # The gate's oracle materialises Sq × Sk scores in fp32: keep it small (seed 000's "C1
 # reduced-sequence oracle"); the kernel, dtype, heads, head dim and mask stay the row's.
@@ -57,32 +59,86 @@ def gate_config(row: Row) -> dict:
     return config
 
 
+def _row_problem(row: Row, device: str):
+    """The :class:`~flashrung.dispatch.Problem` of ``row`` at its own size, as the entry point builds
+    it for the row's contiguous inputs on ``device`` (no tensor is allocated)."""
+    import torch
+    from flashrung import _device, dispatch
+    from flashrung.api import _score_options
+
+    dtype = peers.torch_dtype(row.dtype)
+    causal, window, softcap = _score_options(row.causal, row.window if row.window is not None else NO_WINDOW,
+                                             row.softcap)
+    if row.packed is not None:
+        rows = (1, sum(row.packed))
+        shapes = [(*rows, row.heads_q, row.headdim), (*rows, row.heads_kv, row.headdim), (*rows, row.heads_kv, row.dv)]
+    else:
+        shapes = [(row.batch, row.seqlen_q, row.heads_q, row.headdim), (row.batch, row.seqlen_k, row.heads_kv,
+                                                                        row.headdim),
+                  (row.batch, row.seqlen_k, row.heads_kv, row.dv)]
+    q, k, v = (torch.empty(shape, dtype=dtype, device="meta") for shape in shapes)
+    if row.packed is not None:
+        problem = dispatch.Problem.of_packed(q, k, v, causal, len(row.packed), (max(row.packed),) * 2, window,
+                                             softcap)
+    else:
+        problem = dispatch.Problem.of(q, k, v, causal, window, softcap)
+    where = torch.device(device)
+    return dataclasses.replace(problem, device_type=where.type, capability=_device.capability(where))
+
+
+def timed_build(impl: str, row: Row, device: str = "cuda") -> str:
+    """``impl`` pinned to what ``row`` runs at its own size: the kernel dispatch picks for it and,
+    for a kernel with a configuration (``hopper.fwd``), every field of that configuration
+    (``flashrung:hopper.fwd@block_m=128,...``). The gate runs at a reduced size, where dispatch and
+    ``select_config`` would pick for the reduced problem — another schedule, or an override that
+    does not build there; pinned, it checks the build the row times. Forward rows only (a backward
+    row's gate names both directions' kernels); a peer, or a row dispatch cannot place: as given."""
+    if not peers.is_ours(impl) or row.mode != "fwd":
+        return impl
+    from flashrung import dispatch
+
+    try:
+        _, chosen = dispatch.select(_row_problem(row, device), "fwd", peers.kernel_name(impl))
+        config = chosen.config()
+    except Exception:     # the gate itself says why the kernel cannot run
+        return impl
+    kernel = chosen.kernel.split("@")[0]
+    if config is None:
+        return f"{peers.OURS}:{kernel}"
+    fields = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
+    if not all(isinstance(value, (bool, int, float, str)) for _, value in fields):
+        return impl
+    return f"{peers.OURS}:{kernel}@" + ",".join(f"{name}={value!r}".replace("'", "") for name, value in fields)
+
+
 def _gate_key(impl: str, row: Row) -> tuple:
-    """What one gate run stands for: the kernel, the direction and the reduced problem it checks."""
-    return impl, row.mode, tuple(sorted(gate_config(row).items()))
+    """What one gate run stands for: the build it checks, the direction and the reduced problem."""
+    return timed_build(impl, row), row.mode, tuple(sorted(gate_config(row).items()))
 
 
 def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
-    """flashrung's correctness gate for ``impl`` at ``row``'s configuration (reduced in size):
-    the forward for forward rows; forward and gradients (through autograd) for backward rows."""
+    """flashrung's correctness gate for ``impl`` at ``row``'s configuration (reduced in size): the
+    forward for forward rows, run on the build the row times (:func:`timed_build`; ``build`` in the
+    result); forward and gradients (through autograd) for backward rows."""
     config = gate_config(row)
+    build = timed_build(impl, row, device)
     try:
         from flashrung import gate
         dtype = peers.torch_dtype(row.dtype)
         if row.packed is not None:
             backward_fn = peers.flashrung_backward_fn(impl) if row.mode == "bwd" else None
-            result = gate.check_varlen(peers.flashrung_forward_fn(impl), backward_fn,
+            result = gate.check_varlen(peers.flashrung_forward_fn(build), backward_fn,
                                        gate.Case(**{**config, "dtype": dtype}), device, seed=seed, kernel=impl)
         elif row.mode == "fwd":
-            result = gate.check_forward(peers.flashrung_forward_fn(impl), **{**config, "dtype": dtype},
+            result = gate.check_forward(peers.flashrung_forward_fn(build), **{**config, "dtype": dtype},
                                         device=device, seed=seed, kernel=impl)
         else:
             result = gate.check_backward(peers.flashrung_forward_fn(impl), peers.flashrung_backward_fn(impl),
                                          gate.Case(**{**config, "dtype": dtype}), device, seed=seed, kernel=impl)
-        return {"impl": impl, "mode": row.mode, "config": config, "passed": bool(result.passed),
+        return {"impl": impl, "build": build, "mode": row.mode, "config": config, "passed": bool(result.passed),
                 "ratio": float(result.ratio), "text": str(result)}
     except Exception as exc:   # a gate that cannot run is reported as not passed, with why
-        return {"impl": impl, "mode": row.mode, "config": config, "passed": False, "ratio": None,
+        return {"impl": impl, "build": build, "mode": row.mode, "config": config, "passed": False, "ratio": None,
                 "text": f"gate could not run: {type(exc).__name__}: {peers._one_line(exc)}"}
 
 
@@ -205,7 +261,7 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
     timer = timing.CudaEventTimer()
     ceilings = {k: c.to_json() for k, c in ceilings_mod.measure_all({r.dtype for r in rows},
                                                                      protocol.block_preheat_ms).items()}
-    # correct first: each flashrung kernel is gated (reduced size, once per problem family) before
+    # correct first: each flashrung kernel is gated (reduced size, once per build and problem family) before
     # any row times it; a kernel that fails is not timed on the rows its gate stands for
     gates = {}
     if gate:

@@ -69,13 +69,11 @@ def _row_problem(row: Row, device: str):
     dtype = peers.torch_dtype(row.dtype)
     causal, window, softcap = _score_options(row.causal, row.window if row.window is not None else NO_WINDOW,
                                              row.softcap)
-    if row.packed is not None:
-        rows = (1, sum(row.packed))
-        shapes = [(*rows, row.heads_q, row.headdim), (*rows, row.heads_kv, row.headdim), (*rows, row.heads_kv, row.dv)]
-    else:
-        shapes = [(row.batch, row.seqlen_q, row.heads_q, row.headdim), (row.batch, row.seqlen_k, row.heads_kv,
-                                                                        row.headdim),
-                  (row.batch, row.seqlen_k, row.heads_kv, row.dv)]
+    # (batch, rows) of q and of k/v: a pack is one batch entry of every sequence's rows
+    rows_q, rows_k = ((1, sum(row.packed)),) * 2 if row.packed is not None else (
+        (row.batch, row.seqlen_q), (row.batch, row.seqlen_k))
+    shapes = ((*rows_q, row.heads_q, row.headdim), (*rows_k, row.heads_kv, row.headdim),
+              (*rows_k, row.heads_kv, row.dv))
     q, k, v = (torch.empty(shape, dtype=dtype, device="meta") for shape in shapes)
     if row.packed is not None:
         problem = dispatch.Problem.of_packed(q, k, v, causal, len(row.packed), (max(row.packed),) * 2, window,

@@ -189,6 +189,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     window_right = changes.pop("_window_right", False)
     if window:
         cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
+    # "_narrow_window": True, with "_window", the tile a narrow window runs (config._narrow_window)
+    if changes.pop("_narrow_window", False):
+        from flashrung.kernels.hopper import config as hopper_config
+        cfg = hopper_config._narrow_window(cfg, d)
     # "_packed": True builds a launch of packed sequences (PACKED) on the packed default
     # (config._packed: config.PACKED_CLASHES off, the balanced lists traded for the run-time
     # hand-out); "_plain_of_packed" the same configuration unpacked, its baseline
@@ -481,6 +485,8 @@ WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-windo
                  ("d128-causal-band-window", "d128-causal", 128, True)]
 CENSUS_CONFIGS += [(label, d, causal, {"_window": True, **({"_window_right": True} if "band" in label else {})})
                    for label, _, d, causal in WINDOW_CENSUS]
+# d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
+CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
 # configuration unpacked (d64 causal: local memory outside its K/V loops; d256 non-causal: the
 # masked loop that grew most; all six compiled at the switch's introduction, 2026-12-05)
@@ -2574,6 +2580,19 @@ def test_window_census(census, label, base, d, causal):
     assert len(windowed["kv_loops"]) > len(plain["kv_loops"])
     assert abs(windowed["row"]["smem_bytes"] - plain["row"]["smem_bytes"]) <= 64
     assert windowed["row"]["config"]["window"] is True
+
+
+def test_a_narrow_d64_window_runs_a_tile_without_local_memory(census):
+    # why d64's narrow causal windows take the 128-row tile (config.NARROW_WINDOW_MAX_LEFT): the
+    # 192-row windowed build keeps per-step values in local memory in its masked loops (168 B when
+    # measured), where the window makes four or five steps of ten masked; the 128-row build keeps
+    # none, and every K/V loop stays on wgmma
+    narrow = census["d64-causal-narrow-window"]
+    assert "error" not in narrow["row"], narrow["row"]["error"]
+    assert narrow["row"]["config"]["block_m"] == config.NARROW_WINDOW_BLOCK_M[64] and narrow["row"]["config"]["window"]
+    assert narrow["row"]["spill_bytes"] == 0
+    assert narrow["row"]["sass"]["LDL"] == 0 and narrow["row"]["sass"]["STL"] == 0
+    assert narrow["kv_loops"] and all(loop["hgmma"] > 0 and loop["ldl"] == 0 for loop in narrow["kv_loops"])
 
 
 @pytest.mark.parametrize("label, base", [("d128-full-s16k-paired-softcap", "d128-full-s16k-paired"),

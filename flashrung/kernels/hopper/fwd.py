@@ -2328,8 +2328,10 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # the table is chosen by the lengths on the host: a replay with other lengths would walk
         # this capture's table, missing tiles or running past them
-        raise RuntimeError("hopper.fwd: a packed launch's balanced table is built from cu_seqlens' values on every "
-                           "call, which a CUDA graph capture cannot record; pass a config with balanced=False")
+        switch = "balanced" if handout_items is None else "handout_table"
+        raise RuntimeError(f"hopper.fwd: a packed launch's {switch} table is built from cu_seqlens' values on every "
+                           f"call, which a CUDA graph capture cannot record; pass a config with {switch}=False "
+                           "(impl='hopper.fwd@handout_table=false' draws every tile of the grid at run time)")
     cu = np.array([host_offsets(name, t) for name, t in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens)],
                   dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]

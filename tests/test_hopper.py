@@ -3516,6 +3516,50 @@ def test_dynamic_tiles_replays_in_a_cuda_graph():
         assert torch.equal(again, out_eager)
 
 
+def test_a_packed_capture_refuses_the_table_naming_the_switch(monkeypatch):
+    # the table of a pack's tiles is built from its lengths on the host: a capture, which replays
+    # whatever lengths cu_seqlens holds then, is refused with the switch that draws on the GPU
+    from flashrung import gate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    cu = (gate.cu_seqlens((300, 5), "cpu"), gate.cu_seqlens((300, 5), "cpu"))
+    args = (8, 3, 16, True, 128, 128, True, 10, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="handout_table=False .*hopper.fwd@handout_table=false"):
+        fwd._packed_schedule_table(cu, *args, handout_items=96)
+    with pytest.raises(RuntimeError, match="balanced table .* balanced=False"):
+        fwd._packed_schedule_table(cu, *args)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_pack_drawn_on_the_gpu_replays_in_a_cuda_graph_with_other_lengths(causal):
+    # the capture README offers for packs: impl="hopper.fwd@handout_table=false" draws every tile
+    # of the grid at run time and reads each sequence's lengths on the GPU, so a replay after
+    # cu_seqlens changed in place (same total rows, same longest) computes the new pack
+    import flashrung
+
+    torch.manual_seed(0)
+    impl = "hopper.fwd@handout_table=false"
+    q, k, v = (torch.randn(1500, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 1000, 1300, 1500], dtype=torch.int32, device="cuda")
+    call = lambda: flashrung.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=causal, impl=impl)  # noqa: E731
+    call()                                  # read cu_seqlens (and build the tensor maps) before the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = call()
+    torch.cuda.current_stream().wait_stream(stream)
+    for lengths in ((1000, 300, 200), (17, 1000, 483), (500, 500, 500)):
+        cu.copy_(torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32))
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call()), lengths
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])

@@ -261,6 +261,10 @@ def test_the_gate_checks_the_build_a_row_times_not_the_reduced_problems(monkeypa
     assert runner.timed_build("flashrung", dataclasses.replace(rows[0], mode="bwd")) == "flashrung"
     assert runner.timed_build("fa4", rows[0]) == "fa4"
     assert runner.timed_build("flashrung:nonexistent", rows[0]) == "flashrung:nonexistent"
+    # a kernel whose configuration takes few of its fields as overrides (the ladder's rungs, the
+    # same configuration at every size): the kernel and the overrides it was given
+    assert runner.timed_build("flashrung:ladder.v14@qk_ahead=false", rows[0]) == "flashrung:ladder.v14@qk_ahead=false"
+    assert runner.timed_build("flashrung:ladder.v16", rows[0]) == "flashrung:ladder.v16"
     assert runner._gate_key("flashrung", rows[0]) != runner._gate_key(
         "flashrung", dataclasses.replace(rows[0], seqlen_q=2048, seqlen_k=2048))
 

@@ -96,17 +96,24 @@ def timed_build(impl: str, row: Row, device: str = "cuda") -> str:
     from flashrung import dispatch
 
     try:
-        _, chosen = dispatch.select(_row_problem(row, device), "fwd", peers.kernel_name(impl))
+        problem = _row_problem(row, device)
+        _, chosen = dispatch.select(problem, "fwd", peers.kernel_name(impl))
         config = chosen.config()
     except Exception:     # the gate itself says why the kernel cannot run
         return impl
-    kernel = chosen.kernel.split("@")[0]
+    # the kernel dispatch picked, with the overrides it was given (a forced variant's label)
+    picked = f"{peers.OURS}:{chosen.kernel}"
     if config is None:
-        return f"{peers.OURS}:{kernel}"
+        return picked
     fields = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
-    if not all(isinstance(value, (bool, int, float, str)) for _, value in fields):
-        return impl
-    return f"{peers.OURS}:{kernel}@" + ",".join(f"{name}={value!r}".replace("'", "") for name, value in fields)
+    pinned = f"{peers.OURS}:{chosen.kernel.split('@')[0]}@" + ",".join(f"{name}={value}" for name, value in fields)
+    try:
+        # a kernel whose configuration does not depend on the problem may take few of its fields
+        # as overrides (the ladder's rungs): there the kernel and its overrides pin it already
+        _, again = dispatch.select(problem, "fwd", peers.kernel_name(pinned))
+        return pinned if again.config() == config else picked
+    except (ValueError, TypeError):
+        return picked
 
 
 def _gate_key(impl: str, row: Row) -> tuple:

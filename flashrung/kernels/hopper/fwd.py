@@ -2338,13 +2338,10 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
     key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
            consumer_share, window_left, window_right, handout_items)
     table = _PACKED_TABLES.get(key)
-    if table is None and handout_items is not None:
-        host = packed_handout_table(lens[0], lens[1], heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal,
-                                    ctas, handout_items, consumer_share, window_left, window_right)
-        table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
-    elif table is None:
-        host = packed_schedule(lens[0], lens[1], heads_q, num_m_blocks, section, lpt, block_m,
-                               kv_tile, causal, ctas, consumer_share, window_left, window_right)
+    if table is None:
+        launch = (heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas)
+        host = (packed_schedule(*lens, *launch, consumer_share, window_left, window_right) if handout_items is None
+                else packed_handout_table(*lens, *launch, handout_items, consumer_share, window_left, window_right))
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
     else:
         _PACKED_TABLES.move_to_end(key)

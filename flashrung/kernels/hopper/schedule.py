@@ -289,13 +289,13 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     return tuple(offsets) + tuple(t for tiles in lists for t in tiles)
 
 
-def tile_id_of(head: int, m_block: int, num_m_blocks: int, batch_heads: int, section: int, lpt: bool) -> int:
+def tile_id_of(head, m_block, num_m_blocks: int, batch_heads: int, section: int, lpt: bool):
     """The linear tile id :func:`tile_position` maps to ``(head, m_block)`` (``head``: batch · heads_q
-    + q_head): its inverse, host-side."""
+    + q_head): its inverse, host-side; ``head`` and ``m_block`` integers or numpy arrays alike."""
     if not lpt:
         return head * num_m_blocks + m_block
     first = (head // section) * section
-    width = min(section, batch_heads - first)
+    width = np.minimum(section, batch_heads - first)
     return first * num_m_blocks + (num_m_blocks - 1 - m_block) * width + (head - first)
 
 
@@ -375,16 +375,8 @@ def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, 
                                          window_right)) for lq, lk in pairs]
     cost = np.concatenate([priced[inverse.reshape(-1)[b]] for b in range(lens_q.size)]) if seq.size else np.zeros(0)
     # every head of each: (batch · heads_q + q_head, m_block) → the launch's tile id
-    batch_heads = lens_q.size * heads_q
     head = (seq * heads_q)[None, :] + np.arange(heads_q)[:, None]
-    m_of = np.broadcast_to(m[None, :], head.shape)
-    if lpt:
-        first = (head // section) * section
-        width = np.minimum(section, batch_heads - first)
-        tile = first * num_m_blocks + (num_m_blocks - 1 - m_of) * width + (head - first)
-    else:
-        tile = head * num_m_blocks + m_of
-    tile = tile.reshape(-1)
+    tile = tile_id_of(head, m[None, :], num_m_blocks, lens_q.size * heads_q, section, lpt).reshape(-1)
     cost = np.broadcast_to(cost[None, :], head.shape).reshape(-1)
     order = np.lexsort((tile, -cost))               # heaviest first; ties in launch order
     return tile[order], cost[order]

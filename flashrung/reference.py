@@ -19,17 +19,19 @@ import math
 import torch
 
 
-def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int], device):
+def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int], device,
+                   query_rows: torch.Tensor | None = None):
     """Boolean (Sq, Sk) mask, True where query i may attend key j, or None where every query sees
-    every key: causal and the sliding window, both bottom-right aligned."""
+    every key: causal and the sliding window, both bottom-right aligned. ``query_rows``: only
+    these queries' rows of it (their positions in 0..Sq-1), (len(query_rows), Sk)."""
     left, right = window_size
     if causal:
         right = 0
     if left < 0 and right < 0:
         return None
-    rel = torch.arange(seqlen_k, device=device)[None, :] - torch.arange(seqlen_q, device=device)[:, None] \
-        - (seqlen_k - seqlen_q)                                     # j − (i + Sk − Sq)
-    mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    rows = torch.arange(seqlen_q, device=device) if query_rows is None else query_rows.to(device)
+    rel = torch.arange(seqlen_k, device=device)[None, :] - rows[:, None] - (seqlen_k - seqlen_q)   # j − (i + Sk − Sq)
+    mask = torch.ones(rows.numel(), seqlen_k, dtype=torch.bool, device=device)
     if left >= 0:
         mask &= rel >= -left
     if right >= 0:
@@ -42,12 +44,15 @@ def _expand_kv(x: torch.Tensor, heads_q: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=2)
 
 
-def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -1), softcap=0.0):
+def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -1), softcap=0.0, query_rows=None):
     """Attention with every operation carried out in ``compute_dtype`` — fp64/fp32 for the
     oracle; the inputs' own dtype for the same-dtype reference, where each matmul, the scaling,
-    the softmax and the output round to fp16/bf16 exactly as a plain PyTorch program does."""
+    the softmax and the output round to fp16/bf16 exactly as a plain PyTorch program does.
+    ``query_rows``: only these queries (positions in 0..Sq-1, masks aligned as for all of them)."""
     B, Sq, Hq, D = q.shape
     Sk = k.shape[1]
+    if query_rows is not None:
+        q = q[:, query_rows.to(q.device)]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
     qh = q.to(compute_dtype).transpose(1, 2)                      # (B, Hq, Sq, D)
     kh = _expand_kv(k, Hq).to(compute_dtype).transpose(1, 2)       # (B, Hq, Sk, D)
@@ -55,7 +60,7 @@ def _attention(q, k, v, causal, softmax_scale, compute_dtype, window_size=(-1, -
     scores = (qh @ kh.transpose(-1, -2)) * scale
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
-    mask = attention_mask(Sq, Sk, causal, window_size, q.device)
+    mask = attention_mask(Sq, Sk, causal, window_size, q.device, query_rows)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # rows that see no key (causal with Sq > Sk, a window past the keys) are defined as out = 0,
@@ -73,14 +78,15 @@ def oracle_dtype(device) -> torch.dtype:
     return torch.float64 if torch.device(device).type == "cpu" else torch.float32
 
 
-def oracle(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0):
-    """Exact attention: fp64 on the CPU, fp32 on a GPU. Returns (out, lse) in that dtype."""
-    return _attention(q, k, v, causal, softmax_scale, oracle_dtype(q.device), window_size, softcap)
+def oracle(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, query_rows=None):
+    """Exact attention: fp64 on the CPU, fp32 on a GPU. Returns (out, lse) in that dtype; with
+    ``query_rows`` (a 1-D index tensor), those queries' rows only."""
+    return _attention(q, k, v, causal, softmax_scale, oracle_dtype(q.device), window_size, softcap, query_rows)
 
 
-def lowp(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0):
+def lowp(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, query_rows=None):
     """Same-dtype reference: what a straightforward fp16/bf16 program computes."""
-    return _attention(q, k, v, causal, softmax_scale, q.dtype, window_size, softcap)
+    return _attention(q, k, v, causal, softmax_scale, q.dtype, window_size, softcap, query_rows)
 
 
 def oracle_grads(q, k, v, out_grad, causal=False, softmax_scale=None, low_precision=False, window_size=(-1, -1),

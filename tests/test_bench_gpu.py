@@ -22,7 +22,8 @@ def test_tiny_rows_end_to_end():
     for row in doc["rows"]:
         assert set(row["results"]) == set(peers.DEFAULT_IMPLS)       # nobody silently skipped
         for impl, r in row["results"].items():
-            assert r["status"] in ("ok", "unsupported", "error")
+            # no peer here computes another function (a WRONG cell would hide a convention bug)
+            assert r["status"] in ("ok", "unsupported", "error"), (impl, r)
             if r["status"] == "ok":
                 assert r["tflops"] > 0 and r["distribution"]["n"] >= 2
                 # the host-path probe ran and its verdict follows from its two numbers
@@ -34,10 +35,11 @@ def test_tiny_rows_end_to_end():
         assert row["results"]["flashrung"]["status"] == "ok", row["results"]["flashrung"]
         assert row["results"]["cudnn"]["status"] == "ok" or row["results"]["flash"]["status"] == "ok"
         if row["mode"] == "fwd":
-            # every forward output agrees with the reference peer to bf16 accuracy
+            # every forward output was read against the oracle; flashrung's within the gate's bound
             for impl, r in row["results"].items():
-                if "max_abs_diff" in r:
-                    assert r["max_abs_diff"]["value"] < 0.05, (impl, r["max_abs_diff"])
+                if r["status"] == "ok":
+                    assert r["agreement"]["ratio"] <= runner.WRONG_OUTPUT_RATIO, (impl, r["agreement"])
+                    assert r["agreement"]["ratio"] <= 1 or not peers.is_ours(impl), (impl, r["agreement"])
     assert doc["correctness"] and all(g["passed"] for g in doc["correctness"]), doc["correctness"]
     env = doc["manifest"]["environment"]
     assert env["gpu"] and env["sm_count"] > 0 and doc["manifest"]["clocks_end"]["source"]
@@ -56,8 +58,8 @@ def test_a_packed_row_end_to_end():
         assert row["results"][impl]["status"] == "unsupported" and "packed" in row["results"][impl]["reason"]
     assert row["results"]["flashrung"]["status"] == "ok", row["results"]["flashrung"]
     for impl, r in row["results"].items():
-        if "max_abs_diff" in r:
-            assert r["max_abs_diff"]["value"] < 0.05, (impl, r["max_abs_diff"])
+        if r["status"] == "ok":
+            assert r["agreement"]["ratio"] <= 1 or not peers.is_ours(impl), (impl, r["agreement"])
     assert doc["correctness"] and all(g["passed"] for g in doc["correctness"]), doc["correctness"]
 
 

@@ -5,7 +5,7 @@ import argparse
 import pytest
 import torch
 
-from flashrung import gate, gate_mutations
+from flashrung import gate, gate_mutations, reference
 from flashrung.kernels.portable import bwd, fwd
 from conftest import DEVICE
 
@@ -259,3 +259,23 @@ def test_given_inputs_are_judged_by_the_same_rule():
     result = gate.check_forward_inputs(fwd.forward, q, k, v, False)
     assert result.passed and result.case.seqlen_k == 40, str(result)
     assert not gate.check_forward_inputs(drops_last_keys, q, k, v, False).passed
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (5, 3), 0.0), (True, (7, 0), 20.0)])
+def test_references_on_some_query_rows_are_those_rows_of_the_whole(causal, window, softcap):
+    # the bench reads every implementation's output at a sample of query rows (runner.output_agreement):
+    # the references' masks must align those rows bottom-right exactly as the whole problem's, Sq ≠ Sk
+    # and GQA included, and a row that sees no key stays zero
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 19, 4, 16, generator=g).to(torch.float16)
+    k, v = (torch.randn(2, 23, 2, 16, generator=g).to(torch.float16) for _ in range(2))
+    rows = torch.tensor([0, 1, 9, 17, 18])
+    options = dict(causal=causal, softmax_scale=0.3, window_size=window, softcap=softcap)
+    for ref, tol in ((reference.oracle, 1e-12), (reference.lowp, 1e-3)):
+        # (a product over fewer rows may round its last bit otherwise; a misaligned mask moves
+        # whole probabilities)
+        whole_out, whole_lse = ref(q, k, v, **options)
+        out, lse = ref(q, k, v, query_rows=rows, **options)
+        torch.testing.assert_close(out, whole_out[:, rows], rtol=tol, atol=tol)
+        torch.testing.assert_close(lse, whole_lse[:, :, rows], rtol=tol, atol=tol)

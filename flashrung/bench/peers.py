@@ -55,6 +55,9 @@ FLEX_RECOMPILE_LIMIT = 1024
 
 # the status of a flashrung kernel that a row did not time because it failed its correctness gate
 GATE_FAILED = "gate failed"
+# the status of an implementation a forward row did not time because its output is not the row's
+# attention (runner.output_agreement)
+WRONG_OUTPUT = "wrong output"
 
 
 class Unsupported(Exception):
@@ -363,6 +366,14 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
 # FlashAttention-4 (CuTe DSL)
 
 
+def fa4_window(window: tuple[int, int]) -> tuple[int | None, int | None]:
+    """A row's window (flash-attn's ``window_size``: -1 an unbounded side) as FA4's CuTe interface
+    takes it: there an unbounded side is ``None``, and a negative one is taken as a bound unless
+    both sides are negative — ``(1024, -1)`` would be the keys from 1024 before the diagonal to
+    one before it, not everything from 1024 before on."""
+    return tuple(None if side < 0 else side for side in window)
+
+
 def _prepare_fa4(row: Row, inputs: Inputs) -> Prepared:
     try:
         from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
@@ -370,7 +381,7 @@ def _prepare_fa4(row: Row, inputs: Inputs) -> Prepared:
         raise Unsupported(f"flash_attn.cute not importable ({type(exc).__name__}: {_one_line(exc, 160)})") from None
 
     extra = ({"softcap": row.softcap} if row.softcap else {}) | (
-        {"window_size": row.window} if row.window is not None else {})
+        {"window_size": fa4_window(row.window)} if row.window is not None else {})
     if row.packed:
         cu, longest = inputs.cu_seqlens, max(row.packed)
 

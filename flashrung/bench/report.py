@@ -65,7 +65,8 @@ def _cell(result: dict | None) -> str:
         return "-"
     if result["status"] == "ok":
         return f"{result['tflops']:.1f}" + (HOST_BOUND_MARK if result.get("host_bound") else "")
-    return {"unsupported": "unsup", peers.GATE_FAILED: "FAIL"}.get(result["status"], "error")
+    return {"unsupported": "unsup", peers.GATE_FAILED: "FAIL",
+            peers.WRONG_OUTPUT: "WRONG"}.get(result["status"], "error")
 
 
 def host_bound_note(doc: dict) -> str | None:

@@ -11,6 +11,11 @@ stands for (status ``"gate failed"``, the check's text as the reason) — a
 time would price a wrong kernel. The gates leave nothing behind that the timing sees (every timed
 block is warmed and preheated by its own implementation), but they compile flashrung's kernels, so
 its rows' ``first_call_s`` no longer include that compile.
+
+On each forward row, every implementation's first output — peers' too — is checked against the
+fp32 oracle on a sample of its query rows (:func:`output_agreement`): one whose error there is many
+times the gate's bound computes another function than the row asks for (another window or mask
+convention) and is not timed (status ``"wrong output"``), since its rate would price other work.
 """
 from __future__ import annotations
 
@@ -31,6 +36,14 @@ GATE_MAX_SEQLEN = 1024
 GATE_MAX_BATCH = 2
 # a packed row's gate: its first sequences, each at most GATE_MAX_SEQLEN long
 GATE_MAX_SEQUENCES = 4
+# Each forward output against the fp32 oracle (:func:`output_agreement`): this many query rows,
+# spread evenly over the sequence (its first and last included), every head, in the first and the
+# last batch entry (a packed row: its first non-empty and its longest sequence)
+AGREEMENT_ROWS = 64
+# An output whose error at those rows exceeds this many times the gate's bound (FLOOR_FACTOR · the
+# same-dtype floor + ATOL) computes another function: a different window convention or mask moves
+# outputs by 10-100x that bound, while an exact kernel sits below 1 and a less careful one at a few
+WRONG_OUTPUT_RATIO = 8.0
 # The host-path probe after a row's timing: back-to-back calls filling about this many ms
 # (between HOST_PROBE_MIN_CALLS and timing.HOST_PATH_CALLS), host time to issue them beside the
 # events' time for them
@@ -154,8 +167,43 @@ def gate_arms(arms, row: Row, seed: int = 0, device: str = "cuda") -> dict:
             for role, impl in arms.items()}
 
 
-def _max_abs_diff(a, b) -> float:
-    return float((a.float() - b.float()).abs().max().item())
+def _agreement_slices(row: Row, inputs: peers.Inputs) -> list[tuple[str, slice, slice]]:
+    """Where :func:`output_agreement` looks: (label, batch slice, token slice) per sample — the first
+    and the last batch entry, or a pack's first non-empty and its longest sequence."""
+    if inputs.cu_seqlens is None:
+        entries = sorted({0, row.batch - 1})
+        return [(f"batch entry {b}", slice(b, b + 1), slice(None)) for b in entries]
+    cu = [int(x) for x in inputs.cu_seqlens.tolist()]
+    lengths = [b - a for a, b in zip(cu, cu[1:])]
+    nonempty = [i for i, n in enumerate(lengths) if n]
+    picks = sorted({nonempty[0], max(nonempty, key=lambda i: lengths[i])}) if nonempty else []
+    return [(f"sequence {i}", slice(0, 1), slice(cu[i], cu[i + 1])) for i in picks]
+
+
+def output_agreement(row: Row, inputs: peers.Inputs, outs: dict) -> dict[str, dict]:
+    """Each forward output in ``outs`` ({impl: out}) against the fp32 oracle at
+    :data:`AGREEMENT_ROWS` query rows of each :func:`_agreement_slices` sample, every head: the
+    gate's rule (err ≤ FLOOR_FACTOR · floor + ATOL, the floor the same-dtype reference's error at
+    the same rows) read as ``ratio`` = err ÷ bound, over all samples."""
+    import torch
+
+    from flashrung import gate, reference
+    options = dict(causal=row.causal, softmax_scale=inputs.scale, softcap=row.softcap or 0.0,
+                   window_size=row.window if row.window is not None else NO_WINDOW)
+    err = {impl: 0.0 for impl in outs}
+    floor, checked = 0.0, []
+    for label, batch, tokens in _agreement_slices(row, inputs):
+        q, k, v = (t[batch, tokens] for t in (inputs.q, inputs.k, inputs.v))
+        rows = torch.linspace(0, q.shape[1] - 1, min(q.shape[1], AGREEMENT_ROWS), device=q.device).round().long()
+        rows = torch.unique(rows)
+        truth = reference.oracle(q, k, v, query_rows=rows, **options)[0]
+        floor = max(floor, gate.max_abs_diff(reference.lowp(q, k, v, query_rows=rows, **options)[0], truth))
+        for impl, out in outs.items():
+            err[impl] = max(err[impl], gate.max_abs_diff(out[batch, tokens][:, rows.to(out.device)], truth))
+        checked.append(f"{label} ({rows.numel()} query rows)")
+    bound = gate.FLOOR_FACTOR * floor + gate.ATOL
+    where = "against the fp32 oracle at " + ", ".join(checked) + ", every head"
+    return {impl: {"vs": where, "err": e, "bound": bound, "ratio": e / bound} for impl, e in err.items()}
 
 
 def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: timing.BenchProtocol,
@@ -178,13 +226,20 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         except peers.Unsupported as exc:
             results[impl] = {"status": exc.status, "reason": exc.reason}
 
-    # forward rows: every output against one reference, to catch a peer computing something else
+    # forward rows: every output against the oracle, to catch an implementation computing something else
     outs = {i: p.first_out for i, p in prepared.items() if p.first_out is not None}
-    ref = "cudnn" if "cudnn" in outs else next(iter(outs), None)
-    diffs = {i: _max_abs_diff(o, outs[ref]) for i, o in outs.items() if i != ref} if ref else {}
+    agreement = output_agreement(row, inputs, outs) if outs else {}
     for p in prepared.values():
         p.first_out = None
     del outs
+    for impl, a in agreement.items():
+        if a["ratio"] > WRONG_OUTPUT_RATIO:
+            results[impl] = {"status": peers.WRONG_OUTPUT, "agreement": a, "reason": (
+                f"not timed: its output differs from the row's attention — max error {a['err']:.3g} {a['vs']}, "
+                f"{a['ratio']:.0f}x the gate's bound {a['bound']:.3g} (more than {WRONG_OUTPUT_RATIO:g}x): it "
+                "computes another function here (a window, mask or scale convention), so its rate would price "
+                "other work")}
+            del prepared[impl]
 
     warm, reps = {}, {}
     for impl, p in list(prepared.items()):
@@ -232,8 +287,8 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
             "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
             "dispatch": p.dispatch, "host_path": probes[impl], "host_bound": timing.host_bound(probes[impl]),
         }
-        if impl in diffs:
-            results[impl]["max_abs_diff"] = {"vs": ref, "value": diffs[impl]}
+        if impl in agreement:
+            results[impl]["agreement"] = agreement[impl]
 
     ok = [i for i in impls if results.get(i, {}).get("status") == "ok"]
     ok_peers = [i for i in ok if not peers.is_ours(i)]

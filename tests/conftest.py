@@ -55,3 +55,65 @@ def gpu_memory_turn(tmp_path_factory):
             if HAS_CUDA and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class Subprocesses:
+    """Commands started now, at a lower CPU priority (niceness ``NICE``), their outputs read later
+    by :meth:`result`: the compile-only evidence (census) a module fixture gathers in fresh
+    interpreter-free processes."""
+
+    NICE = 10
+
+    def __init__(self, commands: list[list[str]], env: dict):
+        import subprocess
+        self.procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                       preexec_fn=lambda: os.nice(self.NICE)) for command in commands]
+
+    def result(self, timeout: float) -> list[str]:
+        """Every command's standard output, in order; a command that failed fails the caller with its
+        standard error's tail."""
+        outs = []
+        for proc in self.procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, err[-3000:]
+            outs.append(out)
+        return outs
+
+    def cancel(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+# Module fixtures that compile many kernels in subprocesses start when collection ends, not when
+# their module's first test asks: the single-threaded tests that run before them leave a core idle
+# on CI's two, and tests/test_hopper.py's census alone held 557 s of a 1209 s run (--durations,
+# 2026-12-05). A module lists them in EARLY_STARTS = {fixture name: a function returning
+# Subprocesses}; only fixtures a selected test uses start, once each, and the fixture takes its
+# handle with early_start(). The compiles run niced, so the tests beside them keep their core.
+_EARLY_STARTED: dict[tuple[str, str], Subprocesses] = {}
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        module = getattr(item, "module", None)
+        for name, start in getattr(module, "EARLY_STARTS", {}).items():
+            key = (module.__name__, name)
+            if key not in _EARLY_STARTED and name in getattr(item, "fixturenames", ()):
+                _EARLY_STARTED[key] = start()
+
+
+def early_start(module_name: str, name: str, start) -> Subprocesses:
+    """The handle collection started for ``module_name``'s fixture ``name``, or (a run that did not
+    start it, e.g. one test run by node id after a plugin reordered collection) one started now."""
+    return _EARLY_STARTED.pop((module_name, name), None) or start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # a run stopped early (-x, a failure in collection's wake) leaves nothing compiling behind it
+    for handle in _EARLY_STARTED.values():
+        handle.cancel()
+    _EARLY_STARTED.clear()

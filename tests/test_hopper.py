@@ -19,6 +19,7 @@ from flashrung.dispatch import Problem
 from flashrung.kernels.hopper import config, fwd, pipeline, schedule
 from flashrung.kernels.hopper.config import SMEM_PER_BLOCK_BYTES, HopperFwdConfig, replace_following, select_config
 from flashrung.kernels.hopper.schedule import head_section, tail_split
+from conftest import Subprocesses, early_start
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -512,25 +513,30 @@ SHORT_CAUSAL_D128_SPILL_BYTES = 0
 EXTRA_KEYS_SPILL_BYTES = 40
 
 
-@pytest.fixture(scope="module")
-def census():
+def _start_census() -> Subprocesses:
     # one process per core, each compiling every n-th configuration: the builds are independent
     # and single-threaded (LLVM, ptxas), and on CI's two cores this fixture was most of the suite
+    # (started when collection ends: conftest.EARLY_STARTS)
     import json
     import os
-    import subprocess
     import sys
 
     from flashrung.evidence.census import interpreter_free_env
 
     jobs = max(1, min(os.cpu_count() or 1, 4))
-    procs = [subprocess.Popen([sys.executable, "-c", _CENSUS_SCRIPT, json.dumps(CENSUS_CONFIGS[i::jobs])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=interpreter_free_env())
-             for i in range(jobs)]
+    return Subprocesses([[sys.executable, "-c", _CENSUS_SCRIPT, json.dumps(CENSUS_CONFIGS[i::jobs])]
+                         for i in range(jobs)], interpreter_free_env())
+
+
+EARLY_STARTS = {"census": _start_census}
+
+
+@pytest.fixture(scope="module")
+def census():
+    import json
+
     result = {}
-    for proc in procs:
-        out, err = proc.communicate(timeout=1500)
-        assert proc.returncode == 0, err[-3000:]
+    for out in early_start(__name__, "census", _start_census).result(timeout=1500):
         result.update(json.loads(out.strip().splitlines()[-1]))
     assert set(result) == {label for label, *_ in CENSUS_CONFIGS}
     return result

@@ -16,6 +16,7 @@ import torch
 from flashrung import dispatch
 from flashrung.kernels import ladder
 from flashrung.kernels.ladder import common, evidence, v3, v5, v7, v9, v10, v14, v15, v16, v17, v18, v19, v20, v21, v22, v23
+from conftest import Subprocesses, early_start
 
 SM90 = "sm_90a"
 D128_FULL = {"head_dim": 128, "causal": False}
@@ -113,12 +114,29 @@ BF16 = {"v7_bf16": ("v7", SM90, {**D128_CAUSAL, "variant": "all_keeps"})}
 LAUNCHED_B = {f"{r}_at_b": (r, SM90, {**D128_CAUSAL, "kv_copy": "one_stride"}) for r in ("v20", "v22", "v23")}
 
 
-@pytest.fixture(scope="module")
-def rows():
+def _selectors() -> list[dict]:
     selectors = [{"rung": r, "arch": a, "match": m} for r, a, m in SELECTORS.values()]
     selectors += [{"rung": r, "arch": a, "match": m, "dtype": "bf16"} for r, a, m in BF16.values()]
     selectors += [{"rung": r, "arch": a, "match": m, "dtype": "bf16", "launch": "B"} for r, a, m in LAUNCHED_B.values()]
-    got = evidence.rows_in_subprocess(selectors, jobs=2)
+    return selectors
+
+
+def _start_rows() -> Subprocesses:
+    # every rung's census in one fresh interpreter-free process of two jobs, started when
+    # collection ends (conftest.EARLY_STARTS)
+    from flashrung.evidence.census import interpreter_free_env
+    return Subprocesses([evidence.rows_command(_selectors(), jobs=2)], interpreter_free_env())
+
+
+EARLY_STARTS = {"rows": _start_rows}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    import json
+
+    (out,) = early_start(__name__, "rows", _start_rows).result(timeout=900)
+    got = json.loads(out)
     keys = list(SELECTORS) + list(BF16) + list(LAUNCHED_B)
     out = dict(zip(keys, got))
     for key, row in out.items():

@@ -799,7 +799,11 @@ _LEVERS = {
     # B32 H32 S1024 0.9960 / 0.9999; the short-causal tile at B32 H32 S1024 1.0011 / 1.0076
     # (run 1's halves disagreeing). On today's non-causal kernel (dd5eb5c), B2 H32 S16384: alone
     # 1.0005 / 1.0035; with asm_arrivals (418 instructions a trip, FA4's count) 1.0025 / 1.0033,
-    # then 1.0014 / 1.0042, B1 S32768 1.0028 / 1.0005, B8 S4096 1.0054 / 1.0016 — NULL, off
+    # then 1.0014 / 1.0042, B1 S32768 1.0028 / 1.0005, B8 S4096 1.0054 / 1.0016 — NULL, off.
+    # On the paired kernel (K/V multicast, census 434 -> 426), on an H100 (t_noise 0.001, no H100
+    # A/A calibration): B8 S4096 1.0020 / 1.0020, B4 S8192 1.0012 / 1.0016, B2 S16384 1.0015 /
+    # 1.0015 — a third of the +0.5-0.7% predicted, under the H200's t_keep (1.0022): off
+    # (h100-compare-d64-paired-defer-row-sum-*-7f95815.json)
     (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_CAUSAL_MASK),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16

@@ -84,14 +84,20 @@ def rows_for(selectors: list[dict], jobs: int = 1) -> list[dict]:
         return list(pool.map(_row, selectors))
 
 
+def rows_command(selectors: list[dict], jobs: int = 1) -> list[str]:
+    """The command line that prints ``rows_for(selectors)`` as JSON (run it with
+    ``census.interpreter_free_env()``)."""
+    return [sys.executable, "-m", "flashrung.kernels.ladder.evidence", "--select", json.dumps(selectors),
+            "--jobs", str(jobs), "--json"]
+
+
 def rows_in_subprocess(selectors: list[dict], jobs: int = 1, timeout: float = 900) -> list[dict]:
     """``rows_for`` in a fresh interpreter-free Python (for callers running under
     TRITON_INTERPRET=1, e.g. the CPU test suite)."""
     from flashrung.evidence.census import interpreter_free_env
 
-    out = subprocess.run([sys.executable, "-m", "flashrung.kernels.ladder.evidence", "--select",
-                          json.dumps(selectors), "--jobs", str(jobs), "--json"],
-                         capture_output=True, text=True, env=interpreter_free_env(), timeout=timeout)
+    out = subprocess.run(rows_command(selectors, jobs), capture_output=True, text=True, env=interpreter_free_env(),
+                         timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"ladder census failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout)

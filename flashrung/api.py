@@ -174,10 +174,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         window_size: a sliding window ``(left, right)`` as flash-attn's (local attention): query
            ``i`` sees key ``j`` iff ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q
            + right``; -1 leaves a side unbounded. With ``causal`` the right side must be -1 or 0.
-           Runs on the portable kernels (``hopper.fwd`` has no window yet and says so).
         softcap: > 0 caps the scaled scores as flash-attn does, ``softcap · tanh(scores /
            softcap)``, before the mask and the softmax (Gemma 2's 50, Grok's 30); 0, the default,
-           caps nothing. Runs on the portable kernels, forward and backward.
+           caps nothing.
+
+    A window and a cap run forward on ``hopper.fwd`` where dispatch takes it (sm_90), otherwise on
+    the portable kernel; the backward of either is the portable kernel's.
 
     Returns ``out`` ``(batch, seqlen_q, heads_q, head_dim_v)`` in q's dtype, or ``(out, lse)``.
     Differentiable in q, k, v. :func:`flashrung.last_dispatch` tells which kernel ran.

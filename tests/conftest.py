@@ -92,11 +92,14 @@ class Subprocesses:
 # 2026-12-05). A module lists them in EARLY_STARTS = {fixture name: a function returning
 # Subprocesses}; only fixtures a selected test uses start, once each, and the fixture takes its
 # handle with early_start(). The compiles run niced, so the tests beside them keep their core.
+# (The README's test command runs in one process; under pytest-xdist nothing starts early.)
 _EARLY_STARTED: dict[tuple[str, str], Subprocesses] = {}
 
 
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    # an xdist worker collects every test but runs a share of them: there a fixture starts when a
+    # test asks for it, so that workers with no census test compile nothing
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     for item in session.items:
         module = getattr(item, "module", None)

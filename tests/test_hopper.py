@@ -462,6 +462,11 @@ CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64
 CENSUS_CONFIGS += [("d128-full-s16k-paired-softcap", 128, False, {"_seqlen": 16384, "_key_tail": False,
                                                                   "_paired": True, "_softcap": True}),
                    ("d64-causal-softcap", 64, True, {"_softcap": True})]
+# ... and the capped d128 non-causal default itself: one exponential in four on the FMA pipe
+# (config.CAPPED_EXP2_FMA_EVERY)
+CENSUS_CONFIGS += [("d128-full-s16k-paired-softcap-split-exp2", 128, False,
+                    {"_seqlen": 16384, "_key_tail": False, "_paired": True, "_softcap": True,
+                     "exp2_fma_every": config.CAPPED_EXP2_FMA_EVERY[128, False]})]
 # a v with a head dim of its own (config.own_value_dim): MLA's 192/128 on d256's rows (Q and K
 # padded to 256, V and O 128 wide; with split_head_dim, Q and K as 128 + 64 columns), and 128/64
 # and 64/128 on d128 non-causal's S16k default (the relayed pair: its multicast copies take each
@@ -2387,12 +2392,33 @@ def test_softcap_runs_when_asked_for_and_falls_back_visibly_otherwise(monkeypatc
 
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", False)
     capped = _problem(softcap=30.0, **_contiguous(128))
-    reason = _runs_by_name_only(capped, dataclasses.replace(capped, softcap=0.0))
+    # (run by name on the capped default: config.CAPPED_EXP2_FMA_EVERY)
+    reason = _runs_by_name_only(capped, capped)
     assert reason.startswith("softcap 30 runs on hopper.fwd only when asked for by name") and "impl=" in reason
     monkeypatch.setattr(fwd, "SOFTCAP_AUTO", True)
     assert fwd.auto_declined_reason(capped) is None
     assert dispatch.select(capped, "fwd")[1].kernel == "hopper.fwd"
     assert "right side" in fwd.unsupported_reason(dataclasses.replace(capped, causal=True, window_size=(8, 8)))
+
+
+def test_a_capped_default_takes_the_exp2_split_only_where_it_was_priced():
+    # config.CAPPED_EXP2_FMA_EVERY: the capped d128 non-causal default runs one exponential in four on
+    # the FMA pipe (paired 1.028 on an H100, gated); d64 (0.76-0.90) and d128 causal (NULL) keep MUFU,
+    # and so does every uncapped problem. A band (a non-causal window with a right side) runs the
+    # causal schedule, so the causal rule. Every result builds
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in (17, 1000, 2048, 8192, 16384, 32768):
+                plain = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+                capped = dataclasses.replace(plain, softcap=30.0)
+                cfg = select_config(capped)
+                cfg.check(d, 2)
+                assert select_config(plain).exp2_fma_every == 0
+                want = 4 if (d, causal) == (128, False) else 0
+                assert cfg.exp2_fma_every == want, (d, causal, seqlen)
+                assert cfg == replace_following(select_config(plain), d, exp2_fma_every=want)
+    band = _problem(head_dim=128, head_dim_v=128, softcap=30.0, window_size=(64, 64))
+    assert select_config(band).exp2_fma_every == 0
 
 
 WINDOWS = ((False, (64, -1)), (True, (64, 0)), (True, (1000, -1)), (False, (8, 8)), (False, (-1, 8)), (False, (8, 0)))
@@ -2626,6 +2652,25 @@ def test_softcap_census(census, label, base):
     opcodes = {k: capped["row"]["sass"]["opcodes"].get(k, 0) - plain["row"]["sass"]["opcodes"].get(k, 0)
                for k in ("FSETP.GT.AND", "FSEL")}
     assert opcodes == {"FSETP.GT.AND": 0, "FSEL": 0}, opcodes
+
+
+def test_the_capped_exp2_split_moves_a_quarter_of_the_softmax_exponentials_off_mufu(census):
+    # the mechanism config.CAPPED_EXP2_FMA_EVERY prices (d128 non-causal, N = 4): every K/V loop with
+    # a softmax issues a quarter of the tile's softmax exponentials (16 a thread) as FMA-pipe
+    # polynomials instead of MUFU.EX2, the cap's own MUFU work untouched; no local memory in any
+    # loop, the same wgmma and buffers (census: steady loop 807 -> 920 instructions, MUFU 194 -> 178)
+    split, capped = census["d128-full-s16k-paired-softcap-split-exp2"], census["d128-full-s16k-paired-softcap"]
+    assert "error" not in split["row"], split["row"]["error"]
+    every = config.CAPPED_EXP2_FMA_EVERY[128, False]
+    assert split["row"]["config"]["exp2_fma_every"] == every
+    assert split["row"]["smem_bytes"] == capped["row"]["smem_bytes"]
+    assert split["row"]["spill_bytes"] == capped["row"]["spill_bytes"]
+    scores_per_thread = 64
+    assert len(split["kv_loops"]) == len(capped["kv_loops"])
+    for s_loop, c_loop in zip(split["kv_loops"], capped["kv_loops"]):
+        assert s_loop["hgmma"] == c_loop["hgmma"] and s_loop["ldl"] == c_loop["ldl"] == 0
+        softmax = c_loop["mufu"] >= scores_per_thread
+        assert c_loop["mufu"] - s_loop["mufu"] == (scores_per_thread // every if softmax else 0), (s_loop, c_loop)
 
 
 def test_softcap_factors_give_flash_attns_cap_in_raw_units():

@@ -1484,6 +1484,8 @@ def select_config(problem) -> HopperFwdConfig:
         cfg = _narrow_window(cfg, head_dim)
     if problem.varlen:
         cfg = _packed(cfg, head_dim)
+    if problem.softcap and (head_dim, bool(problem.causal)) in CAPPED_EXP2_FMA_EVERY:
+        cfg = _capped(cfg, head_dim, bool(problem.causal))
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
             SPLIT_DEFAULT_WITH_SCORE_OPTIONS or not (problem.windowed or problem.varlen or problem.softcap)):
         cfg = _split(cfg, head_dim)
@@ -1536,6 +1538,28 @@ NARROW_WINDOW_BLOCK_M = {64: 128}
 def _narrow_window(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     """``cfg`` on :data:`NARROW_WINDOW_BLOCK_M`'s tile, what follows from it re-derived."""
     return replace_following(cfg, head_dim, block_m=NARROW_WINDOW_BLOCK_M[head_dim])
+
+
+# FA4's exp2 split (exp2_fma_every: one exponential in N on the FMA pipe) on capped problems, by
+# (head dim, causal). A cap puts two more MUFU operations on every score (the tanh's exponential
+# and its reciprocal: softmax.capped), which made the split look worth it where it had lost
+# uncapped (d64 0.960 at N = 8, 0.905 at N = 4; d128 0.98 at N = 8). Census (sm_90a, capped
+# defaults, no local memory in any loop): d64 causal S8k steady loop 739 -> 852 (N = 4) / 964
+# (N = 2), MUFU a trip 192 -> 176 / 160 a thread; d128 non-causal S8k 804 -> 917 / 1029. Derived
+# if MUFU bound the capped step (16 results a cycle a SM): +9% at N = 4, +17-20% at N = 2.
+# Measured on an H100 (bf16, cap 30, B4 S8192, flashrung compare --quick --t-noise 0.001, both arms
+# gated; timing, paired): d64 causal H32 N = 2 0.7587 / 0.7585, N = 4 0.9007 / 0.9008 (REVERT);
+# d128 non-causal H16 N = 2 0.9741 / 0.9740 (REVERT), N = 4 1.0280 / 1.0272 (KEEP); d128 causal
+# N = 4 1.0024 / 1.0021 (under the H200's t_keep 1.0022: NULL). The model missed: MUFU is not what
+# the capped d64 step waits on. The capped defaults with the split gated there
+# (test_gate_softcap, 60 passed, at N = 2 for d64 and d128 and at N = 4 for d128)
+# (h100-compare-cap30-*-49842e1.json, h100-pytest-gate-softcap-*.txt)
+CAPPED_EXP2_FMA_EVERY: dict[tuple[int, bool], int] = {(128, False): 4}
+
+
+def _capped(cfg: HopperFwdConfig, head_dim: int, causal: bool) -> HopperFwdConfig:
+    """``cfg`` for a capped problem: the exp2 split of :data:`CAPPED_EXP2_FMA_EVERY`."""
+    return replace_following(cfg, head_dim, exp2_fma_every=CAPPED_EXP2_FMA_EVERY[head_dim, causal])
 
 
 def window_clashes(cfg: HopperFwdConfig) -> list[str]:

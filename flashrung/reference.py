@@ -30,7 +30,8 @@ def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tupl
     if left < 0 and right < 0:
         return None
     rows = torch.arange(seqlen_q, device=device) if query_rows is None else query_rows.to(device)
-    rel = torch.arange(seqlen_k, device=device)[None, :] - rows[:, None] - (seqlen_k - seqlen_q)   # j − (i + Sk − Sq)
+    # j − (i + Sk − Sq)
+    rel = torch.arange(seqlen_k, device=device)[None, :] - rows[:, None] - (seqlen_k - seqlen_q)
     mask = torch.ones(rows.numel(), seqlen_k, dtype=torch.bool, device=device)
     if left >= 0:
         mask &= rel >= -left

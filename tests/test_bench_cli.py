@@ -361,6 +361,40 @@ def test_a_failed_gate_is_not_timed_in_the_worker(monkeypatch):
     assert doc["gate"]["baseline"]["passed"] and not doc["gate"]["candidate"]["passed"]
 
 
+def test_an_arm_computing_another_function_is_not_timed_in_the_worker(monkeypatch):
+    # with the gate, the worker reads a forward row's two outputs against the oracle at the row's
+    # size, peers' too (the gate itself checks only flashrung's kernels): a baseline whose window is
+    # another than the row's fails as a gate does — nothing is timed, the gate record says why — and
+    # one computing the row's attention passes
+    from flashrung import reference
+    from flashrung.bench import peers, suites, worker
+    row = suites.Row(batch=1, seqlen_q=48, seqlen_k=48, heads_q=2, heads_kv=2, headdim=32, dtype="float16",
+                     causal=False, window=(8, -1), mode="fwd")
+    real = peers.prepare
+
+    def prepare(impl, r, inputs, options=peers.PeerOptions()):
+        window = {"flash": (4, -1), "efficient": (8, -1)}.get(impl)
+        if window is None:
+            return real(impl, r, inputs, options)
+        return peers._wrap(r, inputs, lambda q, k, v: reference.lowp(
+            q, k, v, softmax_scale=inputs.scale, window_size=window)[0].to(q.dtype))
+    monkeypatch.setattr(peers, "prepare", prepare)
+
+    def no_timing(*a, **k):
+        raise AssertionError("an arm computing another function was timed")
+    monkeypatch.setattr(timing, "paired_run", no_timing)
+    doc = worker.run_in_process(worker.Spec("flash", "efficient", row, timing.PairedProtocol(alternations=4),
+                                            gate=True, device="cpu"))
+    assert doc["summary"] is None and doc["untimed"].startswith("baseline computes another function")
+    assert not doc["gate"]["baseline"]["passed"] and doc["gate"]["baseline"]["text"].startswith("FAIL output check")
+    assert doc["gate"].get("candidate") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(peers, "prepare", prepare)
+    doc = worker.run_in_process(worker.Spec("efficient", "efficient", row, timing.PairedProtocol(alternations=4),
+                                            gate=True, device="cpu"))
+    assert doc["summary"] is not None and doc["gate"] == {"baseline": None, "candidate": None}
+
+
 def test_compare_reverts_an_untimed_candidate_without_a_second_run(capsys, monkeypatch, tmp_path):
     from flashrung.bench import worker
     calls = []

@@ -180,6 +180,31 @@ def _agreement_slices(row: Row, inputs: peers.Inputs) -> list[tuple[str, slice, 
     return [(f"sequence {i}", slice(0, 1), slice(cu[i], cu[i + 1])) for i in picks]
 
 
+def check_outputs(row: Row, inputs: peers.Inputs, prepared: dict) -> tuple[dict, list]:
+    """Each prepared implementation's first forward output ({key: :class:`peers.Prepared`}) read by
+    :func:`output_agreement`, every ``first_out`` released after: ``(agreement, refused)``, refused
+    the keys past :data:`WRONG_OUTPUT_RATIO` (not to be timed). A backward row keeps no output: ``({}, [])``."""
+    outs = {key: p.first_out for key, p in prepared.items() if p.first_out is not None}
+    agreement = output_agreement(row, inputs, outs) if outs else {}
+    for p in prepared.values():
+        p.first_out = None
+    return agreement, [key for key, a in agreement.items() if a["ratio"] > WRONG_OUTPUT_RATIO]
+
+
+def output_check_record(agreement: dict) -> dict:
+    """A refused output as a failed gate's record (``passed``, ``text``): how compare and sustain,
+    which gate only flashrung's kernels, report an arm :func:`check_outputs` refused."""
+    return {"passed": False, "agreement": agreement, "text": "FAIL output check: " + wrong_output_reason(agreement)}
+
+
+def wrong_output_reason(agreement: dict) -> str:
+    """Why an output :func:`output_agreement` read past :data:`WRONG_OUTPUT_RATIO` is not timed."""
+    a = agreement
+    return (f"its output differs from the row's attention — max error {a['err']:.3g} {a['vs']}, {a['ratio']:.0f}x "
+            f"the gate's bound {a['bound']:.3g} (more than {WRONG_OUTPUT_RATIO:g}x): it computes another function "
+            "here (a window, mask or scale convention), so its rate would price other work")
+
+
 def output_agreement(row: Row, inputs: peers.Inputs, outs: dict) -> dict[str, dict]:
     """Each forward output in ``outs`` ({impl: out}) against the fp32 oracle at
     :data:`AGREEMENT_ROWS` query rows of each :func:`_agreement_slices` sample, every head: the
@@ -227,19 +252,11 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
             results[impl] = {"status": exc.status, "reason": exc.reason}
 
     # forward rows: every output against the oracle, to catch an implementation computing something else
-    outs = {i: p.first_out for i, p in prepared.items() if p.first_out is not None}
-    agreement = output_agreement(row, inputs, outs) if outs else {}
-    for p in prepared.values():
-        p.first_out = None
-    del outs
-    for impl, a in agreement.items():
-        if a["ratio"] > WRONG_OUTPUT_RATIO:
-            results[impl] = {"status": peers.WRONG_OUTPUT, "agreement": a, "reason": (
-                f"not timed: its output differs from the row's attention — max error {a['err']:.3g} {a['vs']}, "
-                f"{a['ratio']:.0f}x the gate's bound {a['bound']:.3g} (more than {WRONG_OUTPUT_RATIO:g}x): it "
-                "computes another function here (a window, mask or scale convention), so its rate would price "
-                "other work")}
-            del prepared[impl]
+    agreement, refused = check_outputs(row, inputs, prepared)
+    for impl in refused:
+        results[impl] = {"status": peers.WRONG_OUTPUT, "agreement": agreement[impl],
+                         "reason": "not timed: " + wrong_output_reason(agreement[impl])}
+        del prepared[impl]
 
     warm, reps = {}, {}
     for impl, p in list(prepared.items()):

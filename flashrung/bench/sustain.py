@@ -423,14 +423,16 @@ def run(baseline: str, candidate: str, row, *, blocks: int = BLOCKS, block_s: fl
            "clocks_start": manifest_mod.clocks(gpu_id)}
     # correct first: an arm that fails its gate is not timed (its figures would describe a wrong kernel)
     gates = runner.gate_arms(arms, row, seed=seed, device=device) if gate else {role: None for role in ARMS}
-    failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
-    if failed:
+
+    def untimed(why: str) -> dict:
         doc.update(arms={role: {"impl": impl, "gate": gates[role]} for role, impl in arms.items()}, blocks=[],
                    samples={"count": 0, "skipped_lines": 0, "series": []}, summary=None, reading=None,
-                   moved_with=None, untimed=f"{' and '.join(failed)} failed the correctness gate: not timed",
-                   clocks_end=manifest_mod.clocks(gpu_id), manifest=manifest_mod.finish(manifest),
-                   wall_s=time.perf_counter() - started)
+                   moved_with=None, untimed=why, clocks_end=manifest_mod.clocks(gpu_id),
+                   manifest=manifest_mod.finish(manifest), wall_s=time.perf_counter() - started)
         return doc
+    failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
+    if failed:
+        return untimed(f"{' and '.join(failed)} failed the correctness gate: not timed")
 
     inputs = peers.make_inputs(row, device=device, seed=seed)
     prepared = {}
@@ -439,7 +441,13 @@ def run(baseline: str, candidate: str, row, *, blocks: int = BLOCKS, block_s: fl
             prepared[role] = peers.prepare(impl, row, inputs)
         except peers.Unsupported as exc:
             raise SustainError(f"{role} {impl} cannot run {row.label()}: {exc.reason}") from None
-        prepared[role].first_out = None
+    # with the gate, a forward row's outputs (a peer's too) against the oracle, as compare reads them
+    agreement, refused = runner.check_outputs(row, inputs, prepared) if gate else ({}, [])
+    if refused:
+        gates.update({role: runner.output_check_record(agreement[role]) for role in refused})
+        return untimed(f"{' and '.join(refused)} computes another function than the row asks for: not timed")
+    for p in prepared.values():
+        p.first_out = None      # (check_outputs released them; without the gate nothing read them)
     fns = {role: p.fn for role, p in prepared.items()}
     for fn in fns.values():
         for _ in range(WARMUP_CALLS):

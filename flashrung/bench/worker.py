@@ -3,7 +3,9 @@
 ``python -m flashrung.bench.worker SPEC.json OUT.json`` reads a spec (baseline, candidate, row,
 protocol, whether to run the correctness gate, seed), gates both arms first when asked — an arm
 that fails its gate is not timed: the document then carries the gate results, ``"summary": None``
-and ``"untimed"`` saying why — prepares both arms on the same inputs, warms them, runs
+and ``"untimed"`` saying why; with the gate, a forward row's two outputs (a peer's too) are then read
+against the oracle at the row's own size (``runner.output_agreement``), and an arm computing another
+function is not timed either — prepares both arms on the same inputs, warms them, runs
 :func:`flashrung.bench.timing.paired_run` and writes the series, its summary, the GPU, the
 dispatch records, clocks at start and end, and gate results.
 
@@ -69,14 +71,17 @@ def run_in_process(spec: Spec) -> dict:
     # correct first: an arm that fails its gate is not timed (its time would price a wrong kernel)
     gates = (runner.gate_arms({"baseline": spec.baseline, "candidate": spec.candidate}, spec.row, seed=spec.seed,
                               device=spec.device) if spec.gate else {})
-    failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
-    if failed:
+
+    def untimed(why: str) -> dict:
         return {
             "spec": spec.to_json(), "gpu": device_name(spec.device), "run": None, "summary": None,
-            "untimed": f"{' and '.join(failed)} failed the correctness gate: not timed",
-            "dispatch": {}, "notes": {}, "gate": gates, "pid": os.getpid(), "clocks_start": clocks_start,
-            "clocks_end": manifest_mod.clocks(), "host_path": None, "wall_s": time.perf_counter() - started,
+            "untimed": why, "dispatch": {}, "notes": {}, "gate": gates, "pid": os.getpid(),
+            "clocks_start": clocks_start, "clocks_end": manifest_mod.clocks(), "host_path": None,
+            "wall_s": time.perf_counter() - started,
         }
+    failed = [role for role, g in gates.items() if g is not None and not g["passed"]]
+    if failed:
+        return untimed(f"{' and '.join(failed)} failed the correctness gate: not timed")
     inputs = peers.make_inputs(spec.row, device=spec.device, seed=spec.seed)
     arms = {}
     for role, impl in (("baseline", spec.baseline), ("candidate", spec.candidate)):
@@ -84,6 +89,14 @@ def run_in_process(spec: Spec) -> dict:
             arms[role] = peers.prepare(impl, spec.row, inputs)
         except peers.Unsupported as exc:
             raise WorkerError(f"{role} {impl} cannot run {spec.row.label()}: {exc.reason}") from None
+    # with the gate, a forward row's arms (a peer's too) are read against the oracle at the row's own
+    # size, as the bench reads them: an arm computing another function fails as a gate does
+    if spec.gate:
+        agreement, refused = runner.check_outputs(spec.row, inputs, arms)
+        for role in refused:
+            gates[role] = runner.output_check_record(agreement[role])
+        if refused:
+            return untimed(f"{' and '.join(refused)} computes another function than the row asks for: not timed")
     timer = timing.CudaEventTimer() if spec.device == "cuda" else timing.ClockTimer()
     for p in arms.values():
         p.first_out = None

@@ -424,7 +424,7 @@ def test_bench_gates_before_timing_and_times_no_kernel_that_failed(monkeypatch):
     monkeypatch.setattr(manifest, "finish", lambda m: m)
     monkeypatch.setattr(peers, "make_inputs", lambda row, seed=0: None)
 
-    def run_gate(impl, row, seed=0, device="cuda"):
+    def run_gate(impl, row, seed=0, device="cuda", build=None):
         events.append(("gate", impl, row.causal))
         ok = not row.causal          # this kernel is wrong under the causal mask only
         return {"impl": impl, "mode": row.mode, "config": runner.gate_config(row), "passed": ok,

@@ -134,12 +134,13 @@ def _gate_key(impl: str, row: Row) -> tuple:
     return timed_build(impl, row), row.mode, tuple(sorted(gate_config(row).items()))
 
 
-def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda") -> dict:
+def run_gate(impl: str, row: Row, seed: int = 0, device: str = "cuda", build: str | None = None) -> dict:
     """flashrung's correctness gate for ``impl`` at ``row``'s configuration (reduced in size): the
-    forward for forward rows, run on the build the row times (:func:`timed_build`; ``build`` in the
-    result); forward and gradients (through autograd) for backward rows."""
+    forward for forward rows, run on the build the row times (:func:`timed_build`, or ``build`` when
+    the caller has it; ``build`` in the result); forward and gradients (through autograd) for backward
+    rows."""
     config = gate_config(row)
-    build = timed_build(impl, row, device)
+    build = build or timed_build(impl, row, device)
     try:
         from flashrung import gate
         dtype = peers.torch_dtype(row.dtype)
@@ -340,13 +341,14 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
                                                                      protocol.block_preheat_ms).items()}
     # correct first: each flashrung kernel is gated (reduced size, once per build and problem family) before
     # any row times it; a kernel that fails is not timed on the rows its gate stands for
+    # each row's gate key per flashrung kernel, once (timed_build dispatches at the row's own size)
+    gate_keys = {row: {impl: _gate_key(impl, row) for impl in impls if peers.is_ours(impl)} for row in rows}
     gates = {}
     if gate:
         for row in rows:
-            for impl in impls:
-                key = _gate_key(impl, row)
-                if peers.is_ours(impl) and key not in gates:
-                    gates[key] = run_gate(impl, row, seed=seed)
+            for impl, key in gate_keys[row].items():
+                if key not in gates:
+                    gates[key] = run_gate(impl, row, seed=seed, build=key[0])
     correctness = list(gates.values())
     out_rows = []
     bar = tqdm(total=len(rows), desc="bench", unit="row", disable=not progress, dynamic_ncols=True)
@@ -356,7 +358,7 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
         for row in group:
             bar.set_description(row.label())
             t0 = time.perf_counter()
-            failed = {impl: g for impl in impls if (g := gates.get(_gate_key(impl, row))) and not g["passed"]}
+            failed = {impl: g for impl, key in gate_keys[row].items() if (g := gates.get(key)) and not g["passed"]}
             result = time_row(row, [i for i in impls if i not in failed], inputs, protocol, timer, causal_convention,
                               on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options,
                               sync=torch.cuda.synchronize)

@@ -23,6 +23,56 @@ def sm90_rows():
     return run_census("sm_90a", "portable.fwd")
 
 
+# the compile machinery's shortcuts, each against the long way round, in a fresh process with an
+# empty Triton cache (so that the compile, and its ptxas log, happen there): hopper.fwd's 192-key
+# tile in FA4's order (its build spills 16 B, so the spill counts are not all zero) and its d128
+# causal default (inline arrivals: a TTGIR-only first build)
+_SHORTCUTS_SCRIPT = r"""
+import dataclasses, json, torch
+from flashrung.evidence import census
+from flashrung.kernels.hopper import fwd
+
+cfg = fwd.replace_following(fwd.default_config(128, False, 16384, key_tail=True), 128, kv_multicast=False)
+cfg = dataclasses.replace(cfg, extra_keys=64, separate_o=False, pingpong=True, wait_pv_early=True, named_turns=True,
+                          skip_empty_rows=False, asm_arrivals=False, rescale_threshold=0, rescale_by_warp=False)
+spec = fwd.census_spec(cfg, 128, False, torch.bfloat16, key_tail=True)
+compiled, log = census.compile_with_ptxas_log(spec, "sm_90a")
+out = dict(log=log is not None, from_log=census.ptxas_spills(compiled.asm["ptx"], log),
+           rerun=census.ptxas_spills(compiled.asm["ptx"]))
+cfg = fwd.default_config(128, True, 16384, key_tail=True)
+assert cfg.asm_arrivals
+spec = fwd.census_spec(cfg, 128, True, torch.bfloat16, key_tail=True)
+compile_with = census.spec_compiler(spec, "sm_90a")
+filled = spec.resolve(compile_with, dict(spec.constexprs))
+ttgir = compile_with(filled, ttgir_only=True)
+out.update(ttgir_equal=ttgir == compile_with(filled).asm["ttgir"], ttgir_chars=len(ttgir))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def shortcuts(tmp_path_factory):
+    env = dict(census.interpreter_free_env(), TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-cache")))
+    out = subprocess.run([sys.executable, "-c", _SHORTCUTS_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_spills_read_from_the_compiles_own_ptxas_log_are_a_second_ptxas_runs(shortcuts):
+    # property: the census reads spills from the ptxas -v output Triton's own compile printed,
+    # not from assembling the PTX again, and the two agree on a build that spills
+    assert shortcuts["log"]
+    assert shortcuts["from_log"] == shortcuts["rerun"] and shortcuts["from_log"][1] > 0, shortcuts
+
+
+def test_a_ttgir_only_build_is_the_compiled_builds_ttgir(shortcuts):
+    # property: resolve_shared_offsets' first build stops at TTGIR (pipeline.ttgir_of); that text is
+    # the one the whole compile lowers from, character for character, so the allocation pass
+    # reads the same offsets from it
+    assert shortcuts["ttgir_equal"] and shortcuts["ttgir_chars"] > 10_000, shortcuts
+
+
 def test_census_json_schema(sm90_rows):
     assert len(sm90_rows) == 6   # d in {64, 128, 256} x causal
     for row in sm90_rows:

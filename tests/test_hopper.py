@@ -1717,14 +1717,16 @@ def test_barrier_offsets_refuse_a_second_compile_that_moved_the_barriers(monkeyp
     class _Compiled:
         asm = {"ttgir": ""}
 
-    def compile_with(constexprs):
-        seen.append({k: constexprs[k] for k in ("K_EMPTY_AT", "V_EMPTY_AT", "TURN_AT")})
-        return _Compiled()
+    def compile_with(constexprs, ttgir_only=False):
+        seen.append({k: constexprs[k] for k in ("K_EMPTY_AT", "V_EMPTY_AT", "TURN_AT")} | {"ttgir_only": ttgir_only})
+        return "" if ttgir_only else _Compiled()
 
     asked = dict(BLOCK_M=128, K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=0, K_READY_AT=-1, V_READY_AT=-1, TURN_WAIT_AT=-1)
     with pytest.raises(RuntimeError, match="v_empty_bars"):
         fwd.barrier_offsets(compile_with, asked)
-    assert seen == [dict(K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=0), dict(K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=96)]
+    # the first build (the placeholders) stops at TTGIR; the second, which names the offsets, compiles
+    assert seen == [dict(K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=0, ttgir_only=True),
+                    dict(K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=96, ttgir_only=False)]
 
 
 def test_barrier_offsets_fill_what_the_allocation_pass_gave(monkeypatch):
@@ -1735,10 +1737,35 @@ def test_barrier_offsets_fill_what_the_allocation_pass_gave(monkeypatch):
         asm = {"ttgir": ""}
 
     # only the names the build asked for (0, a placeholder) are filled; -1 stays Gluon's own
-    filled = fwd.barrier_offsets(lambda cx: _Compiled(), dict(BLOCK_M=128, K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=-1,
-                                                              K_READY_AT=0, V_READY_AT=-1, TURN_WAIT_AT=0))
+    asked = dict(BLOCK_M=128, K_EMPTY_AT=0, V_EMPTY_AT=0, TURN_AT=-1, K_READY_AT=0, V_READY_AT=-1, TURN_WAIT_AT=0)
+    filled = fwd.barrier_offsets(lambda cx, ttgir_only=False: "" if ttgir_only else _Compiled(), asked)
     assert filled == dict(BLOCK_M=128, K_EMPTY_AT=64, V_EMPTY_AT=80, TURN_AT=-1, K_READY_AT=0, V_READY_AT=-1,
                           TURN_WAIT_AT=96)
+
+
+@pytest.mark.gpu
+def test_a_launchs_ttgir_only_first_build_is_its_compiled_ttgir_and_caches_nothing(monkeypatch):
+    # property: the runtime's first build of an inline-arrivals launch (pipeline.warmup_compiler)
+    # stops at TTGIR through the JIT's own binding and specialization, gives the very TTGIR the
+    # whole compile of the same constexprs lowers from, and leaves nothing in the JIT's kernel
+    # cache that a launch could pick up
+    seen = {}
+    resolve = fwd.barrier_offsets
+
+    def spy(compile_with, constexprs):
+        seen.update(compile_with=compile_with, placeholders=dict(constexprs))
+        return resolve(compile_with, constexprs)
+
+    monkeypatch.setattr(fwd, "barrier_offsets", spy)
+    monkeypatch.setattr(fwd, "_ARRIVAL_CONSTEXPRS", {})
+    cfg = fwd.default_config(128, True, 16384)
+    assert cfg.asm_arrivals
+    fwd.warmup(cfg, 128, True, torch.bfloat16)
+    kernel_cache = fwd._attn_fwd_kernel.device_caches[torch.cuda.current_device()][0]
+    cached = set(kernel_cache)
+    ttgir = seen["compile_with"](seen["placeholders"], ttgir_only=True)
+    assert set(kernel_cache) == cached
+    assert ttgir == seen["compile_with"](seen["placeholders"]).asm["ttgir"]
 
 
 def test_hoisted_smem_base_takes_the_window_read_out_of_the_kv_step(census):

@@ -55,7 +55,9 @@ class CensusSpec:
     arches: tuple[str, ...] = tuple(ARCHES)   # architectures the configuration is meant for
     extra_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # constexprs that only a first compile can decide: ``resolve(compile_with, constexprs)`` returns
-    # them filled in, ``compile_with(constexprs)`` compiling the kernel (hopper.fwd's barrier offsets)
+    # them filled in, ``compile_with(constexprs)`` compiling the kernel and ``compile_with(constexprs,
+    # ttgir_only=True)`` giving its TTGIR alone (hopper.fwd's barrier offsets:
+    # ``pipeline.resolve_shared_offsets``)
     resolve: Any = None
     # arguments compiled as divisible by 16 (``tt.divisibility`` 16), as Triton specializes a launch:
     # pointers 16-byte aligned, integers that are multiples of 16. Without it a census compiles a
@@ -100,8 +102,10 @@ def _raw_fn(fn):
     return getattr(fn, "fn", fn)
 
 
-def compile_spec(spec: CensusSpec, arch: str):
-    """Compile ``spec`` for ``arch`` without a GPU; returns Triton's compiled kernel."""
+def spec_compiler(spec: CensusSpec, arch: str):
+    """``compile_with(constexprs, ttgir_only=False)`` for ``spec`` on ``arch`` without a GPU: Triton's
+    compiled kernel of ``spec`` with these constexprs, or (``ttgir_only``) its TTGIR text alone
+    (``pipeline.ttgir_of``) — what ``spec.resolve`` is handed."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -125,13 +129,32 @@ def compile_spec(spec: CensusSpec, arch: str):
         raise ValueError(f"aligned names pointer or integer arguments of the signature; not those: {unknown}")
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec.aligned} or None
 
-    def compile_with(constexprs):
+    def compile_with(constexprs, ttgir_only=False):
         src = Source(fn=fn, signature=dict(spec.signature), constexprs=dict(constexprs), attrs=attrs)
+        if ttgir_only:
+            from flashrung.kernels.hopper.pipeline import ttgir_of
+            return ttgir_of(src, target, options)
         return triton.compile(src, target=target, options=options)
 
+    return compile_with
+
+
+# (kernel, arch, signature, constexprs, alignment, options, resolver) → what ``spec.resolve`` filled
+# in: a spec compiled again in one process (census_one, then a caller reading its PTX or TTGIR)
+# resolves once; the compile itself is then Triton's cache
+_RESOLVED: dict = {}
+
+
+def compile_spec(spec: CensusSpec, arch: str):
+    """Compile ``spec`` for ``arch`` without a GPU; returns Triton's compiled kernel."""
+    compile_with = spec_compiler(spec, arch)
     constexprs = dict(spec.constexprs)
     if spec.resolve is not None:
-        constexprs = spec.resolve(compile_with, constexprs)
+        key = (spec.fn, arch, tuple(spec.signature.items()), tuple(sorted(constexprs.items())), spec.aligned,
+               spec.num_warps, spec.num_stages, tuple(sorted(spec.extra_options.items())), spec.resolve)
+        if key not in _RESOLVED:
+            _RESOLVED[key] = spec.resolve(compile_with, constexprs)
+        constexprs = dict(_RESOLVED[key])
     return compile_with(constexprs)
 
 
@@ -191,10 +214,14 @@ _PTX_TARGET = re.compile(r"^\s*\.target\s+(sm_\w+)", re.M)
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def ptxas_spills(ptx: str) -> tuple[int, int]:
-    """(stack frame bytes, spill store + load bytes) as ``ptxas -v`` reports them for this PTX.
+def ptxas_spills(ptx: str, log: str | None = None) -> tuple[int, int]:
+    """(stack frame bytes, spill store + load bytes) as ``ptxas -v`` reports them for this PTX:
+    read from ``log``, the ``ptxas -v`` output of the compile that assembled it
+    (:func:`compile_with_ptxas_log`), or where there is none from a second ``ptxas -v`` run.
 
     cuobjdump's LOCAL stays 0 when ptxas spills into the stack frame, so spills are read here."""
+    if log is not None:
+        return _spills_in(log)
     target = _PTX_TARGET.search(ptx)
     if not target:
         raise RuntimeError("PTX without a .target line")
@@ -207,9 +234,13 @@ def ptxas_spills(ptx: str) -> tuple[int, int]:
         # the same ptxas Triton assembles with (a newer one for sm_100+)
         out = subprocess.run([get_ptxas(capability).path, "-v", f"-arch={target.group(1)}", src, "-o",
                               os.path.join(tmp, "k.o")], capture_output=True, text=True, check=True)
-    found = _PTXAS_SPILL.findall(out.stdout + out.stderr)
+    return _spills_in(out.stdout + out.stderr)
+
+
+def _spills_in(log: str) -> tuple[int, int]:
+    found = _PTXAS_SPILL.findall(log)
     if not found:
-        raise RuntimeError(f"could not read spills from ptxas -v:\n{out.stderr}")
+        raise RuntimeError(f"could not read spills from ptxas -v:\n{log[-2000:]}")
     stack = max(int(f[0]) for f in found)
     spills = sum(int(f[1]) + int(f[2]) for f in found)
     return stack, spills
@@ -338,9 +369,34 @@ def innermost_loops(sass: str, min_length: int = 16) -> list[dict]:
     return out
 
 
+def compile_with_ptxas_log(spec: CensusSpec, arch: str):
+    """:func:`compile_spec` and the ``ptxas -v`` output of the compile that assembled its binary
+    (Triton runs ptxas with ``-v`` and prints that output when ``TRITON_DUMP_PTXAS_LOG`` asks), so
+    the spills are read without assembling the PTX a second time (a second of a hopper.fwd build's
+    census, sm_90a). None where no binary or more than one was assembled (Triton's cache held it;
+    which output is whose is then not known)."""
+    import contextlib
+    import io
+
+    from triton import knobs
+
+    assembled = []
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        if not cache_hit:
+            assembled.append(metadata.get("name"))
+
+    printed = io.StringIO()
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(printed):
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.listener = listener
+        compiled = compile_spec(spec, arch)
+    return compiled, (printed.getvalue() if len(assembled) == 1 else None)
+
+
 def census_one(spec: CensusSpec, arch: str) -> CensusRow:
     try:
-        compiled = compile_spec(spec, arch)
+        compiled, log = compile_with_ptxas_log(spec, arch)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "k.cubin")
             with open(path, "wb") as f:
@@ -348,7 +404,7 @@ def census_one(spec: CensusSpec, arch: str) -> CensusRow:
             reg, stack, shared_static, local = _res_usage(path)
             listing = sass_text(path)
             sass = count_sass(listing)
-        _, spills = ptxas_spills(compiled.asm["ptx"])
+        _, spills = ptxas_spills(compiled.asm["ptx"], log)
         smem = int(compiled.metadata.shared)
         return CensusRow(spec.kernel, arch, dict(spec.config), reg, smem, max(local, spills), sass,
                          stack_bytes=stack, loops=innermost_loops(listing))

@@ -162,7 +162,7 @@ from flashrung.kernels.hopper.pipeline import (BARRIER_OFFSETS, BARRIER_SWITCHES
                                               pass_exp_turn, pass_exp_turn_through, pass_turn, ready_wait, release,
                                               release_arrivals, ring_slot, resolve_shared_offsets, start_exp_turns,
                                               relay_to_peer, start_turns, wait_exp_turn, wait_mma_after_softmax,
-                                              wait_turn, wait_unsynced)
+                                              wait_turn, wait_unsynced, warmup_compiler)
 from flashrung.kernels.hopper.schedule import (
     DIVIDEND_BITS,
     FastDivisor,
@@ -2585,13 +2585,14 @@ def barrier_offsets(compile_with, constexprs) -> dict:
     filled in: every ``pipeline.BARRIER_OFFSETS`` name not -1 (0, a placeholder, until now).
 
     ``compile_with(constexprs)`` compiles the kernel and returns the compiled object (its
-    ``asm["ttgir"]``); ``pipeline.resolve_shared_offsets`` compiles twice and raises rather than
+    ``asm["ttgir"]``), ``compile_with(constexprs, ttgir_only=True)`` its TTGIR alone;
+    ``pipeline.resolve_shared_offsets`` builds twice (the first to TTGIR only) and raises rather than
     return a kernel whose arrivals or waits would land on the wrong barriers.
     """
     return resolve_shared_offsets(compile_with, constexprs, BARRIER_OFFSETS, KERNEL_NAME, allocation_offsets)
 
 
-# (plan.build, dtype) → the constexprs with their barrier offsets: two compiles once per build
+# (plan.build, dtype) → the constexprs with their barrier offsets: a TTGIR build and a compile once per build
 _ARRIVAL_CONSTEXPRS: dict = {}
 
 
@@ -2599,8 +2600,8 @@ def _launch_barrier_offsets(build, dtype, args, constexprs, grid) -> dict:
     key = (build, dtype)
     filled = _ARRIVAL_CONSTEXPRS.get(key)
     if filled is None:
-        filled = barrier_offsets(lambda cx: _attn_fwd_kernel.warmup(*args, **cx, num_warps=CONSUMER_WARPS,
-                                                                    grid=(grid,)), constexprs)
+        filled = barrier_offsets(warmup_compiler(_attn_fwd_kernel, *args, num_warps=CONSUMER_WARPS, grid=(grid,)),
+                                 constexprs)
         _ARRIVAL_CONSTEXPRS[key] = filled
     return filled
 

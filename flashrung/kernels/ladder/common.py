@@ -34,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from flashrung.dispatch import score_options_reason
 from flashrung.inputs import check_qkv, check_softmax_scale
+from flashrung.kernels.hopper.pipeline import warmup_compiler
 from flashrung.kernels.hopper.schedule import L2_BUDGET_BYTES, kv_stagger, kv_visit, tile_coords
 
 LOG2E = 1.4426950408889634  # log2(e): folded into the score scale from v4 on
@@ -230,7 +231,7 @@ def resolved_constexprs(kernel, args, kwargs, resolve) -> dict:
     key = (kernel.fn.__qualname__ if hasattr(kernel, "fn") else id(kernel), args[0].device.index,
            tuple(spec(a) for a in args), tuple(sorted((k, v) for k, v in kwargs.items())))
     if key not in _RESOLVED:
-        _RESOLVED[key] = resolve(lambda cx: kernel.warmup(*args, grid=(1,), **cx), dict(kwargs))
+        _RESOLVED[key] = resolve(warmup_compiler(kernel, *args, grid=(1,)), dict(kwargs))
     return _RESOLVED[key]
 
 

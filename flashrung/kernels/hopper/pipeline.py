@@ -453,7 +453,8 @@ def ttgir_of(src, target, options: dict | None = None) -> str:
     0.9 s LLVM IR, 0.4 s PTX and 0.9 s ptxas).
 
     Drives Triton 3.6's stages as ``triton.compile`` does (``src.make_ir``, the backend's
-    ``add_stages``); ``tests/test_hopper.py`` checks that its TTGIR allocates as the compiled one."""
+    ``add_stages``); ``tests/test_census.py`` checks its text against the compiled TTGIR, character
+    for character."""
     from triton._C.libtriton import ir
     from triton.compiler.compiler import make_backend
 

@@ -1743,6 +1743,68 @@ def test_barrier_offsets_fill_what_the_allocation_pass_gave(monkeypatch):
                           TURN_WAIT_AT=96)
 
 
+# the runtime's first build of an inline-arrivals launch through Triton's own JIT (fwd.warmup: its
+# binding, specialization and options) on a machine with no GPU: a stand-in driver gives the JIT an
+# sm_90 target and a device index, and nothing is launched
+_JIT_TTGIR_SCRIPT = r"""
+import json, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+
+class CompileOnlyDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+driver.set_active(CompileOnlyDriver())
+from flashrung.kernels.hopper import fwd
+
+seen = {}
+resolve = fwd.barrier_offsets
+
+
+def spy(compile_with, constexprs):
+    seen.update(compile_with=compile_with, placeholders=dict(constexprs))
+    return resolve(compile_with, constexprs)
+
+
+fwd.barrier_offsets = spy
+cfg = fwd.default_config(128, True, 16384)
+assert cfg.asm_arrivals
+fwd.warmup(cfg, 128, True, torch.bfloat16)
+kernel_cache = fwd._attn_fwd_kernel.device_caches[0][0]
+cached = sorted(map(repr, kernel_cache))
+ttgir = seen["compile_with"](seen["placeholders"], ttgir_only=True)
+print(json.dumps(dict(cache_unchanged=sorted(map(repr, kernel_cache)) == cached, ttgir_chars=len(ttgir),
+                      equal=ttgir == seen["compile_with"](seen["placeholders"]).asm["ttgir"])))
+"""
+
+
+def test_a_launchs_ttgir_only_first_build_through_the_jit_is_its_compiled_ttgir():
+    # property: the runtime's first build (pipeline.warmup_compiler) stops at TTGIR inside the JIT's
+    # own compile — its binding and specialization, not the census's — gives the TTGIR the whole
+    # compile of the same launch lowers from, and leaves nothing in the JIT's kernel cache; and it
+    # does so on a JIT that had built no binder for the device before (a fresh process)
+    import json
+    import subprocess
+    import sys
+
+    from flashrung.evidence.census import interpreter_free_env
+
+    out = subprocess.run([sys.executable, "-c", _JIT_TTGIR_SCRIPT], capture_output=True, text=True,
+                         env=interpreter_free_env(), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["equal"] and found["cache_unchanged"] and found["ttgir_chars"] > 10_000, found
+
+
 @pytest.mark.gpu
 def test_a_launchs_ttgir_only_first_build_is_its_compiled_ttgir_and_caches_nothing(monkeypatch):
     # property: the runtime's first build of an inline-arrivals launch (pipeline.warmup_compiler)

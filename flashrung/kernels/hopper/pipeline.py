@@ -496,6 +496,11 @@ def warmup_compiler(kernel, *args, **kwargs):
         def probe(src, target=None, options=None, _env_vars=None):
             raise _TTGIRProbe(ttgir_of(src, target, options))
 
+        from triton.runtime.driver import driver
+
+        # the JIT sets its compile function when it first builds a device's binder (create_binder):
+        # built now, so that a first launch on this device cannot set it back over the probe
+        kernel.device_caches[driver.active.get_current_device()]
         compile_fn = kernel.compile
         kernel.compile = probe
         try:

@@ -46,6 +46,10 @@ compile_with = census.spec_compiler(spec, "sm_90a")
 filled = spec.resolve(compile_with, dict(spec.constexprs))
 ttgir = compile_with(filled, ttgir_only=True)
 out.update(ttgir_equal=ttgir == compile_with(filled).asm["ttgir"], ttgir_chars=len(ttgir))
+# kept in Triton's cache beside the compiles (one for the placeholders' build, one for the filled)
+import glob, os
+kept = glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "*.ttgir-only"))
+out.update(kept=len(kept), read_back_equal=compile_with(filled, ttgir_only=True) == ttgir)
 print(json.dumps(out))
 """
 
@@ -71,6 +75,13 @@ def test_a_ttgir_only_build_is_the_compiled_builds_ttgir(shortcuts):
     # the one the whole compile lowers from, character for character, so the allocation pass
     # reads the same offsets from it
     assert shortcuts["ttgir_equal"] and shortcuts["ttgir_chars"] > 10_000, shortcuts
+
+
+def test_a_ttgir_only_build_is_kept_in_tritons_cache_and_read_back(shortcuts):
+    # property: a later process finds the TTGIR-only build where it finds the compiled kernels
+    # (Triton's cache, under the key a compile of the same source and options is filed under)
+    # and reads back the same text, instead of running Triton's front end again
+    assert shortcuts["kept"] == 2 and shortcuts["read_back_equal"], shortcuts
 
 
 def test_census_json_schema(sm90_rows):

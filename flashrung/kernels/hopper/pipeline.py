@@ -446,20 +446,32 @@ def resolve_shared_offsets(compile_with, constexprs: dict, names: dict[str, str]
 
 def ttgir_of(src, target, options: dict | None = None) -> str:
     """The TTGIR ``triton.compile(src, target=target, options=options)`` lowers, and nothing after it:
-    Triton's front end and TTGIR stage without LLVM, PTX or ptxas, nothing written to Triton's cache.
-    A first build of :func:`resolve_shared_offsets` needs no more (the allocation pass reads TTGIR);
-    the stages it skips are about two thirds of a hopper.fwd build's compile (d128 causal default,
-    sm_90a, Triton's own stage times on a CI-class core: 0.9 s front end and 0.1 s TTGIR against
-    0.9 s LLVM IR, 0.4 s PTX and 0.9 s ptxas).
+    Triton's front end and TTGIR stage without LLVM, PTX or ptxas. A first build of
+    :func:`resolve_shared_offsets` needs no more (the allocation pass reads TTGIR); the stages it
+    skips are about two thirds of a hopper.fwd build's compile (d128 causal default, sm_90a,
+    Triton's own stage times on a CI-class core: 0.9 s front end and 0.1 s TTGIR against 0.9 s LLVM
+    IR, 0.4 s PTX and 0.9 s ptxas). The text is kept in Triton's cache beside the compiles, under the
+    key ``triton.compile`` would file this source under (source, options, backend, environment), so
+    a later process reads it back as it reads a compiled kernel, instead of building it again.
 
     Drives Triton 3.6's stages as ``triton.compile`` does (``src.make_ir``, the backend's
     ``add_stages``); ``tests/test_census.py`` checks its text against the compiled TTGIR, character
     for character."""
-    from triton._C.libtriton import ir
+    import hashlib
+
+    from triton._C.libtriton import get_cache_invalidating_env_vars, ir
     from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
 
     backend = make_backend(target)
     parsed = backend.parse_options(dict(options or {}, **src.parse_options()))
+    key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+    cache = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
+    filename = f"{src.name[:150]}.ttgir-only"
+    kept = cache.get_file(filename)
+    if kept is not None:
+        with open(kept) as f:
+            return f.read()
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
@@ -471,7 +483,9 @@ def ttgir_of(src, target, options: dict | None = None) -> str:
     metadata = {"target": target, **parsed.__dict__}
     for name in order[order.index(src.ext):order.index("ttgir") + 1]:
         module = stages[name](module, metadata)
-    return str(module)
+    text = str(module)
+    cache.put(text, filename, binary=False)
+    return text
 
 
 class _TTGIRProbe(Exception):

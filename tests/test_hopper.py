@@ -1805,6 +1805,48 @@ def test_a_launchs_ttgir_only_first_build_through_the_jit_is_its_compiled_ttgir(
     assert found["equal"] and found["cache_unchanged"] and found["ttgir_chars"] > 10_000, found
 
 
+def test_a_ttgir_probe_leaves_another_threads_compile_alone(monkeypatch):
+    # property: while one thread's first build stops the JIT's compile at TTGIR (the probe swaps
+    # the kernel's compile function), a compile of the same kernel in another thread is the JIT's
+    # own, and the kernel's compile function is its own again once the probe is done
+    import threading
+
+    from triton.runtime.driver import driver
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+    monkeypatch.setattr(driver, "_active", Driver())
+    monkeypatch.setattr(pipeline, "ttgir_of", lambda src, target, options: f"ttgir of {src}")
+    inside, release = threading.Event(), threading.Event()
+
+    class Kernel:
+        def __init__(self):
+            self.device_caches = {0: "binder"}
+            self.compile = self.whole
+
+        def whole(self, src, **compile_args):
+            return f"compiled {src}"
+
+        def warmup(self, **constexprs):
+            inside.set()
+            release.wait(timeout=30)
+            return self.compile(constexprs["SRC"], target="cuda:90", options={})
+
+    kernel = Kernel()
+    probed = {}
+    prober = threading.Thread(target=lambda: probed.update(
+        ttgir=pipeline.warmup_compiler(kernel)({"SRC": "a"}, ttgir_only=True)))
+    prober.start()
+    assert inside.wait(timeout=30)
+    other = kernel.compile("b", target="cuda:90", options={})
+    release.set()
+    prober.join(timeout=30)
+    assert probed == {"ttgir": "ttgir of a"} and other == "compiled b"
+    assert kernel.compile == kernel.whole
+
+
 @pytest.mark.gpu
 def test_a_launchs_ttgir_only_first_build_is_its_compiled_ttgir_and_caches_nothing(monkeypatch):
     # property: the runtime's first build of an inline-arrivals launch (pipeline.warmup_compiler)

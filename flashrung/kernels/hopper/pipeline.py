@@ -15,6 +15,8 @@ number of partitions, and the turn barriers start at ``TURN_BARRIER_BASE``, well
 """
 from __future__ import annotations
 
+import threading
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -496,33 +498,43 @@ class _TTGIRProbe(Exception):
         self.ttgir = ttgir
 
 
+# one TTGIR probe at a time: a probe swaps the JIT function's compile for its own while it runs
+_PROBE_LOCK = threading.Lock()
+
+
 def warmup_compiler(kernel, *args, **kwargs):
     """``compile_with`` for :func:`resolve_shared_offsets` over a JIT launch:
     ``compile_with(constexprs)`` is ``kernel.warmup(*args, **constexprs, **kwargs)``;
     ``compile_with(constexprs, ttgir_only=True)`` goes through the same warmup — the JIT's own
     binding, specialization and options — with :func:`ttgir_of` in place of ``triton.compile``,
     and stops there by an exception raised before the JIT caches a kernel, so nothing half-built
-    is ever launched. A kernel the JIT holds already gives its compiled TTGIR."""
+    is ever launched. A kernel the JIT holds already gives its compiled TTGIR. While a probe runs,
+    another thread's compile of the same kernel goes to Triton's compile as before."""
     def compile_with(constexprs: dict, ttgir_only: bool = False):
         if not ttgir_only:
             return kernel.warmup(*args, **constexprs, **kwargs)
 
-        def probe(src, target=None, options=None, _env_vars=None):
-            raise _TTGIRProbe(ttgir_of(src, target, options))
-
         from triton.runtime.driver import driver
 
-        # the JIT sets its compile function when it first builds a device's binder (create_binder):
-        # built now, so that a first launch on this device cannot set it back over the probe
-        kernel.device_caches[driver.active.get_current_device()]
-        compile_fn = kernel.compile
-        kernel.compile = probe
-        try:
-            return kernel.warmup(*args, **constexprs, **kwargs).asm["ttgir"]
-        except _TTGIRProbe as stopped:
-            return stopped.ttgir
-        finally:
-            kernel.compile = compile_fn
+        with _PROBE_LOCK:
+            # the JIT sets its compile function when it first builds a device's binder
+            # (create_binder): built now, so that a first launch on this device cannot set it back
+            # over the probe
+            kernel.device_caches[driver.active.get_current_device()]
+            compile_fn, prober = kernel.compile, threading.get_ident()
+
+            def probe(src, **compile_args):
+                if threading.get_ident() != prober:
+                    return compile_fn(src, **compile_args)
+                raise _TTGIRProbe(ttgir_of(src, compile_args.get("target"), compile_args.get("options")))
+
+            kernel.compile = probe
+            try:
+                return kernel.warmup(*args, **constexprs, **kwargs).asm["ttgir"]
+            except _TTGIRProbe as stopped:
+                return stopped.ttgir
+            finally:
+                kernel.compile = compile_fn
 
     return compile_with
 

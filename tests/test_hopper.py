@@ -5388,14 +5388,19 @@ def test_tile_trace_probe_reports_the_timeline_of_what_it_traced(monkeypatch, tm
     assert "split items: 2" in capsys.readouterr().out
 
 
-def _traced_beside_plain(head_dim, causal, shape, **trace):
+def _traced_beside_plain(head_dim, causal, shape, window=None, **trace):
     """``(q, k, v, the untraced config, the traced call's records)`` for random bf16 inputs of
-    ``shape`` (batch, seqlen, heads), once the traced output is bit-identical to the untraced one."""
+    ``shape`` (batch, seqlen, heads), once the traced output is bit-identical to the untraced one;
+    ``window``: a sliding window, on the windowed default."""
+    from flashrung.dispatch import NO_WINDOW, Problem
+
     batch, seqlen, heads = shape
     q, k, v = _seeded_qkv(batch, seqlen, heads, head_dim)
-    base = dataclasses.replace(fwd.default_config(head_dim, causal, seqlen), split_tail=False)
-    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base)
-    t_out, t_lse, records = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, **trace))
+    window = NO_WINDOW if window is None else window
+    base = dataclasses.replace(fwd.select_config(Problem.of(q, k, v, causal, window_size=window)), split_tail=False)
+    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base, window_size=window)
+    t_out, t_lse, records = fwd.traced_forward(q, k, v, causal, head_dim ** -0.5, dataclasses.replace(base, **trace),
+                                               window_size=window)
     assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
     return q, k, v, base, records
 
@@ -5413,6 +5418,24 @@ def test_traced_tiles_change_no_output_and_record_every_item(head_dim, causal):
     assert bool((masked > 0).any()) == causal         # 2048 keys fill their tiles: only the diagonal masks
     cycles = (r[..., 1] - r[..., 0]) % (1 << 31)
     assert (cycles[whole] > 0).all() and (cycles[whole] < 100_000_000).all()
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal, window", [(64, True, (1024, 0)), (128, True, (512, 0)),
+                                                      (128, False, (300, 700))])
+def test_traced_tiles_of_a_window_change_no_output_and_count_its_edge_steps(head_dim, causal, window):
+    # a windowed launch traced (the windowed default, grid and stamps sized as forward's plan):
+    # bit-identical to the untraced call, and its items stop at the window's left edge — none runs
+    # every K/V tile of the 4096 keys, the steps an item records are masked at the edges
+    *_, rec = _traced_beside_plain(head_dim, causal, (1, 4096, 8), window=window, trace_tiles=4)
+    r = rec.cpu().long()
+    whole = (r >= 0).all(dim=3)
+    assert whole[:, :, 0].all()
+    steps, masked = r[..., 2][whole], r[..., 3][whole]
+    assert (steps >= 1).all() and (masked >= 1).all() and (masked <= steps).all()
+    tiles = 4096 // 128
+    assert steps.max() < tiles and steps.max() <= (sum(max(side, 0) for side in window) + 192) // 128 + 2
 
 
 @pytest.mark.gpu
@@ -5500,4 +5523,11 @@ def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():
         step_trace.main(["--set", "pingpong"])
     with pytest.raises(SystemExit, match="--set: "):
         tile_trace.main(["--set", "pingpong=true,named_turns"])
+    # a window the mask cannot take, named by its flag (a causal row's right side is the mask's)
+    with pytest.raises(SystemExit, match="--window: a causal row's window right side"):
+        tile_trace.main(["--causal", "--window", "1024,5"])
+    with pytest.raises(SystemExit, match="--window: .*bounds no side"):
+        step_trace.main(["--window=-1,-1"])
+    with pytest.raises(SystemExit):
+        tile_trace.main(["--window", "1024"])
     assert set_overrides("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}

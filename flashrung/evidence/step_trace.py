@@ -12,7 +12,8 @@ after the one before it passed it. It also times the traced kernel against the u
 must be bit-identical, which it checks.
 
 ``python -m flashrung.evidence.step_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
-[--causal] [--steps 64] [--warps] [--item K] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
+[--causal] [--window LEFT,RIGHT] [--steps 64] [--warps] [--item K] [--set key=value,...] [--json PATH]``.
+Needs an sm_90 GPU. ``--window``: a sliding window's launch, on the windowed default.
 With ``--warps`` (``trace_warps``) each of a warpgroup's four warps stamps its own events; the
 phases are read from warp 0 as before, and beside them how far apart the warps reach each event
 (:func:`warp_spread`). The split
@@ -222,11 +223,15 @@ def table(summary: dict) -> str:
 
 def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
+    from flashrung.bench.cli import _window as window_arg
     from flashrung.bench.cli import non_negative_float
 
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_square_problem(p, batch=2, seqlen=16384)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--window", type=window_arg, default=None, metavar="LEFT,RIGHT",
+                   help="a sliding window as flash-attn's window_size (-1 unbounded; causal: RIGHT -1 or 0): the "
+                        "windowed default, or --set's overrides of it")
     p.add_argument("--set", default="", help="config overrides, key=value,... (as impl='hopper.fwd@...')")
     p.add_argument("--timing-calls", type=int, default=30, help="calls of each kernel timed (default 30)")
     p.add_argument("--preheat-ms", type=non_negative_float, default=0.0, metavar="MS",
@@ -288,6 +293,20 @@ def summarize_warps(stamps, events: tuple[str, ...]) -> dict:
     return out
 
 
+def checked_window(args) -> tuple[int, int] | None:
+    """``--window`` checked against the mask before anything runs (``suites.check_window``); a bad
+    one exits naming the flag."""
+    from flashrung.bench import suites
+
+    window = getattr(args, "window", None)
+    if window is None:
+        return None
+    try:
+        return suites.check_window(window, bool(args.causal))
+    except ValueError as exc:
+        raise SystemExit(f"--window: {exc}") from None
+
+
 def traced_run(args, **trace) -> dict:
     """One traced call of ``hopper.fwd`` (``trace``: the config's trace fields) after warm-up, its
     output checked bit-identical to the untraced kernel's, and both timed in alternation (CUDA
@@ -295,43 +314,52 @@ def traced_run(args, **trace) -> dict:
     and the summary's common fields. Needs an sm_90 GPU."""
     import torch
 
-    from flashrung.dispatch import Problem
+    from flashrung.dispatch import NO_WINDOW, Problem
     from flashrung.kernels.hopper import fwd
 
+    window = checked_window(args)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit(f"{args.prog} needs an sm_90 GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
-    problem = Problem.of(q, k, v, args.causal)
+    problem = Problem.of(q, k, v, args.causal, window_size=NO_WINDOW if window is None else window)
     base = fwd.overridden_config(problem, set_overrides(args.set))
     # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
     traced = dataclasses.replace(base, **trace)
+    sides = fwd._window_sides(window, args.causal, 2 * args.seqlen)
     plan = fwd._plan(traced, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim,
-                     q.element_size(), bool(args.causal), True, torch.cuda.get_device_properties(0).multi_processor_count)
+                     q.element_size(), sides[2], True, torch.cuda.get_device_properties(0).multi_processor_count,
+                     has_window=window is not None, has_window_right=sides[1] > 0)
     scale = args.headdim ** -0.5
+    window_size = problem.window_size
 
-    out_ref, lse_ref = fwd.forward(q, k, v, args.causal, scale, base)
+    def plain():
+        return fwd.forward(q, k, v, args.causal, scale, base, window_size=window_size)
+
+    def stamped():
+        return fwd.traced_forward(q, k, v, args.causal, scale, traced, window_size=window_size)
+
+    out_ref, lse_ref = plain()
     for _ in range(3):
-        out, lse, stamps = fwd.traced_forward(q, k, v, args.causal, scale, traced)
+        out, lse, stamps = stamped()
     torch.cuda.synchronize()
     preheat_ms = getattr(args, "preheat_ms", 0.0)
     if preheat_ms:
         # the kept launch follows the load directly: its stamps count cycles at the sustained clock,
         # where a memory wait timed in nanoseconds is more cycles than on an idle GPU's boost
-        preheat(lambda: fwd.traced_forward(q, k, v, args.causal, scale, traced), preheat_ms)
-        out, lse, stamps = fwd.traced_forward(q, k, v, args.causal, scale, traced)
+        preheat(stamped, preheat_ms)
+        out, lse, stamps = stamped()
         torch.cuda.synchronize()
     identical = bool(torch.equal(out, out_ref) and torch.equal(lse, lse_ref))
 
     # the stamps' cost: both kernels timed in alternation, median of CUDA-event times per call
     times = {"untraced": [], "traced": []}
     for _ in range(args.timing_calls):
-        for name, fn in (("untraced", lambda: fwd.forward(q, k, v, args.causal, scale, base)),
-                         ("traced", lambda: fwd.traced_forward(q, k, v, args.causal, scale, traced))):
+        for name, fn in (("untraced", plain), ("traced", stamped)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -340,7 +368,7 @@ def traced_run(args, **trace) -> dict:
             times[name].append(start.elapsed_time(end))
     ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
-                             causal=args.causal, dtype=args.dtype),
+                             causal=args.causal, dtype=args.dtype, window=window),
                   config=dataclasses.asdict(traced), gpu=torch.cuda.get_device_name(),
                   tail=dict(num_items=plan.num_items, num_full_tiles=plan.num_full_tiles, splits=plan.splits),
                   outputs_bit_identical=identical, median_ms=ms, preheat_ms=preheat_ms,
@@ -360,7 +388,9 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     summary.update(run["common"])
     heat = getattr(args, "preheat_ms", 0.0)
     print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
-          f"{args.dtype} {'causal' if args.causal else 'non-causal'}; {summary['ctas']} CTAs x "
+          f"{args.dtype} {'causal' if args.causal else 'non-causal'}"
+          + (f", window {tuple(args.window)}" if getattr(args, "window", None) else "")
+          + f"; {summary['ctas']} CTAs x "
           f"{summary['warpgroups']} consumer warpgroups, {scope(summary)}"
           + (f"; the launch after {heat:g} ms of back-to-back calls" if heat else ""))
     print(table_fn(summary))

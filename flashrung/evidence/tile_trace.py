@@ -19,8 +19,10 @@ time idle at the end (:func:`timeline`). The timeline is complete when every ite
 (``--tiles`` at least the items a CTA runs).
 
 ``python -m flashrung.evidence.tile_trace --headdim 128 --seqlen 16384 --batch 2 --heads 16
-[--causal] [--tiles 8] [--split-tail] [--set key=value,...] [--json PATH]``. Needs an sm_90 GPU.
-Whole tiles unless ``--split-tail`` switches the split tail on (non-causal problems).
+[--causal] [--window LEFT,RIGHT] [--tiles 8] [--split-tail] [--set key=value,...] [--json PATH]``.
+Needs an sm_90 GPU. Whole tiles unless ``--split-tail`` switches the split tail on (non-causal
+problems). ``--window`` traces a sliding window's launch on the windowed default (its items stop at
+the window's left edge, whose steps count as masked).
 """
 from __future__ import annotations
 

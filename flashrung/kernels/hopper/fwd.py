@@ -2788,7 +2788,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
 
 
 def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
-                   config: HopperFwdConfig):
+                   config: HopperFwdConfig, *, window_size: tuple[int, int] = NO_WINDOW):
     """:func:`forward` with ``config.trace_steps > 0`` or ``config.trace_tiles > 0``: ``(out, lse,
     stamps)``. With ``trace_steps``, ``stamps`` is int32 ``[CTAs, consumer warpgroups, trace_steps,
     len(trace.EVENTS)]`` (``[..., trace_steps, trace.WARPS_PER_WARPGROUP, len(trace.EVENTS)]`` with
@@ -2797,26 +2797,32 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     tile, whose peeled step is not stamped: row 0 stays -1, as do steps past the item's last). With
     ``trace_tiles``, int32 ``[CTAs, consumer warpgroups, trace_tiles, len(trace.TILE_FIELDS)]``:
     each of the CTA's first work items' start and end stamps, K/V steps and masked steps (-1 for
-    items the CTA does not have)."""
+    items the CTA does not have). ``window_size``: a sliding window, as :func:`forward` takes it (the
+    stamps are sized for the windowed launch's grid)."""
     if (config.trace_steps > 0) == (config.trace_tiles > 0):
         raise ValueError("traced_forward needs exactly one of config.trace_steps > 0 and config.trace_tiles > 0, "
                          f"got trace_steps={config.trace_steps}, trace_tiles={config.trace_tiles}")
     from flashrung.dispatch import Problem
 
-    problem = Problem.of(q, k, v, causal)
+    window_size = tuple(window_size)
+    problem = Problem.of(q, k, v, causal, window_size=window_size)
     head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, config)
     config.check(head_dim, q.element_size(), head_dim_v)
     batch, seqlen_q, heads_q = q.shape[:3]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), bool(causal),
-                 float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v)
+    # the plan _launch makes: a window's right side launches the causal schedule
+    window = window_size if problem.windowed else None
+    _, window_right, launch_causal = _window_sides(window, causal, seqlen_q + k.shape[1])
+    plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), launch_causal,
+                 float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v,
+                 has_window=window is not None, has_window_right=window_right > 0)
     if config.trace_steps:
         record = (config.trace_steps, WARPS_PER_WARPGROUP, NUM_EVENTS) if config.trace_warps else \
             (config.trace_steps, NUM_EVENTS)
     else:
         record = (config.trace_tiles, NUM_TILE_FIELDS)
     stamps = torch.full((plan.grid, config.num_consumers, *record), -1, dtype=torch.int32, device=q.device)
-    out, lse = forward(q, k, v, causal, softmax_scale, config, _trace=stamps)
+    out, lse = forward(q, k, v, causal, softmax_scale, config, window_size=window_size, _trace=stamps)
     return out, lse, stamps
 
 

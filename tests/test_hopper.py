@@ -189,7 +189,8 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # diagonal moved by a run-time width)
     window_right = changes.pop("_window_right", False)
     if window:
-        cfg = fwd.replace_following(cfg, d, **{name: False for name in fwd.window_clashes(cfg)})
+        from flashrung.kernels.hopper import config as hopper_config
+        cfg = hopper_config._windowed(cfg, d)
     # "_narrow_window": True, with "_window", the tile a narrow window runs (config._narrow_window)
     if changes.pop("_narrow_window", False):
         from flashrung.kernels.hopper import config as hopper_config
@@ -491,6 +492,10 @@ WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-windo
                  ("d128-causal-band-window", "d128-causal", 128, True)]
 CENSUS_CONFIGS += [(label, d, causal, {"_window": True, **({"_window_right": True} if "band" in label else {})})
                    for label, _, d, causal in WINDOW_CENSUS]
+# the staggered sweep under a window (schedule.kv_visit's KEEP_BEFORE: the cut tiles in place) on
+# d64's 192-row causal windowed build, beside the same build unstaggered above
+CENSUS_CONFIGS += [("d64-causal-window-stagger", 64, True, {"_window": True, "stagger_kv": True,
+                                                            "stagger_subtract": True})]
 # d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
 CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
@@ -2687,8 +2692,8 @@ def test_packed_forward_refuses_what_it_cannot_run():
 
 
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
-    # config.WINDOW_CLASHES (the split tail, the staggered sweep, the pairs, the halves, the single
-    # loop) off at every default a windowed problem selects, what follows from them re-derived and
+    # config.WINDOW_CLASHES (the split tail, the pairs, the halves, the single loop) off at every
+    # default a windowed problem selects, what follows from them re-derived and
     # the result buildable, a narrow window's tile where one is listed (config.NARROW_WINDOW_*: d64
     # causal); the unwindowed problem's default unchanged
     for d in HEAD_DIMS:
@@ -2700,8 +2705,10 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 assert config.window_clashes(cfg) == [], (d, causal, seqlen)
                 cfg.check(d, 2)
                 base = select_config(plain)
-                expected = (replace_following(base, d, **{n: False for n in config.window_clashes(base)})
-                            if config.window_clashes(base) else base)
+                # the staggered sweep runs with a window and stays off by default until priced
+                off = config.window_clashes(base) + (
+                    ["stagger_kv"] if base.stagger_kv and not config.WINDOW_STAGGER_KV else [])
+                expected = replace_following(base, d, **{n: False for n in off}) if off else base
                 if causal and 256 <= config.NARROW_WINDOW_MAX_LEFT.get(d, -1):
                     expected = replace_following(expected, d, block_m=config.NARROW_WINDOW_BLOCK_M[d])
                 assert cfg == expected, (d, causal, seqlen)
@@ -2743,6 +2750,21 @@ def test_window_census(census, label, base, d, causal):
     assert len(windowed["kv_loops"]) > len(plain["kv_loops"])
     assert abs(windowed["row"]["smem_bytes"] - plain["row"]["smem_bytes"]) <= 64
     assert windowed["row"]["config"]["window"] is True
+
+
+def test_a_staggered_window_rotates_in_the_producer_alone(census):
+    # the staggered sweep under a window changes the order the producer loads an item's unmasked run
+    # in and the first tile the consumers mask, nothing of their K/V steps: every consumer loop keeps
+    # its instructions and its local memory, the producer's loop grows by the wrap (37 -> 47 on the
+    # 192-row build, census) and the build keeps its registers and buffers
+    staggered, plain = census["d64-causal-window-stagger"], census["d64-causal-window"]
+    assert "error" not in staggered["row"], staggered["row"]["error"]
+    assert staggered["row"]["config"]["stagger_kv"] and not plain["row"]["config"]["stagger_kv"]
+    assert [(l["length"], l["ldl"]) for l in staggered["kv_loops"]] == [(l["length"], l["ldl"]) for l in plain["kv_loops"]]
+    assert staggered["row"]["spill_bytes"] == plain["row"]["spill_bytes"]
+    assert staggered["row"]["smem_bytes"] == plain["row"]["smem_bytes"]
+    grown = [a["length"] - b["length"] for a, b in zip(staggered["producer_loops"], plain["producer_loops"])]
+    assert grown and all(0 < g <= 16 for g in grown), grown
 
 
 def test_a_narrow_d64_window_runs_a_tile_without_local_memory(census):
@@ -3175,6 +3197,30 @@ def test_gate_window(head_dim, causal, left, shape):
     # windowed default these lengths select — a window of one key (0), one inside a K/V tile (17),
     # one across tiles (300); Sq != Sk both ways, GQA, row and key tails
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
+
+
+def _windowed_forward_with(**changes):
+    """``fwd.forward`` on each windowed problem's default configuration with ``changes`` (what
+    follows from them re-derived)."""
+    def run(q, k, v, causal, softmax_scale, window_size, **kw):
+        base = select_config(Problem.of(q, k, v, causal, window_size=window_size))
+        cfg = replace_following(base, config.kernel_head_dim(q.shape[3], v.shape[3]), **changes)
+        return fwd.forward(q, k, v, causal, softmax_scale, config=cfg, window_size=window_size, **kw)
+    return run
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_window_staggered(head_dim, window, shape):
+    # the staggered sweep under a window (config.WINDOW_STAGGER_KV's candidate): only the run between
+    # the tiles the window cuts and the diagonal's rotates, so every cut and diagonal tile is masked
+    # with its own index — a window inside a tile, across tiles, one of many tiles, non-causal and a band
+    causal = window[1] == 0
+    _gate(forward_fn=_windowed_forward_with(stagger_kv=True), head_dim=head_dim, dtype=torch.bfloat16,
+          causal=causal, window_size=window, **shape)
 
 
 @pytest.mark.gpu

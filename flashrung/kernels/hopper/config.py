@@ -1478,7 +1478,7 @@ def select_config(problem) -> HopperFwdConfig:
                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
                   cross_head_pairs)
-    if problem.windowed and window_clashes(cfg):
+    if problem.windowed:
         cfg = _windowed(cfg, head_dim)
     if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):
         cfg = _narrow_window(cfg, head_dim)
@@ -1513,11 +1513,14 @@ def _split(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
 
 
 # What a sliding window's launch runs without: levers that assume every item's K/V range is whole
-# or ends at the causal diagonal (the split tail splits whole ranges; a staggered sweep rotates the
-# tiles the window masks into the unmasked run; a pair shares one range between two q-tiles; the
-# halves and the single loop mask by the diagonal alone). Off, the default's other switches stay.
-WINDOW_CLASHES = ("split_tail", "stagger_kv", "kv_multicast", "skip_unseen_half", "mask_second_half",
-                  "single_kv_loop")
+# or ends at the causal diagonal (the split tail splits whole ranges; a pair shares one range between
+# two q-tiles; the halves and the single loop mask by the diagonal alone). Off, the default's other
+# switches stay.
+WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second_half", "single_kv_loop")
+# The staggered sweep under a window: it rotates only the run between the tiles the window cuts and
+# the diagonal's (fwd._rotation_base), so it runs with one; whether a windowed default takes it
+# where the unwindowed one does (d64 from 3072 keys) is priced before it is on: off until then.
+WINDOW_STAGGER_KV = False
 
 
 # A narrow window on the causal schedule (a left side up to this many keys) at d64 runs the
@@ -1569,8 +1572,10 @@ def window_clashes(cfg: HopperFwdConfig) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
-    """``cfg`` with ``WINDOW_CLASHES`` off, what follows from them re-derived (:func:`replace_following`)."""
-    return replace_following(cfg, head_dim, **{name: False for name in window_clashes(cfg)})
+    """``cfg`` with ``WINDOW_CLASHES`` off, and the staggered sweep unless :data:`WINDOW_STAGGER_KV`,
+    what follows from them re-derived (:func:`replace_following`); ``cfg`` itself when none is on."""
+    off = window_clashes(cfg) + (["stagger_kv"] if cfg.stagger_kv and not WINDOW_STAGGER_KV else [])
+    return replace_following(cfg, head_dim, **{name: False for name in off}) if off else cfg
 
 
 # What a launch of packed sequences runs without: the split tail (its tail tiles are counted and

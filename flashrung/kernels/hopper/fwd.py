@@ -707,14 +707,15 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     row0 = m_block * c.BLOCK_M
     n_kv, n_unmasked = _kv_tiles(row0, seq, c)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
-    kv_lo, _ = _window_range(row0, kv_lo, kv_hi, seq, c)
-    n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, seq, c)
+    rot_lo = _rotation_base(kv_lo, left_unmasked, c)
+    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     # ring position of K/V tile j of this item: base + j
     base = count - kv_lo
     q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
     if kv_hi > kv_lo:
         # the first K first: it streams while the previous tile still holds the Q buffers.
-        first = kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+        first = kv_visit(kv_lo, rot_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT, c.HAS_WINDOW)
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, tma_b,
                       kv_head, first, k0, count, solo, c, sz, 0)
         _load_q(q_desc, q2_desc, sh, sz, tma_b, h, q0 + row0, q_stage, q_phase, item, c)
@@ -723,7 +724,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
             # slot is filled when its tile is next needed, not as soon as it frees
             prev = first
             for j in range(kv_lo + 1, kv_hi):
-                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+                t = kv_visit(j, rot_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT, c.HAS_WINDOW)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
                               sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
@@ -735,7 +736,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars,
                           tma_b, kv_head, first, k0, count, solo, c, sz, 1)
             for j in range(kv_lo + 1, kv_hi):
-                t = kv_visit(j, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT)
+                t = kv_visit(j, rot_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT, c.HAS_WINDOW)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
                               sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
@@ -930,6 +931,18 @@ def _mask_part(s, rows, key0, sz, c):
         out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL))
     else:
         out = mask_scores(s, rows, key0 + offs, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL)
+    return out
+
+
+@gluon.jit
+def _rotation_base(kv_lo, left_unmasked, c):
+    """The first K/V tile a staggered sweep (``STAGGER_KV``) may rotate: ``kv_lo``, or with
+    ``HAS_WINDOW`` the first tile no row's window cuts — the cut tiles run in place ahead of the
+    rotated run, masked with their own indices, as the diagonal's run in place after it."""
+    if c.HAS_WINDOW:
+        out = gl.maximum(left_unmasked, kv_lo)
+    else:
+        out = kv_lo
     return out
 
 
@@ -1668,7 +1681,8 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     n_kv, n_unmasked = _kv_tiles(row0, sz, c)
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
     kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, sz, c)
-    n_rot, kv_start = kv_stagger(m_block, kv_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    rot_lo = _rotation_base(kv_lo, left_unmasked, c)
+    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
     tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
                kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
@@ -1697,7 +1711,7 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     elif c.OVERLAP:
         acc, m_i, l_i, turn = _attend_overlapped(
             q_op, sh, sz, acc, m_i, l_i, rows, my_row0 + _ROWS - 1, kv_lo, kv_hi, n_unmasked, left_unmasked,
-            kv_visit(kv_lo, kv_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT),
+            kv_visit(kv_lo, rot_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT, c.HAS_WINDOW),
             count, turn, qk_scale_log2, prev, (o_desc, lse_ptr, parts), tile_iter, WG, c)
     else:
         acc, m_i, l_i, turn = _attend_serial(

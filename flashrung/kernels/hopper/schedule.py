@@ -591,16 +591,23 @@ def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDO
 
 
 @gluon.jit
-def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr, BY_SUBTRACT: gl.constexpr = False):
+def kv_visit(j, kv_lo, n_rot, start, STAGGER: gl.constexpr, BY_SUBTRACT: gl.constexpr = False,
+             KEEP_BEFORE: gl.constexpr = False):
     """The absolute K/V tile an item visits at its step for tile ``j`` (``kv_lo <= j < kv_hi``).
 
     ``BY_SUBTRACT`` wraps with one compare and subtract, exact because ``0 <= k < n_rot`` and
     ``0 <= start < n_rot``: ``n_rot`` is a run-time value, so ``%`` compiles to a division
     (``I2F.RP``, ``MUFU.RCP``, ``F2I`` and about twenty integer instructions, census) at every
-    step of the producer, whose warp shares a scheduler with one warp of every consumer."""
+    step of the producer, whose warp shares a scheduler with one warp of every consumer.
+    ``KEEP_BEFORE``: tiles before ``kv_lo`` keep their place too (``j`` may then be below it: the
+    tiles a sliding window cuts, masked ahead of the rotated run)."""
     if STAGGER:
         k = j - kv_lo
         t = j
+        if KEEP_BEFORE:
+            if k < 0:
+                # past the run's reach, as a masked tile after it is
+                k = n_rot
         if k < n_rot:
             if BY_SUBTRACT:
                 w = k + start

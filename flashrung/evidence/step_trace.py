@@ -293,20 +293,6 @@ def summarize_warps(stamps, events: tuple[str, ...]) -> dict:
     return out
 
 
-def checked_window(args) -> tuple[int, int] | None:
-    """``--window`` checked against the mask before anything runs (``suites.check_window``); a bad
-    one exits naming the flag."""
-    from flashrung.bench import suites
-
-    window = getattr(args, "window", None)
-    if window is None:
-        return None
-    try:
-        return suites.check_window(window, bool(args.causal))
-    except ValueError as exc:
-        raise SystemExit(f"--window: {exc}") from None
-
-
 def traced_run(args, **trace) -> dict:
     """One traced call of ``hopper.fwd`` (``trace``: the config's trace fields) after warm-up, its
     output checked bit-identical to the untraced kernel's, and both timed in alternation (CUDA
@@ -314,10 +300,12 @@ def traced_run(args, **trace) -> dict:
     and the summary's common fields. Needs an sm_90 GPU."""
     import torch
 
+    from flashrung.bench.cli import _checked_window
     from flashrung.dispatch import NO_WINDOW, Problem
     from flashrung.kernels.hopper import fwd
 
-    window = checked_window(args)
+    # checked against the mask before the GPU is touched; a bad one exits naming the flag
+    window = _checked_window(args)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit(f"{args.prog} needs an sm_90 GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16

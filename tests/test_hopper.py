@@ -484,6 +484,12 @@ OWN_VALUE_DIM_CENSUS = [("d256-full-v128", "d256-full", 256, False, (192, 128), 
 CENSUS_CONFIGS += [(label, d, causal, {"_qv": qv, **switches,
                                        **({"_seqlen": 16384, "_key_tail": False, "_paired": True} if d == 128 else {})})
                    for label, _, d, causal, qv, switches in OWN_VALUE_DIM_CENSUS]
+# MLA's split on K/V tiles of 128 keys (the d256 row's 64-key tile is for 256-wide rings; 192/128's
+# fit 128 keys: 213 KiB), non-causal and causal
+MLA_128_KEYS_CENSUS = [(f"d256-{m}-q192-v128-128-keys", f"d256-{m}-q192-v128", causal)
+                       for m, causal in (("full", False), ("causal", True))]
+CENSUS_CONFIGS += [(label, 256, causal, {"_qv": (192, 128), **_SPLIT, "block_n": 128})
+                   for label, _, causal in MLA_128_KEYS_CENSUS]
 # a sliding window's left side (HAS_WINDOW) on the windowed defaults: d64 and d128 causal and not, d256 causal
 WINDOW_CENSUS = [("d64-causal-window", "d64-causal", 64, True), ("d64-full-window", "d64-full", 64, False),
                  ("d128-causal-window", "d128-causal", 128, True), ("d128-full-window", "d128-full", 128, False),
@@ -2953,6 +2959,28 @@ def test_own_value_dim_census(census, label, base, d, causal, qv, switches):
         assert qk(own) * d == qk(padded) * q_width, (own["hgmma_shapes"], padded["hgmma_shapes"])
 
 
+# local memory the 128-key split keeps outside its K/V loops (census: 24 B non-causal, 16 B causal)
+MLA_128_KEYS_SPILL_BYTES = 24
+
+
+@pytest.mark.parametrize("label, base, causal", MLA_128_KEYS_CENSUS, ids=[c[0] for c in MLA_128_KEYS_CENSUS])
+def test_mla_split_on_128_keys_spends_fewer_instructions_a_key(census, label, base, causal):
+    # MLA's split with K/V tiles of 128 keys: QK's wgmma N = 128 (each Q read from shared memory
+    # serves twice the keys), the rings within the block's shared memory, no local memory in the
+    # K/V loops, and each loop's instructions per key below the 64-key build's (census: the
+    # unmasked loop 345 per 64 keys -> 511 per 128 non-causal, 352 -> 520 causal)
+    wide, narrow = census[label], census[base]
+    assert "error" not in wide["row"], wide["row"]["error"]
+    assert wide["row"]["config"]["block_n"] == 128 and narrow["row"]["config"]["block_n"] == 64
+    assert wide["row"]["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+    assert all(loop["ldl"] == 0 for loop in wide["kv_loops"])
+    assert wide["row"]["spill_bytes"] <= MLA_128_KEYS_SPILL_BYTES
+    assert "64x128x16" in wide["hgmma_shapes"] and "64x64x16" not in wide["hgmma_shapes"]
+    assert len(wide["kv_loops"]) == len(narrow["kv_loops"]) > 0
+    for w, n in zip(wide["kv_loops"], narrow["kv_loops"]):
+        assert w["length"] / 128 < 0.9 * n["length"] / 64, (w["length"], n["length"])
+
+
 def test_a_padded_descriptor_boxes_the_kernels_columns():
     # TMA reads the box's columns past the tensor's own as zeros and never writes them: the
     # descriptor keeps the tensor's shape and strides and takes the kernel's box and layout, so a
@@ -3146,12 +3174,14 @@ def test_gate_padded_head_dims(head_dim, causal, shape):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim, head_dim_v, build", [
     *[(d, dv, build) for build in ("padded", "own-width") for d, dv in ((192, 128), (128, 64), (64, 128))],
-    (192, 128, "split"), (160, 128, "split"), (136, 64, "split")])
+    (192, 128, "split"), (160, 128, "split"), (136, 64, "split"),
+    (192, 128, "split-128-keys"), (160, 128, "split-128-keys")])
 def test_gate_value_head_dims(head_dim, head_dim_v, build, causal, shape):
     # v with a head dim of its own (MLA's 192/128 on the d256 kernel; narrower and wider than q/k
     # on the d128 one): each tensor's descriptor pads to the kernel's columns, out keeps v's; with
     # own_value_dim V, PV and O at v's own width (192/128: 256/128, its O staged in Q's buffer);
-    # split, Q and K as 128 columns and a tail box (192/128: 192/128, 136/64: 144/64)
+    # split, Q and K as 128 columns and a tail box (192/128: 192/128, 136/64: 144/64); the split on
+    # K/V tiles of 128 keys where the d256 row takes 64 (its rings fit at these widths)
     _gate(_forward_with(**_BUILDS[build]), head_dim=head_dim, head_dim_v=head_dim_v,
           dtype=torch.bfloat16, causal=causal, **shape)
 
@@ -3161,7 +3191,8 @@ def test_gate_value_head_dims(head_dim, head_dim_v, build, causal, shape):
 # (each build names both switches: MLA's default splits, config.SPLIT_DEFAULT_HEAD_DIMS)
 _BUILDS = {"padded": {"own_value_dim": False, "split_head_dim": False},
            "own-width": {"own_value_dim": True, "split_head_dim": False},
-           "split": {"own_value_dim": True, "split_head_dim": True}}
+           "split": {"own_value_dim": True, "split_head_dim": True},
+           "split-128-keys": {"own_value_dim": True, "split_head_dim": True, "block_n": 128}}
 
 
 def _forward_with(**changes):

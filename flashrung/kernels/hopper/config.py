@@ -1291,7 +1291,8 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
     decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
     (then check() refuses). ``meet_before_pass`` follows the pairing, the skip of empty rows and the
-    pingpong, as ``select_config`` derives it; ``stagger_subtract`` follows ``stagger_kv``."""
+    pingpong, as ``select_config`` derives it; ``stagger_subtract`` follows ``stagger_kv``; the
+    split turned off takes its own K/V tile (``SPLIT_KV_TILE_KEYS``) with it."""
     out = dataclasses.replace(cfg, **changes)
     if changes.get("kv_multicast") and not cfg.kv_multicast:
         # the pairing forced onto an unpaired default brings what select_config pairs with (the
@@ -1310,6 +1311,11 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
+    if changes.get("split_head_dim") is False and cfg.split_head_dim and "block_n" not in changes \
+            and out.block_n > _BY_HEAD_DIM.get(head_dim, out).block_n:
+        # the split's own K/V tile (SPLIT_KV_TILE_KEYS) goes with it: the row's rings at full width
+        # hold only the row's tile
+        out = dataclasses.replace(out, block_n=_BY_HEAD_DIM[head_dim].block_n)
     if "stagger_kv" in changes and "stagger_subtract" not in changes:
         # every staggered sweep select_config builds wraps by compare and subtract (change 41): the
         # stagger forced on builds that sweep, forced off takes its wrap with it
@@ -1488,7 +1494,7 @@ def select_config(problem) -> HopperFwdConfig:
         cfg = _capped(cfg, head_dim, bool(problem.causal))
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
             SPLIT_DEFAULT_WITH_SCORE_OPTIONS or not (problem.windowed or problem.varlen or problem.softcap)):
-        cfg = _split(cfg, head_dim)
+        cfg = _split(cfg, head_dim, SPLIT_KV_TILE_KEYS.get((problem.head_dim, problem.head_dim_v), cfg.block_n))
     return cfg
 
 
@@ -1506,10 +1512,23 @@ SPLIT_DEFAULT_HEAD_DIMS = frozenset({(192, 128)})
 SPLIT_DEFAULT_WITH_SCORE_OPTIONS = True
 
 
+# K/V tiles of the split builds by (head_dim, head_dim_v), where they differ from their row's: the
+# d256 row takes 64 keys because its 256-wide rings leave no room for 128, but MLA's 192/128 rings
+# of 128 keys fit (213 KiB with Q's buffer), and QK's wgmma at N = 128 reads each Q row from shared
+# memory once per 128 keys instead of per 64 (census, sm_90a: the unmasked K/V loop 345
+# instructions per 64 keys -> 511 per 128 non-causal, 352 -> 520 causal; no local memory in the
+# K/V loops, 16-88 B outside them). Paired on an H100 (bf16 B2 H16 S8192, flashrung compare --quick
+# --t-noise 0.001, two fresh processes, both arms gated; timing, paired): non-causal KEEP 1.1720 /
+# 1.1721, causal 1.1550 / 1.1552 (h100-compare-mla-128-keys-*-1bcd744); gated there
+# (test_gate_value_head_dims' split-128-keys builds, 28 gates, h100-pytest-stagger-window-mla-1bcd744).
+SPLIT_KV_TILE_KEYS = {(192, 128): 128}
+
+
 @functools.lru_cache(maxsize=None)
-def _split(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
-    """``cfg`` with q's split boxes and v's own width on (:data:`SPLIT_DEFAULT_HEAD_DIMS`)."""
-    return replace_following(cfg, head_dim, own_value_dim=True, split_head_dim=True)
+def _split(cfg: HopperFwdConfig, head_dim: int, block_n: int) -> HopperFwdConfig:
+    """``cfg`` with q's split boxes and v's own width on (:data:`SPLIT_DEFAULT_HEAD_DIMS`), on K/V
+    tiles of ``block_n`` keys (:data:`SPLIT_KV_TILE_KEYS`)."""
+    return replace_following(cfg, head_dim, own_value_dim=True, split_head_dim=True, block_n=block_n)
 
 
 # What a sliding window's launch runs without: levers that assume every item's K/V range is whole

@@ -935,6 +935,19 @@ def _mask_part(s, rows, key0, sz, c):
 
 
 @gluon.jit
+def _masked_steps(kv_lo, kv_hi, n_unmasked, left_unmasked, c):
+    """An item's K/V steps that run masked (the tile trace's count): the diagonal's and the key
+    tail's run, and with ``HAS_WINDOW`` the tiles the window cuts and the peeled first one, which a
+    windowed launch masks always (``_attend_overlapped``'s unmasked run starts after both)."""
+    if c.HAS_WINDOW:
+        unmasked = gl.maximum(gl.minimum(n_unmasked, kv_hi) - gl.maximum(left_unmasked, kv_lo + 1), 0)
+        out = kv_hi - kv_lo - unmasked
+    else:
+        out = kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi))
+    return out
+
+
+@gluon.jit
 def _rotation_base(kv_lo, left_unmasked, c):
     """The first K/V tile a staggered sweep (``STAGGER_KV``) may rotate: ``kv_lo``, or with
     ``HAS_WINDOW`` the first tile no row's window cuts — the cut tiles run in place ahead of the
@@ -1685,7 +1698,7 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
     tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
-               kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi)), WG, c)
+               _masked_steps(kv_lo, kv_hi, n_unmasked, left_unmasked, c), WG, c)
     m_i = gl.full([_ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = _init_sum(s_layout, c)
     acc = gl.zeros([_ROWS, c.HEAD_DIM_V], gl.float32, o_layout)

@@ -1537,8 +1537,10 @@ def _split(cfg: HopperFwdConfig, head_dim: int, block_n: int) -> HopperFwdConfig
 # switches stay.
 WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second_half", "single_kv_loop")
 # The staggered sweep under a window: it rotates only the run between the tiles the window cuts and
-# the diagonal's (fwd._rotation_base), so it runs with one; whether a windowed default takes it
-# where the unwindowed one does (d64 from 3072 keys) is priced before it is on: off until then.
+# the diagonal's (fwd._rotation_base), so it runs with one (gated on an H100: test_gate_window_staggered,
+# 105 gates). Off: paired on an H100 at d64 causal B4 H16 S8192, window (4096, 0) — the one windowed
+# default the unwindowed stagger reaches with the 192-row tile — 0.9949 / 0.9968, REVERT
+# (h100-compare-stagger-window-4096-d64-1bcd744); a window's items already start apart.
 WINDOW_STAGGER_KV = False
 
 

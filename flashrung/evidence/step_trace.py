@@ -318,12 +318,9 @@ def traced_run(args, **trace) -> dict:
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
     traced = dataclasses.replace(base, **trace)
-    sides = fwd._window_sides(window, args.causal, 2 * args.seqlen)
-    plan = fwd._plan(traced, args.batch, args.seqlen, args.seqlen, args.heads, args.heads, args.headdim,
-                     q.element_size(), sides[2], True, torch.cuda.get_device_properties(0).multi_processor_count,
-                     has_window=window is not None, has_window_right=sides[1] > 0)
     scale = args.headdim ** -0.5
     window_size = problem.window_size
+    plan = fwd.traced_plan(q, k, v, args.causal, scale, traced, window_size)
 
     def plain():
         return fwd.forward(q, k, v, args.causal, scale, base, window_size=window_size)

@@ -2814,6 +2814,25 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     return out, lse
 
 
+def traced_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+                config: HopperFwdConfig, window_size: tuple[int, int] = NO_WINDOW) -> _LaunchPlan:
+    """The launch plan :func:`_launch` makes for :func:`traced_forward`'s call (whole sequences, no
+    cap; a window's right side launches the causal schedule), ``config`` checked at the kernel's
+    widths: the grid its stamps are sized for, and the split tail's items a probe reports."""
+    from flashrung.dispatch import Problem
+
+    problem = Problem.of(q, k, v, causal, window_size=tuple(window_size))
+    head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, config)
+    config.check(head_dim, q.element_size(), head_dim_v)
+    batch, seqlen_q, heads_q = q.shape[:3]
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    window = problem.window_size if problem.windowed else None
+    _, window_right, launch_causal = _window_sides(window, causal, seqlen_q + k.shape[1])
+    return _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), launch_causal,
+                 float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v,
+                 has_window=window is not None, has_window_right=window_right > 0)
+
+
 def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
                    config: HopperFwdConfig, *, window_size: tuple[int, int] = NO_WINDOW):
     """:func:`forward` with ``config.trace_steps > 0`` or ``config.trace_tiles > 0``: ``(out, lse,
@@ -2829,20 +2848,8 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if (config.trace_steps > 0) == (config.trace_tiles > 0):
         raise ValueError("traced_forward needs exactly one of config.trace_steps > 0 and config.trace_tiles > 0, "
                          f"got trace_steps={config.trace_steps}, trace_tiles={config.trace_tiles}")
-    from flashrung.dispatch import Problem
-
     window_size = tuple(window_size)
-    problem = Problem.of(q, k, v, causal, window_size=window_size)
-    head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, config)
-    config.check(head_dim, q.element_size(), head_dim_v)
-    batch, seqlen_q, heads_q = q.shape[:3]
-    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    # the plan _launch makes: a window's right side launches the causal schedule
-    window = window_size if problem.windowed else None
-    _, window_right, launch_causal = _window_sides(window, causal, seqlen_q + k.shape[1])
-    plan = _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), launch_causal,
-                 float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v,
-                 has_window=window is not None, has_window_right=window_right > 0)
+    plan = traced_plan(q, k, v, causal, softmax_scale, config, window_size)
     if config.trace_steps:
         record = (config.trace_steps, WARPS_PER_WARPGROUP, NUM_EVENTS) if config.trace_warps else \
             (config.trace_steps, NUM_EVENTS)

@@ -5487,14 +5487,16 @@ def test_tile_trace_probe_reports_the_timeline_of_what_it_traced(monkeypatch, tm
     assert "split items: 2" in capsys.readouterr().out
 
 
-def _traced_beside_plain(head_dim, causal, shape, window=None, **trace):
+def _traced_beside_plain(head_dim, causal, shape, window=None, head_dim_v=None, **trace):
     """``(q, k, v, the untraced config, the traced call's records)`` for random bf16 inputs of
     ``shape`` (batch, seqlen, heads), once the traced output is bit-identical to the untraced one;
-    ``window``: a sliding window, on the windowed default."""
+    ``window``: a sliding window, on the windowed default; ``head_dim_v``: v's own head dim."""
     from flashrung.dispatch import NO_WINDOW, Problem
 
     batch, seqlen, heads = shape
     q, k, v = _seeded_qkv(batch, seqlen, heads, head_dim)
+    if head_dim_v is not None:
+        v = torch.randn(batch, seqlen, heads, head_dim_v, device="cuda", dtype=torch.bfloat16)
     window = NO_WINDOW if window is None else window
     base = dataclasses.replace(fwd.select_config(Problem.of(q, k, v, causal, window_size=window)), split_tail=False)
     out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, base, window_size=window)
@@ -5582,6 +5584,25 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_traced_mla_split_changes_no_output_and_counts_its_128_key_steps(causal):
+    # MLA's 192/128 default (the split on 128-key tiles) traced like any row: the stamps change no
+    # output, and a tile's steps are the 128-key tiles of its keys (4096 keys: 32 unmasked; a
+    # causal tile of 128 rows ends on one masked step of its own diagonal)
+    *_, rec = _traced_beside_plain(192, causal, (1, 4096, 4), head_dim_v=128, trace_tiles=4)
+    r = rec.cpu().long()
+    whole = (r >= 0).all(dim=3)
+    assert whole[:, :, 0].all()
+    steps, masked = r[..., 2][whole], r[..., 3][whole]
+    assert steps.max() == 4096 // 128 and (steps >= 1).all()
+    assert bool((masked > 0).any()) == causal
+    *_, stamps = _traced_beside_plain(192, causal, (1, 1000, 4), head_dim_v=128, trace_steps=6)
+    s = stamps.cpu().long()
+    assert (s[:, :, 0] == -1).all() and (s >= 0).all(dim=3).any()
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_traced_item_changes_no_output_and_stamps_only_ctas_that_reach_it():
     # B4 H16 S2048 d128: 1024 tiles on 132 CTAs, 7-8 items each; item 7 exists on some CTAs only
     steps = 8
@@ -5630,4 +5651,11 @@ def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():
         step_trace.main(["--window=-1,-1"])
     with pytest.raises(SystemExit):
         tile_trace.main(["--window", "1024"])
+    # a head dim hopper.fwd does not take, named by its flag; MLA's pair is parsed, not refused
+    with pytest.raises(SystemExit, match="--headdim: head_dim must be a multiple of"):
+        step_trace.main(["--headdim", "100"])
+    with pytest.raises(SystemExit, match="--headdim-v: head_dim_v must be a multiple of"):
+        tile_trace.main(["--headdim", "192", "--headdim-v", "320"])
+    parsed = tile_trace.build_parser().parse_args(["--headdim", "192", "--headdim-v", "128"])
+    assert (parsed.headdim, parsed.headdim_v) == (192, 128)
     assert set_overrides("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}

@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 import sys
 
-from flashrung.evidence.probe_args import add_square_problem, set_overrides
+from flashrung.evidence.probe_args import add_square_problem, checked_head_dims, set_overrides
 
 # the phases between consecutive events of one step (trace.EVENTS), and what each is
 PHASES = (
@@ -227,7 +227,7 @@ def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     from flashrung.bench.cli import non_negative_float
 
     p = argparse.ArgumentParser(prog=prog, description=description)
-    add_square_problem(p, batch=2, seqlen=16384)
+    add_square_problem(p, batch=2, seqlen=16384, any_head_dim=True)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--window", type=window_arg, default=None, metavar="LEFT,RIGHT",
                    help="a sliding window as flash-attn's window_size (-1 unbounded; causal: RIGHT -1 or 0): the "
@@ -304,21 +304,22 @@ def traced_run(args, **trace) -> dict:
     from flashrung.dispatch import NO_WINDOW, Problem
     from flashrung.kernels.hopper import fwd
 
-    # checked against the mask before the GPU is touched; a bad one exits naming the flag
+    # checked before the GPU is touched; a bad one exits naming the flag
     window = _checked_window(args)
+    head_dim, head_dim_v = checked_head_dims(args)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit(f"{args.prog} needs an sm_90 GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
-    shape = (args.batch, args.seqlen, args.heads, args.headdim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    shape = (args.batch, args.seqlen, args.heads)
+    q, k, v = (torch.randn(*shape, dim, device="cuda", dtype=dtype) for dim in (head_dim, head_dim, head_dim_v))
     problem = Problem.of(q, k, v, args.causal, window_size=NO_WINDOW if window is None else window)
     base = fwd.overridden_config(problem, set_overrides(args.set))
     # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
     traced = dataclasses.replace(base, **trace)
-    scale = args.headdim ** -0.5
+    scale = head_dim ** -0.5
     window_size = problem.window_size
     plan = fwd.traced_plan(q, k, v, args.causal, scale, traced, window_size)
 
@@ -352,8 +353,8 @@ def traced_run(args, **trace) -> dict:
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=args.headdim,
-                             causal=args.causal, dtype=args.dtype, window=window),
+    common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=head_dim,
+                             headdim_v=head_dim_v, causal=args.causal, dtype=args.dtype, window=window),
                   config=dataclasses.asdict(traced), gpu=torch.cuda.get_device_name(),
                   tail=dict(num_items=plan.num_items, num_full_tiles=plan.num_full_tiles, splits=plan.splits),
                   outputs_bit_identical=identical, median_ms=ms, preheat_ms=preheat_ms,
@@ -372,7 +373,8 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     summary = summarize_fn(run["stamps"], fields, run["common"])
     summary.update(run["common"])
     heat = getattr(args, "preheat_ms", 0.0)
-    print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} d{args.headdim} "
+    dims = f"d{args.headdim}" + (f"/{args.headdim_v}" if args.headdim_v not in (None, args.headdim) else "")
+    print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} {dims} "
           f"{args.dtype} {'causal' if args.causal else 'non-causal'}"
           + (f", window {tuple(args.window)}" if getattr(args, "window", None) else "")
           + f"; {summary['ctas']} CTAs x "

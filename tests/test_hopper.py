@@ -2325,6 +2325,30 @@ def test_balanced_partial_tiles_is_the_d64_causal_default_and_refuses_what_it_ca
         fwd.partial_tile_share(d128, 128)
 
 
+def test_divided_sections_change_mla_causal_sections_alone_and_no_build():
+    # MLA's 192/128 causal launch walks sections of 2 columns of its 32 (the budget's 3 leaves a
+    # short last one); turned off, the budget's 3. The section is a run-time integer: the build
+    # (what picks the compiled kernel) is the same but for the config field itself. A d128 causal
+    # launch's 4 columns already divide: unchanged; a packed launch keeps the budget's
+    def plan_of(head_dim, head_dim_v, **changes):
+        problem = Problem(2, 8192, 8192, 16, 16, head_dim, head_dim_v, torch.bfloat16, True, "cuda", (9, 0))
+        cfg = dataclasses.replace(select_config(problem), **changes)
+        qk, v = config.kernel_head_dims(head_dim, head_dim_v, cfg)
+        return cfg, fwd._plan(cfg, 2, 8192, 8192, 16, 16, qk, 2, True, True, 132, head_dim_v=v)
+
+    cfg, divided = plan_of(192, 128)
+    _, budget = plan_of(192, 128, divided_sections=False)
+    assert cfg.balanced and cfg.divided_sections
+    assert (divided.section, budget.section) == (2, 3)
+    assert divided.ints != budget.ints and divided.build[1:] == budget.build[1:]
+    assert divided.constexprs == budget.constexprs
+    assert plan_of(128, 128)[1].section == plan_of(128, 128, divided_sections=False)[1].section == 4
+    cfg_packed = plan_of(192, 128)[0]
+    qk, v = config.kernel_head_dims(192, 128, cfg_packed)
+    packed = fwd._plan(cfg_packed, 2, 8192, 8192, 16, 16, qk, 2, True, True, 132, head_dim_v=v, packed=True)
+    assert packed.section == 3
+
+
 @pytest.mark.parametrize("overrides, expected", [
     ({"balanced": "false"}, False),
     ({"skip_empty_rows": "false"}, False),

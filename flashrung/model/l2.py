@@ -56,6 +56,8 @@ class Launch:
     ctas: int = 132               # resident CTAs (the persistent grid's size)
     lpt: bool = True              # heaviest-first inside head sections (causal default)
     section_mib: int = 48         # K/V MiB of one LPT section (``l2_section_mib``)
+    # the balanced grid's sections narrowed to divide the columns (``divided_sections``)
+    divided_sections: bool = True
     stagger: bool = False         # staggered K/V sweeps (``stagger_kv``)
     # a partial last query tile's share of a whole tile's time, per consumer warpgroup with rows
     # (``balanced_partial_tiles``: the balanced table's estimate, ``schedule.tile_cost``); () = whole
@@ -90,9 +92,15 @@ class Launch:
 
     @property
     def section(self) -> int:
-        """(batch, q-head) columns per LPT section, as ``hopper.schedule.head_section`` sizes it."""
-        per_kv_head = 2 * self.seqlen_k * self.head_dim * self.elem_bytes
-        return self.group * max(1, (self.section_mib << 20) // per_kv_head)
+        """(batch, q-head) columns per LPT section, as the kernel's launch plan sizes it:
+        ``hopper.schedule.head_section``, narrowed to divide the columns on the balanced grid
+        (``schedule.balanced_section``)."""
+        columns = self.batch * self.heads_q
+        section = min(schedule.head_section(self.seqlen_k, self.heads_q, self.heads_kv, self.head_dim,
+                                            self.elem_bytes, self.section_mib << 20), columns)
+        if self.grid == "balanced" and self.divided_sections:
+            return schedule.balanced_section(columns, section, self.group)
+        return section
 
     def compulsory_bytes(self) -> int:
         """Q, K and V read once each: what no order can go below."""
@@ -235,7 +243,8 @@ def launch_of(cfg, *, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, se
     return Launch(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                   head_dim=head_dim, causal=causal, block_m=cfg.block_m, kv_tile=cfg.kv_tile,
                   elem_bytes=elem_bytes, grid=grid, ctas=sms * cfg.resident_ctas_per_sm(head_dim, elem_bytes),
-                  lpt=cfg.lpt, section_mib=cfg.l2_section_mib, stagger=cfg.stagger_kv,
+                  lpt=cfg.lpt, section_mib=cfg.l2_section_mib, divided_sections=cfg.divided_sections,
+                  stagger=cfg.stagger_kv,
                   consumer_share=partial_tile_share(cfg, head_dim))
 
 

@@ -172,6 +172,12 @@ class HopperFwdConfig:
     # the list schedule re-run with the measured costs: 3.0%, 0.3% with the shares). Host-side
     # only: the table is another permutation of the same tiles, each computed as before
     balanced_partial_tiles: bool = False
+    # with balanced: the LPT section narrowed to the widest that divides batch x heads within the
+    # L2 budget (schedule.balanced_section), so no short last section puts heavy tiles at the end
+    # of the lists. Host-side only (the section is a run-time argument): same SASS. Changes only
+    # problems whose budget's width does not divide the columns — MLA's 192/128 (5 MiB of K/V a
+    # head at S8k: sections of 3 of 32 columns, the lists' makespan 1.050x the mean; of 2, 1.0005)
+    divided_sections: bool = True
     # the persistent grid's tiles handed out at run time (schedule.handout_next): each CTA's producer
     # draws its next tile from a counter in the stride's heaviest-first order and hands it to its
     # consumers beside the tile's Q, so the launch ends as evenly as the tiles' real costs allow (the

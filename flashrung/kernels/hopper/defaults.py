@@ -38,8 +38,8 @@ WHOLE_KEY_TILE = 128
 # the fields shown in the tile and grid columns; every other field that differs from
 # HopperFwdConfig()'s value is listed under the switches
 _TILE_FIELDS = ("block_m", "block_n", "num_kv_stages", "consumer_regs", "producer_regs", "num_q_stages")
-_GRID_FIELDS = ("persistent", "lpt", "balanced", "balanced_partial_tiles", "split_tail", "split_tail_rounds",
-                "l2_section_mib", "stagger_kv", "stagger_subtract", "kv_multicast", "cross_head_pairs",
+_GRID_FIELDS = ("persistent", "lpt", "balanced", "balanced_partial_tiles", "divided_sections", "split_tail",
+                "split_tail_rounds", "l2_section_mib", "stagger_kv", "stagger_subtract", "kv_multicast", "cross_head_pairs",
                 "dynamic_tiles", "dynamic_pool_share", "merge_loads_first")
 _BASE = C.HopperFwdConfig()
 KEY_TAIL_NOTE = ("Keys in whole K/V tiles. With a key tail a non-causal launch masks its first tile always, "
@@ -141,7 +141,8 @@ def grid_text(cfg: C.HopperFwdConfig) -> str:
     else:
         parts = ["persistent" if cfg.persistent else "one CTA per tile"]
     if cfg.lpt:
-        parts.append(f"LPT, {cfg.l2_section_mib} MiB sections")
+        parts.append(f"LPT, {cfg.l2_section_mib} MiB sections"
+                     + (" (as they fall, the last one short)" if cfg.balanced and not cfg.divided_sections else ""))
     if cfg.split_tail:
         parts.append("split tail" + (" by rounds" if cfg.split_tail_rounds else ""))
     if cfg.stagger_kv:

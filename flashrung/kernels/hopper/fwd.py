@@ -173,6 +173,7 @@ from flashrung.kernels.hopper.schedule import (
     handout_finish,
     handout_item,
     handout_range,
+    balanced_section,
     head_section,
     kv_split_range,
     kv_stagger,
@@ -2460,6 +2461,10 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     # K's and V's bytes a head: their mean width
     section = min(head_section(seqlen_k, heads_q, heads_kv, (head_dim + head_dim_v) // 2, elem_bytes,
                                cfg.l2_section_mib << 20), batch * heads_q)
+    if cfg.balanced and cfg.divided_sections and not packed:
+        # no short last section at the end of the balanced lists (a packed launch's tiles differ
+        # by sequence, not by section: its table is built on its own)
+        section = balanced_section(batch * heads_q, section, heads_q // heads_kv)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
     constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed,

@@ -17,6 +17,7 @@ from flashrung.kernels.hopper import fwd
 from flashrung.kernels.hopper.schedule import (
     balanced_schedule,
     balanced_section,
+    lists_makespan,
     fast_divisor,
     last_section_width,
     packed_handout_table,
@@ -439,36 +440,47 @@ def test_balanced_partial_tiles_shortens_the_makespan_of_the_measured_costs(batc
         assert shared < 0.98 * whole
 
 
-@pytest.mark.parametrize("batch_heads, section, group, width", [
-    (32, 3, 1, 2), (64, 6, 1, 4), (512, 25, 1, 16), (32, 4, 1, 4), (32, 48, 1, 32), (31, 8, 1, 8),
-    (112, 21, 7, 14), (96, 24, 8, 24), (7, 3, 1, 3), (1, 1, 1, 1)])
-def test_balanced_section_divides_the_columns_within_the_budget(batch_heads, section, group, width):
-    # the widest divisor of the columns, a multiple of the GQA group, no wider than the budget's
-    # section and at least half of it; a prime count of columns keeps the budget's (no sliver of 1)
-    assert balanced_section(batch_heads, section, group) == width
-    assert width <= section and width % group == 0
+@pytest.mark.parametrize("head_dim, batch, heads, seqlen, budget, expected", [
+    (160, 2, 16, 8192, 3, 2), (160, 4, 16, 8192, 3, 2), (160, 8, 16, 4096, 6, 4), (160, 16, 16, 2048, 12, 8),
+    (128, 2, 16, 8192, 4, 4), (128, 3, 5, 4096, 8, 8), (128, 2, 9, 2048, 16, 9), (256, 1, 7, 8192, 2, 2)])
+def test_balanced_section_divides_the_columns_where_the_lists_end_sooner(head_dim, batch, heads, seqlen, budget,
+                                                                         expected):
+    # property: the section a balanced launch walks is the L2 budget's or a narrower one dividing
+    # the columns (at least half as wide), and never one the lists' model ends later; MLA's
+    # (mean K/V width 160) divides, as does B2 H9 S2048; B3 H5 S4096 has fewer tiles than CTAs a
+    # section and keeps its 8 (5 would end at 1.147x the mean, 8 at 1.037x); d256 B1 H7 keeps 2
+    m_blocks, columns = seqlen // 128, batch * heads
+    assert min(fwd.head_section(seqlen, heads, heads, head_dim, 2, 16 << 20), columns) == budget
+    args = (True, seqlen, seqlen, 128, 128, True, 132)
+    width = balanced_section(m_blocks, columns, budget, 1, *args)
+    assert width == expected and width <= budget
+    assert width == budget or (columns % width == 0 and 2 * width >= budget)
+    assert lists_makespan(m_blocks, columns, width, *args) <= lists_makespan(m_blocks, columns, budget, *args)
+    # a GQA group's q-heads stay in one section: a width that splits a group is never taken
+    assert balanced_section(m_blocks, columns, budget, budget, *args) == budget
+    assert balanced_section(m_blocks, columns, budget, 1, False, *args[1:]) == budget     # no LPT order
 
 
 @pytest.mark.parametrize("batch, heads, seqlen", [(2, 16, 8192), (4, 16, 8192), (8, 16, 4096), (16, 16, 2048)])
 def test_divided_sections_end_mla_causal_lists_as_evenly_as_a_power_of_two_head_dim(batch, heads, seqlen):
     # property: MLA's 192/128 sizes its 16 MiB sections at 3, 6 or 12 columns, none dividing 32
-    # to 256; its last section's heavy tiles then end the lists up to 4% past the mean work a CTA
+    # to 256; its last section's heavy tiles then end the lists up to 5% past the mean work a CTA
     # (the tile trace measured 4.6% of the CTAs' time idle at B2 H16 S8192 on an H100). Divided,
     # the model's makespan is within 1% of the mean, as d128's is with the same tile and count
     m_blocks, ctas, columns = seqlen // 128, 132, batch * heads
     budget = min(fwd.head_section(seqlen, heads, heads, (192 + 128) // 2, 2, 16 << 20), columns)
-    cost = [tile_cost(m, 128, 128, seqlen, seqlen, True) for m in range(m_blocks)]
-
-    def makespan(section):
-        lists = _split_table(balanced_schedule(m_blocks, columns, section, True, seqlen, seqlen, 128, 128, True,
-                                               ctas), ctas)
-        per_tile = tile_m_blocks(m_blocks, columns, section, True)
-        loads = [sum(cost[per_tile[t]] for t in tiles) for tiles in lists]
-        return max(loads) / (sum(loads) / ctas)
-
-    divided = balanced_section(columns, budget, 1)
+    args = (True, seqlen, seqlen, 128, 128, True, ctas)
+    divided = balanced_section(m_blocks, columns, budget, 1, *args)
     assert columns % budget and not columns % divided
-    assert makespan(budget) > 1.015 and makespan(divided) < 1.01
+    assert lists_makespan(m_blocks, columns, budget, *args) > 1.015
+    assert lists_makespan(m_blocks, columns, divided, *args) < 1.01
+    # the model is the lists' own: the table dealt for the divided section ends where it says
+    cost = [tile_cost(m, 128, 128, seqlen, seqlen, True) for m in range(m_blocks)]
+    lists = _split_table(balanced_schedule(m_blocks, columns, divided, True, seqlen, seqlen, 128, 128, True, ctas),
+                         ctas)
+    per_tile = tile_m_blocks(m_blocks, columns, divided, True)
+    loads = [sum(cost[per_tile[t]] for t in tiles) for tiles in lists]
+    assert max(loads) / (sum(loads) / ctas) == pytest.approx(lists_makespan(m_blocks, columns, divided, *args))
 
 
 @pytest.mark.parametrize("num_m_blocks, batch_heads, section", [(3, 5, 2), (7, 13, 4), (1, 1, 1), (9, 12, 12)])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 from flashrung.kernels.hopper import schedule
 from flashrung.kernels.hopper.schedule import TILE_OVERHEAD_KV_TILES, tile_position
@@ -90,7 +91,7 @@ class Launch:
     def num_m_blocks(self) -> int:
         return -(-self.seqlen_q // self.block_m)
 
-    @property
+    @functools.cached_property
     def section(self) -> int:
         """(batch, q-head) columns per LPT section, as the kernel's launch plan sizes it:
         ``hopper.schedule.head_section``, narrowed to divide the columns on the balanced grid
@@ -99,7 +100,9 @@ class Launch:
         section = min(schedule.head_section(self.seqlen_k, self.heads_q, self.heads_kv, self.head_dim,
                                             self.elem_bytes, self.section_mib << 20), columns)
         if self.grid == "balanced" and self.divided_sections:
-            return schedule.balanced_section(columns, section, self.group)
+            return schedule.balanced_section(self.num_m_blocks, columns, section, self.group, self.lpt, self.seqlen_q,
+                                             self.seqlen_k, self.block_m, self.kv_tile, self.causal,
+                                             min(self.ctas, self.num_m_blocks * columns), self.consumer_share)
         return section
 
     def compulsory_bytes(self) -> int:

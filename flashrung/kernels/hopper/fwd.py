@@ -2461,10 +2461,13 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
     # K's and V's bytes a head: their mean width
     section = min(head_section(seqlen_k, heads_q, heads_kv, (head_dim + head_dim_v) // 2, elem_bytes,
                                cfg.l2_section_mib << 20), batch * heads_q)
-    if cfg.balanced and cfg.divided_sections and not packed:
-        # no short last section at the end of the balanced lists (a packed launch's tiles differ
-        # by sequence, not by section: its table is built on its own)
-        section = balanced_section(batch * heads_q, section, heads_q // heads_kv)
+    if cfg.balanced and cfg.divided_sections and sm_count is not None and not packed and not has_window:
+        # no short last section at the end of the balanced lists where the model says it ends them
+        # late (a pack's tiles differ by sequence, a window's by its run-time width: neither is
+        # priced by the shape alone)
+        section = balanced_section(num_m_blocks, batch * heads_q, section, heads_q // heads_kv, cfg.lpt, seqlen_q,
+                                   seqlen_k, cfg.block_m, cfg.kv_tile, causal, grid,
+                                   partial_tile_share(cfg, row_dim))
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
     constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed,

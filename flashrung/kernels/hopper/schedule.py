@@ -67,26 +67,6 @@ def head_section(seqlen_k: int, heads_q: int, heads_kv: int, head_dim: int, elem
     return group * kv_heads
 
 
-def balanced_section(batch_heads: int, section: int, group: int = 1) -> int:
-    """The LPT section a balanced table walks: the widest of at most ``section`` columns that
-    divides ``batch_heads`` (a multiple of the GQA ``group``), where one of at least half of
-    ``section`` does; else ``section``.
-
-    Why: inside a section the tiles go heaviest first, so a short last section puts heavy tiles at
-    the very end of the launch order, where the greedy lists have nothing light left to fill the
-    gaps. MLA's 192/128 at B2 H16 S8192 causal sizes its sections at 3 of 32 columns (16 MiB of
-    K/V a section, 5 MiB a head): the last holds 2, the model's makespan is 1.050× the mean work a
-    CTA, and the tile trace measured 4.6% of the CTAs' time idle at the end (H100). Sections of 2
-    model 1.0005. Power-of-two head dims and head counts already divide (no change there); only
-    the K/V bytes a section holds can shrink, never grow past the budget."""
-    for width in range(section, 0, -1):
-        if 2 * width < section:
-            break
-        if batch_heads % width == 0 and width % group == 0:
-            return width
-    return section
-
-
 def tail_split(num_tiles: int, resident_ctas: int, num_kv_tiles: int,
                item_fixed_kv_tiles: int | None = None) -> tuple[int, int]:
     """``(num_full_tiles, tail_splits)``: tiles ``[0, num_full_tiles)`` run whole, each of the
@@ -307,6 +287,57 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))
     return tuple(offsets) + tuple(t for tiles in lists for t in tiles)
+
+
+def lists_makespan(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
+                   block_m: int, kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = ()) -> float:
+    """The balanced lists' makespan over the mean work a CTA, both in :func:`tile_cost`'s estimate:
+    how far past the mean the last CTA's list ends (1.0: evenly)."""
+    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
+            for m in range(num_m_blocks)]
+    free = [(0.0, i) for i in range(ctas)]
+    replace = heapq.heapreplace
+    total = 0.0
+    for m in tile_m_blocks(num_m_blocks, batch_heads, section, lpt):
+        load, i = free[0]
+        replace(free, (load + cost[m], i))
+        total += cost[m]
+    return max(load for load, _ in free) * ctas / total
+
+
+# a divided section is taken where the lists' modeled makespan drops by more than this fraction
+# of the mean work a CTA: a closer call keeps the budget's wider section (more heads share L2)
+DIVIDED_SECTION_MIN_GAIN = 0.005
+
+
+def balanced_section(num_m_blocks: int, batch_heads: int, section: int, group: int, lpt: bool, seqlen_q: int,
+                     seqlen_k: int, block_m: int, kv_tile: int, causal: bool, ctas: int,
+                     consumer_share: tuple[float, ...] = ()) -> int:
+    """The LPT section a balanced launch walks: ``section`` (the L2 budget's width), or the widest
+    narrower one that divides ``batch_heads`` (a multiple of the GQA ``group``, at least half of
+    ``section``) where the lists' modeled makespan (:func:`lists_makespan`) is lower by more than
+    :data:`DIVIDED_SECTION_MIN_GAIN`.
+
+    Why: inside a section the tiles go heaviest first, so a short last section puts heavy tiles at
+    the very end of the launch order, where the greedy lists have nothing light left to fill the
+    gaps. MLA's 192/128 at B2 H16 S8192 causal sizes its sections at 3 of 32 columns (16 MiB of
+    K/V a section, 5 MiB a head): the last holds 2, the lists' makespan is 1.050x the mean, and the
+    tile trace measured 4.6% of the CTAs' time idle at the end (H100); sections of 2: 1.0005.
+    Narrower is not always better: with fewer tiles than CTAs a section's heavy tiles are what the
+    others fill around (B3 H5 S4096 d128: 8 columns 1.037, 5 columns 1.147), hence the model.
+    Power-of-two head dims and head counts already divide; only the K/V bytes a section holds can
+    shrink, never grow past the budget."""
+    if not lpt or batch_heads % section == 0:
+        return section
+    divided = next((w for w in range(section - 1, 0, -1)
+                    if 2 * w >= section and batch_heads % w == 0 and w % group == 0), None)
+    if divided is None:
+        return section
+    args = (lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, consumer_share)
+    if lists_makespan(num_m_blocks, batch_heads, divided, *args) \
+            < lists_makespan(num_m_blocks, batch_heads, section, *args) - DIVIDED_SECTION_MIN_GAIN:
+        return divided
+    return section
 
 
 def tile_id_of(head, m_block, num_m_blocks: int, batch_heads: int, section: int, lpt: bool):

@@ -2325,6 +2325,15 @@ def test_balanced_partial_tiles_is_the_d64_causal_default_and_refuses_what_it_ca
         fwd.partial_tile_share(d128, 128)
 
 
+def test_o_from_registers_needs_q_to_hold_o_staging():
+    # O's own buffer already releases Q before the epilogue: the switch is for builds without one
+    with pytest.raises(ValueError, match="o_from_registers .* needs separate_o=False"):
+        dataclasses.replace(fwd.default_config(128, False), separate_o=True, o_from_registers=True).check(128)
+    cfg = dataclasses.replace(fwd.default_config(256, True), o_from_registers=True)
+    cfg.check(256)
+    assert fwd._constexprs(cfg, 256, True)["O_FROM_REGISTERS"]
+
+
 def test_divided_sections_change_mla_causal_sections_alone_and_no_build():
     # MLA's 192/128 causal launch walks sections of 2 columns of its 32 (the budget's 3 leaves a
     # short last one); turned off, the budget's 3. The section is a run-time integer: the build
@@ -3219,6 +3228,45 @@ def test_gate_value_head_dims(head_dim, head_dim_v, build, causal, shape):
     # K/V tiles of 128 keys where the d256 row takes 64 (its rings fit at these widths)
     _gate(_value_build(build), head_dim=head_dim, head_dim_v=head_dim_v,
           dtype=torch.bfloat16, causal=causal, **shape)
+
+
+def _o_from_registers(q, k, v, causal, softmax_scale, **kw):
+    """``fwd.forward`` on the problem's default with O stored from registers (``o_from_registers``);
+    a default with O's own buffer gives it up first (and the second Q buffer that needs it)."""
+    problem = Problem.of_packed(q, k, v, causal, kw["cu_seqlens"][0].numel() - 1, tuple(kw["max_seqlens"])) \
+        if kw.get("cu_seqlens") is not None else Problem.of(q, k, v, causal)
+    cfg = select_config(problem)
+    if cfg.separate_o:
+        cfg = dataclasses.replace(cfg, separate_o=False, num_q_stages=1, overlap_epilogue=False)
+    return fwd.forward(q, k, v, causal, softmax_scale, config=dataclasses.replace(cfg, o_from_registers=True), **kw)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim, head_dim_v", [(192, 128), (256, 256), (96, 96), (64, 64)])
+def test_gate_o_from_registers(head_dim, head_dim_v, causal, shape):
+    # O stored from registers, masked below the sequence's end and at out's own width (d96 on the
+    # d128 kernel), Q released before the epilogue: a row written twice, never, into the next
+    # batch entry or from a Q the producer already overwrote fails the gate
+    _gate(_o_from_registers, head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal,
+          **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gate_o_from_registers_packed(head_dim, causal):
+    # a pack's sequences each stored from registers at their own rows (no partial TMA box to clip)
+    from flashrung import gate
+
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
+                     varlen=PACKED_LENGTHS[0])
+    result = gate.check_varlen(_o_from_registers, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+    assert result.passed, str(result)
 
 
 # the value head dims' builds: every tensor at the wider kernel head dim (the default), v at its own

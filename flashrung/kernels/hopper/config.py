@@ -113,6 +113,12 @@ class HopperFwdConfig:
     # store is waited only before the buffer is written again (it runs under the next tile's
     # mainloop)
     separate_o: bool = False
+    # without O's own buffer (d256, MLA's split: no shared memory left for one), O leaves the
+    # registers by plain stores instead of staged in Q's buffer and stored by TMA: Q is released
+    # as soon as the tile's K/V loop is done, so the next tile's Q loads under this tile's epilogue
+    # instead of after its store has read the buffer (the tile trace: MLA's causal tile pays 3500
+    # cycles past one step for its prologue and epilogue, d128's with two Q buffers 1900)
+    o_from_registers: bool = False
     # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
     # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile); on at
     # d128 (paired margins in _LEVERS), on d64's causal 192-row tile, and at d256 with the per-warp
@@ -632,6 +638,10 @@ class HopperFwdConfig:
                              "separate_o=True")
         if self.num_q_stages not in (1, 2):
             raise ValueError(f"num_q_stages must be 1 or 2 (Q buffers per consumer warpgroup), got {self.num_q_stages}")
+        if self.o_from_registers and self.separate_o:
+            raise ValueError("o_from_registers stores O from registers instead of staging it in Q's buffer; with "
+                             "separate_o O has its own buffer and Q is released early already: it needs "
+                             "separate_o=False")
         if self.num_q_stages > 1 and not self.separate_o:
             raise ValueError("num_q_stages=2 keeps O's staging out of the Q buffers: it needs separate_o=True")
         for name in ("skip_unseen_half", "mask_second_half"):

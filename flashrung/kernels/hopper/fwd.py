@@ -392,6 +392,7 @@ class _Schedule:
     EXP2_FMA_EVERY: gl.constexpr
     TREE_REDUCE: gl.constexpr
     SEPARATE_O: gl.constexpr
+    O_FROM_REGISTERS: gl.constexpr
     DEFER_ROW_SUM: gl.constexpr
     NAMED_TURNS: gl.constexpr
     EXP_TURNS: gl.constexpr      # a second token ring around the overlapped step's exponentials
@@ -1565,13 +1566,15 @@ def _store_lse(lse_ptr, lse, sz, b, h, q0, my_row0, out_rows: gl.constexpr):
 
 
 @gluon.jit
-def _store_rows(out_ptr, o_desc, out, h, q0, my_row0, seqlen_q, o_layout: gl.constexpr):
-    """This warpgroup's O rows below ``seqlen_q`` (and columns below out's own head dim) from
-    registers: a packed sequence's last, partial box (``PACKED``). O's strides and width are
-    ``o_desc``'s (its last stride 1)."""
+def _store_rows(out_ptr, o_desc, out, b, h, q0, my_row0, seqlen_q, o_layout: gl.constexpr):
+    """This warpgroup's O rows below ``seqlen_q`` (and columns below out's own head dim) of batch
+    entry ``b`` from registers: a packed sequence's last, partial box (``PACKED``; ``b`` 0), or
+    every tile's rows (``O_FROM_REGISTERS``). O's strides and width are ``o_desc``'s (its last
+    stride 1)."""
     rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, o_desc.block_type.shape[3], layout=gl.SliceLayout(0, o_layout))
-    offs = (gl.expand_dims((q0 + rows).to(gl.int64) * o_desc.strides[1], 1) + h.to(gl.int64) * o_desc.strides[2]
+    offs = (gl.expand_dims((q0 + rows).to(gl.int64) * o_desc.strides[1], 1)
+            + (gl.to_tensor(b).to(gl.int64) * o_desc.strides[0] + h.to(gl.int64) * o_desc.strides[2])
             + gl.expand_dims(cols, 0))
     keep = gl.expand_dims(rows < seqlen_q, 1) & gl.expand_dims(cols < o_desc.shape[3], 0)
     gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=keep)
@@ -1635,12 +1638,17 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
     write_o = my_row0 < sz.seqlen_q
     if c.SPLIT_TAIL:
         write_o = write_o & (split < 0)      # a split item's O went to the workspace
-    if c.PACKED:
+    if c.O_FROM_REGISTERS:
+        # every row below the sequence's end from registers; Q's buffer was released already
+        if write_o:
+            _store_rows(sz.out_ptr, o_desc, out, tma_b, h, q0, my_row0, sz.seqlen_q, o_layout)
+        write_o = False
+    elif c.PACKED:
         # a box past the sequence's last row would write the next sequence's first rows (TMA
         # clips at the packed tensor's end only): those rows go out from registers, masked
         whole = my_row0 + _ROWS <= sz.seqlen_q
         if write_o & (my_row0 + _ROWS > sz.seqlen_q):
-            _store_rows(sz.out_ptr, o_desc, out, h, q0, my_row0, sz.seqlen_q, o_layout)
+            _store_rows(sz.out_ptr, o_desc, out, tma_b, h, q0, my_row0, sz.seqlen_q, o_layout)
         write_o = write_o & whole
     if write_o:
         # o_buf is O's own buffer (separate_o) or the Q buffer itself, free once the last QK
@@ -1732,14 +1740,14 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
             q_op, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, left_unmasked, count, turn, qk_scale_log2,
             WG, c)
     count += kv_hi - kv_lo
-    if c.SEPARATE_O:
+    if c.SEPARATE_O or c.O_FROM_REGISTERS:
         # every QK of the tile is done: the producer may load the next tile's Q while this
         # one's epilogue runs
         mbarrier.arrive(sh.q_empty_bars.index(q_slot))
     if not c.OVERLAP_EPILOGUE:
         # (with OVERLAP_EPILOGUE the caller keeps this tile for the next one's first QK)
         _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, (o_desc, lse_ptr, parts), sh, sz, WG, c)
-    if not c.SEPARATE_O:
+    if not (c.SEPARATE_O or c.O_FROM_REGISTERS):
         mbarrier.arrive(sh.q_empty_bars.index(q_slot))
     tile_end(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, WG, c)
     return count, turn, acc, m_i, l_i
@@ -1837,7 +1845,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      LATE_RESCALE: gl.constexpr, PACK_P: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                      Q_IN_REGISTERS: gl.constexpr, WAIT_PV_EARLY: gl.constexpr,
                      EXP2_FMA_EVERY: gl.constexpr, TREE_REDUCE: gl.constexpr, SEPARATE_O: gl.constexpr,
-                     DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr, EXP_TURNS: gl.constexpr,
+                     O_FROM_REGISTERS: gl.constexpr, DEFER_ROW_SUM: gl.constexpr, NAMED_TURNS: gl.constexpr,
+                     EXP_TURNS: gl.constexpr,
                      SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, DYNAMIC: gl.constexpr,
                      HANDOUT_TABLE: gl.constexpr,
@@ -1959,7 +1968,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   SCALE_POSITIVE=SCALE_POSITIVE, LATE_RESCALE=LATE_RESCALE, PACK_P=PACK_P,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, Q_IN_REGISTERS=Q_IN_REGISTERS,
                   WAIT_PV_EARLY=WAIT_PV_EARLY, EXP2_FMA_EVERY=EXP2_FMA_EVERY, TREE_REDUCE=TREE_REDUCE,
-                  SEPARATE_O=SEPARATE_O, DEFER_ROW_SUM=DEFER_ROW_SUM, NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
+                  SEPARATE_O=SEPARATE_O, O_FROM_REGISTERS=O_FROM_REGISTERS, DEFER_ROW_SUM=DEFER_ROW_SUM,
+                  NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, HANDOUT_TABLE=HANDOUT_TABLE,
                   STAGGER_KV=STAGGER_KV,
@@ -2059,7 +2069,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SCALE_POSITIVE=bool(scale_positive), LATE_RESCALE=cfg.late_rescale, PACK_P=cfg.pack_p,
         RESCALE_THRESHOLD=float(cfg.rescale_threshold), Q_IN_REGISTERS=cfg.q_in_registers,
         WAIT_PV_EARLY=cfg.wait_pv_early, EXP2_FMA_EVERY=cfg.exp2_fma_every, TREE_REDUCE=softmax_reduce_form(cfg),
-        SEPARATE_O=cfg.separate_o, DEFER_ROW_SUM=cfg.defer_row_sum, NAMED_TURNS=cfg.named_turns,
+        SEPARATE_O=cfg.separate_o, O_FROM_REGISTERS=cfg.o_from_registers, DEFER_ROW_SUM=cfg.defer_row_sum,
+        NAMED_TURNS=cfg.named_turns,
         EXP_TURNS=cfg.exp_turns,
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys,
         # the hand-out's table has the balanced table's layout: its CTAs' lists are read as theirs

@@ -117,7 +117,9 @@ class HopperFwdConfig:
     # registers by plain stores instead of staged in Q's buffer and stored by TMA: Q is released
     # as soon as the tile's K/V loop is done, so the next tile's Q loads under this tile's epilogue
     # instead of after its store has read the buffer (the tile trace: MLA's causal tile pays 3500
-    # cycles past one step for its prologue and epilogue, d128's with two Q buffers 1900)
+    # cycles past one step for its prologue and epilogue, d128's with two Q buffers 1900). Paired
+    # on an H100 (MLA causal B2 H16 S8192 bf16): 0.929 / 0.929, REVERT — each thread's 64 four-byte
+    # stores cost the consumer more than the Q load they uncover: off
     o_from_registers: bool = False
     # FA4's deferred row sum: l kept as per-thread partials and reduced across the quad once per
     # tile of rows instead of every K/V tile (census: 4 SHFL + 4 FADD fewer per K/V tile); on at
@@ -178,11 +180,13 @@ class HopperFwdConfig:
     # the list schedule re-run with the measured costs: 3.0%, 0.3% with the shares). Host-side
     # only: the table is another permutation of the same tiles, each computed as before
     balanced_partial_tiles: bool = False
-    # with balanced: the LPT section narrowed to the widest that divides batch x heads within the
-    # L2 budget (schedule.balanced_section), so no short last section puts heavy tiles at the end
-    # of the lists. Host-side only (the section is a run-time argument): same SASS. Changes only
-    # problems whose budget's width does not divide the columns — MLA's 192/128 (5 MiB of K/V a
-    # head at S8k: sections of 3 of 32 columns, the lists' makespan 1.050x the mean; of 2, 1.0005)
+    # with balanced: the LPT section narrowed to one that divides batch x heads within the L2
+    # budget where the lists' model ends them sooner (schedule.balanced_section), so no short last
+    # section puts heavy tiles at the end of the lists. Host-side only (the section is a run-time
+    # argument): same SASS. Changes only problems whose budget's width does not divide the columns
+    # — MLA's 192/128 (5 MiB of K/V a head at S8k: sections of 3 of 32 columns, the lists' makespan
+    # 1.050x the mean; of 2, 1.0005). Paired on an H100 (MLA causal bf16 H16): B2 S8192 1.0459 /
+    # 1.0451, B4 S8192 1.0395 / 1.0410, B8 S4096 1.0323 / 1.0323, KEEP
     divided_sections: bool = True
     # the persistent grid's tiles handed out at run time (schedule.handout_next): each CTA's producer
     # draws its next tile from a counter in the stride's heaviest-first order and hands it to its

@@ -139,7 +139,7 @@ def test_packed_sequences_reach_free_shapes_and_paired_rows_and_not_a_suite(caps
         cli.pair_row(parse("compare", "fa4", "flashrung", "--packed", "64", "--seqlen", "64"))
     rc, _, err = run(capsys, "bench", "--suite", "fa4-protocol", "--packed", "128", "--dry-run")
     assert rc == 2 and "--packed" in err and "suite" in err
-    for bad in ("", "a", "12x0", "-3", "0,0"):
+    for bad in ("", "a", "12x0", "-3", "0,0", "1024x", "17,0x"):
         with pytest.raises(SystemExit):
             parse("bench", "--packed=" + bad, "--dry-run")
         assert "--packed" in capsys.readouterr().err

@@ -5477,7 +5477,10 @@ def test_step_trace_probe_summarizes_what_it_traced(monkeypatch, capsys):
     monkeypatch.setattr(step_trace, "traced_run", fake_traced_run)
     assert step_trace.main(["--steps", str(steps)]) == 0
     out = capsys.readouterr().out
-    assert "step trace" in out and "back-to-back" not in out
+    assert "step trace" in out and "back-to-back" not in out and "B2 H16 S16384" in out
+    # a pack's heading names its lengths; the launch is sized by the count and the longest
+    assert step_trace.main(["--steps", str(steps), "--packed", "8192,1024x2"]) == 0
+    assert "packed 8192,1024,1024 H16" in capsys.readouterr().out
     # a preheated trace says so in its heading
     assert step_trace.main(["--steps", str(steps), "--preheat-ms", "2500"]) == 0
     assert "the launch after 2500 ms of back-to-back calls" in capsys.readouterr().out
@@ -5657,6 +5660,36 @@ def test_traced_forward_changes_no_output_and_stamps_every_whole_step(head_dim, 
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
+def test_traced_pack_changes_no_output_and_records_each_sequence_s_items(causal):
+    # a pack traced on its default grid (tiles drawn at run time through the table): the stamps
+    # change no output, and the items recorded are the pack's tiles with a row, each with the
+    # K/V steps of its own sequence (at most the longest's, 4097 keys: 33 tiles of 128)
+    from flashrung.gate import cu_seqlens
+
+    lengths = (1000, 4097, 17, 300)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, sum(lengths), 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = cu_seqlens(lengths, "cuda")
+    packing = dict(cu_seqlens=(cu, cu), max_seqlens=(max(lengths), max(lengths)))
+    problem = Problem.of_packed(q, k, v, causal, len(lengths), packing["max_seqlens"])
+    base = select_config(problem)
+    out, lse = fwd.forward(q, k, v, causal, 128 ** -0.5, base, **packing)
+    t_out, t_lse, rec = fwd.traced_forward(q, k, v, causal, 128 ** -0.5, dataclasses.replace(base, trace_tiles=16),
+                                           **packing)
+    assert torch.equal(out, t_out) and torch.equal(lse, t_lse)
+    r = rec.cpu().long()
+    whole = (r >= 0).all(dim=3)
+    steps = r[..., 2][whole]
+    # every tile with a row: 8 + 33 + 1 + 3 q-tiles of 128 rows a head, 4 heads; each consumer
+    # warpgroup of a tile records it (the last tiles' second warpgroup may have no rows: skipped)
+    tiles = sum(-(-n // base.block_m) for n in lengths) * 4
+    assert whole[:, 0].sum() == tiles
+    assert (steps >= 1).all() and steps.max() == -(-max(lengths) // base.kv_tile)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
 def test_traced_mla_split_changes_no_output_and_counts_its_128_key_steps(causal):
     # MLA's 192/128 default (the split on 128-key tiles) traced like any row: the stamps change no
     # output, and a tile's steps are the 128-key tiles of its keys (4096 keys: 32 unmasked; a
@@ -5730,4 +5763,9 @@ def test_step_trace_probe_refuses_bad_arguments_before_touching_a_gpu():
         tile_trace.main(["--headdim", "192", "--headdim-v", "320"])
     parsed = tile_trace.build_parser().parse_args(["--headdim", "192", "--headdim-v", "128"])
     assert (parsed.headdim, parsed.headdim_v) == (192, 128)
+    # a pack gives the batch and the lengths: --batch or --seqlen beside it is refused by name
+    with pytest.raises(SystemExit, match="--packed gives the sequences .* drop --batch, --seqlen"):
+        tile_trace.main(["--packed", "1000,17", "--batch", "2", "--seqlen", "1000"])
+    with pytest.raises(SystemExit):
+        tile_trace.build_parser().parse_args(["--packed", "1000,0x"])
     assert set_overrides("pingpong=true, named_turns=true") == {"pingpong": "true", "named_turns": "true"}

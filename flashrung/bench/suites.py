@@ -67,9 +67,10 @@ def parse_packed(text: str) -> tuple[int, ...]:
     (``4096x2,1024x8,17``)."""
     lengths = []
     for part in text.split(","):
-        length, _, times = part.strip().partition("x")
+        length, sep, times = part.strip().partition("x")
         try:
-            n, c = int(length), int(times) if times else 1
+            # an "x" names a count: "1024x" is refused, not read as one sequence
+            n, c = int(length), int(times) if sep else 1
         except ValueError:
             raise ValueError(f"expected lengths such as 4096x2,1024x8,17 (LxN: N sequences of L), got {text!r}") \
                 from None

@@ -226,8 +226,15 @@ def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     from flashrung.bench.cli import _window as window_arg
     from flashrung.bench.cli import non_negative_float
 
+    from flashrung.bench.cli import _packed as packed_arg
+
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_square_problem(p, batch=2, seqlen=16384, any_head_dim=True)
+    # None until read: --packed refuses them by name where they were given (resolve_problem)
+    p.set_defaults(batch=None, seqlen=None)
+    p.add_argument("--packed", type=packed_arg, default=None, metavar="LENGTHS",
+                   help="packed sequences (flash-attn's varlen) of these lengths, queries and keys alike, LxN for N "
+                        "of length L: --packed 8192,4096x2,1024x8; instead of --batch and --seqlen")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--window", type=window_arg, default=None, metavar="LEFT,RIGHT",
                    help="a sliding window as flash-attn's window_size (-1 unbounded; causal: RIGHT -1 or 0): the "
@@ -293,6 +300,24 @@ def summarize_warps(stamps, events: tuple[str, ...]) -> dict:
     return out
 
 
+# the problem the probes trace when --batch and --seqlen are not given
+DEFAULT_BATCH, DEFAULT_SEQLEN = 2, 16384
+
+
+def resolve_problem(args) -> None:
+    """``--batch`` and ``--seqlen`` filled in: their defaults, or with ``--packed`` the number of
+    sequences and the longest (the launch's grid is sized for it), refused by name beside it."""
+    packed = getattr(args, "packed", None)
+    if packed is not None:
+        given = [flag for flag, value in (("--batch", args.batch), ("--seqlen", args.seqlen)) if value is not None]
+        if given:
+            raise SystemExit(f"--packed gives the sequences and their lengths; drop {', '.join(given)}")
+        args.batch, args.seqlen = len(packed), max(packed)
+    else:
+        args.batch = DEFAULT_BATCH if args.batch is None else args.batch
+        args.seqlen = DEFAULT_SEQLEN if args.seqlen is None else args.seqlen
+
+
 def traced_run(args, **trace) -> dict:
     """One traced call of ``hopper.fwd`` (``trace``: the config's trace fields) after warm-up, its
     output checked bit-identical to the untraced kernel's, and both timed in alternation (CUDA
@@ -311,9 +336,23 @@ def traced_run(args, **trace) -> dict:
         raise SystemExit(f"{args.prog} needs an sm_90 GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
-    shape = (args.batch, args.seqlen, args.heads)
+    lengths = getattr(args, "packed", None)
+    window_size = NO_WINDOW if window is None else window
+    packing = {}
+    if lengths is not None:
+        from flashrung.gate import cu_seqlens
+
+        # one batch entry of every sequence's rows, as flash-attn's varlen takes them
+        shape = (1, sum(lengths), args.heads)
+        cu = cu_seqlens(lengths, "cuda")
+        packing = dict(cu_seqlens=(cu, cu), max_seqlens=(max(lengths), max(lengths)))
+    else:
+        shape = (args.batch, args.seqlen, args.heads)
     q, k, v = (torch.randn(*shape, dim, device="cuda", dtype=dtype) for dim in (head_dim, head_dim, head_dim_v))
-    problem = Problem.of(q, k, v, args.causal, window_size=NO_WINDOW if window is None else window)
+    if lengths is not None:
+        problem = Problem.of_packed(q, k, v, args.causal, len(lengths), packing["max_seqlens"], window_size=window_size)
+    else:
+        problem = Problem.of(q, k, v, args.causal, window_size=window_size)
     base = fwd.overridden_config(problem, set_overrides(args.set))
     # whole tiles unless the split tail is asked for (tile_trace --split-tail); then on, whatever
     # the problem's default (d128 non-causal splits from S4k; S2k's split is priced, not default)
@@ -321,13 +360,13 @@ def traced_run(args, **trace) -> dict:
     traced = dataclasses.replace(base, **trace)
     scale = head_dim ** -0.5
     window_size = problem.window_size
-    plan = fwd.traced_plan(q, k, v, args.causal, scale, traced, window_size)
+    plan = fwd.traced_plan(q, k, v, args.causal, scale, traced, window_size, **packing)
 
     def plain():
-        return fwd.forward(q, k, v, args.causal, scale, base, window_size=window_size)
+        return fwd.forward(q, k, v, args.causal, scale, base, window_size=window_size, **packing)
 
     def stamped():
-        return fwd.traced_forward(q, k, v, args.causal, scale, traced, window_size=window_size)
+        return fwd.traced_forward(q, k, v, args.causal, scale, traced, window_size=window_size, **packing)
 
     out_ref, lse_ref = plain()
     for _ in range(3):
@@ -354,7 +393,8 @@ def traced_run(args, **trace) -> dict:
             times[name].append(start.elapsed_time(end))
     ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     common = dict(shape=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, headdim=head_dim,
-                             headdim_v=head_dim_v, causal=args.causal, dtype=args.dtype, window=window),
+                             headdim_v=head_dim_v, causal=args.causal, dtype=args.dtype, window=window,
+                             packed=None if lengths is None else list(lengths)),
                   config=dataclasses.asdict(traced), gpu=torch.cuda.get_device_name(),
                   tail=dict(num_items=plan.num_items, num_full_tiles=plan.num_full_tiles, splits=plan.splits),
                   outputs_bit_identical=identical, median_ms=ms, preheat_ms=preheat_ms,
@@ -369,12 +409,16 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     and the timing line, write the JSON; exit status 1 if the outputs moved. ``scope(summary)``:
     what the stamps cover, for the heading."""
     set_overrides(args.set)        # a malformed --set is refused before the GPU is touched
+    resolve_problem(args)
     run = traced_run(args, **trace)
     summary = summarize_fn(run["stamps"], fields, run["common"])
     summary.update(run["common"])
     heat = getattr(args, "preheat_ms", 0.0)
     dims = f"d{args.headdim}" + (f"/{args.headdim_v}" if args.headdim_v not in (None, args.headdim) else "")
-    print(f"hopper.fwd {name} — {summary['gpu']}, B{args.batch} H{args.heads} S{args.seqlen} {dims} "
+    packed = getattr(args, "packed", None)
+    sizes = f"packed {','.join(map(str, packed))} H{args.heads}" if packed else \
+        f"B{args.batch} H{args.heads} S{args.seqlen}"
+    print(f"hopper.fwd {name} — {summary['gpu']}, {sizes} {dims} "
           f"{args.dtype} {'causal' if args.causal else 'non-causal'}"
           + (f", window {tuple(args.window)}" if getattr(args, "window", None) else "")
           + f"; {summary['ctas']} CTAs x "

@@ -2834,26 +2834,37 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
 
 
 def traced_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
-                config: HopperFwdConfig, window_size: tuple[int, int] = NO_WINDOW) -> _LaunchPlan:
-    """The launch plan :func:`_launch` makes for :func:`traced_forward`'s call (whole sequences, no
-    cap; a window's right side launches the causal schedule), ``config`` checked at the kernel's
-    widths: the grid its stamps are sized for, and the split tail's items a probe reports."""
+                config: HopperFwdConfig, window_size: tuple[int, int] = NO_WINDOW,
+                cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
+                max_seqlens: tuple[int, int] | None = None) -> _LaunchPlan:
+    """The launch plan :func:`_launch` makes for :func:`traced_forward`'s call (no cap; a window's
+    right side launches the causal schedule; ``cu_seqlens`` and ``max_seqlens``: packed sequences,
+    the grid sized for the longest), ``config`` checked at the kernel's widths: the grid its stamps
+    are sized for, and the split tail's items a probe reports."""
     from flashrung.dispatch import Problem
 
-    problem = Problem.of(q, k, v, causal, window_size=tuple(window_size))
+    packed = cu_seqlens is not None
+    if packed:
+        batch, (seqlen_q, seqlen_k) = cu_seqlens[0].numel() - 1, tuple(max_seqlens)
+        problem = Problem.of_packed(q, k, v, causal, batch, (seqlen_q, seqlen_k), window_size=tuple(window_size))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        problem = Problem.of(q, k, v, causal, window_size=tuple(window_size))
     head_dim, head_dim_v = kernel_head_dims(problem.head_dim, problem.head_dim_v, config)
     config.check(head_dim, q.element_size(), head_dim_v)
-    batch, seqlen_q, heads_q = q.shape[:3]
+    heads_q = q.shape[2]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     window = problem.window_size if problem.windowed else None
-    _, window_right, launch_causal = _window_sides(window, causal, seqlen_q + k.shape[1])
-    return _plan(config, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, q.element_size(), launch_causal,
+    _, window_right, launch_causal = _window_sides(window, causal, seqlen_q + seqlen_k)
+    return _plan(config, batch, seqlen_q, seqlen_k, heads_q, k.shape[2], head_dim, q.element_size(), launch_causal,
                  float(softmax_scale) > 0, _sm_count(device_index), head_dim_v=head_dim_v,
-                 has_window=window is not None, has_window_right=window_right > 0)
+                 has_window=window is not None, packed=packed, has_window_right=window_right > 0)
 
 
 def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
-                   config: HopperFwdConfig, *, window_size: tuple[int, int] = NO_WINDOW):
+                   config: HopperFwdConfig, *, window_size: tuple[int, int] = NO_WINDOW,
+                   cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   max_seqlens: tuple[int, int] | None = None):
     """:func:`forward` with ``config.trace_steps > 0`` or ``config.trace_tiles > 0``: ``(out, lse,
     stamps)``. With ``trace_steps``, ``stamps`` is int32 ``[CTAs, consumer warpgroups, trace_steps,
     len(trace.EVENTS)]`` (``[..., trace_steps, trace.WARPS_PER_WARPGROUP, len(trace.EVENTS)]`` with
@@ -2862,20 +2873,22 @@ def traced_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     tile, whose peeled step is not stamped: row 0 stays -1, as do steps past the item's last). With
     ``trace_tiles``, int32 ``[CTAs, consumer warpgroups, trace_tiles, len(trace.TILE_FIELDS)]``:
     each of the CTA's first work items' start and end stamps, K/V steps and masked steps (-1 for
-    items the CTA does not have). ``window_size``: a sliding window, as :func:`forward` takes it (the
-    stamps are sized for the windowed launch's grid)."""
+    items the CTA does not have). ``window_size``: a sliding window, and ``cu_seqlens`` /
+    ``max_seqlens`` packed sequences, as :func:`forward` takes them (the stamps are sized for that
+    launch's grid)."""
     if (config.trace_steps > 0) == (config.trace_tiles > 0):
         raise ValueError("traced_forward needs exactly one of config.trace_steps > 0 and config.trace_tiles > 0, "
                          f"got trace_steps={config.trace_steps}, trace_tiles={config.trace_tiles}")
     window_size = tuple(window_size)
-    plan = traced_plan(q, k, v, causal, softmax_scale, config, window_size)
+    plan = traced_plan(q, k, v, causal, softmax_scale, config, window_size, cu_seqlens, max_seqlens)
     if config.trace_steps:
         record = (config.trace_steps, WARPS_PER_WARPGROUP, NUM_EVENTS) if config.trace_warps else \
             (config.trace_steps, NUM_EVENTS)
     else:
         record = (config.trace_tiles, NUM_TILE_FIELDS)
     stamps = torch.full((plan.grid, config.num_consumers, *record), -1, dtype=torch.int32, device=q.device)
-    out, lse = forward(q, k, v, causal, softmax_scale, config, window_size=window_size, _trace=stamps)
+    out, lse = forward(q, k, v, causal, softmax_scale, config, window_size=window_size, cu_seqlens=cu_seqlens,
+                       max_seqlens=max_seqlens, _trace=stamps)
     return out, lse, stamps
 
 

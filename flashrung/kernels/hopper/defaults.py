@@ -39,7 +39,8 @@ WHOLE_KEY_TILE = 128
 # HopperFwdConfig()'s value is listed under the switches
 _TILE_FIELDS = ("block_m", "block_n", "num_kv_stages", "consumer_regs", "producer_regs", "num_q_stages")
 _GRID_FIELDS = ("persistent", "lpt", "balanced", "balanced_partial_tiles", "divided_sections", "split_tail",
-                "split_tail_rounds", "l2_section_mib", "stagger_kv", "stagger_subtract", "kv_multicast", "cross_head_pairs",
+                "split_tail_rounds", "l2_section_mib", "stagger_kv", "stagger_subtract", "kv_multicast",
+                "cross_head_pairs",
                 "dynamic_tiles", "dynamic_pool_share", "merge_loads_first")
 _BASE = C.HopperFwdConfig()
 KEY_TAIL_NOTE = ("Keys in whole K/V tiles. With a key tail a non-causal launch masks its first tile always, "

@@ -223,10 +223,9 @@ def table(summary: dict) -> str:
 
 def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The arguments every clock-stamp probe of ``hopper.fwd`` takes: the problem, overrides, timing, JSON."""
+    from flashrung.bench.cli import _packed as packed_arg
     from flashrung.bench.cli import _window as window_arg
     from flashrung.bench.cli import non_negative_float
-
-    from flashrung.bench.cli import _packed as packed_arg
 
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_square_problem(p, batch=2, seqlen=16384, any_head_dim=True)
@@ -359,7 +358,6 @@ def traced_run(args, **trace) -> dict:
     base = dataclasses.replace(base, split_tail=bool(getattr(args, "split_tail", False)))
     traced = dataclasses.replace(base, **trace)
     scale = head_dim ** -0.5
-    window_size = problem.window_size
     plan = fwd.traced_plan(q, k, v, args.causal, scale, traced, window_size, **packing)
 
     def plain():

@@ -275,14 +275,9 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), window_left,
                       window_right) for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
-    free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
-    replace = heapq.heapreplace
     m_blocks = tile_m_blocks(num_m_blocks, batch_heads, section, lpt)
     listed = pool_start([cost[m] for m in m_blocks], pool_share)
-    for tile_id, m in enumerate(m_blocks[:listed]):
-        load, i = free[0]
-        lists[i].append(tile_id)
-        replace(free, (load + cost[m], i))
+    _deal(m_blocks[:listed], cost, ctas, lambda tile_id, i: lists[i].append(tile_id))
     offsets = [0]
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))
@@ -295,14 +290,25 @@ def lists_makespan(num_m_blocks: int, batch_heads: int, section: int, lpt: bool,
     how far past the mean the last CTA's list ends (1.0: evenly)."""
     cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
             for m in range(num_m_blocks)]
-    free = [(0.0, i) for i in range(ctas)]
+    loads = _deal(tile_m_blocks(num_m_blocks, batch_heads, section, lpt), cost, ctas)
+    return max(loads) * ctas / sum(loads)
+
+
+def _deal(m_blocks, cost, ctas: int, take=None) -> list[float]:
+    """Greedy list scheduling: each tile of the launch order (``m_blocks``, priced ``cost[m]``) to
+    the CTA with the least estimated work, the lowest index on ties; ``take(tile_id, cta)`` is told
+    of each. Returns every CTA's estimated work."""
+    free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
     replace = heapq.heapreplace
-    total = 0.0
-    for m in tile_m_blocks(num_m_blocks, batch_heads, section, lpt):
+    for tile_id, m in enumerate(m_blocks):
         load, i = free[0]
+        if take is not None:
+            take(tile_id, i)
         replace(free, (load + cost[m], i))
-        total += cost[m]
-    return max(load for load, _ in free) * ctas / total
+    loads = [0.0] * ctas
+    for load, i in free:
+        loads[i] = load
+    return loads
 
 
 # a divided section is taken where the lists' modeled makespan drops by more than this fraction

@@ -2684,8 +2684,9 @@ def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly
 def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
     # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
     # default packed sequences select, the persistent grid's lists or stride traded for the run-time
-    # hand-out through the table of the pack's tiles with a row, the result buildable; the rest is
-    # the unpacked default's. Forced on, forward refuses them before looking at a tensor's memory
+    # hand-out through the table of the pack's tiles with a row, in the row's L2 sections
+    # (config.PACKED_SECTION_MIB), the result buildable; the rest is the unpacked default's. Forced
+    # on, forward refuses them before looking at a tensor's memory
     for d in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (17, 1000, 2048, 4096, 8192, 16384, 32768):
@@ -2697,9 +2698,10 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
                 if expected.persistent:
-                    expected = replace_following(expected, d, balanced=False, dynamic_tiles=True, handout_table=True)
+                    expected = replace_following(expected, d, balanced=False, dynamic_tiles=True, handout_table=True,
+                                                 packed_section_mib=config.PACKED_SECTION_MIB[d])
                 assert cfg == expected, (d, causal, seqlen)
-                assert cfg.handout_table == cfg.persistent, (d, causal, seqlen)
+                assert cfg.handout_table == cfg.persistent == (cfg.packed_section_mib > 0), (d, causal, seqlen)
     assert config.packed_clashes(fwd.default_config(128, False, 16384)) == ["split_tail", "kv_multicast"]
 
 
@@ -3390,14 +3392,25 @@ def test_gate_packed(head_dim, causal, window, lengths):
 
 # the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule),
 # the stride without them, tiles handed out at run time (every id of the grid, or through a table
-# of the tiles with a row: the default), one CTA per tile. Every grid names dynamic_tiles and
-# handout_table: a pack's default hands its tiles out through the table, and lists, a stride or
-# one CTA per tile beside it do not build
-PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False),
-                "stride": dict(balanced=False, persistent=True, dynamic_tiles=False, handout_table=False),
-                "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=False),
-                "table": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True),
-                "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False, handout_table=False)}
+# of the tiles with a row: the default), one CTA per tile; the lists and the table heaviest first
+# across the pack, and in L2 sections (packed_section_mib) of 1 MiB, so that the gate's pack spans
+# several. Every grid names dynamic_tiles, handout_table and packed_section_mib: a pack's default
+# hands its tiles out through the table in sections, and lists, a stride or one CTA per tile beside
+# it do not build
+_UNSECTIONED = dict(packed_section_mib=0)
+_SECTIONED = dict(packed_section_mib=1)
+PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False, **_UNSECTIONED),
+                "lists-sections": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False,
+                                       **_SECTIONED),
+                "stride": dict(balanced=False, persistent=True, dynamic_tiles=False, handout_table=False,
+                               **_UNSECTIONED),
+                "dynamic": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=False,
+                                **_UNSECTIONED),
+                "table": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True, **_UNSECTIONED),
+                "table-sections": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True,
+                                       **_SECTIONED),
+                "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False, handout_table=False,
+                                 **_UNSECTIONED)}
 
 
 def _packed_grid_config(problem, head_dim, grid):

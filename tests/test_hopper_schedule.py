@@ -20,6 +20,8 @@ from flashrung.kernels.hopper.schedule import (
     lists_makespan,
     fast_divisor,
     last_section_width,
+    PackedSections,
+    head_section,
     packed_handout_table,
     packed_schedule,
     packed_tiles,
@@ -615,6 +617,63 @@ def test_a_packed_launch_finds_its_table_by_the_lengths_read_once(monkeypatch):
     handout = fwd._packed_schedule_table(cu, *args, handout_items=96)
     assert len(copies) == 3
     assert handout.tolist() == packed_handout_table((300, 1, 129, 1), lens_k, *args[:-1], 96).tolist()
+
+
+def test_packed_sections_order_an_even_pack_as_the_unpacked_lpt_launch():
+    # four sequences of 8192 at d128 H16 are B4 S8192 packed: in L2 sections their table walks the
+    # unpacked launch's LPT order (16 MiB sections of 4 columns, each from its last q-tile down),
+    # where heaviest first across the pack ran every column's last q-tile at once (all 256 MiB of
+    # K/V in flight)
+    lens, heads, num_m_blocks = (8192,) * 4, 16, 64
+    section = head_section(8192, heads, heads, 128, 2, 16 << 20)
+    assert section == 4
+    args = (heads, num_m_blocks, section, True, 128, 128, True, 132)
+    tiles, _ = packed_tiles(lens, lens, *args, (), -1, 0, PackedSections(16 << 20, 2 * 128 * 2))
+    assert tiles.tolist() == list(range(num_m_blocks * len(lens) * heads))
+    across, _ = packed_tiles(lens, lens, *args)
+    assert [tile_position(int(t), num_m_blocks, len(lens) * heads, section, True)[1] for t in across[:64]] == [63] * 64
+
+
+@pytest.mark.parametrize("lengths", PACKS, ids=["long-short", "uneven", "box-edges", "one"])
+@pytest.mark.parametrize("causal, window", [(True, (-1, 0)), (False, (-1, 0)), (True, (300, 0))])
+@pytest.mark.parametrize("heads, group", [(3, 1), (8, 4)])
+def test_packed_sections_keep_each_tile_and_walk_budget_sized_sections_heaviest_first(lengths, causal, window,
+                                                                                    heads, group):
+    # property: the sectioned order holds the same tiles as heaviest first across the pack; each
+    # section's K/V fits the budget (or is one K/V head); a K/V head's q-heads share a section;
+    # sections follow one another, each heaviest first, their heaviest tiles never rising
+    lens_q, lens_k = lengths[0], lengths[1] or lengths[0]
+    block_m, kv_tile, budget, per_key = 128, 128, 1 << 20, 512
+    num_m_blocks = -(-max(lens_q) // block_m)
+    batch_heads = len(lens_q) * heads
+    args = (heads, num_m_blocks, 4, True, block_m, kv_tile, causal, 7, (), *window)
+    sections = PackedSections(budget, per_key, group)
+    tiles, costs = packed_tiles(lens_q, lens_k, *args, sections)
+    across, _ = packed_tiles(lens_q, lens_k, *args)
+    assert sorted(tiles.tolist()) == sorted(across.tolist())
+    rank = sections.of(lens_q, lens_k, heads, block_m, kv_tile, causal, *window)
+    column = [tile_position(int(t), num_m_blocks, batch_heads, 4, True)[0] for t in tiles]
+    by_tile = [int(rank[c]) for c in column]
+    assert by_tile == sorted(by_tile)
+    heaviest = []
+    for r in sorted(set(by_tile)):
+        part = [float(c) for c, x in zip(costs, by_tile) if x == r]
+        assert part == sorted(part, reverse=True)
+        heaviest.append(part[0])
+    assert heaviest == sorted(heaviest, reverse=True)
+    for r in set(rank.tolist()):
+        kv_heads = {c // group for c in range(batch_heads) if rank[c] == r}
+        assert len(kv_heads) == 1 or sum(lens_k[h * group // heads] * per_key for h in kv_heads) <= budget
+    assert all(len({int(rank[c]) for c in range(h * group, (h + 1) * group)}) == 1 for h in range(batch_heads // group))
+
+
+def test_packed_sections_reject_bad_input():
+    with pytest.raises(ValueError, match="PackedSections.budget_bytes must be a positive integer, got 0"):
+        PackedSections(0, 512)
+    with pytest.raises(ValueError, match="PackedSections.group must be a positive integer"):
+        PackedSections(1 << 20, 512, 0)
+    with pytest.raises(ValueError, match=r"heads_q \(6\) must be a multiple of PackedSections.group \(4\)"):
+        PackedSections(1 << 20, 512, 4).of((4,), (4,), 6, 128, 128, True)
 
 
 def test_packed_schedule_rejects_bad_input():

@@ -204,6 +204,12 @@ class HopperFwdConfig:
     # (73% of the ids of the pack 8192 + 4096 x2 + 1024 x8 at d128). One load of the table after
     # each draw. The table is built on the host from the lengths, like the balanced lists
     handout_table: bool = False
+    # packed sequences only: the table's tiles (handout_table, or the balanced lists of a pack) in
+    # L2 sections of this many MiB of K/V by each sequence's own keys, each section heaviest first
+    # (schedule.PackedSections); 0: heaviest first across the pack, whose first rounds run the last
+    # q-tile of every (sequence, head) column at once, every head's K/V in flight. Host-side only.
+    # A pack's default takes PACKED_SECTION_MIB
+    packed_section_mib: int = 0
     # with balanced: the launch order's last tiles, up to this share of the estimated work
     # (schedule.pool_start; under LPT the lightest), are left out of the lists and handed out at run
     # time as CTAs finish their lists: the lists keep their look-ahead (the next tile's K and Q
@@ -596,6 +602,9 @@ class HopperFwdConfig:
         if self.extra_keys and self.q_in_registers:
             raise ValueError("extra_keys reads Q from shared memory for its second box: it cannot be combined with "
                              "q_in_registers")
+        if not 0 <= self.packed_section_mib <= MAX_L2_SECTION_MIB:
+            raise ValueError(f"packed_section_mib must be in [0, {MAX_L2_SECTION_MIB}] (MiB of K/V per section of a "
+                             f"pack's table; 0: heaviest first across the pack), got {self.packed_section_mib}")
         if not 1 <= self.l2_section_mib <= MAX_L2_SECTION_MIB:
             raise ValueError(f"l2_section_mib must be in [1, {MAX_L2_SECTION_MIB}] (MiB of K/V per LPT section), "
                              f"got {self.l2_section_mib}")
@@ -1631,6 +1640,15 @@ def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
 # id 1.017 / 1.019 (KEEP); non-causal — stride 604.8, table 649.0, lists 639.6, FA4 655.7.
 PACKED_CLASHES = ("split_tail", "kv_multicast")
 
+# The L2 sections of a pack's table (packed_section_mib), by the row's head dim. Heaviest first
+# across the pack, a causal pack's first rounds ran the last q-tile of every (sequence, head) column
+# at once. Paired on an H100 (bf16, causal, sequences 8192, 4096 x2, 1024 x8, over heaviest first;
+# flashrung compare --quick --t-noise 0.001; docs/hopper.md, *Packed sequences*): d128 H16 16 MiB
+# 1.0889 / 1.0886 (48 MiB 1.069 / 1.067), four of 8192 1.043 / 1.040; d256 H16 1.094 / 1.094;
+# MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986 (REVERT), 48 MiB 1.018 / 1.014.
+# Non-causal d128 NULL (1.0001): the ties there already fall in the launch's sections
+PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
+
 
 def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
     """The switches of ``cfg`` packed sequences cannot run with (``PACKED_CLASHES``) that are on."""
@@ -1641,9 +1659,9 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 def _packed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
     and the persistent grid's lists or stride replaced by the run-time hand-out through the table of
-    the pack's tiles with a row."""
+    the pack's tiles with a row, in L2 sections of :data:`PACKED_SECTION_MIB`."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
     if out.persistent and not out.overlap_epilogue:
         out = replace_following(out, head_dim, balanced=False, dynamic_pool_share=0.0, dynamic_tiles=True,
-                                handout_table=True)
+                                handout_table=True, packed_section_mib=PACKED_SECTION_MIB[head_dim])
     return out

@@ -182,6 +182,7 @@ from flashrung.kernels.hopper.schedule import (
     kv_tile_range,
     packed_handout_table,
     packed_schedule,
+    PackedSections,
     last_section_width,
     tail_split,
     tile_coords,
@@ -2358,12 +2359,14 @@ PACKED_TABLES_KEPT = 32
 
 
 def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-                           consumer_share=(), window_left=-1, window_right=0, handout_items=None) -> torch.Tensor:
+                           consumer_share=(), window_left=-1, window_right=0, handout_items=None,
+                           l2_sections=None) -> torch.Tensor:
     """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
     priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host as the
     entry point's check reads them (``inputs.host_offsets``: once per tensor and in-place version,
     so a pack reused unchanged finds its table without waiting for the GPU). ``handout_items``: the
-    launch's item count, for the run-time hand-out's table instead (``schedule.packed_handout_table``)."""
+    launch's item count, for the run-time hand-out's table instead (``schedule.packed_handout_table``).
+    ``l2_sections``: the tiles in L2 sections (``schedule.PackedSections``; None: heaviest first)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # the table is chosen by the lengths on the host: a replay with other lengths would walk
         # this capture's table, missing tiles or running past them
@@ -2375,18 +2378,29 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
                   dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]
     key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-           consumer_share, window_left, window_right, handout_items)
+           consumer_share, window_left, window_right, handout_items, l2_sections)
     table = _PACKED_TABLES.get(key)
     if table is None:
         launch = (heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas)
-        host = (packed_schedule(*lens, *launch, consumer_share, window_left, window_right) if handout_items is None
-                else packed_handout_table(*lens, *launch, handout_items, consumer_share, window_left, window_right))
+        sides = (window_left, window_right)
+        host = (packed_schedule(*lens, *launch, consumer_share, *sides, l2_sections) if handout_items is None
+                else packed_handout_table(*lens, *launch, handout_items, consumer_share, *sides, l2_sections))
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
     else:
         _PACKED_TABLES.move_to_end(key)
     while len(_PACKED_TABLES) > PACKED_TABLES_KEPT:
         _PACKED_TABLES.popitem(last=False)
     return table
+
+
+def _packed_sections(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_bytes: int, heads_q: int,
+                     heads_kv: int) -> PackedSections | None:
+    """The L2 sections of a packed launch's table (``packed_section_mib`` of K/V; None: 0, off), K/V
+    at the widths an unpacked launch's sections count (:func:`_plan`'s ``head_section``)."""
+    if not cfg.packed_section_mib:
+        return None
+    return PackedSections(cfg.packed_section_mib << 20, 2 * ((head_dim + head_dim_v) // 2) * elem_bytes,
+                          heads_q // heads_kv)
 
 
 # The dynamic hand-out's counters (schedule.HANDOUT_WORDS int32 words) by device and stream. Each
@@ -2563,7 +2577,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sched = _packed_schedule_table(cu_seqlens, heads_q, plan.num_m_blocks, plan.section, cfg.lpt, cfg.block_m,
                                        cfg.kv_tile, causal, plan.grid, device_index,
                                        partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
-                                       window_left, window_right, plan.num_items if cfg.handout_table else None)
+                                       window_left, window_right, plan.num_items if cfg.handout_table else None,
+                                       _packed_sections(cfg, head_dim, head_dim_v, q.element_size(), heads_q, heads_kv))
     elif cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,

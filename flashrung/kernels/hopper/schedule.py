@@ -36,6 +36,7 @@ Granlund and Montgomery's division by invariant integers).
 """
 # No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
 # annotations at trace time, which must therefore be real classes, not strings.
+import dataclasses
 import functools
 import heapq
 
@@ -356,18 +357,64 @@ def tile_id_of(head, m_block, num_m_blocks: int, batch_heads: int, section: int,
     return first * num_m_blocks + (num_m_blocks - 1 - m_block) * width + (head - first)
 
 
+@dataclasses.dataclass(frozen=True)
+class PackedSections:
+    """The L2 sections of a packed launch's hand-out order (:func:`packed_tiles`): runs of (sequence,
+    K/V head) columns whose K and V fit ``budget_bytes`` together, by each sequence's own keys.
+
+    Why: heaviest first across the whole pack, a causal pack's first round is the last q-tile of
+    every (sequence, head) column at once — every head's whole K/V in flight (four sequences of
+    8192 at d128 H16: 256 MiB against the L2's 50), where an unpacked launch walks 16 MiB sections
+    (:func:`head_section`). ``kv_bytes_per_key``: K's and V's bytes of one key of one K/V head;
+    ``group``: q-heads a K/V head (GQA), kept in one section."""
+    budget_bytes: int
+    kv_bytes_per_key: int
+    group: int = 1
+
+    def __post_init__(self):
+        for name in ("budget_bytes", "kv_bytes_per_key", "group"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PackedSections.{name} must be a positive integer, got {value!r}")
+
+    def of(self, lens_q, lens_k, heads_q: int, block_m: int, kv_tile: int, causal: bool,
+           window_left: int = -1, window_right: int = 0) -> np.ndarray:
+        """The section rank of every (sequence · ``heads_q`` + q-head) column. The sequences go
+        heaviest first (by their heaviest q-tile, ties in pack order), their K/V heads in order,
+        each section filled until the next K/V head would overflow the budget (one at least); the
+        sections keep that order, so the pack's tail is its lightest sequences' tiles."""
+        if heads_q % self.group:
+            raise ValueError(f"heads_q ({heads_q}) must be a multiple of PackedSections.group ({self.group})")
+        lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
+        lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
+        heaviest = np.array([max(_sequence_costs(int(lq), int(lk), block_m, kv_tile, causal, (), window_left,
+                                                 window_right), default=0.0) for lq, lk in zip(lens_q, lens_k)])
+        kv_heads = heads_q // self.group
+        rank = np.empty(lens_q.size * kv_heads, dtype=np.int64)
+        section, used = 0, 0
+        for b in np.argsort(-heaviest, kind="stable"):
+            head_bytes = int(lens_k[b]) * self.kv_bytes_per_key
+            for kv_head in range(kv_heads):
+                if used and used + head_bytes > self.budget_bytes:
+                    section, used = section + 1, 0
+                used += head_bytes
+                rank[b * kv_heads + kv_head] = section
+        return np.repeat(rank, self.group)
+
+
 def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                     kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
-                    window_left: int = -1, window_right: int = 0) -> np.ndarray:
+                    window_left: int = -1, window_right: int = 0,
+                    l2_sections: "PackedSections | None" = None) -> np.ndarray:
     """The balanced table (:func:`balanced_schedule`'s layout: ``offsets (ctas + 1) + order``, int32)
     of a launch of packed sequences, from their own lengths (``lens_q``, ``lens_k``, one entry per
     sequence; the launch covers ``num_m_blocks`` q-tiles of each, the longest's). Only the tiles
     that hold a row are listed (:func:`packed_tiles`), each priced by its own sequence's lengths,
-    and dealt heaviest first a round of ``ctas`` at a time, the heaviest of a round to the CTA with
-    the least work so far: list scheduling by rounds, whose makespan stays within a tile of the
+    and dealt in :func:`packed_tiles`' order a round of ``ctas`` at a time, the heaviest of a round
+    to the CTA with the least work so far: list scheduling by rounds, whose makespan stays within a tile of the
     tile-by-tile greedy's, vectorized because a pack is scheduled on every call."""
     tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
-                              consumer_share, window_left, window_right)
+                              consumer_share, window_left, window_right, l2_sections)
     owner = np.empty(tile.size, dtype=np.int64)
     load = np.zeros(ctas)
     for first in range(0, tile.size, ctas):
@@ -382,10 +429,11 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
 
 def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                          kv_tile: int, causal: bool, ctas: int, num_items: int, consumer_share: tuple[float, ...] = (),
-                         window_left: int = -1, window_right: int = 0) -> np.ndarray:
+                         window_left: int = -1, window_right: int = 0,
+                         l2_sections: "PackedSections | None" = None) -> np.ndarray:
     """The table the run-time hand-out of a packed launch draws from (``handout_table``), in the
     balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order`` is
-    the launch's tiles that hold a row, heaviest first (:func:`packed_tiles`); CTA ``i`` lists the
+    the launch's tiles that hold a row in :func:`packed_tiles`' order; CTA ``i`` lists the
     ``i``-th as its first tile (none past the last), and every later tile is drawn
     (:func:`handout_item`: the draw is a position in ``order`` past the listed ones). The ``ctas``
     entries of ``num_items`` after it are each CTA's "none left": a CTA stops at its first, so the
@@ -393,7 +441,7 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
     if not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be a positive integer, got {num_items!r}")
     tile, _ = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
-                           consumer_share, window_left, window_right)
+                           consumer_share, window_left, window_right, l2_sections)
     if tile.size and int(tile.max()) >= num_items:
         raise ValueError(f"num_items ({num_items}) must exceed every tile id of the launch, got tile {int(tile.max())}")
     offsets = np.minimum(np.arange(ctas + 1), tile.size)
@@ -402,11 +450,14 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
 
 def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                  kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
-                 window_left: int = -1, window_right: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 window_left: int = -1, window_right: int = 0,
+                 l2_sections: "PackedSections | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """``(tile, cost)`` of a launch of packed sequences: the launch's ids of the tiles that hold a
     row (a tile past its sequence's rows computes and stores nothing, and is never listed), each
-    priced by its own sequence's lengths (:func:`tile_cost`), not the longest's; heaviest first,
-    ties in launch order."""
+    priced by its own sequence's lengths (:func:`tile_cost`), not the longest's. Without
+    ``l2_sections``, heaviest first, ties in launch order; with it, section by section
+    (:meth:`PackedSections.of`), each heaviest first — the LPT order of an unpacked launch, its
+    sections sized by each sequence's own keys."""
     lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
     lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
     if lens_q.shape != lens_k.shape:
@@ -435,7 +486,11 @@ def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, 
     head = (seq * heads_q)[None, :] + np.arange(heads_q)[:, None]
     tile = tile_id_of(head, m[None, :], num_m_blocks, lens_q.size * heads_q, section, lpt).reshape(-1)
     cost = np.broadcast_to(cost[None, :], head.shape).reshape(-1)
-    order = np.lexsort((tile, -cost))               # heaviest first; ties in launch order
+    if l2_sections is None:
+        order = np.lexsort((tile, -cost))           # heaviest first; ties in launch order
+    else:
+        column_section = l2_sections.of(lens_q, lens_k, heads_q, block_m, kv_tile, causal, window_left, window_right)
+        order = np.lexsort((tile, -cost, column_section[head.reshape(-1)]))
     return tile[order], cost[order]
 
 

@@ -3496,8 +3496,8 @@ def test_gate_split_with_score_options(causal, options):
 def test_packed_sequences_by_name_through_the_api_are_bit_identical_run_twice():
     # flashrung.attention_varlen(impl="hopper.fwd"): the kernel runs (not a fallback), twice over bit
     # for bit (a moving result is a race), and each sequence's rows are, bit for bit, the same
-    # sequence run alone on the packed launch's configuration (its own lengths, nothing of its
-    # neighbours')
+    # sequence run alone — a pack of one — on the packed launch's configuration (its own lengths,
+    # nothing of its neighbours'; the table of its tiles and their order are the pack's own)
     import flashrung
 
     torch.manual_seed(0)
@@ -3511,7 +3511,9 @@ def test_packed_sequences_by_name_through_the_api_are_bit_identical_run_twice():
                                                              impl="hopper.fwd"))
     cfg = select_config(Problem.of_packed(q[None], k[None], v[None], True, len(lens), (max(lens), max(lens))))
     for start, end in zip(cu.tolist(), cu.tolist()[1:]):
-        alone = fwd.forward(*(t[None, start:end] for t in (q, k, v)), True, 128 ** -0.5, config=cfg)[0][0]
+        one = torch.tensor([0, end - start], dtype=torch.int32, device="cuda")
+        alone = fwd.forward(*(t[None, start:end] for t in (q, k, v)), True, 128 ** -0.5, config=cfg,
+                            cu_seqlens=(one, one), max_seqlens=(end - start, end - start))[0][0]
         assert torch.equal(first[start:end], alone), (start, end)
 
 

@@ -3455,6 +3455,49 @@ def test_gate_packed_grids(head_dim, causal, grid):
     assert result.passed, str(result)
 
 
+def _packed_two_q_config(problem, head_dim):
+    return replace_following(select_config(problem), config.kernel_head_dim(head_dim), num_q_stages=2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_packed_two_q_buffers_build_where_the_default_has_one(head_dim, causal):
+    # the candidate for a pack's short tiles (docs/hopper.md, *Packed sequences*: a 1024-key
+    # sequence's tiles wait for their Q on one buffer): two Q buffers on the pack's default, where
+    # the gate's pack (longest 4097) selects one everywhere but d128 causal; buildable at both
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    q = torch.empty(1, sum(lens_q), 8, head_dim, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, sum(lens_k), 2, head_dim, device="meta", dtype=torch.bfloat16)
+    problem = Problem.of_packed(q, k, k, causal, len(lens_q), (max(lens_q), max(lens_k)))
+    cfg = _packed_two_q_config(problem, head_dim)
+    cfg.check(config.kernel_head_dim(head_dim))
+    assert cfg.num_q_stages == 2 and cfg.handout_table
+    assert (select_config(problem).num_q_stages == 1) == ((head_dim, causal) != (128, True))
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_packed_two_q_buffers(head_dim, causal):
+    # the pack's default with two Q buffers: the next item's Q, loaded under this one, belongs to
+    # another sequence (its own rows, its own lengths); an item past its sequence's rows still
+    # flows through the Q ring in step
+    from flashrung import gate
+
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
+                     varlen=PACKED_LENGTHS[0])
+
+    def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
+        problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
+        return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens,
+                           config=_packed_two_q_config(problem, head_dim), **kw)
+
+    result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+    assert result.passed, str(result)
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("causal, options", [

@@ -3262,13 +3262,7 @@ def test_gate_o_from_registers(head_dim, head_dim_v, causal, shape):
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_gate_o_from_registers_packed(head_dim, causal):
     # a pack's sequences each stored from registers at their own rows (no partial TMA box to clip)
-    from flashrung import gate
-
-    lens_q, lens_k = PACKED_LENGTHS[0]
-    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
-                     varlen=PACKED_LENGTHS[0])
-    result = gate.check_varlen(_o_from_registers, None, case, "cuda", kernel=fwd.KERNEL_NAME)
-    assert result.passed, str(result)
+    _gate_first_pack(_o_from_registers, head_dim, causal)
 
 
 # the value head dims' builds: every tensor at the wider kernel head dim (the default), v at its own
@@ -3369,6 +3363,27 @@ PACKED_LENGTHS = [((1000, 4097, 17, 0, 300), (1000, 4097, 3000, 5, 0)),
                   ((64, 65, 1, 192, 127, 128, 63), (64, 63, 1, 192, 129, 128, 200))]
 
 
+def _gate_first_pack(forward, head_dim, causal):
+    """The gate of ``forward`` on the first of PACKED_LENGTHS (H8 / KV2, bf16): each sequence against
+    the references run on it alone, outputs poisoned first (gate.check_varlen)."""
+    from flashrung import gate
+
+    lens_q, lens_k = PACKED_LENGTHS[0]
+    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
+                     varlen=PACKED_LENGTHS[0])
+    result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+    assert result.passed, str(result)
+
+
+def _packed_forward_with(config_of):
+    """``fwd.forward`` on packed sequences with the configuration ``config_of(problem)`` picks."""
+    def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
+        problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
+        return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens,
+                           config=config_of(problem), **kw)
+    return forward
+
+
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("lengths", PACKED_LENGTHS, ids=["long-short-empty", "box-edges"])
@@ -3440,19 +3455,8 @@ def test_packed_grids_build_on_the_default(head_dim, causal, grid):
 def test_gate_packed_grids(head_dim, causal, grid):
     # every packed item finds its own sequence however the grid hands items out (an item read
     # twice or never, or a CTA that skips an empty item's Q out of step with its consumers, fails)
-    from flashrung import gate
-
-    lens_q, lens_k = PACKED_LENGTHS[0]
-    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
-                     varlen=PACKED_LENGTHS[0])
-
-    def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
-        problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
-        cfg = _packed_grid_config(problem, head_dim, grid)
-        return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens, config=cfg, **kw)
-
-    result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
-    assert result.passed, str(result)
+    _gate_first_pack(_packed_forward_with(lambda problem: _packed_grid_config(problem, head_dim, grid)), head_dim,
+                     causal)
 
 
 def _packed_two_q_config(problem, head_dim):
@@ -3483,19 +3487,7 @@ def test_gate_packed_two_q_buffers(head_dim, causal):
     # the pack's default with two Q buffers: the next item's Q, loaded under this one, belongs to
     # another sequence (its own rows, its own lengths); an item past its sequence's rows still
     # flows through the Q ring in step
-    from flashrung import gate
-
-    lens_q, lens_k = PACKED_LENGTHS[0]
-    case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
-                     varlen=PACKED_LENGTHS[0])
-
-    def forward(q, k, v, causal, scale, cu_seqlens, max_seqlens, **kw):
-        problem = Problem.of_packed(q, k, v, causal, cu_seqlens[0].numel() - 1, tuple(max_seqlens))
-        return fwd.forward(q, k, v, causal, scale, cu_seqlens=cu_seqlens, max_seqlens=max_seqlens,
-                           config=_packed_two_q_config(problem, head_dim), **kw)
-
-    result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
-    assert result.passed, str(result)
+    _gate_first_pack(_packed_forward_with(lambda problem: _packed_two_q_config(problem, head_dim)), head_dim, causal)
 
 
 @pytest.mark.gpu

@@ -405,14 +405,14 @@ class PackedSections:
 def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                     kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
                     window_left: int = -1, window_right: int = 0,
-                    l2_sections: "PackedSections | None" = None) -> np.ndarray:
+                    l2_sections: PackedSections | None = None) -> np.ndarray:
     """The balanced table (:func:`balanced_schedule`'s layout: ``offsets (ctas + 1) + order``, int32)
     of a launch of packed sequences, from their own lengths (``lens_q``, ``lens_k``, one entry per
     sequence; the launch covers ``num_m_blocks`` q-tiles of each, the longest's). Only the tiles
     that hold a row are listed (:func:`packed_tiles`), each priced by its own sequence's lengths,
     and dealt in :func:`packed_tiles`' order a round of ``ctas`` at a time, the heaviest of a round
-    to the CTA with the least work so far: list scheduling by rounds, whose makespan stays within a tile of the
-    tile-by-tile greedy's, vectorized because a pack is scheduled on every call."""
+    to the CTA with the least work so far: list scheduling by rounds, whose makespan stays within a
+    tile of the tile-by-tile greedy's, vectorized because a pack is scheduled on every call."""
     tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
                               consumer_share, window_left, window_right, l2_sections)
     owner = np.empty(tile.size, dtype=np.int64)
@@ -430,7 +430,7 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
 def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                          kv_tile: int, causal: bool, ctas: int, num_items: int, consumer_share: tuple[float, ...] = (),
                          window_left: int = -1, window_right: int = 0,
-                         l2_sections: "PackedSections | None" = None) -> np.ndarray:
+                         l2_sections: PackedSections | None = None) -> np.ndarray:
     """The table the run-time hand-out of a packed launch draws from (``handout_table``), in the
     balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order`` is
     the launch's tiles that hold a row in :func:`packed_tiles`' order; CTA ``i`` lists the
@@ -451,7 +451,7 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
 def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                  kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
                  window_left: int = -1, window_right: int = 0,
-                 l2_sections: "PackedSections | None" = None) -> tuple[np.ndarray, np.ndarray]:
+                 l2_sections: PackedSections | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(tile, cost)`` of a launch of packed sequences: the launch's ids of the tiles that hold a
     row (a tile past its sequence's rows computes and stores nothing, and is never listed), each
     priced by its own sequence's lengths (:func:`tile_cost`), not the longest's. Without

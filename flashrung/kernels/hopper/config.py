@@ -1645,8 +1645,10 @@ PACKED_CLASHES = ("split_tail", "kv_multicast")
 # at once. Paired on an H100 (bf16, causal, sequences 8192, 4096 x2, 1024 x8, over heaviest first;
 # flashrung compare --quick --t-noise 0.001; docs/hopper.md, *Packed sequences*): d128 H16 16 MiB
 # 1.0889 / 1.0886 (48 MiB 1.069 / 1.067), four of 8192 1.043 / 1.040; d256 H16 1.094 / 1.094;
-# MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986 (REVERT), 48 MiB 1.018 / 1.014.
-# Non-causal d128 NULL (1.0001): the ties there already fall in the launch's sections
+# MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986 (REVERT), 48 MiB 1.018 / 1.014
+# (96 MiB NULL, 32 MiB 0.994). Blocks preheated 150 ms (at the power limit): d128 the default over
+# heaviest first 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965. Non-causal d128, d64, d256 NULL
+# (1.0000-1.0004): the ties there already fall in the launch's sections
 PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
 
 

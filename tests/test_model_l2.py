@@ -146,3 +146,64 @@ def test_launch_of_follows_the_kernels_choice_of_grid():
     assert grid(128, 16, 16384, False) == ("stride", 132)     # persistent at every d128 length
     assert grid(128, 16, 4096, True) == ("balanced", 132)     # the balanced lists for causal d128 from 4k
     assert grid(256, 16, 8192, False)[0] == "per-tile"        # d256 launches one CTA per tile
+
+
+MIXED_PACK = (8192, 4096, 4096) + (1024,) * 8
+
+
+def test_a_causal_pack_in_l2_sections_reads_each_byte_once_where_heaviest_first_rereads():
+    # the model's reading of the measured ranking at d128 H16 causal (docs/hopper.md, *Packed
+    # sequences*: 16 MiB sections 1.089x over heaviest first, 48 MiB 1.069x): heaviest first across
+    # the pack rereads its K/V from DRAM several times over, 16 MiB sections read it once, 48 MiB in
+    # between; the hand-out's modelled end is the same
+    pack = l2.PackLaunch(MIXED_PACK, 16, 16, 128, True)
+    cap = l2.H200_CAPACITY_MIB << 20
+    across, sixteen, wide = (l2.simulate_pack(dataclasses.replace(pack, section_mib=s), cap) for s in (0, 16, 48))
+    assert across.excess > 3.0 and sixteen.excess < 1.01 and 1.2 < wide.excess < across.excess
+    assert abs(sixteen.makespan_steps / across.makespan_steps - 1) < 0.01
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("section_mib", [0, 1, 16])
+def test_a_pack_in_an_l2_larger_than_itself_reads_every_byte_once(causal, section_mib):
+    # Q, K and V once each, whatever the order; every tile with a row is read (a GQA pack of uneven
+    # lengths, partial tiles and one row among them)
+    pack = l2.PackLaunch((1000, 300, 1, 129), 4, 2, 64, causal, ctas=8, section_mib=section_mib)
+    traffic = l2.simulate_pack(pack, 1 << 30)
+    assert traffic.dram_read_bytes == pack.compulsory_bytes() and traffic.kv_hit_rate < 1.0
+
+
+def test_a_non_causal_pack_reads_once_in_any_order():
+    # the measured NULL of sections on non-causal packs: their heaviest-first ties already walk the
+    # launch's columns in turn
+    cap = l2.H200_CAPACITY_MIB << 20
+    for s in (0, 16, 48):
+        assert l2.simulate_pack(l2.PackLaunch(MIXED_PACK, 16, 16, 128, False, section_mib=s), cap).excess < 1.01
+
+
+def test_bad_packs_are_named():
+    with pytest.raises(ValueError, match="lengths must be positive integers"):
+        l2.PackLaunch((), 4, 4, 64, True)
+    with pytest.raises(ValueError, match="lengths must be positive integers"):
+        l2.PackLaunch((10, 0), 4, 4, 64, True)
+    with pytest.raises(ValueError, match="section_mib must be a non-negative integer"):
+        l2.PackLaunch((10,), 4, 4, 64, True, section_mib=-1)
+    with pytest.raises(ValueError, match=r"heads_q \(6\) must be a multiple of heads_kv \(4\)"):
+        l2.PackLaunch((10,), 6, 4, 64, True)
+    with pytest.raises(ValueError, match="capacity_bytes must be an integer of at least one K/V tile"):
+        l2.simulate_pack(l2.PackLaunch((10,), 4, 4, 64, True), 100)
+
+
+def test_cli_reports_a_packs_orders(capsys):
+    parser = model_cli.argparse.ArgumentParser(prog="flashrung")
+    model_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["model", "--l2", "--packed", "2048,512x3", "--heads", "4", "--headdim", "64",
+                              "--causal"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "pack of 4 (longest 2048) H4 d64 causal" in out and "t0 x" in out and "t48 x" in out
+    for argv, message in ((["model", "--l2", "--packed", "512x2", "--seqlen", "512"], "replaces --batch"),
+                          (["model", "--packed", "512x2"], "needs --l2"),
+                          (["model", "--l2", "--packed", "512x"], "expected lengths")):
+        assert parser.parse_args(argv).func(parser.parse_args(argv)) == 2
+        assert message in capsys.readouterr().err

@@ -5,6 +5,7 @@
     flashrung model --measure [--out h200.json]        (on an sm_90 GPU)
     flashrung model --gpu h200 --against results.json
     flashrung model --l2 [--batch 32 --heads 16 --seqlen 1024 --headdim 128 --causal]
+    flashrung model --l2 --packed 8192,4096x2,1024x8 [--heads 16 --headdim 128 --causal]
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def register(subparsers) -> None:
     p.add_argument("--seqlen", type=int, default=None, help="--l2: Sq (and Sk unless --seqlen-k)")
     p.add_argument("--seqlen-k", type=int, default=None, help="--l2: Sk (default --seqlen)")
     p.add_argument("--causal", action="store_true", help="--l2: causal mask")
+    p.add_argument("--packed", metavar="LENGTHS", default=None,
+                   help="--l2: packed sequences (flash-attn's varlen) of these lengths, queries and keys alike, "
+                        "LxN for N of length L (--packed 8192,4096x2,1024x8): the pack's table heaviest first "
+                        "and in L2 sections of each size; instead of --batch/--seqlen")
     p.add_argument("--capacity-mib", type=int, default=None,
                    help="--l2: the modelled L2 in MiB (default: the H200 fit, 40)")
     p.set_defaults(func=run)
@@ -207,7 +212,15 @@ def _run_l2(args) -> int:
     try:
         if capacity < 1:
             raise ValueError(f"--capacity-mib must be >= 1, got {capacity}")
-        if args.seqlen is None:
+        if args.packed is not None:
+            from flashrung.bench.suites import parse_packed
+
+            if args.seqlen is not None or args.seqlen_k is not None or args.batch != 1:
+                raise ValueError("--packed gives the sequences' lengths: it replaces --batch, --seqlen and --seqlen-k")
+            reports = [l2.report_pack(parse_packed(args.packed), heads_q=args.heads,
+                                      heads_kv=args.heads_kv or args.heads, head_dim=args.headdim, causal=args.causal,
+                                      capacity_mib=capacity)]
+        elif args.seqlen is None:
             from flashrung.bench.suites import suite_rows
             shapes = [dict(batch=r.batch, heads_q=r.heads_q, heads_kv=r.heads_kv, seqlen_q=r.seqlen_q,
                            seqlen_k=r.seqlen_k, head_dim=r.headdim, causal=r.causal)
@@ -216,7 +229,8 @@ def _run_l2(args) -> int:
             shapes = [dict(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv or args.heads,
                            seqlen_q=args.seqlen, seqlen_k=args.seqlen_k or args.seqlen, head_dim=args.headdim,
                            causal=args.causal)]
-        reports = [l2.report_row(**shape, capacity_mib=capacity) for shape in shapes]
+        if args.packed is None:
+            reports = [l2.report_row(**shape, capacity_mib=capacity) for shape in shapes]
     except ValueError as exc:
         print(f"flashrung model --l2: {exc}", file=sys.stderr)
         return 2
@@ -238,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_measure(args)
     if args.l2:
         return _run_l2(args)
+    if args.packed is not None:
+        print("flashrung model: --packed models a pack's L2 reads: it needs --l2", file=sys.stderr)
+        return 2
     try:
         table = R.get_table(args.gpu, args.rates)
         tile = L.Tile.parse(args.tile, args.headdim, args.headdim_v)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import heapq
 
 from flashrung.kernels.hopper import schedule
 from flashrung.kernels.hopper.schedule import TILE_OVERHEAD_KV_TILES, tile_position
@@ -185,33 +186,32 @@ def _cta_tiles(launch: Launch) -> list[tuple[float, int, int]]:
     return out
 
 
-def simulate(launch: Launch, capacity_bytes: int) -> Traffic:
-    """Replay ``launch``'s K/V reads through an LRU L2 of ``capacity_bytes``."""
-    if not isinstance(capacity_bytes, int) or capacity_bytes < launch.kv_tile_bytes:
+def _check_capacity(capacity_bytes, kv_tile_bytes: int) -> None:
+    if not isinstance(capacity_bytes, int) or capacity_bytes < kv_tile_bytes:
         raise ValueError(f"capacity_bytes must be an integer of at least one K/V tile "
-                         f"({launch.kv_tile_bytes} bytes), got {capacity_bytes!r}")
+                         f"({kv_tile_bytes} bytes), got {capacity_bytes!r}")
+
+
+def _tile_events(events: list, start: float, launch: Launch, m: int, q_key, kv_key) -> float:
+    """Append query tile ``m``'s Q read, its K/V reads in their order and its O write, from step
+    ``start`` (``launch``: its sequence's sizes; ``kv_key(kv)``: the cache key of K/V tile ``kv``);
+    returns its end."""
     row_bytes = launch.head_dim * launch.elem_bytes
-    events = []      # (step, order, kind, key, bytes): kind 0 = Q read, 1 = K/V read, 2 = O write
-    seq = 0
-    makespan = 0.0
-    for start, _cta, tile_id in _cta_tiles(launch):
-        bh, m = _tile_coords(tile_id, launch)
-        b, h = divmod(bh, launch.heads_q)
-        kv_head = b * launch.heads_kv + h // launch.group
-        order = _kv_order(m, launch)
-        # a step's length: 1, or a partial last tile's share (its steps run fewer warpgroups)
-        step_len = _tile_cost(m, launch) / (len(order) + TILE_OVERHEAD_KV_TILES)
-        q_bytes = min(launch.block_m, launch.seqlen_q - m * launch.block_m) * row_bytes
-        events.append((start, seq, 0, ("q", bh, m), q_bytes))
-        seq += 1
-        for step, kv in enumerate(order):
-            kv_bytes = 2 * min(launch.kv_tile, launch.seqlen_k - kv * launch.kv_tile) * row_bytes
-            events.append((start + (TILE_OVERHEAD_KV_TILES / 2 + step) * step_len, seq, 1, (kv_head, kv), kv_bytes))
-            seq += 1
-        end = start + (len(order) + TILE_OVERHEAD_KV_TILES) * step_len
-        events.append((end, seq, 2, ("o", bh, m), q_bytes))
-        seq += 1
-        makespan = max(makespan, end)
+    order = _kv_order(m, launch)
+    # a step's length: 1, or a partial last tile's share (its steps run fewer warpgroups)
+    step_len = _tile_cost(m, launch) / (len(order) + TILE_OVERHEAD_KV_TILES)
+    q_bytes = min(launch.block_m, launch.seqlen_q - m * launch.block_m) * row_bytes
+    events.append((start, len(events), 0, ("q", q_key), q_bytes))
+    for step, kv in enumerate(order):
+        kv_bytes = 2 * min(launch.kv_tile, launch.seqlen_k - kv * launch.kv_tile) * row_bytes
+        events.append((start + (TILE_OVERHEAD_KV_TILES / 2 + step) * step_len, len(events), 1, kv_key(kv), kv_bytes))
+    end = start + (len(order) + TILE_OVERHEAD_KV_TILES) * step_len
+    events.append((end, len(events), 2, ("o", q_key), q_bytes))
+    return end
+
+
+def _replay(events: list, capacity_bytes: int, compulsory_bytes: int, makespan: float) -> Traffic:
+    """The DRAM reads of ``events`` (``_tile_events``' records) through an LRU of ``capacity_bytes``."""
     events.sort()
     lru: collections.OrderedDict = collections.OrderedDict()
     held = 0
@@ -231,8 +231,89 @@ def simulate(launch: Launch, capacity_bytes: int) -> Traffic:
         while held > capacity_bytes:
             _, evicted = lru.popitem(last=False)
             held -= evicted
-    return Traffic(dram_read_bytes=dram, compulsory_bytes=launch.compulsory_bytes(), kv_accesses=accesses,
+    return Traffic(dram_read_bytes=dram, compulsory_bytes=compulsory_bytes, kv_accesses=accesses,
                    kv_misses=misses, makespan_steps=makespan)
+
+
+def simulate(launch: Launch, capacity_bytes: int) -> Traffic:
+    """Replay ``launch``'s K/V reads through an LRU L2 of ``capacity_bytes``."""
+    _check_capacity(capacity_bytes, launch.kv_tile_bytes)
+    events = []      # (step, order, kind, key, bytes): kind 0 = Q read, 1 = K/V read, 2 = O write
+    makespan = 0.0
+    for start, _cta, tile_id in _cta_tiles(launch):
+        bh, m = _tile_coords(tile_id, launch)
+        b, h = divmod(bh, launch.heads_q)
+        kv_head = b * launch.heads_kv + h // launch.group
+        end = _tile_events(events, start, launch, m, (bh, m), lambda kv: (kv_head, kv))
+        makespan = max(makespan, end)
+    return _replay(events, capacity_bytes, launch.compulsory_bytes(), makespan)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackLaunch:
+    """A launch of packed sequences (flash-attn's varlen; queries and keys of ``lengths`` alike) as
+    ``hopper.fwd`` runs it: the table of its tiles with a row (``schedule.packed_tiles``) — heaviest
+    first across the pack, or in L2 sections of ``section_mib`` of K/V (``packed_section_mib``; 0:
+    none) — handed out at run time, each tile to the first CTA free."""
+
+    lengths: tuple
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+    block_m: int = 128
+    kv_tile: int = 128
+    elem_bytes: int = 2
+    ctas: int = 132
+    section_mib: int = 0
+    stagger: bool = False
+
+    def __post_init__(self):
+        check_positive_ints(heads_q=self.heads_q, heads_kv=self.heads_kv, head_dim=self.head_dim,
+                            block_m=self.block_m, kv_tile=self.kv_tile, elem_bytes=self.elem_bytes, ctas=self.ctas)
+        if not self.lengths or any(not isinstance(n, int) or n < 1 for n in self.lengths):
+            raise ValueError(f"lengths must be positive integers, one per sequence, got {self.lengths!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+        if not isinstance(self.section_mib, int) or self.section_mib < 0:
+            raise ValueError(f"section_mib must be a non-negative integer (0: no sections), got {self.section_mib!r}")
+
+    def sequence(self, n: int) -> Launch:
+        """One sequence of ``n`` rows and keys, for its tiles' costs and K/V orders."""
+        return Launch(batch=1, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=n, seqlen_k=n,
+                      head_dim=self.head_dim, causal=self.causal, block_m=self.block_m, kv_tile=self.kv_tile,
+                      elem_bytes=self.elem_bytes, ctas=self.ctas, stagger=self.stagger)
+
+    def compulsory_bytes(self) -> int:
+        rows = sum(self.lengths)
+        return (self.heads_q + 2 * self.heads_kv) * rows * self.head_dim * self.elem_bytes
+
+
+def simulate_pack(pack: PackLaunch, capacity_bytes: int) -> Traffic:
+    """Replay ``pack``'s K/V reads through an LRU L2 of ``capacity_bytes``; CTAs at one speed, each
+    tile of the table's order to the CTA free first (the run-time hand-out)."""
+    _check_capacity(capacity_bytes, 2 * pack.kv_tile * pack.head_dim * pack.elem_bytes)
+    lens = list(pack.lengths)
+    num_m_blocks = -(-max(lens) // pack.block_m)
+    columns = len(lens) * pack.heads_q
+    sections = (schedule.PackedSections(pack.section_mib << 20, 2 * pack.head_dim * pack.elem_bytes,
+                                        pack.heads_q // pack.heads_kv) if pack.section_mib else None)
+    # the tile ids' own mapping needs only to be the one the table was made with: one column a section
+    tiles, _ = schedule.packed_tiles(lens, lens, pack.heads_q, num_m_blocks, 1, True, pack.block_m, pack.kv_tile,
+                                     pack.causal, pack.ctas, (), -1, 0, sections)
+    per_sequence = {n: pack.sequence(n) for n in set(lens)}
+    free = [(0.0, cta) for cta in range(min(pack.ctas, len(tiles)))]
+    events, makespan = [], 0.0
+    group = pack.heads_q // pack.heads_kv
+    for tile_id in tiles.tolist():
+        column, m = tile_position(tile_id, num_m_blocks, columns, 1, True)
+        b, h = divmod(column, pack.heads_q)
+        start, cta = free[0]
+        end = _tile_events(events, start, per_sequence[lens[b]], m, (column, m),
+                           lambda kv, key=(b, h // group): (key, kv))
+        heapq.heapreplace(free, (end, cta))
+        makespan = max(makespan, end)
+    return _replay(events, capacity_bytes, pack.compulsory_bytes(), makespan)
 
 
 def launch_of(cfg, *, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -320,10 +401,40 @@ def report_row(*, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     return RowReport(label, base_launch.grid, cfg.l2_section_mib, cfg.stagger_kv, base, tuple(variants))
 
 
+def report_pack(lengths: tuple, *, heads_q: int, heads_kv: int, head_dim: int, causal: bool,
+                capacity_mib: int = H200_CAPACITY_MIB, sms: int = 132,
+                sections: tuple[int, ...] = VARIANT_SECTIONS_MIB) -> RowReport:
+    """``hopper.fwd``'s default launch of packed sequences of ``lengths`` (its tile, sweep and
+    ``packed_section_mib``) and the same hand-out heaviest first across the pack (section 0) and in
+    sections of each of ``sections`` MiB, through the model."""
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.kernels.hopper.config import select_config
+
+    problem = Problem(batch=len(lengths), seqlen_q=max(lengths), seqlen_k=max(lengths), heads_q=heads_q,
+                      heads_kv=heads_kv, head_dim=head_dim, head_dim_v=head_dim, dtype=torch.bfloat16, causal=causal,
+                      device_type="cuda", capability=(9, 0), varlen=True)
+    cfg = select_config(problem)
+    base_pack = PackLaunch(tuple(lengths), heads_q, heads_kv, head_dim, causal, block_m=cfg.block_m,
+                           kv_tile=cfg.kv_tile, ctas=sms * cfg.resident_ctas_per_sm(head_dim, 2),
+                           section_mib=cfg.packed_section_mib, stagger=cfg.stagger_kv)
+    cap = capacity_mib << 20
+    base = simulate_pack(base_pack, cap)
+    variants = []
+    for sec in (0, *sections):
+        r = simulate_pack(dataclasses.replace(base_pack, section_mib=sec), cap)
+        variants.append(Variant("table", sec, r, r.makespan_steps / base.makespan_steps))
+    label = (f"pack of {len(lengths)} (longest {max(lengths)}) H{heads_q}"
+             f"{'' if heads_q == heads_kv else f'/{heads_kv}'} d{head_dim} {'causal' if causal else 'full'}")
+    return RowReport(label, "table", cfg.packed_section_mib, cfg.stagger_kv, base, tuple(variants))
+
+
 def format_reports(reports: list[RowReport], capacity_mib: int) -> str:
     lines = [f"modelled DRAM reads of hopper.fwd's tile orders (LRU L2 of {capacity_mib} MiB, equal-speed CTAs); "
              "x = DRAM bytes / compulsory (Q, K, V once); t = modelled makespan / the default's",
-             f"{'row':32s} {'default':>22s}  variants (s = persistent stride, b = balanced lists; MiB per section)"]
+             f"{'row':32s} {'default':>22s}  variants (s = persistent stride, b = balanced lists, t = a pack's "
+             "table handed out; MiB per section, t0 = heaviest first across the pack)"]
     for r in reports:
         stagger = " stag" if r.default_stagger else ""
         d = f"{r.default_grid[:3]} {r.default_section_mib}M{stagger} x{r.default.excess:.2f}"

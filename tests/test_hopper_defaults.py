@@ -205,3 +205,24 @@ def test_last_dispatch_says_the_schedule_the_table_names():
     _, portable = dispatch.select(problem, "fwd", "portable.fwd")
     assert portable.config() is None
     assert dispatch.Dispatch("hopper.fwd", "fwd").config() is None     # no problem recorded
+
+
+def test_a_packs_configuration_names_its_table_and_sections(capsys):
+    # --packed: the configuration a pack whose longest sequence is --seqlen runs — the run-time
+    # hand-out through the table of its tiles with a row, in the row's L2 sections
+    # (config.PACKED_SECTION_MIB), never the launch's LPT sections (they only number the tiles there)
+    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--causal", "--packed"]) == 0
+    out = capsys.readouterr().out
+    assert "d128 causal, packed sequences, the longest 8192" in out
+    assert (f"through the table of the tiles with a row, in {C.PACKED_SECTION_MIB[128]} MiB L2 sections of each "
+            "sequence's K/V, each heaviest first") in out
+    assert "LPT" not in out and "handout_table" not in out
+    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--causal", "--packed", "--set",
+                     "packed_section_mib=0"]) == 0
+    assert "heaviest first across the pack" in capsys.readouterr().out
+    assert cli.main(["defaults", "--headdim", "64", "--seqlen", "8192", "--packed", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["config"]["packed_section_mib"] for r in rows] == [C.PACKED_SECTION_MIB[64]] * 2
+    assert all(r["packed"] for r in rows)
+    assert cli.main(["defaults", "--packed"]) == 2
+    assert "--packed needs --headdim and --seqlen" in capsys.readouterr().err

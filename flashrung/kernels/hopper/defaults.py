@@ -41,7 +41,7 @@ _TILE_FIELDS = ("block_m", "block_n", "num_kv_stages", "consumer_regs", "produce
 _GRID_FIELDS = ("persistent", "lpt", "balanced", "balanced_partial_tiles", "divided_sections", "split_tail",
                 "split_tail_rounds", "l2_section_mib", "stagger_kv", "stagger_subtract", "kv_multicast",
                 "cross_head_pairs",
-                "dynamic_tiles", "dynamic_pool_share", "merge_loads_first")
+                "dynamic_tiles", "handout_table", "packed_section_mib", "dynamic_pool_share", "merge_loads_first")
 _BASE = C.HopperFwdConfig()
 KEY_TAIL_NOTE = ("Keys in whole K/V tiles. With a key tail a non-causal launch masks its first tile always, "
                  "and d256 non-causal keeps Gluon's arrivals (no asm_arrivals).")
@@ -59,10 +59,11 @@ class DefaultRange:
     config: C.HopperFwdConfig
 
 
-def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None):
+def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None, packed: bool = False):
     """The :class:`flashrung.dispatch.Problem` the table evaluates for ``max(Sq, Sk) = seqlen``:
     Sq = seqlen, Sk the largest whole number of 128-key tiles not above it (Sk = seqlen below one
-    tile), bf16, one head; only the head dims, the mask, ``max(Sq, Sk)`` and Sk's tail matter."""
+    tile), bf16, one head; only the head dims, the mask, ``max(Sq, Sk)`` and Sk's tail matter.
+    ``packed``: packed sequences (flash-attn's varlen), the longest ``seqlen``."""
     from flashrung.dispatch import Problem
 
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -72,12 +73,13 @@ def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = N
     seqlen_k = seqlen - seqlen % WHOLE_KEY_TILE if seqlen >= WHOLE_KEY_TILE else seqlen
     return Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen_k, heads_q=1, heads_kv=1, head_dim=head_dim,
                    head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, device_type="cuda",
-                   capability=(9, 0))
+                   capability=(9, 0), varlen=packed)
 
 
-def selected(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None) -> C.HopperFwdConfig:
+def selected(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None,
+             packed: bool = False) -> C.HopperFwdConfig:
     """``select_config`` of :func:`problem` (a pair's own: MLA's splits, ``config.SPLIT_DEFAULT_HEAD_DIMS``)."""
-    return C.select_config(problem(head_dim, causal, seqlen, head_dim_v))
+    return C.select_config(problem(head_dim, causal, seqlen, head_dim_v, packed))
 
 
 def _threshold_lengths() -> list[int]:
@@ -137,11 +139,16 @@ def tile_text(cfg: C.HopperFwdConfig) -> str:
 def grid_text(cfg: C.HopperFwdConfig) -> str:
     if cfg.balanced:
         parts = ["balanced lists" + (" (partial tiles estimated)" if cfg.balanced_partial_tiles else "")]
+    elif cfg.handout_table:
+        # a pack's table: its own order replaces the launch's LPT sections (they only number the tiles)
+        parts = ["tiles handed out at run time through the table of the tiles with a row, "
+                 + (f"in {cfg.packed_section_mib} MiB L2 sections of each sequence's K/V, each heaviest first"
+                    if cfg.packed_section_mib else "heaviest first across the pack")]
     elif cfg.dynamic_tiles:
         parts = ["tiles handed out at run time"]
     else:
         parts = ["persistent" if cfg.persistent else "one CTA per tile"]
-    if cfg.lpt:
+    if cfg.lpt and not cfg.handout_table:
         parts.append(f"LPT, {cfg.l2_section_mib} MiB sections"
                      + (" (as they fall, the last one short)" if cfg.balanced and not cfg.divided_sections else ""))
     if cfg.split_tail:
@@ -246,6 +253,8 @@ def register(subparsers) -> None:
     p.add_argument("--seqlen", type=int, default=None,
                    help="max(Sq, Sk) of one problem: print its schedule (with --json, every field of its "
                         "configuration; needs --headdim)")
+    p.add_argument("--packed", action="store_true",
+                   help="with --seqlen: packed sequences (flash-attn's varlen), the longest --seqlen")
     p.add_argument("--set", default=None, metavar="KEY=VALUE,...",
                    help="with --seqlen: what impl='hopper.fwd@KEY=VALUE,...' builds for that problem, and "
                         "which fields it changes beyond those named (derived from them)")
@@ -256,7 +265,7 @@ def register(subparsers) -> None:
 
 
 def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str,
-                   head_dim_v: int | None = None) -> tuple[C.HopperFwdConfig, list[str]]:
+                   head_dim_v: int | None = None, packed: bool = False) -> tuple[C.HopperFwdConfig, list[str]]:
     """What ``impl="hopper.fwd@<spec>"`` builds for :func:`problem`: ``fwd.config_with`` (the
     overrides parsed and checked, the fields derived from them carried along), and each field the
     spec does not name whose value still moved, as ``name: old → new``. Raises ``ValueError`` as
@@ -267,7 +276,7 @@ def with_overrides(head_dim: int, causal: bool, seqlen: int, spec: str,
     _, overrides = parse_impl(f"{fwd.KERNEL_NAME}@{spec}")
     if not overrides:
         raise ValueError(f"--set must be key=value,... (as in impl='hopper.fwd@...'), got {spec!r}")
-    base_problem = problem(head_dim, causal, seqlen, head_dim_v)
+    base_problem = problem(head_dim, causal, seqlen, head_dim_v, packed)
     base = C.select_config(base_problem)
     cfg = fwd.config_with(base_problem, overrides)
     derived = [f"{f.name}: {_value(getattr(base, f.name))} → {_value(getattr(cfg, f.name))}"
@@ -322,25 +331,27 @@ def run(args) -> int:
         try:
             if args.set:
                 # a pair is checked at its own widths (the row is the wider's either way)
-                configs = [(causal, *(with_overrides(requested, causal, args.seqlen, args.set, value) if value
-                                      else with_overrides(kernel, causal, args.seqlen, args.set)))
+                configs = [(causal, *(with_overrides(requested, causal, args.seqlen, args.set, value, args.packed)
+                                      if value else with_overrides(kernel, causal, args.seqlen, args.set,
+                                                                   packed=args.packed)))
                            for causal in masks]
             else:
-                configs = [(causal, selected(requested, causal, args.seqlen, value) if value
-                            else selected(kernel, causal, args.seqlen), []) for causal in masks]
+                configs = [(causal, selected(requested, causal, args.seqlen, value, args.packed) if value
+                            else selected(kernel, causal, args.seqlen, packed=args.packed), []) for causal in masks]
         except ValueError as exc:
             print(f"flashrung defaults: {exc}", file=sys.stderr)
             return 2
         if args.json:
             print(json.dumps([dict(head_dim=requested, head_dim_v=value or requested, kernel_head_dim=kernel,
                                    kernel_widths=C.kernel_head_dims(requested, value, cfg), causal=causal,
-                                   seqlen=args.seqlen, overrides=args.set,
+                                   seqlen=args.seqlen, packed=args.packed, overrides=args.set,
                                    derived=derived, switches=switches(cfg), config=dataclasses.asdict(cfg))
                               for causal, cfg, derived in configs], indent=1))
             return 0
         for causal, cfg, derived in configs:
             forced = f", hopper.fwd@{args.set}" if args.set else ""
-            print(f"d{kernel} {_mask(causal)}, max(Sq, Sk) = {args.seqlen}{forced}")
+            length = f"packed sequences, the longest {args.seqlen}" if args.packed else f"max(Sq, Sk) = {args.seqlen}"
+            print(f"d{kernel} {_mask(causal)}, {length}{forced}")
             print(f"  tile      {tile_text(cfg)}")
             print(f"  grid      {grid_text(cfg)}")
             print(f"  switches  {', '.join(switches(cfg)) or '-'}")
@@ -354,6 +365,10 @@ def run(args) -> int:
         return 0
     if args.set:
         print("flashrung defaults: --set needs --headdim and --seqlen (it changes one problem's configuration)",
+              file=sys.stderr)
+        return 2
+    if args.packed:
+        print("flashrung defaults: --packed needs --headdim and --seqlen (the longest sequence of one pack)",
               file=sys.stderr)
         return 2
     ranges = all_ranges(head_dims, masks)

@@ -220,16 +220,16 @@ def _run_l2(args) -> int:
             reports = [l2.report_pack(parse_packed(args.packed), heads_q=args.heads,
                                       heads_kv=args.heads_kv or args.heads, head_dim=args.headdim, causal=args.causal,
                                       capacity_mib=capacity)]
-        elif args.seqlen is None:
-            from flashrung.bench.suites import suite_rows
-            shapes = [dict(batch=r.batch, heads_q=r.heads_q, heads_kv=r.heads_kv, seqlen_q=r.seqlen_q,
-                           seqlen_k=r.seqlen_k, head_dim=r.headdim, causal=r.causal)
-                      for r in suite_rows("fa4-protocol", "fwd")]
         else:
-            shapes = [dict(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv or args.heads,
-                           seqlen_q=args.seqlen, seqlen_k=args.seqlen_k or args.seqlen, head_dim=args.headdim,
-                           causal=args.causal)]
-        if args.packed is None:
+            if args.seqlen is None:
+                from flashrung.bench.suites import suite_rows
+                shapes = [dict(batch=r.batch, heads_q=r.heads_q, heads_kv=r.heads_kv, seqlen_q=r.seqlen_q,
+                               seqlen_k=r.seqlen_k, head_dim=r.headdim, causal=r.causal)
+                          for r in suite_rows("fa4-protocol", "fwd")]
+            else:
+                shapes = [dict(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv or args.heads,
+                               seqlen_q=args.seqlen, seqlen_k=args.seqlen_k or args.seqlen, head_dim=args.headdim,
+                               causal=args.causal)]
             reports = [l2.report_row(**shape, capacity_mib=capacity) for shape in shapes]
     except ValueError as exc:
         print(f"flashrung model --l2: {exc}", file=sys.stderr)

@@ -423,7 +423,9 @@ def report_pack(lengths: tuple, *, heads_q: int, heads_kv: int, head_dim: int, c
     base = simulate_pack(base_pack, cap)
     variants = []
     for sec in (0, *sections):
-        r = simulate_pack(dataclasses.replace(base_pack, section_mib=sec), cap)
+        # the default's own size is among the variants: replayed once
+        r = (base if sec == base_pack.section_mib
+             else simulate_pack(dataclasses.replace(base_pack, section_mib=sec), cap))
         variants.append(Variant("table", sec, r, r.makespan_steps / base.makespan_steps))
     label = (f"pack of {len(lengths)} (longest {max(lengths)}) H{heads_q}"
              f"{'' if heads_q == heads_kv else f'/{heads_kv}'} d{head_dim} {'causal' if causal else 'full'}")

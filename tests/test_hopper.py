@@ -87,8 +87,11 @@ def steady_loop(sass):
     ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for _, t in body]
     rs = lambda t: re.search(r"HGMMA\S* R\d+, R\d+", t) is not None     # P from registers: PV
     pv = [k for k, (_, t) in enumerate(body) if t.startswith("HGMMA") and rs(t)]
+    # P from shared memory (p_in_smem): no PV reads registers, and no rescale precedes one
     return dict(prmt=ops.count("PRMT"), fmul=ops.count("FMUL"), ldl=ops.count("LDL") + ops.count("STL"),
-                fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]), length=len(ops),
+                fmul_before_pv=sum(op == "FMUL" for op in ops[:pv[0]]) if pv else None, length=len(ops),
+                pv_from_registers=len(pv), stsm=sum(op.startswith("STSM") for op in ops),
+                bar=sum(op.startswith("BAR.") for op in ops),
                 hgmma_n64=sum(t.startswith("HGMMA.64x64x16") for _, t in body), mufu=ops.count("MUFU.EX2"))
 
 def kv_loops(sass):
@@ -456,6 +459,8 @@ CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 # a quarter of each tile's exponentials ahead of PV's wait in FA4's order, on d64's three consumers
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
+# P for PV from shared memory, in FA3's order, on d64's three consumers (192-row tile, non-causal)
+CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wait_pv_early": False}))
 # the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
 DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
 CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64, 128)]
@@ -1968,6 +1973,34 @@ def test_extra_keys_spread_the_loop_over_192_keys(census):
     assert extra["loop"]["mufu"] == 98 and base["loop"]["mufu"] == 66
     assert extra["loop"]["length"] / 192 < 0.95 * base["loop"]["length"] / 128
     assert row["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
+def test_p_in_smem_fits_fa3_order_in_d64_registers(census):
+    # FA3's order keeps S(j), O and P(j-1) (still read by PV(j-1)) live together: at d64's 160
+    # registers it spilled 416 B with P in registers (53 LDL / 51 STL, part in the loop; census,
+    # docs/hopper.md). With P in shared memory P(j-1) holds no register: no local memory at all,
+    # every PV reads P from shared memory, written by stmatrix and met by one barrier a step more
+    # than the default's loop, whose PV reads registers
+    entry, base = census["d64-full-p-in-smem"], census["d64-full"]
+    _assert_no_local_memory(entry["row"], "d64-full-p-in-smem")
+    loop, base_loop = entry["loop"], base["loop"]
+    assert loop["pv_from_registers"] == 0 and base_loop["pv_from_registers"] > 0
+    assert loop["stsm"] > 0 and base_loop["stsm"] == 0
+    assert loop["bar"] == base_loop["bar"] + 1
+    assert loop["mufu"] == base_loop["mufu"]
+    cfg = HopperFwdConfig(**{f.name: entry["row"]["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
+    assert cfg.p_in_smem and not cfg.wait_pv_early
+    assert cfg.smem_bytes(64, 2) <= entry["row"]["smem_bytes"] <= SMEM_PER_BLOCK_BYTES
+
+
+def test_p_in_smem_needs_one_box_of_keys_and_the_sum_on_the_fma_pipe():
+    base = fwd.default_config(64, False, 16384)
+    for clash in (dict(extra_keys=64), dict(row_sum_by_mma=True, defer_row_sum=False)):
+        with pytest.raises(ValueError, match="p_in_smem"):
+            dataclasses.replace(base, p_in_smem=True, **clash).check(64)
+    # each consumer's buffer is counted: 64 rows of the K/V tile, 16 bits each
+    staged = dataclasses.replace(base, p_in_smem=True)
+    assert staged.smem_bytes(64, 2) - base.smem_bytes(64, 2) == base.num_consumers * 64 * base.kv_tile * 2
 
 
 def test_tree_reduce_moves_no_data(census):
@@ -4483,6 +4516,41 @@ def test_gate_extra_keys_with_the_split_tail():
     _gate(functools.partial(fwd.forward, config=cfg), batch=3, seqlen_q=1000, seqlen_k=1000, heads_q=12,
           heads_kv=4, head_dim=128, dtype=torch.bfloat16, causal=False)
     _assert_reruns_identical(*_d128_inputs(3, 12, 4), False, cfg)
+
+
+# P for PV from shared memory, in FA3's order (softmax(j) under PV(j-1)) and in FA4's (the
+# default's), and on the serial schedule; one Q buffer (d128's second leaves no room for P's)
+_P_IN_SMEM = dict(p_in_smem=True, num_q_stages=1)
+P_IN_SMEM_ORDERS = {"fa3-order": dict(_P_IN_SMEM, wait_pv_early=False, gate_pv_wait=False),
+                    "fa4-order": _P_IN_SMEM,
+                    "serial": dict(_P_IN_SMEM, overlap=False, wait_pv_early=False, gate_pv_wait=False,
+                                   pingpong=False, named_turns=False, rescale_threshold=0.0,
+                                   rescale_by_warp=False, single_kv_loop=False)}
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
+    dict(batch=2, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2),     # Sq ≠ Sk, a key tail
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
+], ids=_shape_id)
+@pytest.mark.parametrize("order", P_IN_SMEM_ORDERS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_p_in_smem(head_dim, causal, order, shape):
+    # each consumer's P buffer is rewritten every K/V step: a warp that stored P(j) before another
+    # warp's PV(j-1) had read P(j-1), or a PV issued before every warp's rows landed, reads a mix
+    _gate_forced(head_dim, shape, causal, **P_IN_SMEM_ORDERS[order])
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_p_in_smem_reruns_are_bit_identical(causal):
+    # a moving result is a race: d64's 192-row tile in FA3's order, three consumers on their buffers
+    _assert_forced_reruns_identical(64, causal, 8192, **P_IN_SMEM_ORDERS["fa3-order"])
 
 
 @pytest.mark.gpu

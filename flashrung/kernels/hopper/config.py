@@ -440,6 +440,19 @@ class HopperFwdConfig:
     # d64: 13.5% fewer instructions executed, issue slots 51% -> 44% busy, cycles +1%: the loop
     # waits on its chain, not on issue. Off
     row_sum_by_mma: bool = False
+    # P for PV from shared memory instead of registers (FA3's ``MmaPV_is_RS = false``, its d64
+    # non-causal choice): after PV(j-1)'s wait each consumer converts P(j) to 16 bits and stores it
+    # in its own [64, kv_tile] buffer, fences it for the tensor pipe and meets its warps; PV(j)
+    # reads it from there. P(j-1) then holds no registers while PV(j-1) runs, so FA3's order
+    # (softmax(j) under PV(j-1): S, P(j-1) and O live together) fits d64's 160 registers, which
+    # spills 416 B with P in registers (census: none with P here). Costs one buffer a consumer, its
+    # stmatrix stores, a proxy fence and a warpgroup barrier a K/V step on the chain to PV, and the
+    # wgmma reads P from shared memory beside V. Gated on an H100 (74 gates); paired there (bf16,
+    # --quick --t-noise 0.001): d64 H32 non-causal B2 S16384 FA3's order 0.809 / 0.810, FA4's order
+    # staged 0.804 / 0.797, causal B4 S8192 0.824 / 0.823, B8 S4096 0.822 / 0.822; d128 H16 B2
+    # S16384 FA4's order 0.872 / 0.871: REVERT everywhere. Needs one box of keys and the sum on the
+    # FMA pipe. Off
+    p_in_smem: bool = False
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
@@ -546,10 +559,12 @@ class HopperFwdConfig:
         kv = self.num_kv_stages * self.kv_tile * (head_dim + head_dim_v) * elem_bytes
         # row_sum_by_mma: each consumer's [8, block_n] tile of ones
         ones = self.num_consumers * ROW_SUM_COLS * self.block_n * elem_bytes if self.row_sum_by_mma else 0
+        # p_in_smem: each consumer's [64, kv_tile] P
+        p = self.num_consumers * ROWS_PER_CONSUMER_WARPGROUP * self.kv_tile * elem_bytes if self.p_in_smem else 0
         # q ready/empty per consumer and Q stage, k/v ready/empty per stage, one turn barrier per
         # consumer
         bars = ((2 * self.num_q_stages + 1) * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
-        return q + o + kv + ones + bars
+        return q + o + kv + ones + p + bars
 
     @property
     def register_words(self) -> int:
@@ -687,6 +702,10 @@ class HopperFwdConfig:
             raise ValueError("row_sum_by_mma sums P on the tensor pipe for one box of keys: it needs extra_keys=0 and "
                              f"defer_row_sum=False, got extra_keys={self.extra_keys}, "
                              f"defer_row_sum={self.defer_row_sum}")
+        if self.p_in_smem and (self.extra_keys or self.row_sum_by_mma):
+            raise ValueError("p_in_smem stages one box of P for PV in shared memory: it needs extra_keys=0 and "
+                             "row_sum_by_mma=False (whose wgmma reads P's registers), got "
+                             f"extra_keys={self.extra_keys}, row_sum_by_mma={self.row_sum_by_mma}")
         if self.trace_steps < 0 or self.trace_steps and (not self.overlap or self.split_tail):
             raise ValueError("trace_steps stamps the overlapped K/V steps into the split tail's workspace pointer: it "
                              f"needs trace_steps >= 0, overlap=True and split_tail=False, got trace_steps="
@@ -1650,6 +1669,7 @@ PACKED_CLASHES = ("split_tail", "kv_multicast")
 # heaviest first 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965. Non-causal d128, d64, d256 NULL
 # (1.0000-1.0004): the ties there already fall in the launch's sections
 PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
+
 
 
 def packed_clashes(cfg: HopperFwdConfig) -> list[str]:

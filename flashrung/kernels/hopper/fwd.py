@@ -265,6 +265,7 @@ class _Shared:
     v2_bufs: gl.shared_memory_descriptor       # or for K [stages, 1, BLOCK_N, 1, HEAD_DIM_TAIL] (split_head_dim)
     q2_bufs: gl.shared_memory_descriptor       # [Q stages · consumers, 1, 64, 1, HEAD_DIM_TAIL] (q_bufs if none)
     ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
+    p_bufs: gl.shared_memory_descriptor        # [consumers, 64, BLOCK_N]: P for PV (P_IN_SMEM; k_bufs if off)
     item_bufs: gl.shared_memory_descriptor     # int32 [Q stages · consumers, 1]: the handed work item (DYNAMIC)
     k_relay_bars: gl.shared_memory_descriptor  # per stage: the peer's consumers released it (RELAY_RELEASE)
     v_relay_bars: gl.shared_memory_descriptor
@@ -272,7 +273,8 @@ class _Shared:
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
                  k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs,
-                 k_relay_bars, v_relay_bars, q2_bufs):
+                 k_relay_bars, v_relay_bars, q2_bufs, p_bufs):
+        self.p_bufs = p_bufs
         self.q2_bufs = q2_bufs
         self.item_bufs = item_bufs
         self.k_relay_bars = k_relay_bars
@@ -423,6 +425,7 @@ class _Schedule:
     CONVERT_BEFORE_RESCALE: gl.constexpr  # P's conversions before O's rescale in the overlapped step
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
+    P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
     TRACE_WARPS: gl.constexpr    # with TRACE_STEPS: every warp of a warpgroup stamps its own events
@@ -1133,8 +1136,26 @@ def _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c):
 
 
 @gluon.jit
-def _operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM_V: gl.constexpr):
-    """P's parts as 16-bit register operands of the PV wgmma (the layout change is free in SASS)."""
+def _operands(p, sh, WG: gl.constexpr, PACKED: gl.constexpr, c):
+    """P's parts as 16-bit register operands of the PV wgmma (the layout change is free in SASS),
+    or with ``P_IN_SMEM`` this consumer's shared buffer holding P: written only after PV(j-1)'s
+    wait (every caller), the only reader of the buffer before it."""
+    dtype: gl.constexpr = sh.v_bufs.dtype
+    if c.P_IN_SMEM:
+        buf = sh.p_bufs.index(WG)
+        buf.store(to_operand_dtype(p[0], dtype, PACKED))
+        # generic-proxy writes, async-proxy reads: fenced by each writer, then every warp's rows
+        # written before any warp issues the PV that reads the whole box
+        fence_async_shared()
+        gl.thread_barrier()
+        out = (buf,)
+    else:
+        out = _register_operands(p, dtype, PACKED, c.HEAD_DIM_V)
+    return out
+
+
+@gluon.jit
+def _register_operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM_V: gl.constexpr):
     p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM_V)
     p0 = gl.convert_layout(to_operand_dtype(p[0], dtype, PACKED), p_layout)
     if len(p) == 2:
@@ -1343,11 +1364,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     if c.CONVERT_BEFORE_RESCALE:
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
-        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh, WG, c.PACK_P, c)
     if not c.LATE_RESCALE:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
-        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh, WG, c.PACK_P, c)
     stamp(trace, rows, first_row, E_END, c.TRACE_STEPS, c.TRACE_WARPS)
     return acc, p_op, m_i, l_i, alpha, rescale, turn, k_idx, k_phase
 
@@ -1386,7 +1407,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP,
                                                     not c.ROW_SUM_BY_MMA)
-        p_op = _operands(p, sh.v_bufs.dtype, c.PACK_P, c.HEAD_DIM_V)
+        p_op = _operands(p, sh, WG, c.PACK_P, c)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
         n_tiles = kv_hi - kv_lo
@@ -1466,7 +1487,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
-    p_op = _operands(p, sh.v_bufs.dtype, False, c.HEAD_DIM_V)
+    p_op = _operands(p, sh, WG, False, c)
     ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
     turn = wait_turn(sh.turn_bars, turn, WG, c.PINGPONG, c.NAMED_TURNS, c.TURN_WAIT_AT, c.HOIST_SMEM_BASE)
     acc, l_i = _pv(p_op, acc, l_i, sh, idx, WG, c)
@@ -1860,7 +1881,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr,
-                     ROW_SUM_BY_MMA: gl.constexpr, TRACE_STEPS: gl.constexpr, TRACE_WARPS: gl.constexpr,
+                     ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     TRACE_WARPS: gl.constexpr,
                      TRACE_ITEM: gl.constexpr, TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
                      K_READY_AT: gl.constexpr, V_READY_AT: gl.constexpr, TURN_WAIT_AT: gl.constexpr,
@@ -1910,6 +1932,12 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                                               gl.NVMMASharedLayout.get_default_for([_SUM_COLS, BLOCK_N], dtype))
     else:
         ones_bufs = k_bufs
+    if P_IN_SMEM:
+        # K-major, as the A operand of a wgmma reads it from shared memory (Q is the other one)
+        p_bufs = gl.allocate_shared_memory(dtype, [BLOCK_M // _ROWS, _ROWS, BLOCK_N],
+                                           gl.NVMMASharedLayout.get_default_for([_ROWS, BLOCK_N], dtype))
+    else:
+        p_bufs = k_bufs
     q_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
     q_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_Q_STAGES * NUM_CONSUMERS, 1], bar_layout)
     turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], bar_layout)
@@ -1948,7 +1976,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
         mbarrier.init(v_empty_bars.index(i), count=RELEASES_PER_SLOT)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs, k_relay_bars,
-                 v_relay_bars, q2_bufs)
+                 v_relay_bars, q2_bufs, p_bufs)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -1982,7 +2010,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT,
-                  ROW_SUM_BY_MMA=ROW_SUM_BY_MMA,
+                  ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_WARPS=TRACE_WARPS, TRACE_ITEM=TRACE_ITEM, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
@@ -2086,7 +2114,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
-        CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, TRACE_STEPS=cfg.trace_steps,
+        CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
+        TRACE_STEPS=cfg.trace_steps,
         TRACE_WARPS=cfg.trace_warps, TRACE_ITEM=cfg.trace_item, TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
         **{name: 0 if getattr(cfg, switch) else -1 for name, switch in BARRIER_SWITCHES.items()},

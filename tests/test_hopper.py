@@ -204,7 +204,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     packed = changes.pop("_packed", False)
     if packed or changes.pop("_plain_of_packed", False):
         from flashrung.kernels.hopper import config as hopper_config
-        cfg = hopper_config._packed(cfg, d)
+        cfg = hopper_config._packed(cfg, d, causal)
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
                            window=window, packed=packed, window_right=window_right)
@@ -2718,7 +2718,8 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
     # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
     # default packed sequences select, the persistent grid's lists or stride traded for the run-time
     # hand-out through the table of the pack's tiles with a row, in the row's L2 sections
-    # (config.PACKED_SECTION_MIB), the result buildable; the rest is the unpacked default's. Forced
+    # (config.PACKED_SECTION_MIB), non-causal with the row's Q buffers (config.
+    # PACKED_NONCAUSAL_Q_STAGES), the result buildable; the rest is the unpacked default's. Forced
     # on, forward refuses them before looking at a tensor's memory
     for d in HEAD_DIMS:
         for causal in (False, True):
@@ -2733,7 +2734,11 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 if expected.persistent:
                     expected = replace_following(expected, d, balanced=False, dynamic_tiles=True, handout_table=True,
                                                  packed_section_mib=config.PACKED_SECTION_MIB[d])
+                q_stages = config.PACKED_NONCAUSAL_Q_STAGES.get(d, 1)
+                if not causal and expected.separate_o and expected.num_q_stages < q_stages:
+                    expected = replace_following(expected, d, num_q_stages=q_stages)
                 assert cfg == expected, (d, causal, seqlen)
+                assert cfg.num_q_stages == (2 if not causal and d in (64, 128) else base.num_q_stages), (d, seqlen)
                 assert cfg.handout_table == cfg.persistent == (cfg.packed_section_mib > 0), (d, causal, seqlen)
     assert config.packed_clashes(fwd.default_config(128, False, 16384)) == ["split_tail", "kv_multicast"]
 
@@ -3498,10 +3503,11 @@ def _packed_two_q_config(problem, head_dim):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_packed_two_q_buffers_build_where_the_default_has_one(head_dim, causal):
-    # the candidate for a pack's short tiles (docs/hopper.md, *Packed sequences*: a 1024-key
-    # sequence's tiles wait for their Q on one buffer): two Q buffers on the pack's default, where
-    # the gate's pack (longest 4097) selects one everywhere but d128 causal; buildable at both
+def test_packed_two_q_buffers_build_and_are_the_non_causal_default(head_dim, causal):
+    # a pack's short tiles (docs/hopper.md, *Packed sequences*: a 1024-key sequence's tiles wait
+    # for their Q on one buffer): two Q buffers build on the pack's default at both head dims and
+    # masks, and are that default non-causal (config.PACKED_NONCAUSAL_Q_STAGES) and at d128 causal
+    # (the unpacked row's); the gate's pack (longest 4097) otherwise selects one
     lens_q, lens_k = PACKED_LENGTHS[0]
     q = torch.empty(1, sum(lens_q), 8, head_dim, device="meta", dtype=torch.bfloat16)
     k = torch.empty(1, sum(lens_k), 2, head_dim, device="meta", dtype=torch.bfloat16)
@@ -3509,7 +3515,7 @@ def test_packed_two_q_buffers_build_where_the_default_has_one(head_dim, causal):
     cfg = _packed_two_q_config(problem, head_dim)
     cfg.check(config.kernel_head_dim(head_dim))
     assert cfg.num_q_stages == 2 and cfg.handout_table
-    assert (select_config(problem).num_q_stages == 1) == ((head_dim, causal) != (128, True))
+    assert (select_config(problem).num_q_stages == 2) == (not causal or head_dim == 128)
 
 
 @pytest.mark.gpu

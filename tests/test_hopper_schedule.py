@@ -27,6 +27,7 @@ from flashrung.kernels.hopper.schedule import (
     packed_schedule,
     packed_tiles,
     pool_start,
+    sequence_tile_costs,
     tail_split,
     tail_step_times,
     TILE_OVERHEAD_KV_TILES,
@@ -685,6 +686,73 @@ def test_packed_sections_hand_out_an_even_end(head_dim, heads, block_m, mib, len
         load, i = free[0]
         heapq.heapreplace(free, (load + float(cost), i))
     assert max(load for load, _ in free) * ctas / float(costs.sum()) < 1.01
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sequence_tile_costs_are_tile_cost_tile_by_tile(seed):
+    # the pack's costs computed at once (a table is built on every call with new lengths) are the
+    # scalar estimate's, tile for tile: sequences without a row or a key, Sq ≠ Sk both ways, a
+    # window's either side, a partial last tile's consumer share
+    rng = random.Random(seed)
+    block_m, kv_tile = rng.choice([(128, 128), (192, 128), (128, 64)])
+    lens_q = [rng.choice([0, 1, 17, 127, 128, 129, 1000, 4097, rng.randrange(1, 3000)]) for _ in range(9)]
+    lens_k = [rng.choice([0, lq, rng.randrange(1, 5000)]) for lq in lens_q]
+    for causal in (False, True):
+        for window_left, window_right in ((-1, 0), (300, 0), (64, 200)):
+            share = (0.45, 0.75, 1.0) if block_m == 192 else ()
+            seq, m, cost = sequence_tile_costs(lens_q, lens_k, block_m, kv_tile, causal, share, window_left,
+                                               window_right)
+            expected = [(b, t, TILE_OVERHEAD_KV_TILES if lk == 0 else
+                         tile_cost(t, block_m, kv_tile, lq, lk, causal, share, window_left, window_right))
+                        for b, (lq, lk) in enumerate(zip(lens_q, lens_k)) for t in range(-(-lq // block_m))]
+            assert list(zip(seq.tolist(), m.tolist(), cost.tolist())) == expected, (causal, window_left)
+
+
+def _sections_head_by_head(sections, lens_q, lens_k, heads_q, block_m, kv_tile, causal):
+    """PackedSections.of's rule walked one K/V head at a time (the definition it computes)."""
+    heaviest = [max((tile_cost(t, block_m, kv_tile, lq, lk, causal) if lk else TILE_OVERHEAD_KV_TILES
+                     for t in range(-(-lq // block_m))), default=0.0) for lq, lk in zip(lens_q, lens_k)]
+    kv_heads = heads_q // sections.group
+    rank, section, used = {}, 0, 0
+    for b in sorted(range(len(lens_q)), key=lambda b: -heaviest[b]):     # stable: ties in pack order
+        head_bytes = lens_k[b] * sections.kv_bytes_per_key
+        for kv_head in range(kv_heads):
+            if used and used + head_bytes > sections.budget_bytes:
+                section, used = section + 1, 0
+            used += head_bytes
+            rank[b * kv_heads + kv_head] = section
+    return [rank[c // sections.group] for c in range(len(lens_q) * heads_q)]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_packed_sections_fill_as_a_head_by_head_walk(seed):
+    # each sequence's K/V heads placed at once are where a head-by-head walk puts them: the open
+    # section filled as far as it holds, then whole sections, a head alone where one overflows the
+    # budget, sequences without keys in the open section
+    rng = random.Random(seed)
+    heads_q, group = rng.choice([(8, 1), (8, 4), (32, 8), (6, 3)])
+    lens = [rng.choice([0, 1, 256, 1024, 4096, rng.randrange(1, 9000)]) for _ in range(rng.randrange(1, 12))]
+    lens_k = [rng.choice([0, n, rng.randrange(0, 9000)]) for n in lens]
+    sections = PackedSections(rng.choice([1, 4096, 1 << 18, 1 << 20, 16 << 20]), rng.choice([256, 512]), group)
+    got = sections.of(lens, lens_k, heads_q, 128, 128, True)
+    assert got.tolist() == _sections_head_by_head(sections, lens, lens_k, heads_q, 128, 128, True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_tiles_order_by_section_then_heaviest_then_launch_order(seed):
+    # the order's whole key, not only its sections' heaviest-first runs: equal costs keep the
+    # launch's tile order, in each section and across the pack
+    rng = random.Random(seed)
+    lens = [rng.choice([1, 300, 1024, 2048, rng.randrange(1, 4000)]) for _ in range(rng.randrange(1, 10))]
+    heads, block_m = 4, 128
+    num_m_blocks = -(-max(lens) // block_m)
+    args = (heads, num_m_blocks, 3, True, block_m, 128, True, 11)
+    for sections in (None, PackedSections(1 << 20, 512, 2)):
+        tiles, costs = packed_tiles(lens, lens, *args, (), -1, 0, sections)
+        rank = [0] * (len(lens) * heads) if sections is None else sections.of(lens, lens, heads, block_m, 128, True)
+        column = [tile_position(int(t), num_m_blocks, len(lens) * heads, 3, True)[0] for t in tiles]
+        keys = [(int(rank[c]), -float(cost), int(t)) for c, cost, t in zip(column, costs, tiles)]
+        assert keys == sorted(keys)
 
 
 def test_packed_sections_reject_bad_input():

@@ -37,7 +37,6 @@ Granlund and Montgomery's division by invariant integers).
 # No ``from __future__ import annotations`` here: aggregate fields are type-checked against their
 # annotations at trace time, which must therefore be real classes, not strings.
 import dataclasses
-import functools
 import heapq
 
 import numpy as np
@@ -387,19 +386,32 @@ class PackedSections:
             raise ValueError(f"heads_q ({heads_q}) must be a multiple of PackedSections.group ({self.group})")
         lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
         lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
-        heaviest = np.array([max(_sequence_costs(int(lq), int(lk), block_m, kv_tile, causal, (), window_left,
-                                                 window_right), default=0.0) for lq, lk in zip(lens_q, lens_k)])
+        seq, _, cost = sequence_tile_costs(lens_q, lens_k, block_m, kv_tile, causal, (), window_left, window_right)
+        heaviest = np.zeros(lens_q.size)
+        np.maximum.at(heaviest, seq, cost)
         kv_heads = heads_q // self.group
-        rank = np.empty(lens_q.size * kv_heads, dtype=np.int64)
+        rank = np.empty((lens_q.size, kv_heads), dtype=np.int64)
+        head_index = np.arange(kv_heads)
         section, used = 0, 0
+        # every K/V head of a sequence has its bytes: a sequence's heads fill the open section as far
+        # as they fit, then whole sections of ``per_section`` each (a head alone where one overflows)
         for b in np.argsort(-heaviest, kind="stable"):
             head_bytes = int(lens_k[b]) * self.kv_bytes_per_key
-            for kv_head in range(kv_heads):
-                if used and used + head_bytes > self.budget_bytes:
+            if head_bytes == 0:
+                if used > self.budget_bytes:
                     section, used = section + 1, 0
-                used += head_bytes
-                rank[b * kv_heads + kv_head] = section
-        return np.repeat(rank, self.group)
+                rank[b] = section
+                continue
+            per_section = max(1, self.budget_bytes // head_bytes)
+            fit = min(kv_heads, per_section if used == 0 else max(0, (self.budget_bytes - used) // head_bytes))
+            rank[b, :fit] = section
+            if kv_heads > fit:
+                rank[b, fit:] = section + 1 + head_index[:kv_heads - fit] // per_section
+                section += 1 + (kv_heads - fit - 1) // per_section
+                used = ((kv_heads - fit - 1) % per_section + 1) * head_bytes
+            else:
+                used += fit * head_bytes
+        return np.repeat(rank.reshape(-1), self.group)
 
 
 def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
@@ -474,35 +486,58 @@ def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, 
         b = int(np.argmax(m_blocks > num_m_blocks))
         raise ValueError(f"sequence {b} has {lens_q[b]} rows: more than the launch's {num_m_blocks} q-tiles of "
                          f"{block_m}")
-    # each (sequence, q-tile) with a row, priced once per distinct pair of lengths
-    seq = np.repeat(np.arange(lens_q.size), m_blocks)
-    m = np.arange(seq.size) - np.repeat(np.cumsum(m_blocks) - m_blocks, m_blocks)
-    share = tuple(consumer_share)
-    pairs, inverse = np.unique(np.stack([lens_q, lens_k], 1), axis=0, return_inverse=True)
-    priced = [np.asarray(_sequence_costs(int(lq), int(lk), block_m, kv_tile, causal, share, window_left,
-                                         window_right)) for lq, lk in pairs]
-    cost = np.concatenate([priced[inverse.reshape(-1)[b]] for b in range(lens_q.size)]) if seq.size else np.zeros(0)
+    # each (sequence, q-tile) with a row
+    seq, m, cost = sequence_tile_costs(lens_q, lens_k, block_m, kv_tile, causal, tuple(consumer_share), window_left,
+                                       window_right)
     # every head of each: (batch · heads_q + q_head, m_block) → the launch's tile id
     head = (seq * heads_q)[None, :] + np.arange(heads_q)[:, None]
     tile = tile_id_of(head, m[None, :], num_m_blocks, lens_q.size * heads_q, section, lpt).reshape(-1)
+    # heaviest first, ties in launch order (within each L2 section, in section order): one int64 key
+    # (section, the cost's rank among the pack's distinct costs, tile) sorted once — 2-3x faster
+    # than a three-key lexsort on a pack's tens of thousands of tiles (timsort finds its runs)
+    levels, cost_rank = np.unique(cost, return_inverse=True)
+    heavier = np.broadcast_to((levels.size - 1 - cost_rank.reshape(-1))[None, :], head.shape).reshape(-1)
+    tiles_per = int(tile.max()) + 1 if tile.size else 1
+    column_section = (l2_sections.of(lens_q, lens_k, heads_q, block_m, kv_tile, causal, window_left, window_right)
+                      if l2_sections is not None else np.zeros(lens_q.size * heads_q, dtype=np.int64))
+    sections = int(column_section.max()) + 1 if column_section.size else 1
+    if sections * levels.size * tiles_per >= 1 << 62:
+        raise ValueError(f"a pack of {lens_q.size} sequences in {sections} L2 sections of {tiles_per} tile ids is too "
+                         "large to order")
+    key = (column_section[head.reshape(-1)] * levels.size + heavier) * tiles_per + tile
+    order = np.argsort(key, kind="stable")
     cost = np.broadcast_to(cost[None, :], head.shape).reshape(-1)
-    if l2_sections is None:
-        order = np.lexsort((tile, -cost))           # heaviest first; ties in launch order
-    else:
-        column_section = l2_sections.of(lens_q, lens_k, heads_q, block_m, kv_tile, causal, window_left, window_right)
-        order = np.lexsort((tile, -cost, column_section[head.reshape(-1)]))
     return tile[order], cost[order]
 
 
-@functools.lru_cache(maxsize=4096)
-def _sequence_costs(len_q: int, len_k: int, block_m: int, kv_tile: int, causal: bool,
-                    consumer_share: tuple[float, ...], window_left: int, window_right: int) -> tuple[float, ...]:
-    """:func:`tile_cost` of each q-tile of one sequence of these lengths; without a key, each tile
-    its prologue and epilogue alone (it still writes its rows' zeros and -inf)."""
-    if len_k == 0:
-        return (TILE_OVERHEAD_KV_TILES,) * -(-len_q // block_m)
-    return tuple(tile_cost(m, block_m, kv_tile, len_q, len_k, causal, consumer_share, window_left, window_right)
-                 for m in range(-(-len_q // block_m)))
+def sequence_tile_costs(lens_q, lens_k, block_m: int, kv_tile: int, causal: bool,
+                        consumer_share: tuple[float, ...] = (), window_left: int = -1,
+                        window_right: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(seq, m_block, cost)`` of every q-tile of every sequence (``lens_q``, ``lens_k``, one entry
+    each; sequence order, then q-tile order): :func:`tile_cost` of each, or its prologue and
+    epilogue alone for a sequence without a key — computed for the whole pack at once, because a
+    pack's table is built on every call with new lengths (a training loop's packs differ from step
+    to step), where a call of :func:`tile_cost` per tile took most of a 256-sequence table's 6 ms."""
+    lens_q = np.asarray(lens_q, dtype=np.int64).reshape(-1)
+    lens_k = np.asarray(lens_k, dtype=np.int64).reshape(-1)
+    m_blocks = -(-lens_q // block_m)
+    seq = np.repeat(np.arange(lens_q.size), m_blocks)
+    m = np.arange(seq.size) - np.repeat(np.cumsum(m_blocks) - m_blocks, m_blocks)
+    lq, lk = lens_q[seq], lens_k[seq]
+    # model.schedule.live_blocks, elementwise
+    end = -(-lk // kv_tile)
+    if causal:
+        last_key = np.minimum((m + 1) * block_m, lq) - 1 + (lk - lq) + window_right
+        end = np.where(last_key < 0, 0, np.minimum(end, np.maximum(last_key, 0) // kv_tile + 1))
+    first = np.maximum(0, m * block_m + lk - lq - window_left) // kv_tile if window_left >= 0 else 0
+    live = np.maximum(0, end - first)
+    cost = np.where(lk == 0, TILE_OVERHEAD_KV_TILES, live + TILE_OVERHEAD_KV_TILES).astype(np.float64)
+    if consumer_share:
+        rows = np.minimum(block_m, lq - m * block_m)
+        share = np.asarray(consumer_share, dtype=np.float64)
+        scaled = cost * share[-(-rows // (block_m // len(consumer_share))) - 1]
+        cost = np.where(lk == 0, cost, scaled)
+    return seq, m, cost
 
 
 def pool_start(costs, pool_share: float) -> int:

@@ -150,6 +150,41 @@ def test_packed_exp2_saves_no_mufu_issue_on_hopper():
     assert result["bf16x2"]["sass"] == {"MUFU.EX2.BF16": result["bf16x2"]["elements_per_thread"]}
 
 
+_EXP2_RATE_SCRIPT = r"""
+import json, os, tempfile
+from flashrung.evidence import census, packed_exp2 as P
+out = {}
+for form, (asm, constraint, pack, dtype) in P.RATE_FORMS.items():
+    spec = census.CensusSpec(kernel=f"probe.exp2_rate.{form}", config={"form": form}, fn=P._exp2_rate,
+                             signature={"x_ptr": {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}[dtype]},
+                             constexprs={"ROUNDS": P.RATE_ROUNDS, "E": P.RATE_ELEMENTS_PER_THREAD, "ASM": asm,
+                                         "CONSTRAINT": constraint, "PACK": pack,
+                                         "N": P.RATE_ELEMENTS_PER_THREAD * P.THREADS}, num_warps=P.THREADS // 32)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        open(path, "wb").write(census.compile_spec(spec, "sm_90a").asm["cubin"])
+        loops = census.innermost_loops(census.sass_text(path), min_length=4)
+    out[form] = [{k: loop.get(k, 0) for k in ("MUFU", "MUFU.EX2", "LDG", "STG", "total")} for loop in loops]
+print(json.dumps(out))
+"""
+
+
+def test_exp2_rate_kernel_times_the_exponentials_alone():
+    # packed_exp2 --time's throughput kernel: one loop a form whose work is MUFU.EX2 (one per
+    # element of each unrolled round, 16-bit halves included) with no memory traffic in it, so its
+    # elements a nanosecond are the MUFU pipe's rate in that form
+    from flashrung.evidence import packed_exp2
+
+    out = subprocess.run([sys.executable, "-c", _EXP2_RATE_SCRIPT], capture_output=True, text=True,
+                         env=census.interpreter_free_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for form, loops in json.loads(out.stdout.strip().splitlines()[-1]).items():
+        assert len(loops) == 1, (form, loops)
+        loop = loops[0]
+        assert loop["MUFU"] == loop["MUFU.EX2"] > 0 and loop["MUFU"] % packed_exp2.RATE_ELEMENTS_PER_THREAD == 0
+        assert loop["LDG"] == loop["STG"] == 0, (form, loop)
+
+
 def test_cluster_probe_compiles_the_pieces_of_a_kv_multicast():
     # The path to K/V multicast across a two-CTA cluster that Gluon 3.6's API does not offer, kept
     # compiling: the pair-copy probe's inline PTX reaches the SASS as the instructions it names —

@@ -2003,6 +2003,20 @@ def test_p_in_smem_needs_one_box_of_keys_and_the_sum_on_the_fma_pipe():
     assert staged.smem_bytes(64, 2) - base.smem_bytes(64, 2) == base.num_consumers * 64 * base.kv_tile * 2
 
 
+def test_staged_scores_needs_two_boxes_in_fa4_order():
+    # the first box's row max between QK's two waits exists only with a second box (extra_keys) in
+    # FA4's overlapped order; two boxes of 64 keys make a 128-key tile (extra_keys up to block_n)
+    base = fwd.default_config(128, True, 16384)
+    for clash in (dict(), dict(block_n=64, extra_keys=64, wait_pv_early=False, named_turns=False)):
+        with pytest.raises(ValueError, match="staged_scores"):
+            dataclasses.replace(base, staged_scores=True, **clash).check(128)
+    staged = dataclasses.replace(base, staged_scores=True, block_n=64, extra_keys=64)
+    staged.check(128)
+    assert staged.kv_tile == base.kv_tile == 128
+    with pytest.raises(ValueError, match=r"extra_keys must be 0 or a power of two in \[16, block_n\]"):
+        dataclasses.replace(base, block_n=64, extra_keys=128).check(128)
+
+
 def test_tree_reduce_moves_no_data(census):
     # the tree reshapes the row reductions inside each thread's registers: the same FMNMX, FADD
     # and shuffles as the chain, no shared-memory round trip, no spill
@@ -2420,7 +2434,7 @@ def test_a_switch_carries_the_partial_tile_estimate_it_decides(overrides, expect
 
 @pytest.mark.parametrize("changes, match", [
     (dict(extra_keys=48), "power of two"),                     # no TMA box
-    (dict(extra_keys=128), "below block_n|\\[16, block_n\\)"),    # not below block_n (128)
+    (dict(block_n=64, extra_keys=128), "\\[16, block_n\\]"),    # wider than block_n (64)
     (dict(extra_keys=64, q_in_registers=True), "q_in_registers"),
     (dict(extra_keys=64, separate_o=True), "shared memory"),   # 192-key ring + Q + O > 227 KiB at d128
 ])
@@ -4522,6 +4536,43 @@ def test_gate_extra_keys_with_the_split_tail():
     _gate(functools.partial(fwd.forward, config=cfg), batch=3, seqlen_q=1000, seqlen_k=1000, heads_q=12,
           heads_kv=4, head_dim=128, dtype=torch.bfloat16, causal=False)
     _assert_reruns_identical(*_d128_inputs(3, 12, 4), False, cfg)
+
+
+# a 128-key K/V tile as two boxes of 64 (two QK groups), the first box's row max taken between
+# their waits (staged_scores), in FA4's order
+STAGED_SCORES = dict(block_n=64, extra_keys=64, staged_scores=True, wait_pv_early=True)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
+    dict(batch=2, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2),     # Sq ≠ Sk, a key tail
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
+], ids=_shape_id)
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "two-boxes"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_staged_scores(head_dim, causal, staged, shape):
+    # the first box's scores read one wait early: a row max over them before QK's second group
+    # has landed would read the accumulator too soon; the masked steps and the key tail fall back
+    # to one wait for both boxes
+    _gate_forced(head_dim, shape, causal, **dict(STAGED_SCORES, staged_scores=staged))
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_staged_scores_reruns_are_bit_identical(head_dim):
+    # a moving result is a race: the long non-causal default with two boxes, staged (its K/V pairs
+    # step aside: kv_multicast copies one box a stage)
+    seqlen = 16384 if head_dim == 128 else 8192
+    cfg = replace_following(fwd.default_config(head_dim, False, seqlen), head_dim, **STAGED_SCORES)
+    assert cfg.staged_scores and not cfg.kv_multicast
+    q, k, v = _seeded_qkv(2, seqlen, 8, head_dim)
+    for _ in range(3):
+        _assert_reruns_identical(q, k, v, False, cfg)
 
 
 # P for PV from shared memory, in FA3's order (softmax(j) under PV(j-1)) and in FA4's (the

@@ -453,6 +453,16 @@ class HopperFwdConfig:
     # S16384 FA4's order 0.872 / 0.871: REVERT everywhere. Needs one box of keys and the sum on the
     # FMA pipe. Off
     p_in_smem: bool = False
+    # with a second box of keys (extra_keys) in FA4's order: QK's two boxes are two wgmma groups
+    # that complete in order, so the first box's row max runs between their waits, under the
+    # second box's product, instead of after both (unmasked steps; a masked step, a cap or a
+    # non-positive scale waits for both as before). The same row max, bit for bit. With two boxes
+    # of 64 keys (block_n=64, extra_keys=64: the default's 128-key tile as two QK groups), gated on
+    # an H100 (32 gates) and paired there over the default (bf16, --quick --t-noise 0.001): d128
+    # H16 B2 S16384 non-causal 0.904 / 0.904 (two boxes unstaged 0.894 / 0.894: the stage wins back
+    # 1.1% of a 10.6% loss; the K/V pairs step aside for two boxes), causal 0.927 / 0.926; d64 H32
+    # B2 S16384 non-causal 0.866 / 0.868, B4 S8192 causal 0.808 / 0.805. REVERT. Off
+    staged_scores: bool = False
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
@@ -609,8 +619,8 @@ class HopperFwdConfig:
         # Triton block shapes (the TMA box) are powers of two; wgmma needs N, K multiples of 16.
         if self.block_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"block_n must be a power of two in [16, 256], got {self.block_n}")
-        if self.extra_keys and (self.extra_keys not in (16, 32, 64, 128) or self.extra_keys >= self.block_n):
-            raise ValueError(f"extra_keys must be 0 or a power of two in [16, block_n) (a TMA box and a wgmma N), "
+        if self.extra_keys and (self.extra_keys not in (16, 32, 64, 128) or self.extra_keys > self.block_n):
+            raise ValueError(f"extra_keys must be 0 or a power of two in [16, block_n] (a TMA box and a wgmma N), "
                              f"got {self.extra_keys} with block_n={self.block_n}")
         if self.four_max_chains and self.tree_reduce:
             raise ValueError("four_max_chains and tree_reduce are two forms of the row max: set at most one")
@@ -702,6 +712,11 @@ class HopperFwdConfig:
             raise ValueError("row_sum_by_mma sums P on the tensor pipe for one box of keys: it needs extra_keys=0 and "
                              f"defer_row_sum=False, got extra_keys={self.extra_keys}, "
                              f"defer_row_sum={self.defer_row_sum}")
+        if self.staged_scores and not (self.extra_keys and self.overlap and self.wait_pv_early):
+            raise ValueError("staged_scores takes the first box's row max between the waits of QK's two boxes in "
+                             "FA4's overlapped order: it needs extra_keys > 0, overlap=True and wait_pv_early=True, "
+                             f"got extra_keys={self.extra_keys}, overlap={self.overlap}, "
+                             f"wait_pv_early={self.wait_pv_early}")
         if self.p_in_smem and (self.extra_keys or self.row_sum_by_mma):
             raise ValueError("p_in_smem stages one box of P for PV in shared memory: it needs extra_keys=0 and "
                              "row_sum_by_mma=False (whose wgmma reads P's registers), got "

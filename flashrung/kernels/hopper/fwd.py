@@ -201,6 +201,7 @@ from flashrung.kernels.hopper.softmax import (
     capped,
     finalize,
     fold_scale,
+    first_part_row_max,
     first_visible_key,
     init_row_sum,
     last_visible_key,
@@ -219,6 +220,7 @@ from flashrung.kernels.hopper.softmax import (
     softmax_reduce_form,
     softcap_factors,
     softmax_row_max,
+    staged_row_max,
     to_operand_dtype,
 )
 
@@ -426,6 +428,7 @@ class _Schedule:
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
+    STAGED_SCORES: gl.constexpr  # the first box's row max between the waits of QK's two boxes
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
     TRACE_WARPS: gl.constexpr    # with TRACE_STEPS: every warp of a warpgroup stamps its own events
@@ -1270,8 +1273,20 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     pass_turn(sh.turn_bars, WG, c.NUM_CONSUMERS, c.PINGPONG, c.NAMED_TURNS, c.TURN_AT, c.HOIST_SMEM_BASE)
     stamp(trace, rows, first_row, E_ISSUED, c.TRACE_STEPS, c.TRACE_WARPS)
     # wait(1) (wait(2) with two parts or the sum's group): the older groups (QK) are done, PV may
-    # still run
-    s = _capped_scores(_wait_scores(s, c.PV_GROUPS), sz, c)
+    # still run. STAGED: the first box first, its row max under the second box's QK
+    STAGED: gl.constexpr = (c.STAGED_SCORES and c.NUM_PARTS == 2 and c.WAIT_PV_EARLY and c.SCALE_POSITIVE
+                            and not MASK and not c.SINGLE_KV_LOOP and not c.HAS_SOFTCAP
+                            and not (c.SKIP_UNSEEN_HALF or c.MASK_SECOND_HALF))
+    if STAGED:
+        s0 = warpgroup_mma_wait(c.PV_GROUPS + 1, deps=[s[0]])
+        # the second box's wait behind a branch, taking the first box's row max through it: in one
+        # basic block ptxas sinks that max below the wait (census), and nothing runs under the
+        # second box's product
+        m_first = wait_mma_after_softmax(qk_scale_log2, first_part_row_max(s0, qk_scale_log2, c.TREE_REDUCE),
+                                         c.PV_GROUPS)
+        s = (s0, warpgroup_mma_wait(c.PV_GROUPS, deps=[s[1]]))
+    else:
+        s = _capped_scores(_wait_scores(s, c.PV_GROUPS), sz, c)
     stamp(trace, rows, first_row, E_SCORES, c.TRACE_STEPS, c.TRACE_WARPS)
     if not c.LATE_K_RELEASE:
         release(sh.k_empty_bars, k_idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
@@ -1299,7 +1314,10 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
         # warpgroup's GEMMs instead
         if not HALVES:
-            t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+            if STAGED:
+                t, scale, m_new = staged_row_max(s, m_first, m_i, qk_scale_log2, c.TREE_REDUCE)
+            else:
+                t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS, c.TRACE_WARPS)
@@ -1881,7 +1899,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr,
-                     ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr, TRACE_STEPS: gl.constexpr,
+                     ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr,
+                     STAGED_SCORES: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      TRACE_WARPS: gl.constexpr,
                      TRACE_ITEM: gl.constexpr, TRACE_TILES: gl.constexpr,
                      K_EMPTY_AT: gl.constexpr, V_EMPTY_AT: gl.constexpr, TURN_AT: gl.constexpr,
@@ -2010,7 +2029,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT,
-                  ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM,
+                  ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM, STAGED_SCORES=STAGED_SCORES,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_WARPS=TRACE_WARPS, TRACE_ITEM=TRACE_ITEM, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
@@ -2115,6 +2134,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
+        STAGED_SCORES=cfg.staged_scores,
         TRACE_STEPS=cfg.trace_steps,
         TRACE_WARPS=cfg.trace_warps, TRACE_ITEM=cfg.trace_item, TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)

@@ -380,7 +380,7 @@ def release(empty_bars, idx, PER_THREAD: gl.constexpr, SMEM_OFFSET: gl.constexpr
 
 
 @gluon.jit
-def wait_mma_after_softmax(gate, x):
+def wait_mma_after_softmax(gate, x, NUM_OUTSTANDING: gl.constexpr = 0):
     """``wait(0)`` in a basic block of its own, so ptxas cannot hoist it above the softmax.
 
     ptxas schedules within a basic block and treats a ``WARPGROUP.DEPBAR`` as always ready: it
@@ -390,10 +390,12 @@ def wait_mma_after_softmax(gate, x):
     fold) the wait stays after the exp2 block. The caller still waits unconditionally right
     after, to get its accumulator back: that second wait finds nothing outstanding. ``x`` is any
     register tensor, passed through (the wait op needs at least one dependency). FA4's order uses
-    the same guard after the row max (``gate_pv_wait``), passing the new row max through it.
+    the same guard after the row max (``gate_pv_wait``), passing the new row max through it, and
+    ``staged_scores`` after the first box's row max (``NUM_OUTSTANDING``: the groups left pending,
+    there PV's and nothing of QK's).
     """
     if gate == gate:
-        x = warpgroup_mma_wait(0, deps=[x])
+        x = warpgroup_mma_wait(NUM_OUTSTANDING, deps=[x])
     return x
 
 

@@ -440,6 +440,22 @@ def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TRE
 
 
 @gluon.jit
+def first_part_row_max(s0, qk_scale_log2, TREE: gl.constexpr = False):
+    """The first box's share of :func:`softmax_row_max` (positive scale), taken on its own: a
+    schedule that waits for the second box's QK after it runs this under that product."""
+    return row_max(s0, TREE) * qk_scale_log2
+
+
+@gluon.jit
+def staged_row_max(parts, m_first, m_i, qk_scale_log2, TREE: gl.constexpr = False):
+    """:func:`softmax_row_max` of two parts (positive scale) given the first's
+    :func:`first_part_row_max`: the same ``(t, c, m_new)``, bit for bit (a positive scale commutes
+    with the max and its rounding)."""
+    m_tile = gl.maximum(m_first, _to_rows_of(row_max(parts[1], TREE), parts[0]) * qk_scale_log2)
+    return parts, qk_scale_log2, gl.maximum(m_i, m_tile)
+
+
+@gluon.jit
 def _exp_part(t, c, m_safe, EXP2_FMA_EVERY: gl.constexpr):
     return exp2_split(t * c - gl.expand_dims(_to_rows_of(m_safe, t), 1), EXP2_FMA_EVERY)
 

@@ -4538,6 +4538,16 @@ def test_gate_extra_keys_with_the_split_tail():
     _assert_reruns_identical(*_d128_inputs(3, 12, 4), False, cfg)
 
 
+# the shapes a lever of the K/V step is gated on: GQA, more tiles than CTAs, Sq ≠ Sk with a key
+# tail, a sub-tile problem
+LEVER_GATE_SHAPES = [
+    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),
+    dict(batch=2, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2),
+    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
+]
+
+
 # a 128-key K/V tile as two boxes of 64 (two QK groups), the first box's row max taken between
 # their waits (staged_scores), in FA4's order
 STAGED_SCORES = dict(block_n=64, extra_keys=64, staged_scores=True, wait_pv_early=True)
@@ -4545,12 +4555,7 @@ STAGED_SCORES = dict(block_n=64, extra_keys=64, staged_scores=True, wait_pv_earl
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("shape", [
-    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
-    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
-    dict(batch=2, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2),     # Sq ≠ Sk, a key tail
-    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
-], ids=_shape_id)
+@pytest.mark.parametrize("shape", LEVER_GATE_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "two-boxes"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -4587,12 +4592,7 @@ P_IN_SMEM_ORDERS = {"fa3-order": dict(_P_IN_SMEM, wait_pv_early=False, gate_pv_w
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("shape", [
-    dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
-    dict(batch=3, seqlen_q=4097, seqlen_k=4097, heads_q=12, heads_kv=4),   # more tiles than CTAs
-    dict(batch=2, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2),     # Sq ≠ Sk, a key tail
-    dict(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1),
-], ids=_shape_id)
+@pytest.mark.parametrize("shape", LEVER_GATE_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("order", P_IN_SMEM_ORDERS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

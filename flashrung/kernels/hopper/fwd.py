@@ -70,10 +70,13 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   measured, off);
 * the running row sum may be taken by the tensor pipe (``row_sum_by_mma``: beside each PV a
   wgmma of the same P against a tile of ones, ``_pv``; measured, off);
+* P may reach PV from shared memory (``p_in_smem``: each consumer's ``p_bufs``, ``_operands``;
+  FA3's order then fits d64's registers; measured, off);
 * with ``overlap_epilogue`` a tile's epilogue (``_epilogue``) runs under the next tile's first QK
   (``_finish_previous``), the one product no softmax overlaps;
 * wider K/V tiles (``extra_keys``): each ring stage holds a second TMA box of keys after the
-  first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts;
+  first ``BLOCK_N`` and each product is two wgmma groups; S and P travel as tuples of parts; with
+  ``staged_scores`` the first box's row max runs between QK's two waits (measured, off);
 * a balanced persistent grid (``balanced``, the default of every causal d64 and d128 problem):
   each CTA walks its own list of tiles, list-scheduled on the host (``schedule.balanced_schedule``)
   and kept on the device per shape, instead of a stride; with ``balanced_partial_tiles`` (the
@@ -1159,6 +1162,7 @@ def _operands(p, sh, WG: gl.constexpr, PACKED: gl.constexpr, c):
 
 @gluon.jit
 def _register_operands(p, dtype: gl.constexpr, PACKED: gl.constexpr, HEAD_DIM_V: gl.constexpr):
+    """P's parts converted to ``dtype`` in the A-operand layout of the PV wgmma."""
     p_layout: gl.constexpr = _a_operand_layout(HEAD_DIM_V)
     p0 = gl.convert_layout(to_operand_dtype(p[0], dtype, PACKED), p_layout)
     if len(p) == 2:

@@ -269,6 +269,25 @@ def test_the_gate_checks_the_build_a_row_times_not_the_reduced_problems(monkeypa
         "flashrung", dataclasses.replace(rows[0], seqlen_q=2048, seqlen_k=2048))
 
 
+def test_carried_changes_name_what_an_override_drops_beside_what_it_sets(monkeypatch):
+    # an override the default cannot run with takes derived fields with it (config.
+    # replace_following): two key boxes on d128 non-causal S16k leave its K/V pairs and what runs
+    # with them, which compare then prints beside the arm; a plain override, the default itself and
+    # a peer carry nothing
+    from flashrung import _device
+
+    monkeypatch.setenv("FLASHRUNG_CAPABILITY", "9.0")
+    monkeypatch.setattr(_device, "interpreter_enabled", lambda: False)
+    row = suites.Row(batch=2, seqlen_q=16384, seqlen_k=16384, heads_q=16, heads_kv=16, headdim=128,
+                     dtype="bfloat16", causal=False, mode="fwd")
+    carried = runner.carried_changes("flashrung:hopper.fwd@block_n=64,extra_keys=64,wait_pv_early=true", row)
+    assert carried == {"kv_multicast": (True, False), "relay_release": (True, False),
+                       "meet_before_pass": (True, False)}
+    assert runner.carried_changes("flashrung:hopper.fwd@pack_p=false", row) == {}
+    assert runner.carried_changes("flashrung:hopper.fwd", row) == {}
+    assert runner.carried_changes("fa4", row) == {}
+
+
 @pytest.mark.parametrize("mode", ["fwd", "bwd"])
 def test_run_gate_checks_a_value_head_dim_of_its_own(mode, device):
     row = suites.Row(batch=1, seqlen_q=40, seqlen_k=56, heads_q=2, heads_kv=1, headdim=64, headdim_v=32,

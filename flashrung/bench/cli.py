@@ -623,6 +623,13 @@ def cmd_compare(args) -> int:
         print(f"flashrung compare: {source}", file=sys.stderr)
         return 2
     print(f"compare on {gpu}: baseline {args.baseline}, candidate {args.candidate}, {row.label()}")
+    if row.mode == "fwd":
+        from flashrung.bench import runner
+        for role, impl in (("baseline", args.baseline), ("candidate", args.candidate)):
+            carried = runner.carried_changes(impl, row, args.device)
+            if carried:
+                print(f"{role} also runs, as its overrides carry (config.replace_following): "
+                      + ", ".join(f"{k}={run} (default {base})" for k, (base, run) in carried.items()))
     print(f"t_noise {_pct(t_noise)} → t_keep {1 + t_noise:.6f} ({source})")
     runs = []
     for i, gate in enumerate((not args.no_gate, False), 1):

@@ -129,6 +129,30 @@ def timed_build(impl: str, row: Row, device: str = "cuda") -> str:
         return picked
 
 
+def carried_changes(impl: str, row: Row, device: str = "cuda") -> dict[str, tuple]:
+    """The fields of a ``flashrung:<kernel>@key=value,...`` arm's configuration at ``row`` that its
+    overrides change without naming them, ``{field: (default, run)}``: the defaults derived from
+    the fields it names (``config.replace_following``: a K/V pairing stepping aside for a change it
+    cannot run with, say), so a report can say what the arm runs beyond what it asked for. Empty
+    for a peer, an arm without overrides, or one dispatch cannot place."""
+    from flashrung import dispatch
+
+    name = peers.kernel_name(impl) if peers.is_ours(impl) else None
+    if not name or "@" not in name:
+        return {}
+    kernel, overrides = dispatch.parse_impl(name)
+    try:
+        problem = _row_problem(row, device)
+        base = dispatch.select(problem, "fwd", kernel)[1].config()
+        run = dispatch.select(problem, "fwd", name)[1].config()
+    except Exception:     # the gate itself says why the arm cannot run
+        return {}
+    if base is None or run is None or type(base) is not type(run):
+        return {}
+    return {f.name: (getattr(base, f.name), getattr(run, f.name)) for f in dataclasses.fields(run)
+            if f.name not in overrides and getattr(base, f.name) != getattr(run, f.name)}
+
+
 def _gate_key(impl: str, row: Row) -> tuple:
     """What one gate run stands for: the build it checks, the direction and the reduced problem."""
     return timed_build(impl, row), row.mode, tuple(sorted(gate_config(row).items()))

@@ -3520,8 +3520,9 @@ def _packed_two_q_config(problem, head_dim):
 def test_packed_two_q_buffers_build_and_are_the_non_causal_default(head_dim, causal):
     # a pack's short tiles (docs/hopper.md, *Packed sequences*: a 1024-key sequence's tiles wait
     # for their Q on one buffer): two Q buffers build on the pack's default at both head dims and
-    # masks, and are that default non-causal (config.PACKED_NONCAUSAL_Q_STAGES) and at d128 causal
-    # (the unpacked row's); the gate's pack (longest 4097) otherwise selects one
+    # masks, and are that default non-causal (config.PACKED_NONCAUSAL_Q_STAGES) without a window
+    # (under one they lost) and at d128 causal (the unpacked row's); the gate's pack (longest 4097)
+    # otherwise selects one
     lens_q, lens_k = PACKED_LENGTHS[0]
     q = torch.empty(1, sum(lens_q), 8, head_dim, device="meta", dtype=torch.bfloat16)
     k = torch.empty(1, sum(lens_k), 2, head_dim, device="meta", dtype=torch.bfloat16)
@@ -3530,6 +3531,8 @@ def test_packed_two_q_buffers_build_and_are_the_non_causal_default(head_dim, cau
     cfg.check(config.kernel_head_dim(head_dim))
     assert cfg.num_q_stages == 2 and cfg.handout_table
     assert (select_config(problem).num_q_stages == 2) == (not causal or head_dim == 128)
+    windowed = dataclasses.replace(problem, window_size=(1024, -1 if not causal else 0))
+    assert select_config(windowed).num_q_stages == (2 if causal and head_dim == 128 else 1)
 
 
 @pytest.mark.gpu

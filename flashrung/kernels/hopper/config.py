@@ -1552,7 +1552,7 @@ def select_config(problem) -> HopperFwdConfig:
     if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):
         cfg = _narrow_window(cfg, head_dim)
     if problem.varlen:
-        cfg = _packed(cfg, head_dim, bool(problem.causal))
+        cfg = _packed(cfg, head_dim, bool(problem.causal), bool(problem.windowed))
     if problem.softcap and (head_dim, bool(problem.causal)) in CAPPED_EXP2_FMA_EVERY:
         cfg = _capped(cfg, head_dim, bool(problem.causal))
     if (problem.head_dim, problem.head_dim_v) in SPLIT_DEFAULT_HEAD_DIMS and (
@@ -1691,8 +1691,11 @@ PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
 # 0.001, two fresh processes, both arms gated; docs/hopper.md, *Packed sequences*): 1024 x32 d128
 # H16 1.0177 / 1.0182, d64 H32 1.0262 / 1.0283; 2048 x8 + 512 x16 d128 1.0161 / 1.0147; 8192,
 # 4096 x2, 1024 x8 d128 1.0102 / 1.0102, d64 1.0027 / 1.0031 (KEEP), with blocks preheated 150 ms
-# NULL at both; 16384, 8192 x2 d128 NULL (0.9995): the shorter the sequences, the more it pays.
-# Causal d64 lost (0.993 / 0.992); d128 causal has two already; d256 has no room (a Q box is 64 KiB)
+# NULL at both; 16384, 8192 x2 d128 NULL (0.9995): the shorter the sequences, the more it pays;
+# d96 on the d128 row 1.0076 / 1.0077. Causal d64 lost (0.993 / 0.992), and so did a non-causal
+# pack under a window of 1024 keys to the left (d128, 0.9946 / 0.9928: its tiles run at most 9 K/V
+# steps, each Q wait already short): windowed packs keep the row's. d128 causal has two already;
+# d256 has no room (a Q box is 64 KiB)
 PACKED_NONCAUSAL_Q_STAGES = {64: 2, 128: 2}
 
 
@@ -1702,16 +1705,16 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool) -> HopperFwdConfig:
+def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool, windowed: bool = False) -> HopperFwdConfig:
     """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
     and the persistent grid's lists or stride replaced by the run-time hand-out through the table of
     the pack's tiles with a row, in L2 sections of :data:`PACKED_SECTION_MIB`; a non-causal pack
-    takes :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
+    without a window takes :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
     if out.persistent and not out.overlap_epilogue:
         out = replace_following(out, head_dim, balanced=False, dynamic_pool_share=0.0, dynamic_tiles=True,
                                 handout_table=True, packed_section_mib=PACKED_SECTION_MIB[head_dim])
     q_stages = PACKED_NONCAUSAL_Q_STAGES.get(head_dim, 1)
-    if not causal and out.separate_o and out.num_q_stages < q_stages:
+    if not causal and not windowed and out.separate_o and out.num_q_stages < q_stages:
         out = replace_following(out, head_dim, num_q_stages=q_stages)
     return out

@@ -18,11 +18,13 @@ from flashrung.kernels.hopper import fwd
 from flashrung.kernels.hopper.schedule import (
     balanced_schedule,
     balanced_section,
+    deal_packed,
     lists_makespan,
     fast_divisor,
     last_section_width,
     PackedSections,
     head_section,
+    PACKED_GREEDY_TILES_PER_CTA,
     packed_handout_table,
     packed_schedule,
     packed_tiles,
@@ -558,6 +560,47 @@ def test_packed_schedule_balances_where_the_longest_sequences_estimate_does_not(
     spans = [max(sum(true_cost(t) for t in tiles) for tiles in _split_table(table, ctas)) / even
              for table in (longest, packed)]
     assert spans[0] > 3.5 and spans[1] < 1.01, spans
+
+
+@pytest.mark.parametrize("ctas, tiles", [(7, 40), (132, 4320), (13, 13 * PACKED_GREEDY_TILES_PER_CTA + 1),
+                                         (132, 20000)])
+def test_deal_packed_is_the_greedy_list_schedule_or_its_rounds(ctas, tiles):
+    # up to PACKED_GREEDY_TILES_PER_CTA tiles a CTA, each tile to the least-loaded CTA (lowest index
+    # on ties) exactly as the greedy list schedule; past it, rounds of `ctas` tiles, one tile a CTA
+    # each round and the round's heaviest to the least-loaded, ending within a tile of the greedy
+    # (costs: an L2-sectioned pack's, heaviest first section by section)
+    rng = np.random.default_rng(tiles)
+    cost = np.concatenate([np.sort(rng.integers(3, 70, n))[::-1] for n in np.diff(
+        np.sort(np.concatenate([[0, tiles], rng.integers(0, tiles, 5)])))]).astype(float)
+    owner = deal_packed(cost, ctas)
+    loads = np.bincount(owner, weights=cost, minlength=ctas)
+    greedy = list_schedule(cost.tolist(), list(range(tiles)), ctas)
+    if tiles <= PACKED_GREEDY_TILES_PER_CTA * ctas:
+        assert owner.tolist() == [a.worker for a in greedy.assignments]
+    else:
+        for first in range(0, tiles, ctas):
+            assert len(set(owner[first:first + ctas].tolist())) == min(ctas, tiles - first)
+        assert loads.max() <= greedy.makespan + cost.max()
+    with pytest.raises(ValueError, match="ctas"):
+        deal_packed(cost, 0)
+
+
+@pytest.mark.parametrize("head_dim, heads, block_m, mib", [(64, 32, 192, 16), (128, 16, 128, 16)])
+def test_packed_lists_in_l2_sections_end_evenly(head_dim, heads, block_m, mib):
+    # a regression: the pack's lists dealt a round of `ctas` tiles at a time, in order, ended the
+    # L2-sectioned causal pack (8192, 4096 x2, 1024 x8) at 1.24x the mean work a CTA at d128 (1.05x
+    # at d64; 20% slower than the run-time hand-out on an H100): a round held one section's lightest
+    # tiles and the next one's heaviest. Dealt greedily, within 1% of the mean
+    lens = np.array((8192, 4096, 4096) + (1024,) * 8)
+    ctas, num_m_blocks = 132, -(-8192 // block_m)
+    sections = PackedSections(mib << 20, 4 * head_dim)
+    args = (lens, lens, heads, num_m_blocks, len(lens) * heads, True, block_m, 128, True, ctas)
+    table = packed_schedule(*args, l2_sections=sections)
+    tiles, costs = packed_tiles(*args, l2_sections=sections)
+    cost_of = dict(zip(tiles.tolist(), costs.tolist()))
+    loads = [sum(cost_of[t] for t in tiles_of) for tiles_of in _split_table(table.tolist(), ctas)]
+    assert sorted(t for tiles_of in _split_table(table.tolist(), ctas) for t in tiles_of) == sorted(tiles.tolist())
+    assert max(loads) * ctas / sum(loads) < 1.01
 
 
 @pytest.mark.parametrize("ctas", [1, 7, 132])

@@ -2772,11 +2772,12 @@ def test_packed_forward_refuses_what_it_cannot_run():
     problem = _problem(varlen=True, **_contiguous(64))
     with pytest.raises(ValueError, match="is one of packed sequences but cu_seqlens is None"):
         fwd.forward(q, k, v, False, 0.125, problem=problem)
-    # the pack's balanced lists hold only its tiles with a row: a run-time pool would draw the others
+    # the pack's balanced lists hold only its tiles with a row: a run-time pool over the grid's ids
+    # would draw the others (through the table, it draws the pack's own)
     causal = dataclasses.replace(problem, causal=True, batch=2, seqlen_q=30, seqlen_k=25)
     pooled = replace_following(select_config(causal), 64, balanced=True, dynamic_tiles=False, handout_table=False,
                                dynamic_pool_share=0.03)
-    with pytest.raises(ValueError, match="packed sequences need dynamic_pool_share=0 with balanced, got 0.03"):
+    with pytest.raises(ValueError, match="packed sequences draw their pool through the table"):
         fwd.forward(q, k, v, True, 0.125, cu_seqlens=(cu_q, cu_k), max_seqlens=(30, 25), config=pooled,
                     problem=causal)
     # the hand-out's table lists a pack's tiles with a row: whole sequences have no such table
@@ -2785,7 +2786,7 @@ def test_packed_forward_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="handout_table draws a pack's tiles with a row: it needs packed sequences"):
         fwd.forward(q, k, v, True, 0.125, config=tabled, problem=whole)
     with pytest.raises(ValueError, match="handout_table .* needs dynamic_tiles=True"):
-        replace_following(tabled, 64, dynamic_tiles=False, balanced=True).check(64)
+        replace_following(tabled, 64, dynamic_tiles=False, balanced=True, dynamic_pool_share=0.0).check(64)
 
 
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
@@ -3459,13 +3460,13 @@ def test_gate_packed(head_dim, causal, window, lengths):
 
 # the packed launch's grids: the balanced lists of its tiles with a row (schedule.packed_schedule),
 # the stride without them, tiles handed out at run time (every id of the grid, or through a table
-# of the tiles with a row: the default), one CTA per tile; the lists and the table heaviest first
-# across the pack, and in L2 sections (packed_section_mib) of 1 MiB, so that the gate's pack spans
-# several. Every grid names dynamic_tiles, handout_table and packed_section_mib: a pack's default
-# hands its tiles out through the table in sections, and lists, a stride or one CTA per tile beside
-# it do not build
-_UNSECTIONED = dict(packed_section_mib=0)
-_SECTIONED = dict(packed_section_mib=1)
+# of the tiles with a row), the lists then a pool drawn through the table, one CTA per tile; the
+# lists and the table heaviest first across the pack, and in L2 sections (packed_section_mib) of
+# 1 MiB, so that the gate's pack spans several. Every grid names dynamic_tiles, handout_table,
+# dynamic_pool_share and packed_section_mib: a pack's default draws through the table in sections
+# (causal: lists then a pool), and the other grids beside it do not build
+_UNSECTIONED = dict(packed_section_mib=0, dynamic_pool_share=0.0)
+_SECTIONED = dict(packed_section_mib=1, dynamic_pool_share=0.0)
 PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False, **_UNSECTIONED),
                 "lists-sections": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False,
                                        **_SECTIONED),
@@ -3476,6 +3477,9 @@ PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=Fals
                 "table": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True, **_UNSECTIONED),
                 "table-sections": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True,
                                        **_SECTIONED),
+                # a pool of a quarter of the work: the gate's pack draws tiles of several sequences
+                "lists-pool-sections": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=True,
+                                            packed_section_mib=1, dynamic_pool_share=0.25),
                 "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False, handout_table=False,
                                  **_UNSECTIONED)}
 

@@ -393,6 +393,20 @@ def test_pool_start_is_the_longest_suffix_within_the_share():
             pool_start(costs, bad)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_pool_start_is_the_walk_from_the_last_tile(seed):
+    # pool_start sums the suffixes at once; the same start as adding tiles from the last one while
+    # the share's budget holds, on costs with ties, zeros and a pack's spread
+    rng = np.random.default_rng(seed)
+    costs = np.concatenate([rng.integers(0, 40, 300) / 4.0, np.zeros(3)])
+    for share in (0.0, 0.01, 0.03, 0.25, 0.9):
+        budget, start = share * costs.sum(), costs.size
+        while start > 0 and costs[start - 1] <= budget:
+            budget -= costs[start - 1]
+            start -= 1
+        assert pool_start(costs, share) == start, share
+
+
 @pytest.mark.parametrize("pool_share", [0.0, 0.03, 0.5])
 def test_balanced_schedule_lists_the_order_before_its_pool(pool_share):
     # property: the lists hold exactly the launch order's prefix before the pool, each CTA in
@@ -601,6 +615,44 @@ def test_packed_lists_in_l2_sections_end_evenly(head_dim, heads, block_m, mib):
     loads = [sum(cost_of[t] for t in tiles_of) for tiles_of in _split_table(table.tolist(), ctas)]
     assert sorted(t for tiles_of in _split_table(table.tolist(), ctas) for t in tiles_of) == sorted(tiles.tolist())
     assert max(loads) * ctas / sum(loads) < 1.01
+
+
+@pytest.mark.parametrize("pool_share", [0.0, 0.03, 0.4])
+@pytest.mark.parametrize("ctas", [1, 7, 132])
+def test_the_packed_table_with_a_pool_lists_the_order_then_draws_the_rest(ctas, pool_share):
+    # a causal pack's default (config.PACKED_CAUSAL_POOL_SHARE): the tiles before the pool dealt into
+    # lists (deal_packed), each list in the launch order; the pool — the order's last tiles, up to
+    # the share of the estimated work — drawn through the table after them, then each CTA's "none
+    # left". Replayed with the draws in any interleaving, every tile with a row runs once
+    lens_q, lens_k = (300, 0, 129, 1, 640, 2000), (200, 5, 129, 1, 700, 2000)
+    heads, num_m_blocks, section, block_m = 4, 16, 8, 128
+    num_items = num_m_blocks * len(lens_q) * heads
+    args = (heads, num_m_blocks, section, True, block_m, 128, True, ctas)
+    sections = PackedSections(1 << 20, 256)
+    table = packed_handout_table(lens_q, lens_k, *args, num_items, l2_sections=sections, pool_share=pool_share)
+    tiles, costs = packed_tiles(lens_q, lens_k, *args, l2_sections=sections)
+    offsets, order = table[:ctas + 1], table[ctas + 1:]
+    listed = pool_start(costs, pool_share)
+    assert int(offsets[0]) == 0 and int(offsets[ctas]) == listed
+    assert list(order[listed:]) == list(tiles[listed:]) + [num_items] * ctas
+    position = {int(t): i for i, t in enumerate(tiles)}
+    owner = deal_packed(costs[:listed], ctas)
+    for cta in range(ctas):
+        mine = [int(t) for t in order[offsets[cta]:offsets[cta + 1]]]
+        assert [position[t] for t in mine] == sorted(position[t] for t in mine)
+        assert mine == [int(t) for t in tiles[:listed][owner == cta]]
+    ran, draws, live = [int(t) for t in order[:listed]], 0, list(range(ctas))
+    rng = random.Random(ctas)
+    while live:
+        cta = rng.choice(live)
+        item = int(order[listed + draws])
+        draws += 1
+        if item == num_items:
+            live.remove(cta)
+        else:
+            ran.append(item)
+    assert sorted(ran) == sorted(int(t) for t in tiles)
+    assert costs[listed:].sum() <= pool_share * costs.sum() + 1e-9
 
 
 @pytest.mark.parametrize("ctas", [1, 7, 132])

@@ -198,11 +198,13 @@ class HopperFwdConfig:
     dynamic_tiles: bool = False
     # with dynamic_tiles, packed sequences only: the hand-out draws from a table of the launch's
     # tiles that hold a row, heaviest first by their own sequence's lengths (schedule.
-    # packed_handout_table; each CTA's first tile listed), instead of every id of a grid sized for
-    # the longest sequence: on a pack of one long sequence and many short ones most ids are tiles
-    # past their sequence's rows, each a draw, a Q load and a consumer's turn that compute nothing
-    # (73% of the ids of the pack 8192 + 4096 x2 + 1024 x8 at d128). One load of the table after
-    # each draw. The table is built on the host from the lengths, like the balanced lists
+    # packed_handout_table; each CTA's first tile listed; with balanced and dynamic_pool_share
+    # instead of dynamic_tiles, the pack's own lists, then a pool drawn through the table),
+    # instead of every id of a grid sized for the longest sequence: on a pack of one long sequence
+    # and many short ones most ids are tiles past their sequence's rows, each a draw, a Q load and
+    # a consumer's turn that compute nothing (73% of the ids of the pack 8192 + 4096 x2 + 1024 x8 at
+    # d128). One load of the table after each draw. The table is built on the host from the
+    # lengths, like the balanced lists
     handout_table: bool = False
     # packed sequences only: the table's tiles (handout_table, or the balanced lists of a pack) in
     # L2 sections of this many MiB of K/V by each sequence's own keys, each section heaviest first
@@ -651,9 +653,11 @@ class HopperFwdConfig:
                              "persistent=True, balanced=False (the host's lists), split_tail=False and "
                              f"overlap_epilogue=False, got persistent={self.persistent}, balanced={self.balanced}, "
                              f"split_tail={self.split_tail}, overlap_epilogue={self.overlap_epilogue}")
-        if self.handout_table and not self.dynamic_tiles:
+        if self.handout_table and not (self.dynamic_tiles or self.balanced and self.dynamic_pool_share > 0):
             raise ValueError("handout_table draws the run-time hand-out's tiles from a table: it needs "
-                             "dynamic_tiles=True")
+                             "dynamic_tiles=True, or balanced=True with a dynamic_pool_share above 0 (the pack's "
+                             f"lists, then a pool), got dynamic_tiles={self.dynamic_tiles}, balanced={self.balanced}, "
+                             f"dynamic_pool_share={self.dynamic_pool_share}")
         if not 0.0 <= self.dynamic_pool_share < 1.0 or self.dynamic_pool_share > 0 and (
                 not self.balanced or self.overlap_epilogue):
             raise ValueError("dynamic_pool_share leaves a share in [0, 1) of the balanced lists' work to the "

@@ -2413,12 +2413,13 @@ PACKED_TABLES_KEPT = 32
 
 def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
                            consumer_share=(), window_left=-1, window_right=0, handout_items=None,
-                           l2_sections=None) -> torch.Tensor:
+                           l2_sections=None, pool_share=None) -> torch.Tensor:
     """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
     priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host as the
     entry point's check reads them (``inputs.host_offsets``: once per tensor and in-place version,
     so a pack reused unchanged finds its table without waiting for the GPU). ``handout_items``: the
-    launch's item count, for the run-time hand-out's table instead (``schedule.packed_handout_table``).
+    launch's item count, for the run-time hand-out's table instead (``schedule.packed_handout_table``;
+    ``pool_share``: its lists, then a pool of that share of the work; None: one listed tile a CTA).
     ``l2_sections``: the tiles in L2 sections (``schedule.PackedSections``; None: heaviest first)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # the table is chosen by the lengths on the host: a replay with other lengths would walk
@@ -2431,13 +2432,14 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
                   dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]
     key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-           consumer_share, window_left, window_right, handout_items, l2_sections)
+           consumer_share, window_left, window_right, handout_items, l2_sections, pool_share)
     table = _PACKED_TABLES.get(key)
     if table is None:
         launch = (heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas)
         sides = (window_left, window_right)
         host = (packed_schedule(*lens, *launch, consumer_share, *sides, l2_sections) if handout_items is None
-                else packed_handout_table(*lens, *launch, handout_items, consumer_share, *sides, l2_sections))
+                else packed_handout_table(*lens, *launch, handout_items, consumer_share, *sides, l2_sections,
+                                          pool_share))
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
     else:
         _PACKED_TABLES.move_to_end(key)
@@ -2631,7 +2633,8 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
                                        cfg.kv_tile, causal, plan.grid, device_index,
                                        partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
                                        window_left, window_right, plan.num_items if cfg.handout_table else None,
-                                       _packed_sections(cfg, head_dim, head_dim_v, q.element_size(), heads_q, heads_kv))
+                                       _packed_sections(cfg, head_dim, head_dim_v, q.element_size(), heads_q, heads_kv),
+                                       cfg.dynamic_pool_share if cfg.balanced else None)
     elif cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,
@@ -2848,10 +2851,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         if clashes:
             raise ValueError(f"{KERNEL_NAME}: packed sequences run without {', '.join(clashes)} (they share K/V ranges "
                              "or split them across the launch); select_config's packed default leaves them off")
-        if cfg.balanced and cfg.dynamic_pool_share:
+        if cfg.balanced and cfg.dynamic_pool_share and not cfg.handout_table:
             raise ValueError(f"{KERNEL_NAME}: a packed launch's balanced lists hold only its tiles with a row, so a "
-                             "run-time pool would draw ids the lists leave out: packed sequences need "
-                             f"dynamic_pool_share=0 with balanced, got {cfg.dynamic_pool_share}")
+                             "run-time pool over the grid's ids would draw ids the lists leave out: packed sequences "
+                             "draw their pool through the table (handout_table=True) or run dynamic_pool_share=0, "
+                             f"got dynamic_pool_share={cfg.dynamic_pool_share}")
     elif cfg.handout_table:
         raise ValueError(f"{KERNEL_NAME}: handout_table draws a pack's tiles with a row: it needs packed sequences "
                          "(cu_seqlens); a launch of whole sequences draws every tile of its grid with "

@@ -469,22 +469,33 @@ def deal_packed(cost: np.ndarray, ctas: int) -> np.ndarray:
 def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                          kv_tile: int, causal: bool, ctas: int, num_items: int, consumer_share: tuple[float, ...] = (),
                          window_left: int = -1, window_right: int = 0,
-                         l2_sections: PackedSections | None = None) -> np.ndarray:
+                         l2_sections: PackedSections | None = None, pool_share: float | None = None) -> np.ndarray:
     """The table the run-time hand-out of a packed launch draws from (``handout_table``), in the
-    balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order`` is
-    the launch's tiles that hold a row in :func:`packed_tiles`' order; CTA ``i`` lists the
-    ``i``-th as its first tile (none past the last), and every later tile is drawn
-    (:func:`handout_item`: the draw is a position in ``order`` past the listed ones). The ``ctas``
-    entries of ``num_items`` after it are each CTA's "none left": a CTA stops at its first, so the
-    draws of a launch never run past them."""
+    balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order``
+    holds the launch's tiles that hold a row: CTA ``i`` walks ``order[offsets[i]:offsets[i + 1]]``,
+    and every tile past ``offsets[ctas]`` is drawn (:func:`handout_item`: the draw is a position in
+    ``order``), in :func:`packed_tiles`' order. ``pool_share`` None: CTA ``i`` lists the ``i``-th
+    tile (none past the last) and draws every later one. A share in [0, 1): the tiles before the
+    pool (:func:`pool_start`: the order's last tiles, up to that share of the estimated work) are
+    dealt into lists (:func:`deal_packed`), each kept in the order, and only the pool is drawn —
+    the lists keep the producer's look-ahead (the next tile's Q and first K load under this one,
+    where a draw waits for its atomic's round trip first). The ``ctas`` entries of ``num_items``
+    after it are each CTA's "none left": a CTA stops at its first, so the draws of a launch never
+    run past them."""
     if not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be a positive integer, got {num_items!r}")
-    tile, _ = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
-                           consumer_share, window_left, window_right, l2_sections)
+    tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
+                              consumer_share, window_left, window_right, l2_sections)
     if tile.size and int(tile.max()) >= num_items:
         raise ValueError(f"num_items ({num_items}) must exceed every tile id of the launch, got tile {int(tile.max())}")
-    offsets = np.minimum(np.arange(ctas + 1), tile.size)
-    return np.concatenate([offsets, tile, np.full(ctas, num_items)]).astype(np.int32)
+    if pool_share is None:
+        offsets = np.minimum(np.arange(ctas + 1), tile.size)
+        return np.concatenate([offsets, tile, np.full(ctas, num_items)]).astype(np.int32)
+    listed = pool_start(cost, pool_share)
+    owner = deal_packed(cost[:listed], ctas)
+    by_owner = np.argsort(owner, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
+    return np.concatenate([offsets, tile[:listed][by_owner], tile[listed:], np.full(ctas, num_items)]).astype(np.int32)
 
 
 def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
@@ -573,12 +584,10 @@ def pool_start(costs, pool_share: float) -> int:
     it holds the lightest tiles, drawn as CTAs run out of their lists; 0.0 leaves it empty."""
     if not 0.0 <= pool_share < 1.0:
         raise ValueError(f"pool_share must be in [0, 1), got {pool_share!r}")
-    budget = pool_share * sum(costs)
-    start = len(costs)
-    while start > 0 and costs[start - 1] <= budget:
-        budget -= costs[start - 1]
-        start -= 1
-    return start
+    costs = np.asarray(costs, dtype=np.float64).reshape(-1)
+    # the longest suffix within the budget: the suffix sums, from the last tile back, against it
+    within = np.cumsum(costs[::-1]) <= pool_share * costs.sum()
+    return int(costs.size - (np.argmin(within) if not within.all() else costs.size))
 
 
 @gluon.jit

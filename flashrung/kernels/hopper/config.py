@@ -1689,6 +1689,22 @@ PACKED_CLASHES = ("split_tail", "kv_multicast")
 # (1.0000-1.0004): the ties there already fall in the launch's sections
 PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
 
+# A causal pack walks lists of its own tiles (balanced, schedule.deal_packed) and draws only the
+# last tiles, up to this share of the estimated work, at run time through the table
+# (handout_table, dynamic_pool_share), by the row's head dim. A draw waits for its atomic's round
+# trip before the tile's Q and first K can load; from a list the producer knows the next tile and
+# loads them under the current one (the tile trace, d64 H32 on the pack below: a tile's fixed cost
+# 11066-11176 cycles drawn, 7595-7951 listed). The pool keeps the end even where the lists'
+# estimate misses (idle at the end 4.14% on the lists alone, 0.88% with the pool). Paired on an
+# H100 (bf16, causal, 8192, 4096 x2, 1024 x8; flashrung compare --quick --t-noise 0.001;
+# docs/hopper.md, *Packed sequences*): the lists over the hand-out d64 H32 1.040 / 1.046, d128 H16
+# 1.0055 / 1.0060, d256 1.0074 / 1.0077, MLA 1.0072 / 1.0095; the pool of 0.03 over the lists d64
+# 1.0035 / 1.0075, d128 1.0045 / 1.0043 (0.01 at d64: NULL); the default over the hand-out d64
+# 1.0516 / 1.0539, d128 1.0091 / 1.0093, d256 NULL (1.0000), MLA 1.0058 / 1.0053, d128 H64 beside
+# a window (1024, 0) 1.0548 / 1.0537, 1024 x32 at d64 H64 1.0368 / 1.0365. Non-causal packs keep
+# the hand-out (the lists: d64 NULL, d128 0.998)
+PACKED_CAUSAL_POOL_SHARE = {64: 0.03, 128: 0.03, 256: 0.03}
+
 # Q buffers a non-causal pack's consumers take (num_q_stages), by the row's head dim: the next
 # item's Q (in a pack, often a short sequence's, whose tile runs few K/V steps) loads under this
 # one's. Paired on an H100 over one buffer (bf16, non-causal; flashrung compare --quick --t-noise
@@ -1711,11 +1727,17 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool, windowed: bool = False) -> HopperFwdConfig:
     """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
-    and the persistent grid's lists or stride replaced by the run-time hand-out through the table of
-    the pack's tiles with a row, in L2 sections of :data:`PACKED_SECTION_MIB`; a non-causal pack
-    without a window takes :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
+    and the persistent grid's lists or stride replaced by the table of the pack's tiles with a row,
+    in L2 sections of :data:`PACKED_SECTION_MIB`: a causal pack (a band too) walks its own lists and
+    draws a pool of :data:`PACKED_CAUSAL_POOL_SHARE` of the work through it, a non-causal one draws
+    every tile after its first at run time; a non-causal pack without a window takes
+    :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
-    if out.persistent and not out.overlap_epilogue:
+    if out.persistent and not out.overlap_epilogue and causal:
+        out = replace_following(out, head_dim, balanced=True, dynamic_tiles=False, handout_table=True,
+                                dynamic_pool_share=PACKED_CAUSAL_POOL_SHARE[head_dim],
+                                packed_section_mib=PACKED_SECTION_MIB[head_dim])
+    elif out.persistent and not out.overlap_epilogue:
         out = replace_following(out, head_dim, balanced=False, dynamic_pool_share=0.0, dynamic_tiles=True,
                                 handout_table=True, packed_section_mib=PACKED_SECTION_MIB[head_dim])
     q_stages = PACKED_NONCAUSAL_Q_STAGES.get(head_dim, 1)

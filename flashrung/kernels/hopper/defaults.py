@@ -137,13 +137,19 @@ def tile_text(cfg: C.HopperFwdConfig) -> str:
 
 
 def grid_text(cfg: C.HopperFwdConfig) -> str:
-    if cfg.balanced:
-        parts = ["balanced lists" + (" (partial tiles estimated)" if cfg.balanced_partial_tiles else "")]
+    # a pack's table: its own order replaces the launch's LPT sections (they only number the tiles)
+    pack_order = (f"in {cfg.packed_section_mib} MiB L2 sections of each sequence's K/V, each heaviest first"
+                  if cfg.packed_section_mib else "heaviest first across the pack")
+    partial = " (partial tiles estimated)" if cfg.balanced_partial_tiles else ""
+    described = set()
+    if cfg.balanced and cfg.handout_table:
+        parts = [f"lists of the tiles with a row{partial}, then the last {cfg.dynamic_pool_share:.0%} of the work "
+                 f"handed out at run time through the table, {pack_order}"]
+        described.add("dynamic_pool_share")
+    elif cfg.balanced:
+        parts = ["balanced lists" + partial]
     elif cfg.handout_table:
-        # a pack's table: its own order replaces the launch's LPT sections (they only number the tiles)
-        parts = ["tiles handed out at run time through the table of the tiles with a row, "
-                 + (f"in {cfg.packed_section_mib} MiB L2 sections of each sequence's K/V, each heaviest first"
-                    if cfg.packed_section_mib else "heaviest first across the pack")]
+        parts = ["tiles handed out at run time through the table of the tiles with a row, " + pack_order]
     elif cfg.dynamic_tiles:
         parts = ["tiles handed out at run time"]
     else:
@@ -158,7 +164,7 @@ def grid_text(cfg: C.HopperFwdConfig) -> str:
     if cfg.kv_multicast:
         parts.append("K/V multicast pairs" + (" across heads" if cfg.cross_head_pairs else ""))
     for name in ("dynamic_pool_share", "merge_loads_first"):
-        if getattr(cfg, name) != getattr(_BASE, name):
+        if getattr(cfg, name) != getattr(_BASE, name) and name not in described:
             parts.append(f"{name}={_value(getattr(cfg, name))}")
     return ", ".join(parts)
 

@@ -1683,11 +1683,15 @@ PACKED_CLASHES = ("split_tail", "kv_multicast")
 # at once. Paired on an H100 (bf16, causal, sequences 8192, 4096 x2, 1024 x8, over heaviest first;
 # flashrung compare --quick --t-noise 0.001; docs/hopper.md, *Packed sequences*): d128 H16 16 MiB
 # 1.0889 / 1.0886 (48 MiB 1.069 / 1.067), four of 8192 1.043 / 1.040; d256 H16 1.094 / 1.094;
-# MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986 (REVERT), 48 MiB 1.018 / 1.014
-# (96 MiB NULL, 32 MiB 0.994). Blocks preheated 150 ms (at the power limit): d128 the default over
-# heaviest first 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965. Non-causal d128, d64, d256 NULL
-# (1.0000-1.0004): the ties there already fall in the launch's sections
-PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
+# MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986, 48 MiB 1.018 / 1.014 (96 MiB NULL,
+# 32 MiB 0.994); blocks preheated 150 ms (at the power limit): d128 the default over heaviest first
+# 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965 — all on the run-time hand-out, whose every draw
+# stalls the producer. Once causal packs walked lists (PACKED_CAUSAL_POOL_SHARE), d64's 16 MiB over
+# 48 measured 1.0062 / 1.0074 on that pack, 1.072 / 1.069 on 1024 x32, 1.072 / 1.088 preheated
+# (24 MiB 1.0075 / 1.0073): 16, as the unpacked launch prefers; d128 32 MiB 0.994, 8 MiB 0.999 over
+# 16. Non-causal d128, d64, d256 NULL (1.0000-1.0004; d64 16 over 48 1.0001 / 1.0003): the ties
+# there already fall in the launch's sections
+PACKED_SECTION_MIB = {64: 16, 128: 16, 256: 16}
 
 # A causal pack walks lists of its own tiles (balanced, schedule.deal_packed) and draws only the
 # last tiles, up to this share of the estimated work, at run time through the table

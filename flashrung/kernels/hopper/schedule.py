@@ -433,9 +433,10 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
 
 
 # Up to this many tiles a CTA a pack's lists are dealt tile by tile (the greedy list schedule,
-# about 0.4 us a tile on the host); past it by rounds, which cost a tenth of that and end within
-# 0.1% of the greedy's makespan there (packs of 64-2000 sequences, d64 and d128 causal, 132 CTAs;
-# derived in tile_cost's estimate): with a hundred tiles a CTA, a round's error is a hundredth.
+# about 0.35 us a tile on the project's CPU host); past it by rounds, which cost a tenth of that
+# and end within 0.1% of the greedy's makespan there (packs of 64-2000 sequences, d64 and d128
+# causal, 132 CTAs; derived in tile_cost's estimate): with a hundred tiles a CTA, a round's error
+# is a hundredth.
 PACKED_GREEDY_TILES_PER_CTA = 64
 
 
@@ -452,10 +453,16 @@ def deal_packed(cost: np.ndarray, ctas: int) -> np.ndarray:
     cost = np.asarray(cost, dtype=np.float64).reshape(-1)
     if not isinstance(ctas, int) or ctas < 1:
         raise ValueError(f"ctas must be a positive integer, got {ctas!r}")
-    owner = np.empty(cost.size, dtype=np.int64)
     if cost.size <= PACKED_GREEDY_TILES_PER_CTA * ctas:
-        _deal(range(cost.size), cost.tolist(), ctas, owner.__setitem__)
-        return owner
+        # _deal's loop, with plain lists (a pack's table is built on every call with new lengths)
+        free, owner = [(0.0, i) for i in range(ctas)], []
+        take, replace = owner.append, heapq.heapreplace
+        for tile_cost_ in cost.tolist():
+            load, i = free[0]
+            take(i)
+            replace(free, (load + tile_cost_, i))
+        return np.array(owner, dtype=np.int64)
+    owner = np.empty(cost.size, dtype=np.int64)
     load = np.zeros(ctas)
     for first in range(0, cost.size, ctas):
         n = min(ctas, cost.size - first)

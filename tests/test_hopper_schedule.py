@@ -393,6 +393,21 @@ def test_pool_start_is_the_longest_suffix_within_the_share():
             pool_start(costs, bad)
 
 
+def test_a_tiles_overhead_reprices_the_lists_alone():
+    # tile_overhead_steps (host-side only): the lists' estimate of a tile's prologue and epilogue
+    # moves every tile's price by the same steps, so the lists are another permutation of the same
+    # tiles; the default is TILE_OVERHEAD_KV_TILES, and the configuration refuses a negative one
+    args = (22, 64, 16, True, 4096, 4096, 192, 128, True, 132, (0.5, 0.75, 1.0))
+    one, three = balanced_schedule(*args), balanced_schedule(*args, overhead=3.0)
+    assert one == balanced_schedule(*args, overhead=TILE_OVERHEAD_KV_TILES) and one != three
+    assert sorted(one[133:]) == sorted(three[133:]) == list(range(22 * 64))
+    assert tile_cost(3, 192, 128, 4096, 4096, True, overhead=3.0) == tile_cost(3, 192, 128, 4096, 4096, True) + 2.0
+    base = fwd.default_config(64, True, 4096)
+    assert base.tile_overhead_steps == TILE_OVERHEAD_KV_TILES
+    with pytest.raises(ValueError, match="tile_overhead_steps"):
+        base.__class__(**{**base.__dict__, "tile_overhead_steps": -1.0}).check(64)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_pool_start_is_the_walk_from_the_last_tile(seed):
     # pool_start sums the suffixes at once; the same start as adding tiles from the last one while

@@ -180,6 +180,14 @@ class HopperFwdConfig:
     # the list schedule re-run with the measured costs: 3.0%, 0.3% with the shares). Host-side
     # only: the table is another permutation of the same tiles, each computed as before
     balanced_partial_tiles: bool = False
+    # with balanced: the lists' estimate of a tile's prologue and epilogue (its Q load, the ring's
+    # fill, O's store), in K/V steps (schedule.tile_cost). The tile trace reads about three steps
+    # at d64's 192-row tile (fixed cost 7,600-8,100 cycles against a 2,560-cycle step, H100) where
+    # the estimate says one; host-side only, as above. Repriced at three, the lists' modeled
+    # makespan drops 0.4-0.8% at d64 causal S2k-S8k (derived); paired on an H100 (bf16, H32,
+    # docs/hopper.md, *Tiles handed out at run time*): B8 S4096 3 steps 0.9998 / 1.0007, 2 steps
+    # 0.9997 / 0.9980, B4 S8192 3 steps 0.9978 / 0.9985 — NULL: kept at one
+    tile_overhead_steps: float = 1.0
     # with balanced: the LPT section narrowed to one that divides batch x heads within the L2
     # budget where the lists' model ends them sooner (schedule.balanced_section), so no short last
     # section puts heavy tiles at the end of the lists. Host-side only (the section is a run-time
@@ -668,6 +676,9 @@ class HopperFwdConfig:
             raise ValueError("meet_before_pass makes a consumer that skips its empty rows meet before it passes the "
                              "pingpong turn: it needs skip_empty_rows=True and pingpong=True, got skip_empty_rows="
                              f"{self.skip_empty_rows}, pingpong={self.pingpong}")
+        if not 0.0 <= self.tile_overhead_steps <= 64.0:
+            raise ValueError(f"tile_overhead_steps estimates a tile's prologue and epilogue in K/V steps: it must be "
+                             f"in [0, 64], got {self.tile_overhead_steps}")
         if self.balanced_partial_tiles and not (self.balanced and self.skip_empty_rows):
             raise ValueError("balanced_partial_tiles estimates a partial query tile by the consumer warpgroups "
                              "that have rows, as skip_empty_rows runs it: it needs balanced=True and "

@@ -187,6 +187,7 @@ from flashrung.kernels.hopper.schedule import (
     packed_schedule,
     PackedSections,
     last_section_width,
+    TILE_OVERHEAD_KV_TILES,
     tail_split,
     tile_coords,
     work_at,
@@ -2382,13 +2383,14 @@ def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]
 
 
 def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
-                    device, consumer_share=(), pool_share=0.0, window_left=-1, window_right=0) -> torch.Tensor:
+                    device, consumer_share=(), pool_share=0.0, window_left=-1, window_right=0,
+                    overhead=TILE_OVERHEAD_KV_TILES) -> torch.Tensor:
     """The balanced grid's table on ``device``, built once per shape (``schedule.balanced_schedule``).
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
     key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
-           consumer_share, pool_share, window_left, window_right)
+           consumer_share, pool_share, window_left, window_right, overhead)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
@@ -2398,7 +2400,7 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
                 "capture cannot record: call once with this shape before capturing, or pass a config with "
                 "balanced=False")
         host = balanced_schedule(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile,
-                                 causal, ctas, consumer_share, pool_share, window_left, window_right)
+                                 causal, ctas, consumer_share, pool_share, window_left, window_right, overhead)
         table = _SCHEDULE_TABLES[key] = torch.tensor(host, dtype=torch.int32, device=device)
     return table
 
@@ -2547,7 +2549,7 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
         # priced by the shape alone)
         section = balanced_section(num_m_blocks, batch * heads_q, section, heads_q // heads_kv, cfg.lpt, seqlen_q,
                                    seqlen_k, cfg.block_m, cfg.kv_tile, causal, grid,
-                                   partial_tile_share(cfg, row_dim))
+                                   partial_tile_share(cfg, row_dim), cfg.tile_overhead_steps)
     ints = (seqlen_q, seqlen_k, *_decode_sizes(heads_q, heads_q // heads_kv, num_m_blocks, batch * heads_q, section),
             num_items, num_full_tiles, *_divisor_args(splits, "tail_splits"))
     constexprs = _constexprs(cfg, head_dim, causal, scale_positive, has_softcap, head_dim_v, has_window, packed,
@@ -2639,7 +2641,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,
                                 partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
-                                cfg.dynamic_pool_share, window_left, window_right)
+                                cfg.dynamic_pool_share, window_left, window_right, cfg.tile_overhead_steps)
     elif trace is not None and plan.splits > 1:
         sched = trace           # the split tail holds the coordinate pointer: the records go here
     else:

@@ -233,7 +233,8 @@ def check_consumer_share(consumer_share: tuple[float, ...], block_m: int) -> Non
 
 
 def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k: int, causal: bool,
-              consumer_share: tuple[float, ...] = (), window_left: int = -1, window_right: int = 0) -> float:
+              consumer_share: tuple[float, ...] = (), window_left: int = -1, window_right: int = 0,
+              overhead: float = TILE_OVERHEAD_KV_TILES) -> float:
     """The balanced schedule's estimate of query tile ``m_block``, in K/V steps: its live K/V tiles
     and :data:`TILE_OVERHEAD_KV_TILES`. With ``consumer_share`` (one entry per consumer warpgroup
     of the tile, the last 1.0), a tile whose rows fill only ``k`` of its warpgroups — the partial
@@ -241,9 +242,10 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
     softmax (``skip_empty_rows``), so its steps are shorter. ``window_left`` >= 0: a sliding
     window's launch, whose tiles start at the window's first (:func:`window_tile_range`) — under a
     causal mask every tile past the window's width costs about the same, where the causal count
-    alone grows with the row; ``window_right`` its right side, the causal launch's diagonal moved."""
+    alone grows with the row; ``window_right`` its right side, the causal launch's diagonal moved.
+    ``overhead``: the prologue's and epilogue's estimate in K/V steps (``tile_overhead_steps``)."""
     cost = live_blocks(m_block, block_m, kv_tile, seqlen_q, seqlen_k, causal, window_left,
-                       window_right) + TILE_OVERHEAD_KV_TILES
+                       window_right) + overhead
     if consumer_share:
         rows = min(block_m, seqlen_q - m_block * block_m)
         rows_per_consumer = block_m // len(consumer_share)
@@ -254,7 +256,8 @@ def tile_cost(m_block: int, block_m: int, kv_tile: int, seqlen_q: int, seqlen_k:
 def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
                       block_m: int, kv_tile: int, causal: bool, ctas: int,
                       consumer_share: tuple[float, ...] = (), pool_share: float = 0.0,
-                      window_left: int = -1, window_right: int = 0) -> tuple[int, ...]:
+                      window_left: int = -1, window_right: int = 0,
+                      overhead: float = TILE_OVERHEAD_KV_TILES) -> tuple[int, ...]:
     """``offsets (ctas + 1) + order (tiles)``: CTA ``i`` runs tiles ``order[offsets[i]:offsets[i + 1]]``.
 
     Greedy list scheduling of the launch order (each tile to the CTA with the least estimated
@@ -264,7 +267,8 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     ``consumer_share``: the estimate of a partial query tile (:func:`tile_cost`). ``pool_share``:
     the launch order's last tiles, up to that share of the estimated work (:func:`pool_start`), are
     left out of the lists for the dynamic hand-out; ``offsets[ctas]`` is then the first of them.
-    ``window_left``, ``window_right``: a sliding window's sides (:func:`tile_cost`), -1 and 0 for none.
+    ``window_left``, ``window_right``: a sliding window's sides (:func:`tile_cost`), -1 and 0 for none;
+    ``overhead``: a tile's prologue and epilogue in K/V steps (:func:`tile_cost`).
     """
     for name, value in (("num_m_blocks", num_m_blocks), ("batch_heads", batch_heads), ("section", section),
                         ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("block_m", block_m),
@@ -273,7 +277,7 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     check_consumer_share(consumer_share, block_m)
     cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), window_left,
-                      window_right) for m in range(num_m_blocks)]
+                      window_right, overhead) for m in range(num_m_blocks)]
     lists = [[] for _ in range(ctas)]
     m_blocks = tile_m_blocks(num_m_blocks, batch_heads, section, lpt)
     listed = pool_start([cost[m] for m in m_blocks], pool_share)
@@ -285,10 +289,11 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
 
 
 def lists_makespan(num_m_blocks: int, batch_heads: int, section: int, lpt: bool, seqlen_q: int, seqlen_k: int,
-                   block_m: int, kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = ()) -> float:
+                   block_m: int, kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
+                   overhead: float = TILE_OVERHEAD_KV_TILES) -> float:
     """The balanced lists' makespan over the mean work a CTA, both in :func:`tile_cost`'s estimate:
     how far past the mean the last CTA's list ends (1.0: evenly)."""
-    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share))
+    cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), overhead=overhead)
             for m in range(num_m_blocks)]
     loads = _deal(tile_m_blocks(num_m_blocks, batch_heads, section, lpt), cost, ctas)
     return max(loads) * ctas / sum(loads)
@@ -318,7 +323,7 @@ DIVIDED_SECTION_MIN_GAIN = 0.005
 
 def balanced_section(num_m_blocks: int, batch_heads: int, section: int, group: int, lpt: bool, seqlen_q: int,
                      seqlen_k: int, block_m: int, kv_tile: int, causal: bool, ctas: int,
-                     consumer_share: tuple[float, ...] = ()) -> int:
+                     consumer_share: tuple[float, ...] = (), overhead: float = TILE_OVERHEAD_KV_TILES) -> int:
     """The LPT section a balanced launch walks: ``section`` (the L2 budget's width), or the widest
     narrower one that divides ``batch_heads`` (a multiple of the GQA ``group``, at least half of
     ``section``) where the lists' modeled makespan (:func:`lists_makespan`) is lower by more than
@@ -339,7 +344,7 @@ def balanced_section(num_m_blocks: int, batch_heads: int, section: int, group: i
                     if 2 * w >= section and batch_heads % w == 0 and w % group == 0), None)
     if divided is None:
         return section
-    args = (lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, consumer_share)
+    args = (lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, consumer_share, overhead)
     if lists_makespan(num_m_blocks, batch_heads, divided, *args) \
             < lists_makespan(num_m_blocks, batch_heads, section, *args) - DIVIDED_SECTION_MIN_GAIN:
         return divided

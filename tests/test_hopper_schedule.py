@@ -408,6 +408,21 @@ def test_a_tiles_overhead_reprices_the_lists_alone():
         base.__class__(**{**base.__dict__, "tile_overhead_steps": -1.0}).check(64)
 
 
+def test_a_packs_tiles_take_the_same_overhead():
+    # tile_overhead_steps reaches a pack's table too (its costs, its lists, its pool's start): each
+    # tile's price moves by the same steps, the tiles stay the same
+    lens_q, lens_k = (300, 0, 129, 1, 640), (200, 5, 129, 1, 700)
+    args = (4, 5, 8, True, 128, 128, True, 7)
+    tiles, costs = packed_tiles(lens_q, lens_k, *args)
+    tiles3, costs3 = packed_tiles(lens_q, lens_k, *args, overhead=3.0)
+    assert sorted(tiles.tolist()) == sorted(tiles3.tolist())
+    assert sorted((costs + 2.0).tolist()) == sorted(costs3.tolist())
+    one = packed_handout_table(lens_q, lens_k, *args, 100, pool_share=0.2)
+    three = packed_handout_table(lens_q, lens_k, *args, 100, pool_share=0.2, overhead=3.0)
+    assert int(one[7]) == pool_start(costs, 0.2) and int(three[7]) == pool_start(costs3, 0.2)
+    assert int(one[7]) != int(three[7])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_pool_start_is_the_walk_from_the_last_tile(seed):
     # pool_start sums the suffixes at once; the same start as adding tiles from the last one while

@@ -2415,7 +2415,7 @@ PACKED_TABLES_KEPT = 32
 
 def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
                            consumer_share=(), window_left=-1, window_right=0, handout_items=None,
-                           l2_sections=None, pool_share=None) -> torch.Tensor:
+                           l2_sections=None, pool_share=None, overhead=TILE_OVERHEAD_KV_TILES) -> torch.Tensor:
     """The balanced table of a packed launch (``schedule.packed_schedule``): its tiles with a row,
     priced and dealt by each sequence's own lengths, read from ``cu_seqlens`` on the host as the
     entry point's check reads them (``inputs.host_offsets``: once per tensor and in-place version,
@@ -2434,14 +2434,14 @@ def _packed_schedule_table(cu_seqlens, heads_q, num_m_blocks, section, lpt, bloc
                   dtype=np.int64)
     lens = cu[:, 1:] - cu[:, :-1]
     key = (lens.tobytes(), heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas, device,
-           consumer_share, window_left, window_right, handout_items, l2_sections, pool_share)
+           consumer_share, window_left, window_right, handout_items, l2_sections, pool_share, overhead)
     table = _PACKED_TABLES.get(key)
     if table is None:
         launch = (heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas)
         sides = (window_left, window_right)
-        host = (packed_schedule(*lens, *launch, consumer_share, *sides, l2_sections) if handout_items is None
+        host = (packed_schedule(*lens, *launch, consumer_share, *sides, l2_sections, overhead) if handout_items is None
                 else packed_handout_table(*lens, *launch, handout_items, consumer_share, *sides, l2_sections,
-                                          pool_share))
+                                          pool_share, overhead))
         table = _PACKED_TABLES[key] = torch.from_numpy(host).to(device)
     else:
         _PACKED_TABLES.move_to_end(key)
@@ -2636,7 +2636,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
                                        partial_tile_share(cfg, kernel_head_dim(max(head_dim, head_dim_v))),
                                        window_left, window_right, plan.num_items if cfg.handout_table else None,
                                        _packed_sections(cfg, head_dim, head_dim_v, q.element_size(), heads_q, heads_kv),
-                                       cfg.dynamic_pool_share if cfg.balanced else None)
+                                       cfg.dynamic_pool_share if cfg.balanced else None, cfg.tile_overhead_steps)
     elif cfg.balanced and not warmup:
         sched = _schedule_table(plan.num_m_blocks, batch * heads_q, plan.section, cfg.lpt, seqlen_q, seqlen_k,
                                 cfg.block_m, cfg.kv_tile, causal, plan.grid, device_index,

@@ -422,7 +422,8 @@ class PackedSections:
 def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                     kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
                     window_left: int = -1, window_right: int = 0,
-                    l2_sections: PackedSections | None = None) -> np.ndarray:
+                    l2_sections: PackedSections | None = None,
+                    overhead: float = TILE_OVERHEAD_KV_TILES) -> np.ndarray:
     """The balanced table (:func:`balanced_schedule`'s layout: ``offsets (ctas + 1) + order``, int32)
     of a launch of packed sequences, from their own lengths (``lens_q``, ``lens_k``, one entry per
     sequence; the launch covers ``num_m_blocks`` q-tiles of each, the longest's). Only the tiles
@@ -430,7 +431,7 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
     and dealt in :func:`packed_tiles`' order by :func:`deal_packed`; each CTA keeps its tiles in
     that order."""
     tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
-                              consumer_share, window_left, window_right, l2_sections)
+                              consumer_share, window_left, window_right, l2_sections, overhead)
     owner = deal_packed(cost, ctas)
     by_owner = np.argsort(owner, kind="stable")     # each CTA's tiles in the launch order
     offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
@@ -481,7 +482,8 @@ def deal_packed(cost: np.ndarray, ctas: int) -> np.ndarray:
 def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                          kv_tile: int, causal: bool, ctas: int, num_items: int, consumer_share: tuple[float, ...] = (),
                          window_left: int = -1, window_right: int = 0,
-                         l2_sections: PackedSections | None = None, pool_share: float | None = None) -> np.ndarray:
+                         l2_sections: PackedSections | None = None, pool_share: float | None = None,
+                         overhead: float = TILE_OVERHEAD_KV_TILES) -> np.ndarray:
     """The table the run-time hand-out of a packed launch draws from (``handout_table``), in the
     balanced table's layout: ``offsets (ctas + 1) + order + ctas × num_items``, int32. ``order``
     holds the launch's tiles that hold a row: CTA ``i`` walks ``order[offsets[i]:offsets[i + 1]]``,
@@ -497,7 +499,7 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
     if not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be a positive integer, got {num_items!r}")
     tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
-                              consumer_share, window_left, window_right, l2_sections)
+                              consumer_share, window_left, window_right, l2_sections, overhead)
     if tile.size and int(tile.max()) >= num_items:
         raise ValueError(f"num_items ({num_items}) must exceed every tile id of the launch, got tile {int(tile.max())}")
     if pool_share is None:
@@ -513,7 +515,8 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
 def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,
                  kv_tile: int, causal: bool, ctas: int, consumer_share: tuple[float, ...] = (),
                  window_left: int = -1, window_right: int = 0,
-                 l2_sections: PackedSections | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 l2_sections: PackedSections | None = None,
+                 overhead: float = TILE_OVERHEAD_KV_TILES) -> tuple[np.ndarray, np.ndarray]:
     """``(tile, cost)`` of a launch of packed sequences: the launch's ids of the tiles that hold a
     row (a tile past its sequence's rows computes and stores nothing, and is never listed), each
     priced by its own sequence's lengths (:func:`tile_cost`), not the longest's. Without
@@ -538,7 +541,7 @@ def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, 
                          f"{block_m}")
     # each (sequence, q-tile) with a row
     seq, m, cost = sequence_tile_costs(lens_q, lens_k, block_m, kv_tile, causal, tuple(consumer_share), window_left,
-                                       window_right)
+                                       window_right, overhead)
     # every head of each: (batch · heads_q + q_head, m_block) → the launch's tile id
     head = (seq * heads_q)[None, :] + np.arange(heads_q)[:, None]
     tile = tile_id_of(head, m[None, :], num_m_blocks, lens_q.size * heads_q, section, lpt).reshape(-1)
@@ -562,7 +565,8 @@ def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, 
 
 def sequence_tile_costs(lens_q, lens_k, block_m: int, kv_tile: int, causal: bool,
                         consumer_share: tuple[float, ...] = (), window_left: int = -1,
-                        window_right: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        window_right: int = 0,
+                        overhead: float = TILE_OVERHEAD_KV_TILES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(seq, m_block, cost)`` of every q-tile of every sequence (``lens_q``, ``lens_k``, one entry
     each; sequence order, then q-tile order): :func:`tile_cost` of each, or its prologue and
     epilogue alone for a sequence without a key — computed for the whole pack at once, because a
@@ -581,7 +585,7 @@ def sequence_tile_costs(lens_q, lens_k, block_m: int, kv_tile: int, causal: bool
         end = np.where(last_key < 0, 0, np.minimum(end, np.maximum(last_key, 0) // kv_tile + 1))
     first = np.maximum(0, m * block_m + lk - lq - window_left) // kv_tile if window_left >= 0 else 0
     live = np.maximum(0, end - first)
-    cost = np.where(lk == 0, TILE_OVERHEAD_KV_TILES, live + TILE_OVERHEAD_KV_TILES).astype(np.float64)
+    cost = np.where(lk == 0, overhead, live + overhead).astype(np.float64)
     if consumer_share:
         rows = np.minimum(block_m, lq - m * block_m)
         share = np.asarray(consumer_share, dtype=np.float64)

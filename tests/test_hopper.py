@@ -2694,7 +2694,7 @@ def test_a_windows_sides_are_the_launchs(window, causal, expected):
 def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly_otherwise(monkeypatch):
     # packed sequences (flash-attn's varlen), gated on the GPU, run on hopper.fwd: non-causal (paired
     # ahead of portable.fwd on the H200: fwd.PACKED_AUTO), with a window's left side or a cap beside
-    # them too, causal on lists and a run-time pool (ahead on an H100: fwd.PACKED_AUTO_CAUSAL), and a
+    # them too, causal through the run-time hand-out (ahead on an H100: fwd.PACKED_AUTO_CAUSAL), and a
     # causal pack or a band (a window's right side runs the causal schedule) beside a window
     # (fwd.PACKED_AUTO_CAUSAL_WINDOWED); each switch off sends its problems to portable.fwd saying
     # why, and they run by name
@@ -2707,12 +2707,13 @@ def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly
         _, chosen = dispatch.select(problem, "fwd")
         assert chosen.kernel == "hopper.fwd" and not chosen.forced, extra
         cfg = chosen.config()
-        # through the pack's table: a causal pack's lists then a pool (config.PACKED_CAUSAL_POOL_SHARE),
-        # as a band's (its window's right side runs the causal schedule); a non-causal one's every
-        # tile after the first round drawn
+        # through the pack's table: a causal pack's lists then a pool where config.PACKED_CAUSAL_POOL_SHARE
+        # lists its head dim, as a band's (its window's right side runs the causal schedule); every
+        # other pack's tiles after the first round drawn
         causal_schedule = bool(extra.get("causal")) or extra.get("window_size", (-1, 0))[1] > 0
+        listed = causal_schedule and 128 in config.PACKED_CAUSAL_POOL_SHARE
         assert config.packed_clashes(cfg) == [] and cfg.handout_table, extra
-        assert cfg.balanced == (cfg.dynamic_pool_share > 0) == causal_schedule, extra
+        assert cfg.balanced == (cfg.dynamic_pool_share > 0) == listed == (not cfg.dynamic_tiles), extra
     monkeypatch.setattr(fwd, "PACKED_AUTO_CAUSAL_WINDOWED", False)
     for extra in (dict(causal=True, window_size=(64, 0)), dict(window_size=(64, 8))):
         packed = _problem(varlen=True, batch=5, **extra, **_contiguous(128))
@@ -2737,8 +2738,8 @@ def test_packed_sequences_run_automatically_where_they_won_and_fall_back_visibly
 def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
     # config.PACKED_CLASHES (the split tail, kv_multicast and what follows from it) off at every
     # default packed sequences select, the persistent grid's lists or stride traded for the table of
-    # the pack's tiles with a row — causal, the pack's own lists then a run-time pool (config.
-    # PACKED_CAUSAL_POOL_SHARE); non-causal, the run-time hand-out — in the row's L2 sections
+    # the pack's tiles with a row — the run-time hand-out, or the pack's own lists then a run-time
+    # pool where config.PACKED_CAUSAL_POOL_SHARE lists a causal row — in the row's L2 sections
     # (config.PACKED_SECTION_MIB), non-causal with the row's Q buffers (config.
     # PACKED_NONCAUSAL_Q_STAGES), the result buildable; the rest is the unpacked default's. Forced
     # on, forward refuses them before looking at a tensor's memory
@@ -2747,13 +2748,13 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
             for seqlen in (17, 1000, 2048, 4096, 8192, 16384, 32768):
                 plain = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
                 cfg = select_config(dataclasses.replace(plain, varlen=True))
-                assert config.packed_clashes(cfg) == [] and cfg.balanced == (causal and cfg.persistent), (d, causal,
-                                                                                                   seqlen)
+                listed = causal and cfg.persistent and d in config.PACKED_CAUSAL_POOL_SHARE
+                assert config.packed_clashes(cfg) == [] and cfg.balanced == listed, (d, causal, seqlen)
                 cfg.check(d, 2)
                 base = select_config(plain)
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
-                if expected.persistent and causal:
+                if expected.persistent and causal and d in config.PACKED_CAUSAL_POOL_SHARE:
                     expected = replace_following(expected, d, balanced=True, dynamic_tiles=False, handout_table=True,
                                                  dynamic_pool_share=config.PACKED_CAUSAL_POOL_SHARE[d],
                                                  packed_section_mib=config.PACKED_SECTION_MIB[d])

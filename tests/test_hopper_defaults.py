@@ -208,20 +208,22 @@ def test_last_dispatch_says_the_schedule_the_table_names():
 
 
 def test_a_packs_configuration_names_its_table_and_sections(capsys):
-    # --packed: the configuration a pack whose longest sequence is --seqlen runs — causal, the lists
-    # of its tiles with a row and a run-time pool through the table (config.PACKED_CAUSAL_POOL_SHARE);
-    # non-causal, the run-time hand-out through the table; in the row's L2 sections
-    # (config.PACKED_SECTION_MIB), never the launch's LPT sections (they only number the tiles there)
+    # --packed: the configuration a pack whose longest sequence is --seqlen runs — the run-time
+    # hand-out through the table of its tiles with a row, in the row's L2 sections
+    # (config.PACKED_SECTION_MIB), never the launch's LPT sections (they only number the tiles there);
+    # with the pack's own lists and a pool (by name: config.PACKED_CAUSAL_POOL_SHARE), those
     assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--causal", "--packed"]) == 0
     out = capsys.readouterr().out
     assert "d128 causal, packed sequences, the longest 8192" in out
-    share = f"{C.PACKED_CAUSAL_POOL_SHARE[128]:.0%}"
-    assert (f"lists of the tiles with a row, then the last {share} of the work handed out at run time through the "
-            f"table, in {C.PACKED_SECTION_MIB[128]} MiB L2 sections of each sequence's K/V, each heaviest first") in out
-    assert "LPT" not in out and "handout_table" not in out and "dynamic_pool_share" not in out
-    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--no-causal", "--packed"]) == 0
     assert (f"tiles handed out at run time through the table of the tiles with a row, in "
-            f"{C.PACKED_SECTION_MIB[128]} MiB L2 sections") in capsys.readouterr().out
+            f"{C.PACKED_SECTION_MIB[128]} MiB L2 sections of each sequence's K/V, each heaviest first") in out
+    assert "LPT" not in out and "handout_table" not in out
+    assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--causal", "--packed", "--set",
+                     "balanced=true,dynamic_tiles=false,dynamic_pool_share=0.03"]) == 0
+    grid = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("grid"))
+    assert ("lists of the tiles with a row, then the last 3% of the work handed out at run time through the "
+            f"table, in {C.PACKED_SECTION_MIB[128]} MiB L2 sections of each sequence's K/V, each heaviest first") in grid
+    assert "dynamic_pool_share" not in grid
     assert cli.main(["defaults", "--headdim", "128", "--seqlen", "8192", "--causal", "--packed", "--set",
                      "packed_section_mib=0"]) == 0
     assert "heaviest first across the pack" in capsys.readouterr().out

@@ -1696,29 +1696,31 @@ PACKED_CLASHES = ("split_tail", "kv_multicast")
 # 1.0889 / 1.0886 (48 MiB 1.069 / 1.067), four of 8192 1.043 / 1.040; d256 H16 1.094 / 1.094;
 # MLA's 192/128 1.077 / 1.080; d64 H32 16 MiB 0.986 / 0.986, 48 MiB 1.018 / 1.014 (96 MiB NULL,
 # 32 MiB 0.994); blocks preheated 150 ms (at the power limit): d128 the default over heaviest first
-# 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965 — all on the run-time hand-out, whose every draw
-# stalls the producer. Once causal packs walked lists (PACKED_CAUSAL_POOL_SHARE), d64's 16 MiB over
-# 48 measured 1.0062 / 1.0074 on that pack, 1.072 / 1.069 on 1024 x32, 1.072 / 1.088 preheated
-# (24 MiB 1.0075 / 1.0073): 16, as the unpacked launch prefers; d128 32 MiB 0.994, 8 MiB 0.999 over
-# 16. Non-causal d128, d64, d256 NULL (1.0000-1.0004; d64 16 over 48 1.0001 / 1.0003): the ties
-# there already fall in the launch's sections
-PACKED_SECTION_MIB = {64: 16, 128: 16, 256: 16}
+# 1.149 / 1.138, d64 16 MiB under 48 0.966 / 0.965 — all on the run-time hand-out, the default.
+# Where causal packs walk lists (PACKED_CAUSAL_POOL_SHARE, by name), d64's 16 MiB over 48 measured
+# 1.0062 / 1.0074 on that pack, 1.072 / 1.069 on 1024 x32, 1.072 / 1.088 preheated (24 MiB 1.0075 /
+# 1.0073): 16 there, as the unpacked launch prefers; d128 32 MiB 0.994, 8 MiB 0.999 over 16.
+# Non-causal d128, d64, d256 NULL (1.0000-1.0004; d64 16 over 48 1.0001 / 1.0003): the ties there
+# already fall in the launch's sections
+PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
 
-# A causal pack walks lists of its own tiles (balanced, schedule.deal_packed) and draws only the
-# last tiles, up to this share of the estimated work, at run time through the table
-# (handout_table, dynamic_pool_share), by the row's head dim. A draw waits for its atomic's round
-# trip before the tile's Q and first K can load; from a list the producer knows the next tile and
-# loads them under the current one (the tile trace, d64 H32 on the pack below: a tile's fixed cost
-# 11066-11176 cycles drawn, 7595-7951 listed). The pool keeps the end even where the lists'
-# estimate misses (idle at the end 4.14% on the lists alone, 0.88% with the pool). Paired on an
-# H100 (bf16, causal, 8192, 4096 x2, 1024 x8; flashrung compare --quick --t-noise 0.001;
-# docs/hopper.md, *Packed sequences*): the lists over the hand-out d64 H32 1.040 / 1.046, d128 H16
-# 1.0055 / 1.0060, d256 1.0074 / 1.0077, MLA 1.0072 / 1.0095; the pool of 0.03 over the lists d64
-# 1.0035 / 1.0075, d128 1.0045 / 1.0043 (0.01 at d64: NULL); the default over the hand-out d64
-# 1.0516 / 1.0539, d128 1.0091 / 1.0093, d256 NULL (1.0000), MLA 1.0058 / 1.0053, d128 H64 beside
-# a window (1024, 0) 1.0548 / 1.0537, 1024 x32 at d64 H64 1.0368 / 1.0365. Non-causal packs keep
-# the hand-out (the lists: d64 NULL, d128 0.998)
-PACKED_CAUSAL_POOL_SHARE = {64: 0.03, 128: 0.03, 256: 0.03}
+# Where a causal pack walks lists of its own tiles (balanced, schedule.deal_packed) and draws only
+# the last tiles, up to this share of the estimated work, at run time through the table
+# (handout_table, dynamic_pool_share), by the row's head dim; elsewhere it draws every tile after
+# its first. A draw waits for its atomic's round trip before the tile's Q and first K can load; from
+# a list the producer knows the next tile and loads them under the current one (the tile trace, d64
+# H32 on the mixed pack: a tile's fixed cost 11066-11176 cycles drawn, 7595-7951 listed). Paired on
+# an H100 over the hand-out (bf16, causal; flashrung compare --quick --t-noise 0.001; docs/hopper.md,
+# *Packed sequences*), a pool of 0.03: on 8192, 4096 x2, 1024 x8 d64 H32 1.0516 / 1.0539, d128 H16
+# 1.0091 / 1.0093, d256 NULL, MLA 1.0058 / 1.0053, d128 H64 beside a window (1024, 0) 1.0548 /
+# 1.0537; 1024 x32 at d64 H64 1.0368 / 1.0365; 64 documents of 24-3811 tokens at d128 H32/8 1.0264 /
+# 1.0256 — but on the same documents at d64 H32 0.9285 / 0.9403 and on 512 x128 at d128 H16
+# 0.8851 / 0.8996: where most tiles run one to four K/V steps, the lists' estimate (a tile's steps
+# plus one) misses their fixed cost (about three steps at d64) and the pool cannot even the end.
+# Not a default while it loses there: none listed. By name: impl="hopper.fwd@balanced=true,
+# dynamic_tiles=false,handout_table=true,dynamic_pool_share=0.03" (at d64 with packed_section_mib=16;
+# tile_overhead_steps prices the fixed cost: built, not measured on packs)
+PACKED_CAUSAL_POOL_SHARE: dict[int, float] = {}
 
 # Q buffers a non-causal pack's consumers take (num_q_stages), by the row's head dim: the next
 # item's Q (in a pack, often a short sequence's, whose tile runs few K/V steps) loads under this
@@ -1743,12 +1745,13 @@ def packed_clashes(cfg: HopperFwdConfig) -> list[str]:
 def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool, windowed: bool = False) -> HopperFwdConfig:
     """``cfg`` with ``PACKED_CLASHES`` off, what follows from them re-derived (:func:`replace_following`),
     and the persistent grid's lists or stride replaced by the table of the pack's tiles with a row,
-    in L2 sections of :data:`PACKED_SECTION_MIB`: a causal pack (a band too) walks its own lists and
-    draws a pool of :data:`PACKED_CAUSAL_POOL_SHARE` of the work through it, a non-causal one draws
-    every tile after its first at run time; a non-causal pack without a window takes
+    in L2 sections of :data:`PACKED_SECTION_MIB`: a causal pack (a band too) at a head dim listed in
+    :data:`PACKED_CAUSAL_POOL_SHARE` walks its own lists and draws a pool of that share of the work
+    through it, every other pack draws every tile after its first at run time; a non-causal pack
+    without a window takes
     :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
-    if out.persistent and not out.overlap_epilogue and causal:
+    if out.persistent and not out.overlap_epilogue and causal and head_dim in PACKED_CAUSAL_POOL_SHARE:
         out = replace_following(out, head_dim, balanced=True, dynamic_tiles=False, handout_table=True,
                                 dynamic_pool_share=PACKED_CAUSAL_POOL_SHARE[head_dim],
                                 packed_section_mib=PACKED_SECTION_MIB[head_dim])

@@ -671,18 +671,26 @@ def test_the_packed_table_with_a_pool_lists_the_order_then_draws_the_rest(ctas, 
         mine = [int(t) for t in order[offsets[cta]:offsets[cta + 1]]]
         assert [position[t] for t in mine] == sorted(position[t] for t in mine)
         assert mine == [int(t) for t in tiles[:listed][owner == cta]]
-    ran, draws, live = [int(t) for t in order[:listed]], 0, list(range(ctas))
+    ran = [int(t) for t in order[:listed]] + _replay_draws(order, listed, num_items, ctas)
+    assert sorted(ran) == sorted(int(t) for t in tiles)
+    assert costs[listed:].sum() <= pool_share * costs.sum() + 1e-9
+
+
+def _replay_draws(order, pool, num_items, ctas):
+    """The items a table's pool hands out (``order`` past position ``pool``), the CTAs drawing in a
+    random interleaving until each reads its "none left" (``num_items``); no draw reads past it."""
+    ran, draws, live = [], 0, list(range(ctas))
     rng = random.Random(ctas)
     while live:
         cta = rng.choice(live)
-        item = int(order[listed + draws])
+        assert pool + draws < len(order)
+        item = int(order[pool + draws])
         draws += 1
         if item == num_items:
             live.remove(cta)
         else:
             ran.append(item)
-    assert sorted(ran) == sorted(int(t) for t in tiles)
-    assert costs[listed:].sum() <= pool_share * costs.sum() + 1e-9
+    return ran
 
 
 @pytest.mark.parametrize("ctas", [1, 7, 132])
@@ -700,20 +708,8 @@ def test_the_packed_handout_table_hands_each_tile_with_a_row_out_once(ctas):
     assert len(tiles) == heads * sum(-(-n // block_m) for n in lens_q) and list(costs) == sorted(costs, reverse=True)
     offsets, order = table[:ctas + 1], table[ctas + 1:]
     assert list(order) == list(tiles) + [num_items] * ctas
-    pool, draws, ran = int(offsets[ctas]), 0, []
-    rng = random.Random(ctas)
-    live = list(range(ctas))
-    for cta in live:
-        ran += [int(t) for t in order[offsets[cta]:offsets[cta + 1]]]
-    while live:
-        cta = rng.choice(live)
-        assert pool + draws < len(order)
-        item = int(order[pool + draws])
-        draws += 1
-        if item == num_items:
-            live.remove(cta)
-        else:
-            ran.append(item)
+    ran = [int(t) for cta in range(ctas) for t in order[offsets[cta]:offsets[cta + 1]]]
+    ran += _replay_draws(order, int(offsets[ctas]), num_items, ctas)
     assert sorted(ran) == sorted(int(t) for t in tiles)
     for tile in ran:
         head, m = tile_position(tile, num_m_blocks, len(lens_q) * heads, section, True)

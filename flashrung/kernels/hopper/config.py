@@ -1748,8 +1748,7 @@ def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool, windowed: bool = 
     in L2 sections of :data:`PACKED_SECTION_MIB`: a causal pack (a band too) at a head dim listed in
     :data:`PACKED_CAUSAL_POOL_SHARE` walks its own lists and draws a pool of that share of the work
     through it, every other pack draws every tile after its first at run time; a non-causal pack
-    without a window takes
-    :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
+    without a window takes :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
     out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
     if out.persistent and not out.overlap_epilogue and causal and head_dim in PACKED_CAUSAL_POOL_SHARE:
         out = replace_following(out, head_dim, balanced=True, dynamic_tiles=False, handout_table=True,

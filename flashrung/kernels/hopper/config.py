@@ -1715,9 +1715,9 @@ PACKED_SECTION_MIB = {64: 48, 128: 16, 256: 16}
 # 1.0091 / 1.0093, d256 NULL, MLA 1.0058 / 1.0053, d128 H64 beside a window (1024, 0) 1.0548 /
 # 1.0537; 1024 x32 at d64 H64 1.0368 / 1.0365; 64 documents of 24-3811 tokens at d128 H32/8 1.0264 /
 # 1.0256 — but on the same documents at d64 H32 0.9285 / 0.9403 and on 512 x128 at d128 H16
-# 0.8851 / 0.8996: where most tiles run one to four K/V steps, the lists' estimate (a tile's steps
-# plus one) misses their fixed cost (about three steps at d64) and the pool cannot even the end.
-# Not a default while it loses there: none listed. By name: impl="hopper.fwd@balanced=true,
+# 0.8851 / 0.8996, where a makespan model with the traced fixed costs and the draw's stall predicts
+# the lists ahead by 1.11-1.12x (docs/results/cpu-model-packed-lists-vs-handout-73c7963.txt): the
+# cause is not known. Not a default while it loses there: none listed. By name: impl="hopper.fwd@balanced=true,
 # dynamic_tiles=false,handout_table=true,dynamic_pool_share=0.03" (at d64 with packed_section_mib=16;
 # tile_overhead_steps prices the fixed cost: built, not measured on packs)
 PACKED_CAUSAL_POOL_SHARE: dict[int, float] = {}

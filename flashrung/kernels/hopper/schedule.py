@@ -281,7 +281,8 @@ def balanced_schedule(num_m_blocks: int, batch_heads: int, section: int, lpt: bo
     lists = [[] for _ in range(ctas)]
     m_blocks = tile_m_blocks(num_m_blocks, batch_heads, section, lpt)
     listed = pool_start([cost[m] for m in m_blocks], pool_share)
-    _deal(m_blocks[:listed], cost, ctas, lambda tile_id, i: lists[i].append(tile_id))
+    for tile_id, i in enumerate(_deal([cost[m] for m in m_blocks[:listed]], ctas)[1]):
+        lists[i].append(tile_id)
     offsets = [0]
     for tiles in lists:
         offsets.append(offsets[-1] + len(tiles))
@@ -295,25 +296,26 @@ def lists_makespan(num_m_blocks: int, batch_heads: int, section: int, lpt: bool,
     how far past the mean the last CTA's list ends (1.0: evenly)."""
     cost = [tile_cost(m, block_m, kv_tile, seqlen_q, seqlen_k, causal, tuple(consumer_share), overhead=overhead)
             for m in range(num_m_blocks)]
-    loads = _deal(tile_m_blocks(num_m_blocks, batch_heads, section, lpt), cost, ctas)
+    loads, _ = _deal([cost[m] for m in tile_m_blocks(num_m_blocks, batch_heads, section, lpt)], ctas)
     return max(loads) * ctas / sum(loads)
 
 
-def _deal(m_blocks, cost, ctas: int, take=None) -> list[float]:
-    """Greedy list scheduling: each tile of the launch order (``m_blocks``, priced ``cost[m]``) to
-    the CTA with the least estimated work, the lowest index on ties; ``take(tile_id, cta)`` is told
-    of each. Returns every CTA's estimated work."""
+def _deal(costs: list[float], ctas: int) -> tuple[list[float], list[int]]:
+    """Greedy list scheduling: each tile of the launch order (priced ``costs``, in that order) to
+    the CTA with the least estimated work, the lowest index on ties. Returns every CTA's estimated
+    work and each tile's CTA. Plain lists and one heap: a pack's table is built on every call with
+    new lengths (about 0.35 us a tile on the project's CPU host)."""
     free = [(0.0, i) for i in range(ctas)]         # already a heap: equal loads, ascending index
-    replace = heapq.heapreplace
-    for tile_id, m in enumerate(m_blocks):
+    owner = []
+    take, replace = owner.append, heapq.heapreplace
+    for cost in costs:
         load, i = free[0]
-        if take is not None:
-            take(tile_id, i)
-        replace(free, (load + cost[m], i))
+        take(i)
+        replace(free, (load + cost, i))
     loads = [0.0] * ctas
     for load, i in free:
         loads[i] = load
-    return loads
+    return loads, owner
 
 
 # a divided section is taken where the lists' modeled makespan drops by more than this fraction
@@ -432,10 +434,15 @@ def packed_schedule(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: in
     that order."""
     tile, cost = packed_tiles(lens_q, lens_k, heads_q, num_m_blocks, section, lpt, block_m, kv_tile, causal, ctas,
                               consumer_share, window_left, window_right, l2_sections, overhead)
+    return np.concatenate(_packed_lists(tile, cost, ctas)).astype(np.int32)
+
+
+def _packed_lists(tile: np.ndarray, cost: np.ndarray, ctas: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets (ctas + 1), tiles)`` of ``tile`` (a pack's launch order, priced ``cost``) dealt by
+    :func:`deal_packed`: CTA ``i`` walks ``tiles[offsets[i]:offsets[i + 1]]``, in the launch order."""
     owner = deal_packed(cost, ctas)
-    by_owner = np.argsort(owner, kind="stable")     # each CTA's tiles in the launch order
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
-    return np.concatenate([offsets, tile[by_owner]]).astype(np.int32)
+    by_owner = np.argsort(owner, kind="stable")
+    return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))]), tile[by_owner]
 
 
 # Up to this many tiles a CTA a pack's lists are dealt tile by tile (the greedy list schedule,
@@ -460,14 +467,7 @@ def deal_packed(cost: np.ndarray, ctas: int) -> np.ndarray:
     if not isinstance(ctas, int) or ctas < 1:
         raise ValueError(f"ctas must be a positive integer, got {ctas!r}")
     if cost.size <= PACKED_GREEDY_TILES_PER_CTA * ctas:
-        # _deal's loop, with plain lists (a pack's table is built on every call with new lengths)
-        free, owner = [(0.0, i) for i in range(ctas)], []
-        take, replace = owner.append, heapq.heapreplace
-        for tile_cost_ in cost.tolist():
-            load, i = free[0]
-            take(i)
-            replace(free, (load + tile_cost_, i))
-        return np.array(owner, dtype=np.int64)
+        return np.array(_deal(cost.tolist(), ctas)[1], dtype=np.int64)
     owner = np.empty(cost.size, dtype=np.int64)
     load = np.zeros(ctas)
     for first in range(0, cost.size, ctas):
@@ -506,10 +506,8 @@ def packed_handout_table(lens_q, lens_k, heads_q: int, num_m_blocks: int, sectio
         offsets = np.minimum(np.arange(ctas + 1), tile.size)
         return np.concatenate([offsets, tile, np.full(ctas, num_items)]).astype(np.int32)
     listed = pool_start(cost, pool_share)
-    owner = deal_packed(cost[:listed], ctas)
-    by_owner = np.argsort(owner, kind="stable")
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=ctas))])
-    return np.concatenate([offsets, tile[:listed][by_owner], tile[listed:], np.full(ctas, num_items)]).astype(np.int32)
+    offsets, lists = _packed_lists(tile[:listed], cost[:listed], ctas)
+    return np.concatenate([offsets, lists, tile[listed:], np.full(ctas, num_items)]).astype(np.int32)
 
 
 def packed_tiles(lens_q, lens_k, heads_q: int, num_m_blocks: int, section: int, lpt: bool, block_m: int,

@@ -518,6 +518,12 @@ CENSUS_CONFIGS += [(f"{label}-{kind}", d, causal, {f"_{kind}": True}) for label,
 # the balanced lists with a run-time pool of the order's last tiles
 DYNAMIC_POOL = {"dynamic_pool_share": 0.03}
 CENSUS_CONFIGS += [(f"d{d}-causal-pool", d, True, DYNAMIC_POOL) for d in (64, 128)]
+# the causal packs' hand-out drawing each next tile two K/V tiles before the current one's last load,
+# and handing each on a barrier of its own
+CENSUS_CONFIGS += [(f"d{d}-causal-packed-draw-ahead", d, True, {"_packed": True, "draw_ahead_steps": 2})
+                   for d in (64, 128)]
+CENSUS_CONFIGS += [(f"d{d}-causal-packed-handout-barrier", d, True, {"_packed": True, "handout_barrier": True})
+                   for d in (64, 128)]
 
 
 # local memory each head dim's default may keep outside its K/V loops: none. (Causal d256 with one
@@ -2341,6 +2347,56 @@ def test_dynamic_tiles_census(census):
         assert dynamic["loop"]["mufu"] == default["loop"]["mufu"] and dynamic["loop"]["ldl"] == 0
 
 
+def test_handout_barrier_census(census):
+    # the items' own barriers: a ready barrier per item slot (Q stages + 1) and consumer, initialized
+    # for one arrival; the consumers' K/V loops and local memory as the pack's default has them
+    for d in (64, 128):
+        entry = census[f"d{d}-causal-packed-handout-barrier"]
+        assert "error" not in entry["row"], entry["row"]["error"]
+        cfg = HopperFwdConfig(**{f.name: entry["row"]["config"][f.name] for f in dataclasses.fields(HopperFwdConfig)})
+        assert cfg.handout_barrier and cfg.handout_table
+        plain = dataclasses.replace(cfg, handout_barrier=False)
+        extra = (cfg.num_q_stages + 1) * cfg.num_consumers
+        assert len(entry["inits"]) >= extra
+        assert cfg.smem_bytes(d, 2) - plain.smem_bytes(d, 2) == extra * 8
+        assert entry["row"]["spill_bytes"] == (census["d64-causal-packed"]["row"]["spill_bytes"] if d == 64 else 0)
+        step_hgmma = collections.Counter(loop["hgmma"] for loop in entry["kv_loops"]).most_common(1)[0][0]
+        assert all(loop["ldl"] == 0 for loop in entry["kv_loops"] if loop["hgmma"] == step_hgmma)
+    with pytest.raises(ValueError, match="handout_barrier"):
+        HopperFwdConfig(persistent=True, balanced=True, handout_barrier=True).check(128)
+
+
+def test_draw_ahead_needs_the_hand_out():
+    # the draw moves only where there is one: on the lists alone it would be a switch that
+    # silently does nothing, and a negative count has no meaning
+    with pytest.raises(ValueError, match="draw_ahead_steps"):
+        HopperFwdConfig(persistent=True, balanced=True, draw_ahead_steps=2).check(128)
+    with pytest.raises(ValueError, match="draw_ahead_steps"):
+        HopperFwdConfig(persistent=True, dynamic_tiles=True, draw_ahead_steps=-1).check(128)
+    HopperFwdConfig(persistent=True, dynamic_tiles=True, draw_ahead_steps=2).check(128)
+    HopperFwdConfig(persistent=True, balanced=True, dynamic_pool_share=0.03, draw_ahead_steps=1).check(128)
+
+
+def test_draw_ahead_census(census):
+    # the draw moves into the producer's K/V loop (behind a branch) and leaves the consumers' K/V
+    # loops and local memory as the pack's default has them: d64's packed build keeps its 48 B
+    # outside the loops, d128's none
+    ahead, default = census["d64-causal-packed-draw-ahead"], census["d64-causal-packed"]
+    for entry in (ahead, census["d128-causal-packed-draw-ahead"]):
+        assert "error" not in entry["row"], entry["row"]["error"]
+        assert entry["row"]["config"]["draw_ahead_steps"] == 2 and entry["row"]["config"]["handout_table"]
+    assert census["d128-causal-packed-draw-ahead"]["row"]["spill_bytes"] == 0
+    assert ahead["row"]["spill_bytes"] == default["row"]["spill_bytes"]
+    # the K/V steps' loops (the most common wgmma count; the loops around a whole item hold more)
+    step_hgmma = collections.Counter(loop["hgmma"] for loop in default["kv_loops"]).most_common(1)[0][0]
+    steady = [(a["length"], b["length"]) for a, b in zip(ahead["kv_loops"], default["kv_loops"])
+              if b["hgmma"] == step_hgmma]
+    assert len(steady) >= 2 and all(abs(a - b) <= 2 for a, b in steady), steady
+    for entry in (ahead, census["d128-causal-packed-draw-ahead"]):
+        assert all(loop["ldl"] == 0 for loop in entry["kv_loops"] if loop["hgmma"] == step_hgmma)
+    assert ahead["producer_loops"][0]["length"] > default["producer_loops"][0]["length"]
+
+
 def test_config_check_rejects_balanced_without_a_persistent_grid():
     with pytest.raises(ValueError, match="balanced"):
         HopperFwdConfig(balanced=True, persistent=False).check(128)
@@ -3478,8 +3534,8 @@ def test_gate_packed(head_dim, causal, window, lengths):
 # 1 MiB, so that the gate's pack spans several. Every grid names dynamic_tiles, handout_table,
 # dynamic_pool_share and packed_section_mib: a pack's default draws through the table in sections
 # (causal: lists then a pool), and the other grids beside it do not build
-_UNSECTIONED = dict(packed_section_mib=0, dynamic_pool_share=0.0)
-_SECTIONED = dict(packed_section_mib=1, dynamic_pool_share=0.0)
+_UNSECTIONED = dict(packed_section_mib=0, dynamic_pool_share=0.0, draw_ahead_steps=0, handout_barrier=False)
+_SECTIONED = dict(packed_section_mib=1, dynamic_pool_share=0.0, draw_ahead_steps=0, handout_barrier=False)
 PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False, **_UNSECTIONED),
                 "lists-sections": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False,
                                        **_SECTIONED),
@@ -3492,7 +3548,20 @@ PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=Fals
                                        **_SECTIONED),
                 # a pool of a quarter of the work: the gate's pack draws tiles of several sequences
                 "lists-pool-sections": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=True,
-                                            packed_section_mib=1, dynamic_pool_share=0.25),
+                                            packed_section_mib=1, dynamic_pool_share=0.25, draw_ahead_steps=0,
+                                            handout_barrier=False),
+                # the table's draws two K/V tiles ahead of an item's last load (the pack's short
+                # sequences' items are shorter than that: drawn after their first tile); its items on
+                # a barrier of their own; the lists' pool drawn one ahead, on the items' barriers
+                "table-sections-ahead": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True,
+                                             packed_section_mib=1, dynamic_pool_share=0.0, draw_ahead_steps=2,
+                                             handout_barrier=False),
+                "table-sections-barrier": dict(balanced=False, persistent=True, dynamic_tiles=True, handout_table=True,
+                                               packed_section_mib=1, dynamic_pool_share=0.0, draw_ahead_steps=0,
+                                               handout_barrier=True),
+                "lists-pool-ahead": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=True,
+                                         packed_section_mib=1, dynamic_pool_share=0.25, draw_ahead_steps=1,
+                                         handout_barrier=True),
                 "per-tile": dict(balanced=False, persistent=False, dynamic_tiles=False, handout_table=False,
                                  **_UNSECTIONED)}
 
@@ -3915,7 +3984,7 @@ def test_balanced_partial_tiles_changes_no_output(seqlen):
 
 @pytest.mark.gpu
 @on_hopper
-@pytest.mark.parametrize("kind", ["dynamic", "pool"])
+@pytest.mark.parametrize("kind", ["dynamic", "pool", "dynamic-ahead", "dynamic-barrier", "pool-barrier"])
 @pytest.mark.parametrize("head_dim, batch, seqlen", [(64, 8, 4096), (64, 2, 3900), (128, 4, 4096), (128, 1, 1003)])
 def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen, kind):
     # a tile's result does not depend on which CTA runs it or when: handed out at run time, every
@@ -3925,7 +3994,13 @@ def test_dynamic_tiles_changes_no_output(head_dim, batch, seqlen, kind):
     q, k, v = _seeded_qkv(batch, seqlen, 8, head_dim)
     cfg = fwd.default_config(head_dim, True, seqlen)
     # the pool at a tenth of the work, so that these small grids draw from it
-    dynamic = dataclasses.replace(cfg, **(DYNAMIC_TILES if kind == "dynamic" else {"dynamic_pool_share": 0.1}))
+    # (dynamic-ahead: each next tile drawn two K/V tiles before the current one's last load)
+    # (-barrier: each item on a barrier of its own, handout_barrier)
+    changes = {"dynamic": DYNAMIC_TILES, "pool": {"dynamic_pool_share": 0.1},
+               "dynamic-ahead": {**DYNAMIC_TILES, "draw_ahead_steps": 2},
+               "dynamic-barrier": {**DYNAMIC_TILES, "handout_barrier": True},
+               "pool-barrier": {"dynamic_pool_share": 0.1, "handout_barrier": True}}[kind]
+    dynamic = dataclasses.replace(cfg, **changes)
     out, lse = fwd.forward(q, k, v, True, 0.125, cfg)
     for _ in range(3):
         out_dyn, lse_dyn = fwd.forward(q, k, v, True, 0.125, dynamic)
@@ -3946,6 +4021,14 @@ def test_gate_dynamic_tiles(head_dim, shape, causal):
     _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, **DYNAMIC_TILES)
     _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, balanced=True, dynamic_pool_share=0.3,
                  overlap_epilogue=False)
+    # each next tile drawn ahead, by more tiles than the short items have (drawn after their first
+    # tile's loads) and the long ones' (inside their loop); each item on a barrier of its own
+    # (handout_barrier), drawn ahead, and after the lists
+    _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, draw_ahead_steps=8, **DYNAMIC_TILES)
+    _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, draw_ahead_steps=2,
+                 handout_barrier=True, **DYNAMIC_TILES)
+    _gate_forced(head_dim, shape, causal, persistent=True, split_tail=False, balanced=True, dynamic_pool_share=0.3,
+                 overlap_epilogue=False, handout_barrier=True)
 
 
 @pytest.mark.gpu

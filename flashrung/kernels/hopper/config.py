@@ -227,6 +227,23 @@ class HopperFwdConfig:
     # At 0.03, paired over the default (H200, bf16, causal): d128 H16 S4k 1.0035 / 1.0069 (NULL),
     # S8k and S16k 0.993-0.998 (REVERT), d64 H32 S4096 0.996-0.997 (NULL): off
     dynamic_pool_share: float = 0.0
+    # with the run-time hand-out (dynamic_tiles or dynamic_pool_share): the producer draws its next
+    # tile this many K/V tiles before its current tile's last load (an item shorter than that: after
+    # its first tile's loads). 0: after the last load. The draw's atomic returns through the warp's
+    # scratch, so the producer waits for it; after the last load that wait delays the next tile's
+    # first K and Q, earlier it runs where the producer waits for a free ring slot anyway. Paired on
+    # an H100 (bf16, causal, the packs' hand-out, two K/V tiles ahead): d64 H32 8192, 4096 x2,
+    # 1024 x8 1.0014 / 1.0003 (NULL), d128 H16 512 x128 0.9977 / 0.9887 (REVERT); the traced fixed
+    # cost a tile did not move (docs/hopper.md, *Causal packs: what the draw costs*): off
+    draw_ahead_steps: int = 0
+    # with the run-time hand-out: each item reaches the consumers on an mbarrier of its own as soon as
+    # it is drawn (a ring of Q stages + 1 words a consumer; fwd._post_item), instead of in a word
+    # beside its Q that a consumer reads only once that Q has landed: a consumer then reads its next
+    # item as it finishes the current one, as it reads a list, and decodes it (its sequence's
+    # lengths read from cu_seqlens) while the next Q is on its way. Paired on an H100 (bf16, causal,
+    # the packs' hand-out): d64 H32 8192, 4096 x2, 1024 x8 0.9997 / 0.9989, 64 documents 1.0031 /
+    # 1.0014, d128 H16 the mixed pack 0.9992 / 0.9990, 512 x128 0.9938 / 0.9923: NULL to REVERT, off
+    handout_barrier: bool = False
     # each work item visits its unmasked K/V tiles from its own start and wraps around
     # (schedule.kv_stagger): CTAs that start together on equal tiles of one head (the plain
     # order, the persistent grid) otherwise request the same K/V lines at the same moment
@@ -584,6 +601,8 @@ class HopperFwdConfig:
         # q ready/empty per consumer and Q stage, k/v ready/empty per stage, one turn barrier per
         # consumer
         bars = ((2 * self.num_q_stages + 1) * self.num_consumers + 4 * self.num_kv_stages) * BARRIER_BYTES
+        # handout_barrier: a ready barrier per item slot (Q stages + 1) and consumer
+        bars += (self.num_q_stages + 1) * self.num_consumers * BARRIER_BYTES if self.handout_barrier else 0
         return q + o + kv + ones + p + bars
 
     @property
@@ -672,6 +691,16 @@ class HopperFwdConfig:
                              "dynamic hand-out: it needs balanced=True and overlap_epilogue=False, got "
                              f"dynamic_pool_share={self.dynamic_pool_share}, balanced={self.balanced}, "
                              f"overlap_epilogue={self.overlap_epilogue}")
+        if self.draw_ahead_steps < 0 or self.draw_ahead_steps > 0 and not self.dynamic:
+            raise ValueError("draw_ahead_steps moves the run-time hand-out's draw earlier in an item: it must be "
+                             "0 or more and above 0 needs the hand-out (dynamic_tiles=True, or balanced=True with a "
+                             f"dynamic_pool_share above 0), got draw_ahead_steps={self.draw_ahead_steps}, "
+                             f"dynamic_tiles={self.dynamic_tiles}, dynamic_pool_share={self.dynamic_pool_share}")
+        if self.handout_barrier and not self.dynamic:
+            raise ValueError("handout_barrier hands the run-time hand-out's items on a barrier of their own: it "
+                             "needs the hand-out (dynamic_tiles=True, or balanced=True with a dynamic_pool_share "
+                             f"above 0), got dynamic_tiles={self.dynamic_tiles}, "
+                             f"dynamic_pool_share={self.dynamic_pool_share}")
         if self.meet_before_pass and not (self.skip_empty_rows and self.pingpong):
             raise ValueError("meet_before_pass makes a consumer that skips its empty rows meet before it passes the "
                              "pingpong turn: it needs skip_empty_rows=True and pingpong=True, got skip_empty_rows="

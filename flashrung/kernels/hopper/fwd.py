@@ -84,8 +84,10 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   warpgroups that have rows (``schedule.tile_cost``);
 * tiles handed out at run time (``dynamic_tiles``, or ``dynamic_pool_share`` after the balanced
   lists; measured, off): the producer draws each next tile from a self-resetting counter
-  (``schedule.handout_next``) after the current tile's last load and hands it to its consumers in
-  a word beside the tile's Q (``_hand_item``, ``_handed_item``); item -1 ends their loop;
+  (``schedule.handout_next``) after the current tile's last load (``draw_ahead_steps``: that many
+  K/V tiles before it) and hands it to its consumers in a word beside the tile's Q (``_hand_item``,
+  ``_handed_item``; ``handout_barrier``: on a barrier of its own as soon as it is drawn,
+  ``_post_item``); item -1 ends their loop;
 * staggered K/V sweeps (``stagger_kv``, the default of d64 from max(Sq, Sk) = 3072): each work
   item visits its unmasked K/V tiles from its own start and wraps (``schedule.kv_stagger``), so
   CTAs that start together stop loading the same K/V lines at once; masked tiles stay last;
@@ -272,14 +274,16 @@ class _Shared:
     q2_bufs: gl.shared_memory_descriptor       # [Q stages · consumers, 1, 64, 1, HEAD_DIM_TAIL] (q_bufs if none)
     ones_bufs: gl.shared_memory_descriptor     # [consumers, 8, BLOCK_N] of ones (ROW_SUM_BY_MMA; k_bufs if off)
     p_bufs: gl.shared_memory_descriptor        # [consumers, 64, BLOCK_N]: P for PV (P_IN_SMEM; k_bufs if off)
-    item_bufs: gl.shared_memory_descriptor     # int32 [Q stages · consumers, 1]: the handed work item (DYNAMIC)
+    item_bufs: gl.shared_memory_descriptor     # int32 [item slots · consumers, 1]: the handed work item (DYNAMIC)
+    item_ready_bars: gl.shared_memory_descriptor  # per item slot and consumer: its word is written (ITEM_BARRIER)
     k_relay_bars: gl.shared_memory_descriptor  # per stage: the peer's consumers released it (RELAY_RELEASE)
     v_relay_bars: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
     def __init__(self, q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars,
                  k_empty_bars, v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs,
-                 k_relay_bars, v_relay_bars, q2_bufs, p_bufs):
+                 k_relay_bars, v_relay_bars, q2_bufs, p_bufs, item_ready_bars):
+        self.item_ready_bars = item_ready_bars
         self.p_bufs = p_bufs
         self.q2_bufs = q2_bufs
         self.item_bufs = item_bufs
@@ -412,6 +416,8 @@ class _Schedule:
     BALANCED: gl.constexpr       # each CTA walks its own list of tiles (schedule.balanced_schedule)
     DYNAMIC: gl.constexpr        # each CTA's producer draws its next tile from a counter and hands it on
     HANDOUT_TABLE: gl.constexpr  # the draws read a table of the tiles with a row (schedule.packed_handout_table)
+    DRAW_AHEAD: gl.constexpr     # with DYNAMIC: the next item is drawn this many K/V tiles before an item's last load
+    ITEM_BARRIER: gl.constexpr   # with DYNAMIC: a drawn item reaches the consumers on its own barrier, not beside Q
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     STAGGER_SUBTRACT: gl.constexpr  # the sweep wraps by compare and subtract, not a run-time modulo
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
@@ -601,7 +607,7 @@ def _load_q(q_desc, q2_desc, sh, sz, b, h, row0, q_stage, q_phase, item, c):
     for wg in gl.static_range(c.NUM_CONSUMERS):
         slot = q_stage * c.NUM_CONSUMERS + wg
         _producer_wait(sh.q_empty_bars, slot, q_phase ^ 1, c.Q_EMPTY_AT, c)
-        if c.DYNAMIC:
+        if c.DYNAMIC and not c.ITEM_BARRIER:
             _hand_item(sh, slot, item)
         if c.UNSYNCED_PRODUCER:
             # Gluon's expect and copy fence the producer's four warps with a bar.sync on each
@@ -710,9 +716,11 @@ def _hand_item(sh, slot, item):
 
 
 @gluon.jit
-def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c):
+def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, draw, c):
     """Every load of work item ``item``: its first K, its Q, the rest of its K/V tiles. Returns the
-    ring count after it."""
+    ring count after it and, with the dynamic hand-out drawn ahead, the CTA's next item, drawn
+    (``draw``: the hand-out's ``(pos, stop, pool)``) ``DRAW_AHEAD`` K/V tiles before this item's last
+    load (:func:`_draw_next`); otherwise ``item``."""
     tile_id, split, b, h, m_block = _work_coords(item, sz, c, c.FAST_DIVIDE_PRODUCER)
     seq, tma_b, q0, k0 = _sequence(sz, b, c)
     kv_head = divide(h, sz.group, c.FAST_DIVIDE_PRODUCER)
@@ -725,6 +733,7 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
     # ring position of K/V tile j of this item: base + j
     base = count - kv_lo
+    nxt = item
     q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
     if kv_hi > kv_lo:
         # the first K first: it streams while the previous tile still holds the Q buffers.
@@ -732,6 +741,8 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
         _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars, sh.k_relay_bars, tma_b,
                       kv_head, first, k0, count, solo, c, sz, 0)
         _load_q(q_desc, q2_desc, sh, sz, tma_b, h, q0 + row0, q_stage, q_phase, item, c)
+        # the K/V tile after whose loads the next item is drawn (the last one's with DRAW_AHEAD = 0)
+        draw_at = gl.maximum(kv_hi - 1 - c.DRAW_AHEAD, kv_lo)
         if c.LAG_V_LOADS:
             # V(j-1) after K(j): the overlapped consumer waits for both before QK(j), so a V
             # slot is filled when its tile is next needed, not as soon as it frees
@@ -742,36 +753,86 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
                               sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
                               sh.v_relay_bars, tma_b, kv_head, prev, k0, base + j - 1, solo, c, sz, 1)
+                nxt = _draw_next(sh, sz, draw, nxt, tile_iter, j - 1 == draw_at, c)
                 prev = t
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars,
                           tma_b, kv_head, prev, k0, base + kv_hi - 1, solo, c, sz, 1)
+            nxt = _draw_next(sh, sz, draw, nxt, tile_iter, kv_hi - 1 == draw_at, c)
         else:
             _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars, sh.v_relay_bars,
                           tma_b, kv_head, first, k0, count, solo, c, sz, 1)
+            nxt = _draw_next(sh, sz, draw, nxt, tile_iter, kv_lo == draw_at, c)
             for j in range(kv_lo + 1, kv_hi):
                 t = kv_visit(j, rot_lo, n_rot, kv_start, c.STAGGER_KV, c.STAGGER_SUBTRACT, c.HAS_WINDOW)
                 _load_kv_tile(k_desc, k2_desc, sh.k_bufs, sh.k2_bufs, sh.k_ready_bars, sh.k_empty_bars,
                               sh.k_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 0)
                 _load_kv_tile(v_desc, v2_desc, sh.v_bufs, sh.v2_bufs, sh.v_ready_bars, sh.v_empty_bars,
                               sh.v_relay_bars, tma_b, kv_head, t, k0, base + j, solo, c, sz, 1)
+                nxt = _draw_next(sh, sz, draw, nxt, tile_iter, j == draw_at, c)
     else:
         # every row of this tile sees no key (causal, Sq > Sk): Q still flows so the
         # consumers' barrier phases stay in step; they write out = 0, lse = -inf
         _load_q(q_desc, q2_desc, sh, sz, tma_b, h, q0 + row0, q_stage, q_phase, item, c)
+        nxt = _draw_next(sh, sz, draw, nxt, tile_iter, True, c)
     count += kv_hi - kv_lo
-    return count
+    return count, nxt
+
+
+@gluon.jit
+def _draw_next(sh, sz, draw, nxt, tile_iter, now, c):
+    """The CTA's next item (``schedule.handout_item`` at ``draw``'s position) if ``now``, else
+    ``nxt``; nothing without the dynamic hand-out drawn ahead (``DRAW_AHEAD > 0``: with 0 the
+    producer's loop draws once the item's loads are all issued, :func:`_producer_partition`). The
+    producer waits for a draw's atomic (its result comes back through the warp's scratch): drawn
+    after a K/V tile's loads, that wait runs where the producer would wait for the ring's next empty
+    slot anyway. With ``ITEM_BARRIER`` the item goes to the consumers at once (:func:`_post_item`,
+    as the CTA's item ``tile_iter + 1``)."""
+    if c.DYNAMIC and c.DRAW_AHEAD > 0:
+        if now:
+            pos, stop, pool = draw
+            nxt = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
+            if c.ITEM_BARRIER:
+                _post_item(sh, sz, tile_iter + 1, nxt, c)
+    return nxt
+
+
+@gluon.constexpr_function
+def _item_slots(num_q_stages, item_barrier):
+    """Item words a consumer has (one per Q stage beside its Q, one more on their own barriers).
+
+    With ``ITEM_BARRIER`` the word of the CTA's item t is written once item t is drawn, which is
+    after item t-1's Q was loaded, which waited for the consumer to release the Q of item
+    t-1-Q_STAGES, which it did after reading that item's word: so item t may take the slot of item
+    t-1-Q_STAGES, one of Q_STAGES + 1."""
+    return num_q_stages + 1 if item_barrier else num_q_stages
+
+
+@gluon.jit
+def _post_item(sh, sz, tile_iter, item, c):
+    """The CTA's item ``tile_iter`` (a position past the work: -1, none left) into each consumer's
+    word of its item slot, and that slot's ready barrier arrived on (``ITEM_BARRIER``): a consumer
+    reads the item it runs next as soon as it finishes its current one, before the next Q lands.
+    The arrival (release, after the warp's ``bar.warp.sync``) orders the word before the consumer's
+    wait (acquire), as :func:`_hand_item`'s does."""
+    slot, _ = ring_slot(tile_iter, _item_slots(c.NUM_Q_STAGES, c.ITEM_BARRIER))
+    handed = gl.where(item < sz.num_items, item, -1)
+    for wg in gl.static_range(c.NUM_CONSUMERS):
+        _hand_item(sh, slot * c.NUM_CONSUMERS + wg, handed)
+        mbarrier.arrive(sh.item_ready_bars.index(slot * c.NUM_CONSUMERS + wg))
 
 
 @gluon.jit
 def _end_handout(sh, tile_iter, c):
     """No work left: each consumer's next Q slot gets item -1 and a plain arrival (no bytes), which
-    completes the phase its consumer waits on."""
-    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
-    for wg in gl.static_range(c.NUM_CONSUMERS):
-        slot = q_stage * c.NUM_CONSUMERS + wg
-        mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
-        _hand_item(sh, slot, -1)
-        mbarrier.arrive(sh.q_ready_bars.index(slot))
+    completes the phase its consumer waits on. (With ``ITEM_BARRIER`` the draw that found none
+    posted -1 already: :func:`_post_item`.)"""
+    if not c.ITEM_BARRIER:
+        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+        for wg in gl.static_range(c.NUM_CONSUMERS):
+            slot = q_stage * c.NUM_CONSUMERS + wg
+            mbarrier.wait(sh.q_empty_bars.index(slot), q_phase ^ 1)
+            _hand_item(sh, slot, -1)
+            mbarrier.arrive(sh.q_ready_bars.index(slot))
 
 
 @gluon.jit
@@ -785,26 +846,34 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, s
         start, stop, pool = handout_range(sz.sched_ptr, c.BALANCED)
         pos = start
         item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
+        if c.ITEM_BARRIER:
+            _post_item(sh, sz, tile_iter, item, c)
         while item < sz.num_items:
-            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c)
+            # The next item is drawn DRAW_AHEAD K/V tiles before this one's last load (by default
+            # once it is issued): the CTA commits to its next tile about a ring's depth of steps
+            # before it needs it. Drawn at the item's start (after its Q; H200, 9ec0e08), each CTA
+            # held a whole tile in reserve, the last tiles went to CTAs still busy with heavy ones,
+            # and the launch ended unevenly (d128 causal B4 H16 S8192: 1.83% of the CTAs' time
+            # idle at the end, 0.55% on the lists; modeled with the lists' estimate,
+            # model.schedule.reserve_schedule: 2.02% with a tile in reserve, 0.05% drawn two steps
+            # ahead).
+            count, item = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count,
+                                        tile_iter, (pos + 1, stop, pool), c)
             tile_iter += 1
             pos += 1
-            # Drawn once this item's last load is issued: the CTA commits to its next tile about a
-            # ring's depth of steps before it needs it. Drawn at the item's start (after its Q;
-            # H200, 9ec0e08), each CTA held a whole tile in reserve, the last tiles went to CTAs
-            # still busy with heavy ones, and the launch ended unevenly (d128 causal B4 H16 S8192:
-            # 1.83% of the CTAs' time idle at the end, 0.55% on the lists; modeled with the lists'
-            # estimate, model.schedule.reserve_schedule: 2.02% with a tile in reserve, 0.05%
-            # drawn two steps ahead). The atomic's result comes back through the warp's scratch,
-            # so the producer waits for it here.
-            item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
+            if c.DRAW_AHEAD == 0:
+                # the atomic's result comes back through the warp's scratch: the producer waits here
+                item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
+                if c.ITEM_BARRIER:
+                    _post_item(sh, sz, tile_iter, item, c)
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:
         start, stop, step = work_range(sz.sched_ptr, sz.num_items, c.BALANCED, c.MULTICAST)
         for pos in range(start, stop, step):
             item = work_at(sz.sched_ptr, pos, c.BALANCED)
-            count = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count, tile_iter, c)
+            count, _ = _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, item, count,
+                                     tile_iter, (), c)
             tile_iter += 1
         if c.MULTICAST:
             _drain_ring(sh, count, c)
@@ -1802,12 +1871,19 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
 def _handed_item(sh, tile_iter, WG: gl.constexpr, c):
     """The work item the producer handed this warpgroup for its ``tile_iter``-th Q slot (-1: none
     left), read once the slot's ready barrier completes (:func:`_hand_item`). The wait is the one
-    :func:`_consume_item` makes again on the completed phase, which returns at once."""
-    q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
-    q_slot = q_stage * c.NUM_CONSUMERS + WG
-    mbarrier.wait(sh.q_ready_bars.index(q_slot), q_phase)
+    :func:`_consume_item` makes again on the completed phase, which returns at once. With
+    ``ITEM_BARRIER``, read once the item's own slot is written (:func:`_post_item`)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_CONSUMER_WARPS], [0])
-    return gl.max(sh.item_bufs.index(q_slot).load(layout), 0)
+    if c.ITEM_BARRIER:
+        # the item's own barrier (_post_item): the tile's Q may still be on its way
+        stage, phase = ring_slot(tile_iter, _item_slots(c.NUM_Q_STAGES, c.ITEM_BARRIER))
+        slot = stage * c.NUM_CONSUMERS + WG
+        mbarrier.wait(sh.item_ready_bars.index(slot), phase)
+    else:
+        q_stage, q_phase = ring_slot(tile_iter, c.NUM_Q_STAGES)
+        slot = q_stage * c.NUM_CONSUMERS + WG
+        mbarrier.wait(sh.q_ready_bars.index(slot), q_phase)
+    return gl.max(sh.item_bufs.index(slot).load(layout), 0)
 
 
 @gluon.jit
@@ -1894,7 +1970,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      EXP_TURNS: gl.constexpr,
                      SPLIT_TAIL: gl.constexpr,
                      EXTRA_KEYS: gl.constexpr, BALANCED: gl.constexpr, DYNAMIC: gl.constexpr,
-                     HANDOUT_TABLE: gl.constexpr,
+                     HANDOUT_TABLE: gl.constexpr, DRAW_AHEAD: gl.constexpr, ITEM_BARRIER: gl.constexpr,
                      STAGGER_KV: gl.constexpr,
                      STAGGER_SUBTRACT: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
@@ -1970,10 +2046,17 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
     v_ready_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
     v_empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
     if DYNAMIC:
-        item_bufs = gl.allocate_shared_memory(gl.int32, [NUM_Q_STAGES * NUM_CONSUMERS, 1],
+        item_bufs = gl.allocate_shared_memory(gl.int32, [_item_slots(NUM_Q_STAGES, ITEM_BARRIER) * NUM_CONSUMERS, 1],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_bufs = turn_bars       # never read
+    if ITEM_BARRIER:
+        item_ready_bars = gl.allocate_shared_memory(gl.int64, [_item_slots(NUM_Q_STAGES, ITEM_BARRIER) * NUM_CONSUMERS,
+                                                               1], bar_layout)
+        for i in gl.static_range(_item_slots(NUM_Q_STAGES, ITEM_BARRIER) * NUM_CONSUMERS):
+            mbarrier.init(item_ready_bars.index(i), count=1)     # the producer, once the word is written
+    else:
+        item_ready_bars = q_ready_bars      # never read
     if RELAY_RELEASE:
         k_relay_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
         v_relay_bars = gl.allocate_shared_memory(gl.int64, [NUM_KV_STAGES, 1], bar_layout)
@@ -2000,7 +2083,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
         mbarrier.init(v_empty_bars.index(i), count=RELEASES_PER_SLOT)
     sh = _Shared(q_bufs, o_bufs, k_bufs, v_bufs, q_ready_bars, q_empty_bars, k_ready_bars, k_empty_bars,
                  v_ready_bars, v_empty_bars, turn_bars, k2_bufs, v2_bufs, ones_bufs, item_bufs, k_relay_bars,
-                 v_relay_bars, q2_bufs, p_bufs)
+                 v_relay_bars, q2_bufs, p_bufs, item_ready_bars)
     sz = _Sizes(seqlen_q, seqlen_k, FastDivisor(heads_q, heads_q_mul, heads_q_shift),
                 FastDivisor(group, group_mul, group_shift), FastDivisor(num_m_blocks, m_blocks_mul, m_blocks_shift),
                 batch_heads, FastDivisor(head_section, section_mul, section_shift),
@@ -2025,7 +2108,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   NAMED_TURNS=NAMED_TURNS, EXP_TURNS=EXP_TURNS,
                   SPLIT_TAIL=SPLIT_TAIL, EXTRA_KEYS=EXTRA_KEYS, KV_TILE=BLOCK_N + EXTRA_KEYS,
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, HANDOUT_TABLE=HANDOUT_TABLE,
-                  STAGGER_KV=STAGGER_KV,
+                  DRAW_AHEAD=DRAW_AHEAD, ITEM_BARRIER=ITEM_BARRIER, STAGGER_KV=STAGGER_KV,
                   STAGGER_SUBTRACT=STAGGER_SUBTRACT,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, MEET_BEFORE_PASS=MEET_BEFORE_PASS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
@@ -2128,6 +2211,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SPLIT_TAIL=cfg.split_tail, EXTRA_KEYS=cfg.extra_keys,
         # the hand-out's table has the balanced table's layout: its CTAs' lists are read as theirs
         BALANCED=cfg.balanced or cfg.handout_table, DYNAMIC=cfg.dynamic, HANDOUT_TABLE=cfg.handout_table,
+        DRAW_AHEAD=cfg.draw_ahead_steps, ITEM_BARRIER=cfg.handout_barrier,
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,

@@ -3532,8 +3532,8 @@ def test_gate_packed(head_dim, causal, window, lengths):
 # of the tiles with a row), the lists then a pool drawn through the table, one CTA per tile; the
 # lists and the table heaviest first across the pack, and in L2 sections (packed_section_mib) of
 # 1 MiB, so that the gate's pack spans several. Every grid names dynamic_tiles, handout_table,
-# dynamic_pool_share and packed_section_mib: a pack's default draws through the table in sections
-# (causal: lists then a pool), and the other grids beside it do not build
+# dynamic_pool_share, packed_section_mib, draw_ahead_steps and handout_barrier: a pack's default
+# draws through the table in sections, and the other grids beside it do not build
 _UNSECTIONED = dict(packed_section_mib=0, dynamic_pool_share=0.0, draw_ahead_steps=0, handout_barrier=False)
 _SECTIONED = dict(packed_section_mib=1, dynamic_pool_share=0.0, draw_ahead_steps=0, handout_barrier=False)
 PACKED_GRIDS = {"lists": dict(balanced=True, persistent=True, dynamic_tiles=False, handout_table=False, **_UNSECTIONED),

@@ -691,16 +691,15 @@ class HopperFwdConfig:
                              "dynamic hand-out: it needs balanced=True and overlap_epilogue=False, got "
                              f"dynamic_pool_share={self.dynamic_pool_share}, balanced={self.balanced}, "
                              f"overlap_epilogue={self.overlap_epilogue}")
-        if self.draw_ahead_steps < 0 or self.draw_ahead_steps > 0 and not self.dynamic:
-            raise ValueError("draw_ahead_steps moves the run-time hand-out's draw earlier in an item: it must be "
-                             "0 or more and above 0 needs the hand-out (dynamic_tiles=True, or balanced=True with a "
-                             f"dynamic_pool_share above 0), got draw_ahead_steps={self.draw_ahead_steps}, "
-                             f"dynamic_tiles={self.dynamic_tiles}, dynamic_pool_share={self.dynamic_pool_share}")
-        if self.handout_barrier and not self.dynamic:
-            raise ValueError("handout_barrier hands the run-time hand-out's items on a barrier of their own: it "
-                             "needs the hand-out (dynamic_tiles=True, or balanced=True with a dynamic_pool_share "
-                             f"above 0), got dynamic_tiles={self.dynamic_tiles}, "
-                             f"dynamic_pool_share={self.dynamic_pool_share}")
+        if self.draw_ahead_steps < 0:
+            raise ValueError(f"draw_ahead_steps counts K/V tiles: it must be 0 or more, got {self.draw_ahead_steps}")
+        for name, value, what in (("draw_ahead_steps", self.draw_ahead_steps, "moves its draw earlier in an item"),
+                                  ("handout_barrier", self.handout_barrier,
+                                   "hands its items on a barrier of their own")):
+            if value and not self.dynamic:
+                raise ValueError(f"{name} {what}: it needs the run-time hand-out (dynamic_tiles=True, or "
+                                 f"balanced=True with a dynamic_pool_share above 0), got {name}={value}, "
+                                 f"dynamic_tiles={self.dynamic_tiles}, dynamic_pool_share={self.dynamic_pool_share}")
         if self.meet_before_pass and not (self.skip_empty_rows and self.pingpong):
             raise ValueError("meet_before_pass makes a consumer that skips its empty rows meet before it passes the "
                              "pingpong turn: it needs skip_empty_rows=True and pingpong=True, got skip_empty_rows="

@@ -397,27 +397,35 @@ class PackedSections:
         heaviest = np.zeros(lens_q.size)
         np.maximum.at(heaviest, seq, cost)
         kv_heads = heads_q // self.group
-        rank = np.empty((lens_q.size, kv_heads), dtype=np.int64)
-        head_index = np.arange(kv_heads)
+        budget = self.budget_bytes
+        # each sequence's first section, how many of its heads fit there, and the heads a later
+        # section holds: the walk in Python integers (a pack of 2000 sequences walks them all on
+        # every new pack), the ranks filled at once after it
+        first = [0] * lens_q.size
+        fit_first = [kv_heads] * lens_q.size
+        per = [1] * lens_q.size
         section, used = 0, 0
+        lens_k_list = lens_k.tolist()
         # every K/V head of a sequence has its bytes: a sequence's heads fill the open section as far
         # as they fit, then whole sections of ``per_section`` each (a head alone where one overflows)
-        for b in np.argsort(-heaviest, kind="stable"):
-            head_bytes = int(lens_k[b]) * self.kv_bytes_per_key
+        for b in np.argsort(-heaviest, kind="stable").tolist():
+            head_bytes = lens_k_list[b] * self.kv_bytes_per_key
             if head_bytes == 0:
-                if used > self.budget_bytes:
+                if used > budget:
                     section, used = section + 1, 0
-                rank[b] = section
+                first[b] = section
                 continue
-            per_section = max(1, self.budget_bytes // head_bytes)
-            fit = min(kv_heads, per_section if used == 0 else max(0, (self.budget_bytes - used) // head_bytes))
-            rank[b, :fit] = section
+            per_section = max(1, budget // head_bytes)
+            fit = min(kv_heads, per_section if used == 0 else max(0, (budget - used) // head_bytes))
+            first[b], fit_first[b], per[b] = section, fit, per_section
             if kv_heads > fit:
-                rank[b, fit:] = section + 1 + head_index[:kv_heads - fit] // per_section
                 section += 1 + (kv_heads - fit - 1) // per_section
                 used = ((kv_heads - fit - 1) % per_section + 1) * head_bytes
             else:
                 used += fit * head_bytes
+        first_a, fit_a, per_a = (np.array(x, dtype=np.int64)[:, None] for x in (first, fit_first, per))
+        later = np.arange(kv_heads)[None, :] - fit_a
+        rank = np.where(later < 0, first_a, first_a + 1 + np.maximum(later, 0) // per_a)
         return np.repeat(rank.reshape(-1), self.group)
 
 

@@ -5474,6 +5474,28 @@ def test_step_trace_summary_reads_each_phase_and_the_turn_handoff():
         step_trace.summarize(np.zeros((2, 2, 4)), EVENTS)
 
 
+def test_trace_probes_write_their_raw_stamps(tmp_path):
+    # --raw keeps every record the summary folds away (the -1 of an unstamped entry included), on
+    # both probes; a path that is not .npy, or records that are not the kernel's int32, are refused
+    # (the path before any GPU work)
+    import numpy as np
+
+    from flashrung.evidence import step_trace, tile_trace
+
+    stamps = np.arange(2 * 3 * 4 * 7, dtype=np.int32).reshape(2, 3, 4, 7)
+    stamps[1, 2, 3] = -1
+    path = step_trace.write_raw(stamps, str(tmp_path / "tiles.npy"))
+    assert np.array_equal(np.load(path), stamps) and np.load(path).dtype == np.int32
+    with pytest.raises(ValueError, match=".npy"):
+        step_trace.write_raw(stamps, str(tmp_path / "tiles.json"))
+    with pytest.raises(ValueError, match="int32"):
+        step_trace.write_raw(stamps.astype(np.int64), str(tmp_path / "wide.npy"))
+    for probe in (step_trace, tile_trace):
+        args = probe.build_parser().parse_args(["--raw", str(tmp_path / "x.txt")])
+        with pytest.raises(SystemExit, match=".npy"):
+            step_trace.run_probe(args, {}, (), None, None, "", None)
+
+
 def test_step_trace_company_counts_the_other_warpgroups_in_the_same_phase():
     # three warpgroups whose 60-cycle "tail" phases start 30 cycles apart in a 90-cycle period:
     # every tail cycle has exactly one other warpgroup in its tail (half of it the one before,

@@ -245,6 +245,9 @@ def problem_parser(prog: str, description: str) -> argparse.ArgumentParser:
                         "kept, so that they record the clock the GPU holds under load (at the power cap), not "
                         "an idle GPU's boost (default 0)")
     p.add_argument("--json", default=None)
+    p.add_argument("--raw", default=None, metavar="PATH",
+                   help="also write the launch's stamps as they came back (numpy .npy, int32, the shape "
+                        "fwd.traced_forward gives): every record, for reading what the summary folds away")
     return p
 
 
@@ -407,6 +410,8 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
     and the timing line, write the JSON; exit status 1 if the outputs moved. ``scope(summary)``:
     what the stamps cover, for the heading."""
     set_overrides(args.set)        # a malformed --set is refused before the GPU is touched
+    if getattr(args, "raw", None) and not args.raw.endswith(".npy"):
+        raise SystemExit(f"--raw writes a numpy .npy file: the path must end in .npy, got {args.raw!r}")
     resolve_problem(args)
     run = traced_run(args, **trace)
     summary = summarize_fn(run["stamps"], fields, run["common"])
@@ -430,7 +435,23 @@ def run_probe(args, trace: dict, fields, summarize_fn, table_fn, name: str, scop
         from flashrung.bench.report import write_json
 
         print(f"wrote {write_json(summary, args.json)}")
+    if getattr(args, "raw", None):
+        print(f"wrote {write_raw(run['stamps'], args.raw)}")
     return 0 if run["identical"] else 1
+
+
+def write_raw(stamps, path: str) -> str:
+    """``stamps`` (``fwd.traced_forward``'s int32 records) to ``path`` as a numpy ``.npy`` file, as
+    they came back: not-stamped entries keep their -1. Returns the path written."""
+    import numpy as np
+
+    array = np.asarray(stamps.cpu() if hasattr(stamps, "cpu") else stamps)
+    if array.dtype != np.int32:
+        raise ValueError(f"the stamps are int32 records, got {array.dtype}")
+    if not path.endswith(".npy"):
+        raise ValueError(f"--raw writes a numpy .npy file: the path must end in .npy, got {path!r}")
+    np.save(path, array)
+    return path
 
 
 def main(argv=None) -> int:

@@ -461,6 +461,12 @@ CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
 # P for PV from shared memory, in FA3's order, on d64's three consumers (192-row tile, non-causal)
 CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wait_pv_early": False}))
+# FA3's order with P in registers on d64's three consumers, S16k non-causal, without the K/V pairs,
+# pack_p off and O rescaled late: the one build found whose K/V loops keep out of local memory
+D64_FA3_ORDER = {"_seqlen": 16384, "wait_pv_early": False, "pack_p": False, "late_rescale": True,
+                 "kv_multicast": False, "producer_unsynced": False, "cross_head_pairs": False,
+                 "meet_before_pass": False}
+CENSUS_CONFIGS.append(("d64-full-s16k-fa3-order", 64, False, D64_FA3_ORDER))
 # the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
 DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
 CENSUS_CONFIGS += [(f"d{d}-causal-dynamic", d, True, DYNAMIC_TILES) for d in (64, 128)]
@@ -2364,6 +2370,18 @@ def test_handout_barrier_census(census):
         assert all(loop["ldl"] == 0 for loop in entry["kv_loops"] if loop["hgmma"] == step_hgmma)
     with pytest.raises(ValueError, match="handout_barrier"):
         HopperFwdConfig(persistent=True, balanced=True, handout_barrier=True).check(128)
+
+
+def test_fa3_order_fits_d64_registers_unpaired(census):
+    # FA3's order keeps P(j-1) live through softmax(j): on d64's 160 registers it spills inside the
+    # K/V loops with the pairs or pack_p (320 B, census), and keeps every K/V loop of all three
+    # consumers out of local memory without them and with O rescaled late — the build to time
+    # against FA4's order (docs/hopper.md, *P for PV from shared memory*)
+    entry = census["d64-full-s16k-fa3-order"]
+    assert "error" not in entry["row"], entry["row"]["error"]
+    assert entry["row"]["config"]["wait_pv_early"] is False and entry["row"]["config"]["pack_p"] is False
+    assert len(entry["kv_loops"]) >= 6 and all(loop["ldl"] == 0 for loop in entry["kv_loops"])
+    assert entry["row"]["spill_bytes"] <= 64
 
 
 def test_draw_ahead_needs_the_hand_out():

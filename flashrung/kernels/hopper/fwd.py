@@ -789,11 +789,19 @@ def _draw_next(sh, sz, draw, nxt, tile_iter, now, c):
     as the CTA's item ``tile_iter + 1``)."""
     if c.DYNAMIC and c.DRAW_AHEAD > 0:
         if now:
-            pos, stop, pool = draw
-            nxt = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
-            if c.ITEM_BARRIER:
-                _post_item(sh, sz, tile_iter + 1, nxt, c)
+            nxt = _draw(sh, sz, draw, tile_iter + 1, c)
     return nxt
+
+
+@gluon.jit
+def _draw(sh, sz, draw, tile_iter, c):
+    """The CTA's item ``tile_iter``: ``schedule.handout_item`` at ``draw``'s ``(pos, stop, pool)``,
+    posted to the consumers at once with ``ITEM_BARRIER`` (:func:`_post_item`)."""
+    pos, stop, pool = draw
+    item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
+    if c.ITEM_BARRIER:
+        _post_item(sh, sz, tile_iter, item, c)
+    return item
 
 
 @gluon.constexpr_function
@@ -845,9 +853,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, s
         # this CTA's listed items (its program id alone without the lists), then draws from the pool
         start, stop, pool = handout_range(sz.sched_ptr, c.BALANCED)
         pos = start
-        item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
-        if c.ITEM_BARRIER:
-            _post_item(sh, sz, tile_iter, item, c)
+        item = _draw(sh, sz, (pos, stop, pool), tile_iter, c)
         while item < sz.num_items:
             # The next item is drawn DRAW_AHEAD K/V tiles before this one's last load (by default
             # once it is issued): the CTA commits to its next tile about a ring's depth of steps
@@ -863,9 +869,7 @@ def _producer_partition(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, s
             pos += 1
             if c.DRAW_AHEAD == 0:
                 # the atomic's result comes back through the warp's scratch: the producer waits here
-                item = handout_item(sz.sched_ptr, sz.handout_ptr, pos, stop, pool, c.BALANCED, c.HANDOUT_TABLE)
-                if c.ITEM_BARRIER:
-                    _post_item(sh, sz, tile_iter, item, c)
+                item = _draw(sh, sz, (pos, stop, pool), tile_iter, c)
         _end_handout(sh, tile_iter, c)
         handout_finish(sz.handout_ptr)
     else:

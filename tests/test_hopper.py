@@ -2388,6 +2388,9 @@ def test_fa3_order_fits_d64_registers_with_tree_reductions(census):
     steady = [loop for loop in entry["kv_loops"] if loop["hgmma"] == step_hgmma]
     assert len(steady) >= 6 and all(loop["ldl"] <= 2 for loop in steady)
     assert sum(loop["ldl"] <= 1 for loop in steady) >= 3          # each consumer's unmasked step
+    # and ptxas keeps the order: every exponential of a step (64 of P, 2 of the rescale) issues
+    # between QK(j)'s wait and PV(j-1)'s, under PV(j-1)
+    assert entry["windows"] and min(entry["windows"]) >= 64
 
 
 

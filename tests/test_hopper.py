@@ -465,8 +465,10 @@ CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wai
 # (keys filling their tiles), with the default K/V pairs and pack_p: O rescaled late and the row
 # reductions as trees keep one local load in a steady K/V step, 440 instructions against FA4's order's
 # 434 (without the trees: 8-16 local loads and stores in two consumers' steps, paired or not)
-D64_FA3_ORDER = {"_seqlen": 16384, "_key_tail": False, "wait_pv_early": False, "late_rescale": True,
-                 "tree_reduce": True}
+D64_FA3_ORDER_CHANGES = {False: dict(wait_pv_early=False, late_rescale=True, tree_reduce=True),
+                         # the causal tile's defer_row_sum puts 8 local loads and stores in two steps
+                         True: dict(wait_pv_early=False, late_rescale=True, tree_reduce=True, defer_row_sum=False)}
+D64_FA3_ORDER = {"_seqlen": 16384, "_key_tail": False, **D64_FA3_ORDER_CHANGES[False]}
 CENSUS_CONFIGS.append(("d64-full-s16k-fa3-order", 64, False, D64_FA3_ORDER))
 # the dynamic hand-out in place of the balanced lists, on the causal defaults of d64 and d128
 DYNAMIC_TILES = {"balanced": False, "balanced_partial_tiles": False, "dynamic_tiles": True}
@@ -4709,6 +4711,26 @@ def test_staged_scores_reruns_are_bit_identical(head_dim):
     q, k, v = _seeded_qkv(2, seqlen, 8, head_dim)
     for _ in range(3):
         _assert_reruns_identical(q, k, v, False, cfg)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", LEVER_GATE_SHAPES + [dict(batch=1, seqlen_q=8192, seqlen_k=8192, heads_q=4,
+                                                             heads_kv=4)], ids=_shape_id)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gate_fa3_order_d64(causal, shape):
+    # FA3's order on d64's tiles with the row reductions as trees (the census build): P(j-1) stays
+    # in registers through softmax(j), and O's late rescale must meet PV(j-1)'s wait, not pass it —
+    # on the 128-row tile (S1000, S17), the paired 192-row tile (non-causal) and the causal lists
+    _gate_forced(64, shape, causal, **D64_FA3_ORDER_CHANGES[causal])
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa3_order_d64_reruns_are_bit_identical(causal):
+    # a moving result is a race: three consumers, each P(j-1) in flight under the next softmax
+    _assert_forced_reruns_identical(64, causal, 8192, **D64_FA3_ORDER_CHANGES[causal])
 
 
 # P for PV from shared memory, in FA3's order (softmax(j) under PV(j-1)) and in FA4's (the

@@ -2379,8 +2379,8 @@ def test_fa3_order_fits_d64_registers_with_tree_reductions(census):
     # FA3's order keeps P(j-1) live through softmax(j): on d64's 160 registers ptxas spills inside
     # the K/V loops unless the row max and sum reduce as trees (and O is rescaled late); with them a
     # steady step keeps one local load (a value the loop does not change) and the masked steps two,
-    # with the K/V pairs and pack_p on — the build timed against FA4's order (docs/hopper.md, *P for
-    # PV from shared memory*)
+    # with the K/V pairs and pack_p on — the build timed against FA4's order, 0.79-0.83 (docs/hopper.md,
+    # *P for PV from shared memory*)
     entry = census["d64-full-s16k-fa3-order"]
     assert "error" not in entry["row"], entry["row"]["error"]
     config = entry["row"]["config"]

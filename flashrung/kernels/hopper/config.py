@@ -101,7 +101,10 @@ class HopperFwdConfig:
     # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8)
     exp2_fma_every: int = 0
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
-    # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128
+    # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128.
+    # With FA3's order on d64's 192-row tile (wait_pv_early=False, late_rescale) the trees are what
+    # fit P(j-1) into the 160 registers with the K/V pairs and pack_p (one local load a step; 12
+    # local loads and stores without them, census); timed there 0.79-0.83 against FA4's order: off
     tree_reduce: bool = False
     # the row max as FA4's four interleaved chains (its sm90 ``fmax_reduce``): each thread folds
     # its scores of a row into four running maxima, one per (register pair, n8-group parity),

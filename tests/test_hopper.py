@@ -464,7 +464,7 @@ CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wai
 # FA3's order with P in registers on d64's three consumers, S16k non-causal, as it runs at S8k-S32k
 # (keys filling their tiles), with the default K/V pairs and pack_p: O rescaled late and the row
 # reductions as trees keep one local load in a steady K/V step, 440 instructions against FA4's order's
-# 434 (without the trees: 8-16 local loads and stores in two consumers' steps, paired or not)
+# 434 (without the trees: 12-23 local loads and stores in two consumers' steps, paired or not)
 D64_FA3_ORDER_CHANGES = {False: dict(wait_pv_early=False, late_rescale=True, tree_reduce=True),
                          # the causal tile's defer_row_sum puts 8 local loads and stores in two steps
                          True: dict(wait_pv_early=False, late_rescale=True, tree_reduce=True, defer_row_sum=False)}
@@ -2393,7 +2393,6 @@ def test_fa3_order_fits_d64_registers_with_tree_reductions(census):
     # and ptxas keeps the order: every exponential of a step (64 of P, 2 of the rescale) issues
     # between QK(j)'s wait and PV(j-1)'s, under PV(j-1)
     assert entry["windows"] and min(entry["windows"]) >= 64
-
 
 
 def test_draw_ahead_needs_the_hand_out():

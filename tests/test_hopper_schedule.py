@@ -625,6 +625,16 @@ def test_deal_packed_is_the_greedy_list_schedule_or_its_rounds(ctas, tiles):
         for first in range(0, tiles, ctas):
             assert len(set(owner[first:first + ctas].tolist())) == min(ctas, tiles - first)
         assert loads.max() <= greedy.makespan + cost.max()
+        # the rounds exactly: each round's tiles heaviest first (ties in order) to the CTAs by their
+        # load so far (ties by index) — the owners the GPU timings of the lists ran with
+        load, rounds = [0.0] * ctas, []
+        for first in range(0, tiles, ctas):
+            batch = sorted(range(first, min(first + ctas, tiles)), key=lambda t: (-cost[t], t))
+            by_load = sorted(range(ctas), key=lambda c: (load[c], c))
+            for t, c in zip(batch, by_load):
+                rounds.append((t, c))
+                load[c] += cost[t]
+        assert owner.tolist() == [c for _, c in sorted(rounds)]
     with pytest.raises(ValueError, match="ctas"):
         deal_packed(cost, 0)
 

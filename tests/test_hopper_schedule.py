@@ -16,6 +16,7 @@ import torch
 
 from flashrung.kernels.hopper import fwd
 from flashrung.kernels.hopper.schedule import (
+    _deal,
     balanced_schedule,
     balanced_section,
     deal_packed,
@@ -604,6 +605,23 @@ def test_packed_schedule_balances_where_the_longest_sequences_estimate_does_not(
     spans = [max(sum(true_cost(t) for t in tiles) for tiles in _split_table(table, ctas)) / even
              for table in (longest, packed)]
     assert spans[0] > 3.5 and spans[1] < 1.01, spans
+
+
+@pytest.mark.parametrize("kind", ["whole", "fractional", "zeros and ties"])
+def test_deal_is_the_greedy_list_schedule_with_whole_or_fractional_costs(kind):
+    # whole costs take the integer-keyed heap (load << bits | cta), fractional ones the (load, cta)
+    # pairs: both must hand every tile to the CTA the plain scan does (least load, lowest index on
+    # ties) and report the same loads — a key that ordered ties or sums differently would change
+    # the tables the GPU timings ran with
+    rng = np.random.default_rng(3)
+    ctas, tiles = 13, 700
+    costs = {"whole": rng.integers(1, 70, tiles).astype(float),
+             "fractional": rng.integers(1, 70, tiles) * rng.choice([0.55, 0.8, 1.0], tiles),
+             "zeros and ties": rng.choice([0.0, 1.0, 4.0], tiles)}[kind].tolist()
+    loads, owner = _deal(costs, ctas)
+    greedy = list_schedule(costs, list(range(tiles)), ctas)
+    assert owner == [a.worker for a in greedy.assignments]
+    assert loads == list(greedy.loads)
 
 
 @pytest.mark.parametrize("ctas, tiles", [(7, 40), (132, 4320), (13, 13 * PACKED_GREEDY_TILES_PER_CTA + 1),

@@ -145,3 +145,69 @@ def test_cli_one_page(capsys):
     text = capsys.readouterr().out
     assert "hot loop: 450.0 instructions per trip (1 copy: 450)" in text
     assert "kernel 1" in text and "kernel 2" not in text and "pages differ" not in text
+
+
+OURS_D64_S32K = os.path.join(RESULTS, "h100-ncu-flashrung-d64-full-b1-h32-s32768-51d5476-sass.csv.gz")
+FA4_D64_S32K = os.path.join(RESULTS, "h100-ncu-fa4-d64-full-b1-h32-s32768-51d5476-sass.csv.gz")
+
+
+def _phase_page(copies):
+    """A page of one kernel whose loop copies are lists of (source, samples, selected); each
+    instruction executed 100 times, the copies apart by more than MAX_GAP_INSTRUCTIONS others."""
+    lines = ['"Kernel Name","k",', '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+             '"stall_selected","stall_wait"']
+    address = 0
+    for body in copies:
+        for src, samples, selected in body:
+            lines.append(f'"{address:#x}","{src}","{samples}","100","{selected}","{samples - selected}"')
+            address += 16
+        for _ in range(stalls.MAX_GAP_INSTRUCTIONS + 1):
+            lines.append(f'"{address:#x}","NOP","0","1","0","0"')
+            address += 16
+    return "\n".join(lines) + "\n"
+
+
+_TRIP = [("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 30, 1), ("@!P0 BRA 0x10", 10, 1),
+         ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ", 20, 1), ("HGMMA.64x64x16.F32.BF16 R88, R120, gdesc[UR12]", 20, 1),
+         ("@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x20], RZ", 0, 1), ("WARPGROUP.DEPBAR.LE gsb0, 0x1", 20, 1),
+         ("FMNMX R1, R24, R25, !PT", 40, 1), ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 10, 1),
+         ("MUFU.EX2 R2, R2", 50, 1), ("@P1 BRA 0x0", 0, 1)]
+
+
+def test_loop_phases_cut_the_trip_at_the_gemm_issue_and_its_waits():
+    # the trip's cycles (10 instructions / 5% selected = 200) split by each phase's share of the
+    # samples: the top 40, the issue 40, the arrive 0, QK's wait to PV's 60, PV's wait to the end 60
+    # (of 200 samples); two copies of the same code sum position by position
+    for copies in ([_TRIP], [_TRIP, _TRIP]):
+        kernel = stalls.parse_page(_phase_page(copies))[0]
+        loop = stalls.hot_loop(kernel)
+        assert loop.copies == (10,) * len(copies) and stalls.cycles_per_trip(loop) == pytest.approx(200.0)
+        phases = stalls.loop_phases(kernel, loop)
+        assert [p["label"] for p in phases] == ["loop top", "GEMM issue (2 HGMMA)", "after the issue",
+                                                "from WARPGROUP.DEPBAR.LE gsb0, 0x1",
+                                                "from WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+        assert [p["cycles"] for p in phases] == pytest.approx([40.0, 40.0, 0.0, 60.0, 60.0])
+        assert [p["instructions"] for p in phases] == [2, 2, 1, 2, 3]
+        assert phases[4]["opcodes"] == pytest.approx({"MUFU.EX2": 50.0, "WARPGROUP.DEPBAR.LE": 10.0})
+
+
+def test_loop_phases_refuse_copies_that_cut_differently():
+    # a copy with one more wait is other code: its phases cannot be summed with the first's
+    other = _TRIP[:8] + [("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1, 1)] + _TRIP[8:]
+    kernel = stalls.parse_page(_phase_page([_TRIP, other]))[0]
+    with pytest.raises(ValueError, match="cut into different phases"):
+        stalls.loop_phases(kernel, stalls.hot_loop(kernel))
+
+
+def test_phases_of_the_d64_s32k_pages_place_the_gap_after_qks_wait(capsys):
+    # docs/hopper.md, *FA4's d64 step, read in phases*: B1 H32 S32768 non-causal (H100), a warp's
+    # trip 2496 cycles (ours) against 2354 (FA4): the top and the issue level (592 / 601), the
+    # softmax from QK's wait to the trip's end 1901 against 1752
+    ours, fa4 = (stalls.summary(p, phases=True)["loop"] for p in (OURS_D64_S32K, FA4_D64_S32K))
+    for loop, trip in ((ours, 2496), (fa4, 2354)):
+        assert sum(p["cycles"] for p in loop["phases"]) == pytest.approx(loop["cycles_per_trip"])
+        assert loop["cycles_per_trip"] == pytest.approx(trip, abs=0.5)
+    softmax = [sum(p["cycles"] for p in loop["phases"][3:]) for loop in (ours, fa4)]
+    assert softmax == pytest.approx([1901, 1752], abs=1)
+    assert cli.main(["stalls", OURS_D64_S32K, FA4_D64_S32K, "--phases", "--top", "0"]) == 0
+    assert "the trip in phases" in capsys.readouterr().out

@@ -24,6 +24,13 @@ cycle, and its ``selected`` samples are the cycles it issued, so its instruction
 loop's ``selected`` share are its cycles per trip — comparable between two kernels whose warps run
 the same trip count, at the same clock. ``--by-opcode REASON`` splits one reason's hot-loop samples
 by opcode (which instructions wait on a fixed latency, on the MUFU's queue, ...).
+
+``--phases`` cuts each copy's trip (its address range, so the spins and skipped blocks inside it
+count) at its tensor-core landmarks — before the first ``HGMMA``, after the last, before each
+``WARPGROUP.DEPBAR`` — and prices each phase in cycles per trip: the trip's cycles times the
+phase's share of the range's samples (derived; a warp's samples fall where it spends its time).
+In FA4's order the phases read: the loop's top (K/V waits, the turn), the GEMM issue, QK's wait,
+the row max up to PV's wait, the exponentials — the step trace's phases, read without stamps.
 """
 from __future__ import annotations
 
@@ -190,6 +197,65 @@ def cycles_per_trip(loop: HotLoop) -> float | None:
     return loop.per_trip / selected if selected else None
 
 
+# an instruction that opens a phase of a trip (see loop_phases)
+_MMA = "HGMMA"
+_MMA_WAIT = "WARPGROUP.DEPBAR"
+
+
+def loop_phases(kernel: Kernel, loop: HotLoop) -> list[dict]:
+    """The hot loop's trip in phases: each copy's address range (first to last hot-loop
+    instruction, every instruction between them included) cut before its first ``HGMMA``, after
+    its last, and before each ``WARPGROUP.DEPBAR``; the copies' phases summed position by position
+    (copies whose cuts differ are refused: their phases are not the same code). Each phase:
+    ``label``, ``instructions`` (a copy's, on average), ``share`` of the ranges' samples and
+    ``cycles`` per trip (:func:`cycles_per_trip` times that share; None without a ``selected``
+    sample) and its ``opcodes``: cycles per trip of its three opcodes holding the most samples."""
+    order = sorted(kernel.instructions, key=lambda i: i.address)
+    trip = cycles_per_trip(loop)
+    copies, start = [], 0
+    for size in loop.copies:
+        members = loop.instructions[start:start + size]
+        start += size
+        lo, hi = members[0].address, members[-1].address
+        body = [i for i in order if lo <= i.address <= hi]
+        mmas = [k for k, i in enumerate(body) if i.opcode.startswith(_MMA)]
+        cuts = {0} | {k for k, i in enumerate(body) if i.opcode.startswith(_MMA_WAIT)}
+        if mmas:
+            cuts |= {mmas[0], mmas[-1] + 1}
+        cuts = sorted(c for c in cuts if c < len(body))
+        phases = []
+        for a, b in zip(cuts, cuts[1:] + [len(body)]):
+            first = body[a]
+            if mmas and a == mmas[0]:
+                label = f"GEMM issue ({sum(1 for k in mmas if a <= k < b)} HGMMA)"
+            elif first.opcode.startswith(_MMA_WAIT):
+                label = "from " + " ".join(w for w in first.source.split() if not w.startswith("@"))
+            elif a == 0:
+                label = "loop top"
+            else:
+                label = "after the issue"
+            phases.append((label, body[a:b]))
+        copies.append(phases)
+    labels = [[label for label, _ in phases] for phases in copies]
+    if any(ls != labels[0] for ls in labels):
+        raise ValueError(f"{kernel.name}: the hot loop's copies cut into different phases ({labels}); "
+                         "read one copy with --loop-count")
+    total = sum(i.samples for phases in copies for _, part in phases for i in part)
+    out = []
+    for n, label in enumerate(labels[0]):
+        part = [i for phases in copies for i in phases[n][1]]
+        samples = sum(i.samples for i in part)
+        share = samples / total if total else 0.0
+        by_op = Counter()
+        for i in part:
+            by_op[i.opcode] += i.samples
+        out.append(dict(label=label, instructions=len(part) / len(copies), share=share,
+                        cycles=trip * share if trip else None,
+                        opcodes={op: (trip * n_ / total if trip and total else None)
+                                 for op, n_ in by_op.most_common(3) if n_}))
+    return out
+
+
 def by_opcode(instructions, reason: str) -> dict:
     """Opcode -> its share of ``instructions``' samples of ``reason`` (``unnamed`` allowed), largest
     first."""
@@ -205,7 +271,7 @@ def top_instructions(instructions, n: int):
 
 
 def summary(path: str, kernel: str | None = None, loop_count: int | None = None, top: int = 12,
-            reasons_by_opcode: tuple = ()) -> dict:
+            reasons_by_opcode: tuple = (), phases: bool = False) -> dict:
     k = pick_kernel(read_page(path), kernel)
     loop = hot_loop(k, loop_count)
     known = {r for i in k.instructions for r in i.reasons} | {"unnamed"}
@@ -219,7 +285,8 @@ def summary(path: str, kernel: str | None = None, loop_count: int | None = None,
                   samples=sum(i.samples for i in loop.instructions), cycles_per_trip=cycles_per_trip(loop),
                   by_opcode={r: by_opcode(loop.instructions, r) for r in reasons_by_opcode},
                   opcodes_per_trip={op: n / len(loop.copies)
-                                    for op, n in Counter(i.opcode for i in loop.instructions).most_common()}),
+                                    for op, n in Counter(i.opcode for i in loop.instructions).most_common()},
+                  phases=loop_phases(k, loop) if phases else None),
         shares=shares(k.instructions), loop_shares=shares(loop.instructions),
         top=[dict(address=hex(i.address), source=i.source, executed=i.executed, samples=i.samples,
                   reasons=_top_reasons(i)) for i in top_instructions(k.instructions, top)],
@@ -272,6 +339,8 @@ def render(summaries: list[dict]) -> str:
                    f"{summaries[0]['loop']['per_trip']:.1f} - {summaries[1]['loop']['per_trip']:.1f}):")
         for op in diff:
             out.append(f"  {op:44s} {a.get(op, 0):6.1f} {b.get(op, 0):6.1f} {a.get(op, 0) - b.get(op, 0):+6.1f}")
+    if any(s["loop"].get("phases") for s in summaries):
+        out += _render_phases(summaries)
     for n, s in enumerate(summaries):
         for reason, split in s["loop"]["by_opcode"].items():
             part = s["loop_shares"].get(reason, 0.0)
@@ -289,6 +358,41 @@ def render(summaries: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _render_phases(summaries: list[dict]) -> list[str]:
+    """The phases of each page's trip; two pages cut into the same number of phases side by side,
+    with the difference in cycles."""
+    out = []
+    tables = [s["loop"]["phases"] for s in summaries]
+    if len(tables) == 2 and all(tables) and len(tables[0]) == len(tables[1]):
+        out.append("\nthe trip in phases (cycles per trip, derived: the trip's cycles x the phase's share of its "
+                   "samples; instructions a copy):")
+        out.append(f"  {'phase (page 1 / page 2)':52s} {'page 1':>14s} {'page 2':>14s} {'1 - 2':>7s}")
+        for a, b in zip(*tables):
+            label = a["label"] if a["label"] == b["label"] else f"{a['label']} / {b['label']}"
+            out.append(f"  {label[:52]:52s} {_cycles(a):>14s} {_cycles(b):>14s} "
+                       f"{(a['cycles'] or 0) - (b['cycles'] or 0):+7.0f}")
+        out.append(f"  {'whole trip':52s} {sum(p['cycles'] or 0 for p in tables[0]):>9.0f}      "
+                   f"{sum(p['cycles'] or 0 for p in tables[1]):>9.0f}")
+        for n, table in enumerate(tables):
+            out.append(f"page {n + 1}: each phase's opcodes holding the most samples (cycles per trip)")
+            out += [f"  {p['label'][:40]:40s} " + ", ".join(f"{op} {c:.0f}" for op, c in p["opcodes"].items() if c)
+                    for p in table]
+        return out
+    for n, table in enumerate(tables):
+        if not table:
+            continue
+        out.append(f"\npage {n + 1}: the trip in phases (cycles per trip, derived; instructions a copy)")
+        for p in table:
+            ops = ", ".join(f"{op} {c:.0f}" for op, c in p["opcodes"].items() if c)
+            out.append(f"  {p['label'][:52]:52s} {_cycles(p):>14s}   {ops}")
+    return out
+
+
+def _cycles(phase: dict) -> str:
+    cycles = f"{phase['cycles']:.0f}" if phase["cycles"] is not None else "-"
+    return f"{cycles} ({phase['instructions']:.0f})"
+
+
 def register(sub) -> None:
     p = sub.add_parser("stalls", help="read ncu source pages: stall reasons over the kernel and its hot loop, "
                        "the instructions holding the most samples, two pages side by side")
@@ -300,6 +404,9 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=12, help="instructions listed by samples (default 12)")
     p.add_argument("--by-opcode", default=[], action="append", metavar="REASON",
                    help="split the hot loop's samples of this stall reason by opcode (repeatable; e.g. wait)")
+    p.add_argument("--phases", action="store_true",
+                   help="cut the hot loop's trip at its HGMMA issue and WARPGROUP.DEPBAR waits and price each phase "
+                        "in cycles per trip (derived from its share of the samples)")
     p.add_argument("--json", default=None, help="also write the summaries to this file")
     p.set_defaults(func=run)
 
@@ -313,7 +420,8 @@ def run(args) -> int:
         print("flashrung stalls: --loop-count once per page, or not at all", file=sys.stderr)
         return 2
     try:
-        summaries = [summary(p, args.kernel, c, args.top, tuple(args.by_opcode)) for p, c in zip(args.pages, counts)]
+        summaries = [summary(p, args.kernel, c, args.top, tuple(args.by_opcode), args.phases)
+                     for p, c in zip(args.pages, counts)]
     except (OSError, ValueError) as exc:
         print(f"flashrung stalls: {exc}", file=sys.stderr)
         return 2

@@ -168,7 +168,8 @@ def _phase_page(copies):
 
 
 _TRIP = [("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 30, 1), ("@!P0 BRA 0x10", 10, 1),
-         ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ", 20, 1), ("HGMMA.64x64x16.F32.BF16 R88, R120, gdesc[UR12]", 20, 1),
+         ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ", 20, 1),
+         ("HGMMA.64x64x16.F32.BF16 R88, R120, gdesc[UR12]", 20, 1),
          ("@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x20], RZ", 0, 1), ("WARPGROUP.DEPBAR.LE gsb0, 0x1", 20, 1),
          ("FMNMX R1, R24, R25, !PT", 40, 1), ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 10, 1),
          ("MUFU.EX2 R2, R2", 50, 1), ("@P1 BRA 0x0", 0, 1)]

@@ -102,7 +102,8 @@ def kv_loops(sass):
                  forward_skip=loop["forward_skip"], fadd=loop["FADD"], fmul=loop["FMUL"], hgmma=loop["HGMMA"],
                  s2ur=loop["sequence"].split().count("S2UR"), fmnmx=loop["sequence"].split().count("FMNMX"),
                  fmnmx_before_last_wait=fmnmx_before_last_wait(loop["sequence"].split()),
-                 mufu_before_last_wait=mufu_before_last_wait(loop["sequence"].split()))
+                 mufu_before_last_wait=mufu_before_last_wait(loop["sequence"].split()),
+                 fmul_after_last_mufu=fmul_after_last_mufu(loop["sequence"].split()))
             for loop in innermost_loops(sass, min_length=151) if loop["HGMMA"]]
 
 def fmnmx_before_last_wait(seq):
@@ -117,6 +118,12 @@ def mufu_before_last_wait(seq):
     # instruction: in FA4's order, those that overlap PV(j-1)
     last = max((i for i, op in enumerate(seq) if op == "WARPGROUP"), default=-1)
     return sum(op.startswith("MUFU") for op in seq[:last])
+
+def fmul_after_last_mufu(seq):
+    # the multiplies (O's rescale, in FA4's order) issued after the trip's last exponential: in
+    # front of the next GEMM issue, none of them under the MUFU's latency
+    last = max((i for i, op in enumerate(seq) if op.startswith("MUFU")), default=len(seq))
+    return sum(op == "FMUL" for op in seq[last:])
 
 def exp_turn_loops(sass):
     # every innermost K/V loop: where the exponentials' turn (named barriers 11-13) is taken and
@@ -459,6 +466,8 @@ CENSUS_CONFIGS.append(("d128-full-extra-keys", 128, False, _EXTRA_KEYS))
 CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 # a quarter of each tile's exponentials ahead of PV's wait in FA4's order, on d64's three consumers
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
+# O's rescale in its own block ahead of the exponentials, in FA4's order on d64's three consumers
+CENSUS_CONFIGS.append(("d64-full-rescale-first", 64, False, {"rescale_before_exp": True}))
 # P for PV from shared memory, in FA3's order, on d64's three consumers (192-row tile, non-causal)
 CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wait_pv_early": False}))
 # FA3's order with P in registers on d64's three consumers, S16k non-causal, as it runs at S8k-S32k
@@ -1719,12 +1728,34 @@ def test_early_exps_overlap_pv(census):
         assert a["ldl"] == 0 and a["mufu_before_last_wait"] >= b["mufu_before_last_wait"], (a, b)
 
 
+def test_rescale_before_exp_moves_os_rescale_off_the_trips_end(census):
+    # FA4's order leaves O's 32 multiplies (d64) after the last MUFU.EX2 of every steady trip, in
+    # front of the next GEMM issue; rescale_before_exp issues them ahead of the exponentials (its
+    # own block): none after the last one, the same exponentials, no local memory
+    first, base = census["d64-full-rescale-first"], census["d64-full"]
+    assert "error" not in first["row"] and first["row"]["spill_bytes"] == 0
+    pairs = [(a, b) for a, b in zip(first["kv_loops"], base["kv_loops"]) if b["mufu"] >= 32]
+    steady = [(a, b) for a, b in pairs if b["fsel"] <= 4]
+    assert len(first["kv_loops"]) == len(base["kv_loops"]) and len(steady) == 3, pairs
+    for a, b in steady:
+        assert b["fmul_after_last_mufu"] >= 32, b
+        assert a["fmul_after_last_mufu"] <= 2 and a["mufu"] == b["mufu"] and a["ldl"] == 0, (a, b)
+
+
 def test_early_exps_need_fa4s_order():
     cfg = dataclasses.replace(fwd.default_config(64, False, 16384), early_exp_quarters=1)
     cfg.check(64)
     for bad in (dict(wait_pv_early=False), dict(gate_pv_wait=True), dict(early_exp_quarters=4),
                 dict(row_sum_by_mma=True)):
         with pytest.raises(ValueError, match="early_exp_quarters"):
+            dataclasses.replace(cfg, **bad).check(64)
+
+
+def test_rescale_before_exp_needs_fa4s_order():
+    cfg = dataclasses.replace(fwd.default_config(64, False, 16384), rescale_before_exp=True)
+    cfg.check(64)
+    for bad in (dict(wait_pv_early=False), dict(late_rescale=True), dict(early_exp_quarters=1)):
+        with pytest.raises(ValueError, match="rescale_before_exp"):
             dataclasses.replace(cfg, **bad).check(64)
 
 
@@ -4516,6 +4547,31 @@ def test_gate_early_exps(head_dim, shape, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_early_exps_are_deterministic(causal):
     _assert_forced_reruns_identical(64, causal, 4097, early_exp_quarters=1)
+
+
+# O's rescale in its own block right after PV(j-1)'s wait, ahead of the exponentials
+# (rescale_before_exp), in FA4's order at every head dim and mask: with the deferred row sum at d64
+# (its timed form) and under the per-warp thresholded rescale at d128 (the long d128 defaults')
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_rescale_before_exp(head_dim, shape, causal):
+    fa4 = dict(rescale_before_exp=True, wait_pv_early=True, pingpong=True, late_rescale=False)
+    _gate_forced(head_dim, shape, causal, **fa4)
+    if head_dim == 64:
+        _gate_forced(64, shape, causal, defer_row_sum=True, **fa4)
+    if head_dim == 128:
+        _gate_forced(128, shape, causal, rescale_threshold=8.0, rescale_by_warp=True, **fa4)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_rescale_before_exp_is_deterministic(causal):
+    # O rescaled while PV(j-1) still accumulated into it would move the output between runs
+    _assert_forced_reruns_identical(64, causal, 4097, rescale_before_exp=True, defer_row_sum=True)
 
 
 # PV's wait behind its branch after the row max (gate_pv_wait), in FA4's order at every head dim

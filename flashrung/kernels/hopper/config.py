@@ -430,6 +430,12 @@ class HopperFwdConfig:
     # the same 17-19 cycles apiece ahead of the wait as behind it (docs/hopper.md, Part of the
     # exponentials ahead of PV's wait)
     early_exp_quarters: int = 0
+    # FA4's order with O's rescale right after PV(j-1)'s wait, ahead of the exponentials, not after
+    # them. In program order after them ptxas leaves the 32 FMUL (d64) and the row sum's shuffles
+    # at the trip's end, after the last MUFU.EX2 and in front of the next GEMM issue, where FA4's d64
+    # SASS interleaves its rescale with the exponentials (ncu source pages, B1 H32 S32768 non-causal,
+    # H100: a warp's trip 2496 cycles against FA4's 2354, the difference after QK's wait)
+    rescale_before_exp: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a
     # 128-row tile on the causal diagonal (its rows end where the tile's 64th key is), and a key
@@ -784,6 +790,13 @@ class HopperFwdConfig:
                              f"wait_pv_early={self.wait_pv_early}, gate_pv_wait={self.gate_pv_wait}, "
                              f"exp_turns={self.exp_turns}, row_sum_by_mma={self.row_sum_by_mma}, "
                              f"extra_keys={self.extra_keys}")
+        if self.rescale_before_exp and not (self.overlap and self.wait_pv_early and not self.late_rescale
+                                            and not self.early_exp_quarters):
+            raise ValueError("rescale_before_exp moves O's rescale ahead of the exponentials in FA4's overlapped "
+                             "order: it needs overlap=True and wait_pv_early=True, and neither late_rescale (O "
+                             "rescaled under the next QK instead) nor early_exp_quarters, got "
+                             f"overlap={self.overlap}, wait_pv_early={self.wait_pv_early}, "
+                             f"late_rescale={self.late_rescale}, early_exp_quarters={self.early_exp_quarters}")
         if self.hoist_smem_base and not (self.asm_arrivals or self.asm_waits):
             raise ValueError("hoist_smem_base is how asm_arrivals and asm_waits address their barriers: it needs one "
                              "of them")

@@ -216,6 +216,7 @@ from flashrung.kernels.hopper.softmax import (
     mask_scores_by_bounds,
     online_softmax,
     online_softmax_retained,
+    rescale_factor,
     rescale_by_warp,
     rescaled_sum,
     retained_max,
@@ -435,6 +436,7 @@ class _Schedule:
     SINGLE_KV_LOOP: gl.constexpr  # unmasked and masked K/V steps share one loop, the mask behind a branch
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
     CONVERT_BEFORE_RESCALE: gl.constexpr  # P's conversions before O's rescale in the overlapped step
+    RESCALE_BEFORE_EXP: gl.constexpr  # FA4's order: O's rescale right after PV(j-1)'s wait, before the exponentials
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
@@ -1387,6 +1389,12 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     elif c.SINGLE_KV_LOOP:
         if masked:
             s = _mask_tile(s, rows, kv_lo + j, sz, c)
+    # O's rescale right after PV(j-1)'s wait, ahead of the exponentials (RESCALE_BEFORE_EXP): in
+    # program order after them, ptxas leaves its multiplies at the trip's end, in front of the next
+    # GEMM issue (d64: 32 FMUL and the sum's shuffles after the last MUFU.EX2), where FA4's d64
+    # SASS interleaves them with its exponentials (ncu, B1 H32 S32768)
+    RESCALE_FIRST: gl.constexpr = (c.RESCALE_BEFORE_EXP and c.WAIT_PV_EARLY and not HALVES
+                                   and c.EARLY_EXP_QUARTERS == 0)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
@@ -1420,6 +1428,17 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         # with EXP_TURNS one consumer at a time runs its MUFU block (taken once per overlapped
         # step, as the GEMM token is)
         m_new = wait_exp_turn(m_new, WG, c.EXP_TURNS)
+        if RESCALE_FIRST:
+            # in a basic block of its own (a branch on a runtime value, pipeline.wait_mma_after_softmax's
+            # guard): in the exponentials' block ptxas sinks the multiplies to its end whatever
+            # their program order (census). alpha ahead of the branch, where softmax_exp's own
+            # exp2 of the same value folds into it (inside, it is a second MUFU.EX2 a row)
+            alpha_first = rescale_factor(m_i, m_new)
+            if qk_scale_log2 == qk_scale_log2:
+                if c.RESCALE_THRESHOLD > 0:
+                    acc, l_i = _rescale_state(acc, l_i, alpha_first, retained, o_layout, c)
+                else:
+                    acc, l_i = _rescale_state(acc, l_i, alpha_first, alpha_first, o_layout, c)
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
         elif EARLY:
@@ -1461,7 +1480,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
         p_op = _operands(p, sh, WG, c.PACK_P, c)
-    if not c.LATE_RESCALE:
+    if not c.LATE_RESCALE and not RESCALE_FIRST:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
         p_op = _operands(p, sh, WG, c.PACK_P, c)
@@ -1983,7 +2002,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
-                     CONVERT_BEFORE_RESCALE: gl.constexpr, CARRY_RING_SLOT: gl.constexpr,
+                     CONVERT_BEFORE_RESCALE: gl.constexpr, RESCALE_BEFORE_EXP: gl.constexpr,
+                     CARRY_RING_SLOT: gl.constexpr,
                      ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr,
                      STAGED_SCORES: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      TRACE_WARPS: gl.constexpr,
@@ -2120,7 +2140,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
-                  CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, CARRY_RING_SLOT=CARRY_RING_SLOT,
+                  CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, RESCALE_BEFORE_EXP=RESCALE_BEFORE_EXP,
+                  CARRY_RING_SLOT=CARRY_RING_SLOT,
                   ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM, STAGED_SCORES=STAGED_SCORES,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_WARPS=TRACE_WARPS, TRACE_ITEM=TRACE_ITEM, TRACE_TILES=TRACE_TILES,
@@ -2225,7 +2246,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
-        CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale,
+        CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale, RESCALE_BEFORE_EXP=cfg.rescale_before_exp,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
         STAGED_SCORES=cfg.staged_scores,
         TRACE_STEPS=cfg.trace_steps,

@@ -478,6 +478,13 @@ def _safe_max(m):
 
 
 @gluon.jit
+def rescale_factor(m_i, m_new):
+    """``alpha``: what O and the running sum are multiplied by when the row max moves from
+    ``m_i`` to ``m_new`` (log2 domain; 0 before a row's first visible key, as :func:`_safe_max`)."""
+    return gl.exp2(m_i - _safe_max(m_new))
+
+
+@gluon.jit
 def rescaled_sum(l_i, alpha):
     """The running sum times ``alpha`` (per row): ``l_i`` per row, or per-thread partials
     ``[rows, k]`` (a deferred sum, or the tensor pipe's ``[64, 8]`` accumulator)."""
@@ -496,7 +503,7 @@ def softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: g
     tile of ones beside PV, rescaled with O by ``alpha``) and ``l_i`` comes back untouched."""
     m_safe = _safe_max(m_new)
     p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
-    alpha = gl.exp2(m_i - m_safe)
+    alpha = rescale_factor(m_i, m_new)
     if SUM:
         l_new = rescaled_sum(l_i, alpha) + _sum_into(l_i, p0, TREE)
     else:

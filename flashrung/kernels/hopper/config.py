@@ -434,7 +434,10 @@ class HopperFwdConfig:
     # them. In program order after them ptxas leaves the 32 FMUL (d64) and the row sum's shuffles
     # at the trip's end, after the last MUFU.EX2 and in front of the next GEMM issue, where FA4's d64
     # SASS interleaves its rescale with the exponentials (ncu source pages, B1 H32 S32768 non-causal,
-    # H100: a warp's trip 2496 cycles against FA4's 2354, the difference after QK's wait)
+    # H100: a warp's trip 2496 cycles against FA4's 2354, the difference after QK's wait). Off: lost
+    # 2.4-3.5% paired at d64 (H100), the multiplies at the end had filled the loop top's wait and ahead
+    # of the exponentials they lengthen the shared MUFU's phase (docs/hopper.md, O's rescale ahead of
+    # the exponentials)
     rescale_before_exp: bool = False
     # a masked K/V tile whose second half of keys none of a consumer's 64 rows may see skips that
     # half's mask, row max, exponentials and row sum (P there is 0): the first consumer of a

@@ -240,6 +240,7 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
                                    if loop["SYNCS"] and not loop["HGMMA"] and not loop["UTMALDG"]]
             entry["exp_turn_loops"] = exp_turn_loops(sass)
             entry["clock_reads"] = sass.count("SR_CLOCKLO")
+            entry["nanosleeps"] = sass.count("NANOSLEEP.SYNCS")
             entry["global_stores"] = len(re.findall(r"\bSTG\.", sass))
             entry["global_timer_reads"] = sass.count("SR_GLOBALTIMERLO")
             entry["atomics"] = sass.count("ATOMG")
@@ -396,6 +397,9 @@ CENSUS_CONFIGS.append(("d128-full-multicast", 128, False, {"kv_multicast": True}
 CENSUS_CONFIGS.append(("d128-full-producer-wg", 128, False, {"producer_warpgroup": True}))
 # multicast's producer with its waits and Q copies in inline PTX (no partition bar.sync)
 CENSUS_CONFIGS.append(("d128-full-unsynced-producer", 128, False, {"kv_multicast": True, "producer_unsynced": True}))
+# the same, its producer's try_wait with CUTLASS's suspend-time hint (10 ms)
+CENSUS_CONFIGS.append(("d128-full-unsynced-producer-sleep", 128, False,
+                       {"kv_multicast": True, "producer_unsynced": True, "producer_wait_hint_ns": 10_000_000}))
 # the consumers' K release moved after PV(j-1)'s wait
 CENSUS_CONFIGS.append(("d128-full-late-k", 128, False, {"late_k_release": True}))
 # every consumer thread releases its K/V slots (no partition bar.sync before an elected arrival),
@@ -1359,6 +1363,38 @@ def test_producer_unsynced_meets_no_bar_sync(census):
     unpaired = replace_following(paired, 128, stagger_kv=True)
     assert not unpaired.kv_multicast and not unpaired.producer_unsynced
     unpaired.check(128)
+
+
+def test_producer_wait_hint_sleeps_the_producer_only(census):
+    # the hint turns each of the producer's failed tries into a NANOSLEEP.SYNCS (woken by the
+    # barrier's phase change) where the plain loop re-issues its try; the consumers' waits keep
+    # theirs: their K/V loops (a trip's 66 exponentials) are the same instructions. The spans
+    # innermost_loops reads from a wait to its retry block at the kernel's end grow by the sleeps
+    # in between, and only in length
+    sleep, plain = census["d128-full-unsynced-producer-sleep"], census["d128-full-unsynced-producer"]
+    assert "error" not in sleep["row"], sleep["row"]["error"]
+    assert plain["nanosleeps"] == 0 and sleep["nanosleeps"] > 0
+    assert sleep["row"]["spill_bytes"] == plain["row"]["spill_bytes"]
+    steady = [loop for loop in plain["kv_loops"] if loop["mufu"] == 66]
+    assert steady and [loop for loop in sleep["kv_loops"] if loop["mufu"] == 66] == steady
+    assert len(sleep["kv_loops"]) == len(plain["kv_loops"])
+    for a, b in zip(sleep["kv_loops"], plain["kv_loops"]):
+        assert a["length"] >= b["length"] and dict(a, length=0) == dict(b, length=0), (a, b)
+    assert sleep["producer_loops"] == plain["producer_loops"]
+    assert sleep["bars"] == plain["bars"] and sleep["multicast_copies"] == plain["multicast_copies"]
+
+
+def test_producer_wait_hint_needs_the_inline_producer():
+    paired = fwd.default_config(64, False, 16384)
+    assert paired.producer_unsynced and paired.producer_wait_hint_ns == 0
+    dataclasses.replace(paired, producer_wait_hint_ns=10_000_000).check(64)
+    with pytest.raises(ValueError, match="producer_wait_hint_ns is a hint on the producer's inline try_wait"):
+        dataclasses.replace(fwd.default_config(64, True, 16384), producer_wait_hint_ns=1000).check(64)
+    for bad in (-1, 2 ** 32, 1.5):
+        with pytest.raises(ValueError, match="producer_wait_hint_ns must be an int"):
+            dataclasses.replace(paired, producer_wait_hint_ns=bad).check(64)
+    problem = _problem(head_dim=64, head_dim_v=64, seqlen_q=16384, seqlen_k=16384, heads_q=2, heads_kv=2)
+    assert fwd.config_with(problem, {"producer_wait_hint_ns": "10000000"}).producer_wait_hint_ns == 10_000_000
 
 
 @pytest.mark.parametrize("changes", [dict(num_q_stages=2), dict(fast_divide_producer=True),
@@ -4378,6 +4414,27 @@ def test_producer_unsynced_matches_the_multicast_kernel(head_dim):
     # or a slot refilled early, would move them)
     mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True)
     _assert_same_bits_every_run(mc, dataclasses.replace(mc, producer_unsynced=True), head_dim, seed=11)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", MULTICAST_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_producer_wait_hint(head_dim, shape):
+    # a producer asleep in its waits must still wake for every slot and Q buffer of both CTAs, or a
+    # pair waits for ever: on the stride grid and with the split tail, with and without the relay
+    for relay in (False, True):
+        _gate_forced_both_grids(head_dim, shape, **_MULTICAST, **_UNSYNCED, relay_release=relay,
+                                producer_wait_hint_ns=10_000_000)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_producer_wait_hint_changes_no_bit(head_dim):
+    # the same loads into the same slots in the same order, only how the producer waits changed
+    mc = dataclasses.replace(_unpaired_base(head_dim), kv_multicast=True, producer_unsynced=True)
+    _assert_same_bits_every_run(mc, dataclasses.replace(mc, producer_wait_hint_ns=10_000_000), head_dim, seed=13)
 
 
 def _assert_same_bits_every_run(ref_cfg, cfg, head_dim, seed):

@@ -545,6 +545,12 @@ class HopperFwdConfig:
     # exponential after PV's wait: census), so all four keep running the loop and waiting. On by
     # default where it priced KEEP (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN, changes 44 and 45)
     producer_unsynced: bool = False
+    # with producer_unsynced: its inline try_wait carries a suspend-time hint of this many ns (0: none),
+    # so a failed try sleeps in NANOSLEEP.SYNCS until the barrier's phase changes instead of re-issuing.
+    # Why: outside the consumers' loops the d64 S32k launch executes 0.41 G warp instructions, FA4's
+    # 0.16 G, nearly all the producer's try_wait spin, which takes issue slots from the consumers'
+    # warps on the same schedulers; FA4 (CUTLASS's barrier wait) sleeps with 10 ms (0x989680)
+    producer_wait_hint_ns: int = 0
     # with kv_multicast: the pair's K/V releases relayed by the producers. Each consumer releases
     # its slot in its own CTA only; the producer, once its CTA's consumers have released the slot,
     # arrives on the peer's relay barrier for it and waits for the peer's before refilling — the
@@ -808,6 +814,12 @@ class HopperFwdConfig:
                              "words are written by a one-warp producer: it needs dynamic_tiles=False and "
                              f"dynamic_pool_share=0, got dynamic_tiles={self.dynamic_tiles}, "
                              f"dynamic_pool_share={self.dynamic_pool_share}")
+        if not isinstance(self.producer_wait_hint_ns, int) or not 0 <= self.producer_wait_hint_ns < 2 ** 32:
+            raise ValueError(f"producer_wait_hint_ns must be an int in [0, 2**32) (nanoseconds), "
+                             f"got {self.producer_wait_hint_ns!r}")
+        if self.producer_wait_hint_ns and not self.producer_unsynced:
+            raise ValueError("producer_wait_hint_ns is a hint on the producer's inline try_wait: it needs "
+                             f"producer_unsynced=True, got producer_unsynced={self.producer_unsynced}")
         if self.producer_unsynced and not self.kv_multicast:
             raise ValueError("producer_unsynced is how kv_multicast's four-warp producer waits and copies Q without "
                              "bar.sync: it needs kv_multicast=True, got kv_multicast=False")

@@ -437,6 +437,7 @@ class _Schedule:
     RESCALE_BY_WARP: gl.constexpr  # with RESCALE_THRESHOLD: each warp skips O's rescale by its own vote
     CONVERT_BEFORE_RESCALE: gl.constexpr  # P's conversions before O's rescale in the overlapped step
     RESCALE_BEFORE_EXP: gl.constexpr  # FA4's order: O's rescale right after PV(j-1)'s wait, before the exponentials
+    PRODUCER_WAIT_HINT_NS: gl.constexpr  # > 0: the inline producer's try_wait sleeps up to this long (NANOSLEEP.SYNCS)
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
@@ -642,7 +643,7 @@ def _producer_wait(bars, idx, phase, SMEM_OFFSET: gl.constexpr, c):
     four-warp partition's wait with a ``bar.sync`` (a wait on the same array before it is a pending
     access), where each thread only needs its own wait."""
     if c.UNSYNCED_PRODUCER:
-        wait_unsynced(idx, phase, SMEM_OFFSET)
+        wait_unsynced(idx, phase, SMEM_OFFSET, SUSPEND_NS=c.PRODUCER_WAIT_HINT_NS)
     else:
         mbarrier.wait(bars.index(idx), phase)
 
@@ -2003,6 +2004,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
                      CONVERT_BEFORE_RESCALE: gl.constexpr, RESCALE_BEFORE_EXP: gl.constexpr,
+                     PRODUCER_WAIT_HINT_NS: gl.constexpr,
                      CARRY_RING_SLOT: gl.constexpr,
                      ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr,
                      STAGED_SCORES: gl.constexpr, TRACE_STEPS: gl.constexpr,
@@ -2141,6 +2143,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
                   CONVERT_BEFORE_RESCALE=CONVERT_BEFORE_RESCALE, RESCALE_BEFORE_EXP=RESCALE_BEFORE_EXP,
+                  PRODUCER_WAIT_HINT_NS=PRODUCER_WAIT_HINT_NS,
                   CARRY_RING_SLOT=CARRY_RING_SLOT,
                   ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM, STAGED_SCORES=STAGED_SCORES,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
@@ -2247,6 +2250,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale, RESCALE_BEFORE_EXP=cfg.rescale_before_exp,
+        PRODUCER_WAIT_HINT_NS=cfg.producer_wait_hint_ns,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
         STAGED_SCORES=cfg.staged_scores,
         TRACE_STEPS=cfg.trace_steps,

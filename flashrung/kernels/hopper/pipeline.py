@@ -313,34 +313,39 @@ def copies_arrive_unsynced(slot, SMEM_OFFSET: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _wait_asm(smem_offset, hoisted):
+def _wait_asm(smem_offset, hoisted, suspend_ns=0):
     # $1: the barrier's slot, $2: the phase parity waited for; hoisted: $3 the shared window's
     # base. The same spin as Gluon's mbarrier.wait (try_wait in a loop), on the address
     # arrive_unsynced computes; the label is local to the braces, so the block may appear many
-    # times in one kernel
+    # times in one kernel. suspend_ns > 0: try_wait's suspend-time hint, the bound on how long the
+    # thread may sleep in it before it retries (ptxas: NANOSLEEP.SYNCS after a failed try, woken by
+    # the barrier's phase change, where the plain loop re-issues its try)
+    hint = f", {int(suspend_ns)}" if suspend_ns else ""
     return ("{ .reg .pred complete; .reg .b32 addr; " + _slot_address("$1", smem_offset, hoisted)
-            + "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2; "
+            + "waitLoop: mbarrier.try_wait.parity.shared::cta.b64 complete, [addr], $2" + hint + "; "
             "@!complete bra.uni waitLoop; mov.u32 $0, 0; }")
 
 
 @gluon.jit
-def wait_unsynced(slot, phase, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False):
+def wait_unsynced(slot, phase, SMEM_OFFSET: gl.constexpr, HOIST_BASE: gl.constexpr = False,
+                  SUSPEND_NS: gl.constexpr = 0):
     """Wait for barrier ``slot`` of the array at ``SMEM_OFFSET`` to complete phase ``phase``, in
     inline PTX: Triton's shared-memory barrier analysis sees no wait, and puts no ``bar.sync``
     before it (Gluon 3.6 fences a consumer's first wait of a K/V step with one: the wait on the
     same array a step before is a pending access to it). Every thread waits for itself, so
     nothing a barrier would order is left: what the wait makes visible — the TMA's bytes — is
-    read only by the ``wgmma``s issued after it. ``HOIST_BASE`` as in :func:`arrive_unsynced`.
+    read only by the ``wgmma``s issued after it. ``HOIST_BASE`` as in :func:`arrive_unsynced`;
+    ``SUSPEND_NS`` > 0: ``try_wait``'s suspend-time hint (:func:`_wait_asm`).
     """
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [_THREADS_PER_WARPGROUP // 32], [0])
     zeros = gl.full([_THREADS_PER_WARPGROUP], 0, gl.int32, layout)
     if HOIST_BASE:
-        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, True), "=r,r,r,r", [zeros + slot, zeros + phase,
-                                                                             smem_base(zeros)],
+        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, True, SUSPEND_NS), "=r,r,r,r",
+                                  [zeros + slot, zeros + phase, smem_base(zeros)],
                                   dtype=gl.int32, is_pure=False, pack=1)
     else:
-        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, False), "=r,r,r", [zeros + slot, zeros + phase],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise(_wait_asm(SMEM_OFFSET, False, SUSPEND_NS), "=r,r,r",
+                                  [zeros + slot, zeros + phase], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -549,7 +549,9 @@ class HopperFwdConfig:
     # so a failed try sleeps in NANOSLEEP.SYNCS until the barrier's phase changes instead of re-issuing.
     # Why: outside the consumers' loops the d64 S32k launch executes 0.41 G warp instructions, FA4's
     # 0.16 G, nearly all the producer's try_wait spin, which takes issue slots from the consumers'
-    # warps on the same schedulers; FA4 (CUTLASS's barrier wait) sleeps with 10 ms (0x989680)
+    # warps on the same schedulers; FA4 (CUTLASS's barrier wait) sleeps with 10 ms (0x989680). Off: lost
+    # 0.2% paired at d64 (S4k, S32k), NULL at d128 S6144 (H100): the wake costs more than the slots
+    # return (docs/hopper.md, The producer asleep in its waits)
     producer_wait_hint_ns: int = 0
     # with kv_multicast: the pair's K/V releases relayed by the producers. Each consumer releases
     # its slot in its own CTA only; the producer, once its CTA's consumers have released the slot,

@@ -313,3 +313,18 @@ def test_turn_to_first_hgmma_counts_from_the_last_barrier_before_the_first_produ
     assert turn_to_first_hgmma(loop[:5]) is None                    # no product
     token = loop[:2] + ["UIMAD UR18, UR26, 0x3ff8, UR45", "WARPGROUP.ARRIVE", loop[5]]
     assert turn_to_first_hgmma(token) == 3                          # the mbarrier token's wait
+
+
+def test_a_gluon_compile_under_the_interpreter_names_its_cause():
+    # a process that imported Triton under TRITON_INTERPRET=1 (this one, on a CPU: conftest) cannot
+    # build Gluon kernels; the failure used to surface deep in code generation, and only when the
+    # cache was cold
+    import torch
+
+    from flashrung.kernels.hopper import fwd
+    if not census.needs_reexec():
+        pytest.skip("this process compiles for real (TRITON_INTERPRET is not set)")
+    spec = fwd.census_spec(fwd.default_config(64, False), 64, False, torch.bfloat16)
+    assert spec.gluon
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1.*interpreter_free_env"):
+        census.compile_spec(spec, "sm_90a")

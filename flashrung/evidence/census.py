@@ -113,6 +113,14 @@ def spec_compiler(spec: CensusSpec, arch: str):
     target = GPUTarget("cuda", capability, 32)
     fn = spec.fn
     if spec.gluon:
+        if needs_reexec():
+            # Gluon functions decorated under the interpreter fail deep in code generation
+            # ("'NVMMADistributedLayout' object has no attribute '_flatten_ir'"), and a warm cache
+            # hides it: name the cause instead
+            raise RuntimeError(
+                "the census compiles real kernels: this process imported Triton under TRITON_INTERPRET=1 "
+                "(tests/conftest.py sets it); compile in a process started with "
+                "census.interpreter_free_env() (`flashrung census` re-executes itself without it)")
         from triton.experimental.gluon._runtime import GluonASTSource as Source
     else:
         from triton.compiler import ASTSource as Source

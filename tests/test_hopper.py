@@ -1390,7 +1390,7 @@ def test_producer_wait_hint_needs_the_inline_producer():
     dataclasses.replace(paired, producer_wait_hint_ns=10_000_000).check(64)
     with pytest.raises(ValueError, match="producer_wait_hint_ns is a hint on the producer's inline try_wait"):
         dataclasses.replace(fwd.default_config(64, True, 16384), producer_wait_hint_ns=1000).check(64)
-    for bad in (-1, 2 ** 32, 1.5):
+    for bad in (-1, 2 ** 32, 1.5, True):
         with pytest.raises(ValueError, match="producer_wait_hint_ns must be an int"):
             dataclasses.replace(paired, producer_wait_hint_ns=bad).check(64)
     problem = _problem(head_dim=64, head_dim_v=64, seqlen_q=16384, seqlen_k=16384, heads_q=2, heads_kv=2)

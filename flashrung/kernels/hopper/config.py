@@ -816,7 +816,8 @@ class HopperFwdConfig:
                              "words are written by a one-warp producer: it needs dynamic_tiles=False and "
                              f"dynamic_pool_share=0, got dynamic_tiles={self.dynamic_tiles}, "
                              f"dynamic_pool_share={self.dynamic_pool_share}")
-        if not isinstance(self.producer_wait_hint_ns, int) or not 0 <= self.producer_wait_hint_ns < 2 ** 32:
+        if isinstance(self.producer_wait_hint_ns, bool) or not isinstance(self.producer_wait_hint_ns, int) \
+                or not 0 <= self.producer_wait_hint_ns < 2 ** 32:
             raise ValueError(f"producer_wait_hint_ns must be an int in [0, 2**32) (nanoseconds), "
                              f"got {self.producer_wait_hint_ns!r}")
         if self.producer_wait_hint_ns and not self.producer_unsynced:

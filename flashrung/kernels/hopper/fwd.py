@@ -1432,8 +1432,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         if RESCALE_FIRST:
             # in a basic block of its own (a branch on a runtime value, pipeline.wait_mma_after_softmax's
             # guard): in the exponentials' block ptxas sinks the multiplies to its end whatever
-            # their program order (census). alpha ahead of the branch, where softmax_exp's own
-            # exp2 of the same value folds into it (inside, it is a second MUFU.EX2 a row)
+            # their program order (census); the scale is finite (inputs.softmax_scale), so the
+            # branch is always taken. alpha ahead of the branch, where softmax_exp's own exp2 of the
+            # same value folds into it (inside, it is a second MUFU.EX2 a row)
             alpha_first = rescale_factor(m_i, m_new)
             if qk_scale_log2 == qk_scale_log2:
                 if c.RESCALE_THRESHOLD > 0:

@@ -14,6 +14,7 @@ import os
 import sys
 
 import torch
+from flashrung import jsonfile
 
 # what the caching allocator guarantees a fresh tensor's address to be a multiple of
 ALLOCATION_ALIGNMENT_BYTES = 256
@@ -254,8 +255,7 @@ def check_command(args) -> int:
                      f"{worst['ratio']:.3f}" if worst else "-", worst["case"] if worst else "-"])
     failures = [f for s in summaries for f in s["failures"]]
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": _device_label(device), "size": size, "summaries": summaries}, fh, indent=1)
+        jsonfile.write({"device": _device_label(device), "size": size, "summaries": summaries}, args.json)
     if count > 1:
         return 1 if failures else 0
     print(f"flashrung check on {_device_label(device)}, envelope '{size}' "
@@ -299,8 +299,7 @@ def gate_command(args) -> int:
         rows.append([m.name, m.why, f"{cal.defect_ratios.get(m.name, float('nan')):.2f}"])
     print(_table(rows))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(data, fh, indent=1)
+        jsonfile.write(data, args.json)
     if not cal.ok:
         for r in cal.correct_failures:
             print(f"  correct kernel failed: {r}")

@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 
+from flashrung import jsonfile
 from flashrung.bench import report, suites, targets
 
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -81,7 +82,7 @@ def test_a_row_without_a_paired_reading_is_not_read_as_met_or_missed():
 def test_the_table_counts_the_stored_run_at_change_50():
     # the fa4-protocol forward at e9a4991, read by hand in docs/hopper.md: four rows at target,
     # d128 causal S8k the nearest below (1.048, needs 0.2%), the target row 641.3 TFLOP/s (needs 9.2%)
-    doc = json.loads((RESULTS / "fa4-fwd-e9a4991.json").read_text())
+    doc = jsonfile.read(RESULTS / "fa4-fwd-e9a4991.json.gz")
     text = report.results_table(doc)
     assert "targets (flashrung): 4 of 24 rows met" in text and "flashrung needs" in text
     assert "nearest below: B4 H16 S8192 d128 bf16 causal fwd +0.2%" in text
@@ -110,7 +111,7 @@ def test_the_plot_adds_a_row_of_target_panels_where_rows_carry_targets(tmp_path,
     from flashrung.bench import plot
     shapes = []
     monkeypatch.setattr(plot, "save", lambda fig, path: shapes.append(fig.axes[0].get_gridspec().get_geometry()))
-    doc = json.loads((RESULTS / "fa4-fwd-e9a4991.json").read_text())
+    doc = jsonfile.read(RESULTS / "fa4-fwd-e9a4991.json.gz")
     plot.plot(doc, tmp_path / "with.png")
     doc["impls"] = [i for i in doc["impls"] if i != "flashrung"]
     plot.plot(doc, tmp_path / "without.png")

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from flashrung import jsonfile
 from flashrung.model import rates as R
 
 
@@ -26,9 +27,8 @@ def test_no_stored_table_claims_a_measurement_it_did_not_make():
 
 
 def _probe_rows(commit):
-    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", f"h200-wgmma-neighbor-{commit}.json")
-    with open(path) as f:
-        return json.load(f)["rows"]
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", f"h200-wgmma-neighbor-{commit}.json.gz")
+    return jsonfile.read(path)["rows"]
 
 
 def test_the_h200_coupling_refits_from_its_stored_probe_run():
@@ -37,7 +37,7 @@ def test_the_h200_coupling_refits_from_its_stored_probe_run():
     k, n = R.fit_exp_mma_coupling(_probe_rows("f8c8015"))
     fig = R.TABLES["h200"].exp_mma_coupling
     assert n == 5 and k == pytest.approx(fig.value, abs=5e-5)
-    assert fig.provenance == R.MEASURED and "h200-wgmma-neighbor-f8c8015.json" in fig.source
+    assert fig.provenance == R.MEASURED and "h200-wgmma-neighbor-f8c8015.json.gz" in fig.source
     for commit in ("216ee7f", "beeb232"):
         assert R.fit_exp_mma_coupling(_probe_rows(commit))[0] == pytest.approx(k, abs=1e-3)
     with pytest.raises(ValueError, match="idle"):

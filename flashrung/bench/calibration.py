@@ -9,11 +9,11 @@ calibration measured on a lent machine is kept with the results it licenses.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import pathlib
 
 from flashrung.bench import stats
+from flashrung import jsonfile
 
 
 def default_path() -> pathlib.Path:
@@ -25,7 +25,7 @@ def load(path: pathlib.Path | str | None = None) -> dict:
     path = pathlib.Path(path) if path else default_path()
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
+    data = jsonfile.read(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a calibration file maps GPU names to entries, got {type(data).__name__}")
     return data
@@ -49,8 +49,8 @@ def store(gpu: str, entry: dict, path: pathlib.Path | str | None = None) -> path
     data = load(path)
     data[gpu] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    # written beside and moved over, so a reader never sees half a file
+    tmp = jsonfile.write(data, path.with_name(path.name + ".tmp" + (jsonfile.GZIP_SUFFIX if jsonfile.is_compressed(path) else "")))
     tmp.replace(path)
     return path
 

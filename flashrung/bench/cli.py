@@ -27,6 +27,7 @@ import sys
 
 from flashrung.bench import calibration, manifest, numerators, peers, report, stats, suites, sustain, timing
 from flashrung.inputs import check_softcap
+from flashrung import jsonfile
 
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
@@ -357,7 +358,7 @@ def gpu_available() -> tuple[bool, str]:
 
 def cmd_bench(args) -> int:
     if args.from_json:
-        doc = json.loads(args.from_json.read_text())
+        doc = jsonfile.read(args.from_json)
         print(report.results_table(doc))
         _plot(doc, args)
         return 0
@@ -683,7 +684,7 @@ def cmd_compare(args) -> int:
 def load_links(paths) -> list[stats.Link]:
     links = []
     for path in paths:
-        data = json.loads(pathlib.Path(path).read_text())
+        data = jsonfile.read(path)
         items = data.get("links", [data]) if isinstance(data, dict) else data
         links.extend(stats.Link.from_json(item) for item in items)
     return links

@@ -10,11 +10,11 @@ never a blank; a cell whose calls were host-bound carries a ``*`` and a footnote
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Iterable, Sequence
 
 from flashrung.bench import numerators, peers, targets, timing
+from flashrung import jsonfile
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
 
@@ -194,7 +194,4 @@ def reasons(doc: dict) -> list[str]:
 
 
 def write_json(doc: dict, path: str | pathlib.Path) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str))
-    return path
+    return jsonfile.write(doc, path, default=str)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from flashrung.evidence import census
+from flashrung import jsonfile
 
 DEFAULT_FAMILIES = ("HGMMA", "HMMA", "MUFU.EX2", "LDGSTS", "UTMALDG", "USETMAXREG", "LDSM", "BAR", "SYNCS")
 
@@ -32,8 +33,7 @@ def run(args) -> int:
         for d in data:
             d.get("sass", {}).pop("opcodes", None)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(data, f, indent=1)
+        jsonfile.write(data, args.out)
     if args.json:
         print(json.dumps(data, indent=1))
     else:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import queue
 import subprocess
 import sys
 import threading
 import time
+from flashrung import jsonfile
 
 # what the child prints, one report per line
 READY, PROGRESS, MOVED, DONE = "ready", "progress", "moved", "done"
@@ -184,10 +184,9 @@ def main(argv=None) -> int:
     print(f"{len(results) - len(bad)} of {len(results)} runs completed with every checked output equal to "
           f"the first call's" + (f"; {len(bad)} did not" if bad else ""))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(label=label, device=torch.cuda.get_device_name(), args={k: v for k, v in vars(args).items()
-                                                                                   if k not in ("json", "child")},
-                           runs=[dataclasses.asdict(r) for r in results]), f, indent=1)
+        jsonfile.write(dict(label=label, device=torch.cuda.get_device_name(),
+                            args={k: v for k, v in vars(args).items() if k not in ("json", "child")},
+                            runs=[dataclasses.asdict(r) for r in results]), args.json)
         print(f"wrote {args.json}")
     return 1 if bad else 0
 

@@ -38,10 +38,10 @@ import csv
 import dataclasses
 import gzip
 import io
-import json
 import re
 import sys
 from collections import Counter
+from flashrung import jsonfile
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -427,6 +427,5 @@ def run(args) -> int:
         return 2
     print(render(summaries))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summaries, f, indent=1)
+        jsonfile.write(summaries, args.json)
     return 0

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from flashrung.evidence import census
+from flashrung import jsonfile
 
 MODES = {"idle": 0, "queued": 1, "paced": 2, "mma.sync": 3}
 OPS = {"ex2": 0, "ffma": 1}
@@ -271,9 +272,8 @@ def main(argv=None) -> int:
         flop = f"{r['tensor_flop_per_sm_cycle']:.0f}" if "tensor_flop_per_sm_cycle" in r else "—"
         print(f"{r['label']:34s} {r['per_sm_cycle']:12.2f} {flop:>15s} {share:>11s}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), rounds=ROUNDS, chains=CHAINS, queue=QUEUE, rows=rows), f,
-                      indent=1)
+        jsonfile.write(dict(gpu=torch.cuda.get_device_name(0), rounds=ROUNDS, chains=CHAINS, queue=QUEUE, rows=rows),
+                       args.json)
     return 0
 
 

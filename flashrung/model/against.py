@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any, Iterator, Mapping
 
 from flashrung.model import ledger as L
 from flashrung.model import schedule as S
 from flashrung.model.rates import RateTable
+from flashrung import jsonfile
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 _LABEL_KEYS = ("impl", "kind", "backend", "name", "kernel", "peer", "tag")
@@ -256,8 +256,7 @@ def against(rates: RateTable, doc: Any, tile: tuple[int, int] = (128, 128),
 
 
 def load(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    return jsonfile.read(path)
 
 
 def format_table(rows: list[AgainstRow], rates: RateTable) -> str:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from flashrung.model import ledger as L
 from flashrung.model import levers
 from flashrung.model import rates as R
+from flashrung import jsonfile
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -173,9 +173,7 @@ def _run_measure(args) -> int:
         print(f"flashrung model --measure: {exc}", file=sys.stderr)
         return 2
     out = args.out or R.measured_path(args.gpu)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    jsonfile.write(result, out)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

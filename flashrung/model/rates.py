@@ -21,9 +21,9 @@ by field (:func:`get_table`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Mapping
+from flashrung import jsonfile
 
 QUOTED = "quoted"
 DERIVED = "derived"
@@ -226,7 +226,7 @@ def fit_exp_mma_coupling(rows) -> tuple[float, int]:
 H200_EXP_MMA_COUPLING = Figure(
     0.2515, COUPLING_UNIT, MEASURED,
     "python -m flashrung.evidence.wgmma_neighbor on NVIDIA H200 "
-    "(docs/results/h200-wgmma-neighbor-f8c8015.json): ex2 15.92/cycle/SM alone, 12.82-13.67 beside "
+    "(docs/results/h200-wgmma-neighbor-f8c8015.json.gz): ex2 15.92/cycle/SM alone, 12.82-13.67 beside "
     "wgmma keeping the pipe 55-77% busy; fit_exp_mma_coupling over its 5 rows")
 
 H200_QUOTED = dataclasses.replace(
@@ -270,8 +270,7 @@ def measured_path(name: str) -> str:
 
 def load_measured(path: str) -> RateTable:
     """The rate table stored by ``flashrung model --measure`` (a JSON with ``table`` and ``manifest``)."""
-    with open(path) as f:
-        d = json.load(f)
+    d = jsonfile.read(path)
     return RateTable.from_json(d["table"] if "table" in d else d)
 
 

@@ -159,7 +159,7 @@ class HopperFwdConfig:
     # paired on the H200 (flashrung.evidence.merge_timing, CUDA graphs of 50 merges, 40
     # alternations), B2 H16 S16384 d128 bf16 (4 tail tiles x 33 splits, the split of every d128
     # non-causal suite row from S4k): 5.99 -> 4.21 us, 1.4258 [p10 1.4239, p90 1.4273]; B16 H16
-    # S2048 (x 16 splits) 3.61 -> 3.36 us, 1.0733 (h200-merge-timing-d128-s*-a472f36.json). Gated:
+    # S2048 (x 16 splits) 3.61 -> 3.36 us, 1.0733 (h200-merge-timing-d128-s*-a472f36.json.gz). Gated:
     # test_gate_split_tail_merge_loads_first. On a whole call 0.03-0.1%, under any paired keep
     # threshold: priced on the merge alone, as predicted (about 2 us)
     merge_loads_first: bool = True
@@ -402,7 +402,7 @@ class HopperFwdConfig:
     # without asm_arrivals, it removes none and keeps 16 B in local memory at d128 non-causal S16k.
     # Paired on the H200, preheated (t_keep 1.002164), on top of the default's asm_arrivals: d128
     # non-causal B4 H16 S8192 0.9958 / 0.9936, causal B2 H16 S16384 0.9899 / 0.9937 (REVERT;
-    # h200-compare-asm-waits-d128-{full,causal}-s*-8f401a7.json): off
+    # h200-compare-asm-waits-d128-{full,causal}-s*-8f401a7.json.gz): off
     asm_waits: bool = False
     # with asm_arrivals / asm_waits: the inline PTX takes the shared window's base address as an
     # operand from one pure read of ``global_smem`` (pipeline.smem_base), which LLVM hoists out of
@@ -943,7 +943,7 @@ _LEVERS = {
     # On the paired kernel (K/V multicast, census 434 -> 426), on an H100 (t_noise 0.001, no H100
     # A/A calibration): B8 S4096 1.0020 / 1.0020, B4 S8192 1.0012 / 1.0016, B2 S16384 1.0015 /
     # 1.0015 — a third of the +0.5-0.7% predicted, under the H200's t_keep (1.0022): off
-    # (h100-compare-d64-paired-defer-row-sum-*-7f95815.json)
+    # (h100-compare-d64-paired-defer-row-sum-*-7f95815.json.gz)
     (64, True): dict(_FA4_SCHEDULE, pack_p=True, defer_row_sum=True, **_CAUSAL_MASK),
     # packed P at d128: 1.0145 non-causal, 1.0118 causal (B2 H16 S16384); the deferred row sum on
     # top of it: 1.0366 / 1.0367 non-causal, 1.0200 / 1.0201 causal (B2 H16 S16384; at B32 H16
@@ -1043,9 +1043,9 @@ _SHORT_NONCAUSAL = {
 # S1024 0.956. Change 38 priced it paired, preheated 150 ms, over today's defaults (FA4's named
 # order from S8192, FA3's named order at S4096, inline arrivals): B4 S8192 1.0351 / 1.0389, B8
 # S4096 1.0212 / 1.0193 (KEEP, t_keep 1.002164; h200-compare-split-tail-d128-full-s{8192,4096}-
-# 93f2fae.json), with the first tile masked only where needed (below). d64 and d256 rows of the
+# 93f2fae.json.gz), with the first tile masked only where needed (below). d64 and d256 rows of the
 # suite leave tails too full to split (one split per tile); d256 with split_tail_rounds lost,
-# B2 H16 S8192 0.9609 / 0.9543 (REVERT, h200-compare-split-tail-rounds-d256-full-s8192-93f2fae.json).
+# B2 H16 S8192 0.9609 / 0.9543 (REVERT, h200-compare-split-tail-rounds-d256-full-s8192-93f2fae.json.gz).
 SPLIT_TAIL_MIN_SEQLEN = {128: 4096}
 # From this max(Sq, Sk) up the split-tail kernel masks its first tile always: first_mask_on_need
 # lost on it at B2 H16 S16384, 0.9935 / 0.9936 (change 23). Below it the split tail was priced
@@ -1053,21 +1053,21 @@ SPLIT_TAIL_MIN_SEQLEN = {128: 4096}
 SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN = {128: 16384}
 # A work item's fixed cost beyond its K/V steps, in steps (the tile trace, H200, default kernels:
 # 2226 cycles against 2377 a step at d128, 2410 against 2495 at d64, 5870 against 2051 at d256 —
-# its peeled first step, drain and epilogue; profile, h200-tile-trace-*-0298876.json): what
+# its peeled first step, drain and epilogue; profile, h200-tile-trace-*-0298876.json.gz): what
 # split_tail_rounds weighs each split item's range against
 WORK_ITEM_FIXED_KV_TILES = {64: 1, 128: 1, 256: 3}
 
 # The balanced grid's estimate of a query tile whose rows fill only k of its consumer warpgroups
 # (a partial last tile: Sq mod block_m), as a share of a whole tile's (entry k - 1), by
 # (head_dim, block_m); `balanced_partial_tiles`. From the tile trace (H200, bf16, causal, default
-# kernels, h200-tile-trace-timeline-d64-causal-*-9095872.json): at d64's 192-row tile the
+# kernels, h200-tile-trace-timeline-d64-causal-*-9095872.json.gz): at d64's 192-row tile the
 # one-warpgroup tile of B2 H32 S16384 runs its 128 K/V steps in 204,800-206,500 cycles against
 # 318,700-319,400 for a whole tile of 128 steps (0.64-0.65 of it); the two-warpgroup tile was
 # taken halfway (0.83) and then measured (B4 H32 S8192, its 64 steps in 133,400-136,500 cycles
-# against the whole tile's fit, 0.80-0.82; h200-tile-trace-timeline-partial-d64-causal-s8192-1366f73.json).
+# against the whole tile's fit, 0.80-0.82; h200-tile-trace-timeline-partial-d64-causal-s8192-1366f73.json.gz).
 # Paired over the whole-tile estimate (compare, preheated, t_keep 1.002164, bf16, B·S = 32k, H32,
 # causal): S4096 1.0094 / 1.0140 KEEP, S8192 1.0011 / 1.0002 NULL, S16384 1.0079 / 1.0081 KEEP
-# (modeled +2.8%, +0.7%, +0.7%; h200-compare-balanced-partial-tiles-d64-causal-*-cef0b5d.json);
+# (modeled +2.8%, +0.7%, +0.7%; h200-compare-balanced-partial-tiles-d64-causal-*-cef0b5d.json.gz);
 # the traced idle at the end of S4096 3.95% -> 1.13%. Change 42. Tiles not listed are estimated
 # whole, as before.
 PARTIAL_TILE_COST_SHARE = {(64, 192): (0.65, 0.83, 1.0)}
@@ -1091,8 +1091,8 @@ STAGGER_KV_MIN_SEQLEN = {64: 3072}
 # over the modulo: B2 S16384 non-causal 1.0041 / 1.0035 (KEEP), B8 S4096 non-causal 1.0017 /
 # 1.0016 and B2 S16384 causal 1.0016 / 1.0049 (NULL; no reading below 1.0015); the step trace
 # (--warps, B2 S16384 non-causal): the producer's scheduler's consumer warp 80-126 -> 34-38
-# cycles behind its siblings at the step's top (h200-compare-stagger-subtract-d64-*-c8d2335.json,
-# h200-step-trace-warps-*-d64-full-s16384-{5ab2a8c,c435661}.json)
+# cycles behind its siblings at the step's top (h200-compare-stagger-subtract-d64-*-c8d2335.json.gz,
+# h200-step-trace-warps-*-d64-full-s16384-{5ab2a8c,c435661}.json.gz)
 
 
 # The LPT section (the (batch, head) columns whose K/V the heads running together share, sized in
@@ -1144,21 +1144,21 @@ TWO_Q_STAGES_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, False): 20
 # buffers (change 26, above) — and, change 27, d128 at B32 H16 S1024: causal, together with two Q
 # buffers, 1.0173 / 1.0185 over neither (each alone had been NULL there: the decode 1.0017 /
 # 1.0059, two Q buffers 0.9969 / 1.0017), non-causal on top of its two Q buffers 1.0155 / 1.0123
-# (h200-compare-d128-{causal,full}-s1k-fast-divide-*.json). Change 28, with two Q buffers (over
+# (h200-compare-d128-{causal,full}-s1k-fast-divide-*.json.gz). Change 28, with two Q buffers (over
 # neither where a row had one): d128 B16 H16 S2048 causal 1.0134 / 1.0116, non-causal 1.0064 /
-# 1.0067 (that shape's own null: t_noise 0.2112%, h200-null-preheat150-d128-full-s2k.json), d128
+# 1.0067 (that shape's own null: t_noise 0.2112%, h200-null-preheat150-d128-full-s2k.json.gz), d128
 # B8 H16 S4096 causal 1.0071 / 1.0052 (the calibration's shape, non-causal there: 0.2164%); d64's
 # 192-row tile, B8 H32 S4096 causal 1.0101 / 1.0092, B16 H32 S2048 non-causal 1.0066 / 1.0058 and,
-# in fresh processes on another day, 1.0067 / 1.0073 (h200-compare-d128-causal-s2k-fd-2q.json,
+# in fresh processes on another day, 1.0067 / 1.0073 (h200-compare-d128-causal-s2k-fd-2q.json.gz,
 # -d128-full-s2k-fd, -d128-causal-s4k-fd-2q, -d64-causal-s4k-fd-2q, -d64-full-s2k-fd-2q-rerun and
-# h200-compare-d64-full-s2k-fast-divide-two-q.json). Not taken: d128 B8 H16 S4096 non-causal
-# 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json). Change 52, d128 causal past S4096,
+# h200-compare-d64-full-s2k-fast-divide-two-q.json.gz). Not taken: d128 B8 H16 S4096 non-causal
+# 0.9985 / 0.9968 (NULL, h200-compare-d128-full-s4k-fd-2q.json.gz). Change 52, d128 causal past S4096,
 # both with two Q buffers over neither (quick protocol, n = 40 a run): B4 H16 S8192 1.0108 / 1.0008
 # (run 2's halves disagreeing: NULL), again 1.0038 / 1.0058 (KEEP); B2 S16384 1.0039 / 1.0069, again
 # 1.0083 / 1.0093; B1 S32768 1.0081 / 1.0076 (KEEP) — a gain that did not shrink with the items'
 # length, as a cost paid once per tile head would; what else it shortens was not traced
-# (h200-compare-fd-2q-d128-causal-*-4744f2d.json). Not taken: d64 causal B4 H32 S8192
-# 1.0007 / 1.0024 (NULL, h200-compare-fd-2q-d64-causal-s8192-4744f2d.json).
+# (h200-compare-fd-2q-d128-causal-*-4744f2d.json.gz). Not taken: d64 causal B4 H32 S8192
+# 1.0007 / 1.0024 (NULL, h200-compare-fd-2q-d64-causal-s8192-4744f2d.json.gz).
 FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 1 << 62, (128, False): 2048}
 
 
@@ -1169,7 +1169,7 @@ FAST_DIVIDE_MAX_SEQLEN = {(64, True): 4096, (64, False): 2048, (128, True): 1 <<
 # Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H32, over the default: B16 S2048
 # 1.0050 / 1.0049 (KEEP); B32 S1024 0.9984 / 1.0026, run 2's halves disagreeing (NULL) — with
 # pingpong the other consumer's full diagonal step still sets the pace at the tile's end
-# (h200-compare-skip-unseen-half-d64-causal-s{1024,2048}.json). Not priced elsewhere. One K/V loop
+# (h200-compare-skip-unseen-half-d64-causal-s{1024,2048}.json.gz). Not priced elsewhere. One K/V loop
 # (SINGLE_KV_LOOP_SEQLEN, below) took its place there: 1.0104 / 1.0097 over it at B16 S2048; the two
 # build the masked step differently and do not combine
 SKIP_UNSEEN_HALF_SEQLEN: dict = {}
@@ -1182,9 +1182,9 @@ SKIP_UNSEEN_HALF_SEQLEN: dict = {}
 # 1.0154, B2 S16384 (split tail) 1.0101 / 1.0087 (KEEP); B1 S32768 1.0017 / 0.9985 (NULL, off).
 # The token on named barriers lost at S16k (0.9911 / 0.9908; with the inline arrivals it won at S4k:
 # FA3_NAMED_NONCAUSAL_SEQLEN, change 36)
-# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json). Change 31: B32 S1024
+# (h200-compare-pingpong-d128-full-s{2048,4096,8192,16384,32768}-20b1de3.json.gz). Change 31: B32 S1024
 # 1.0124 / 1.0090 (KEEP; that shape's own null 1.006339), so the rule reaches down to the shortest
-# problems as the other short-tile rules do (h200-compare-pingpong-d128-full-s1024-df0281e.json).
+# problems as the other short-tile rules do (h200-compare-pingpong-d128-full-s1024-df0281e.json.gz).
 # Not taken at d128 causal S1024 (0.9998 / 0.9979, NULL: change 8's named turns stay off there).
 # From S8k FA4's order with named turns takes over (FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35), with
 # pingpong at every length above it, S32k included.
@@ -1199,7 +1199,7 @@ PINGPONG_NONCAUSAL_SEQLEN = {128: (1, 16384)}
 # S2048 (with skip_unseen_half off, over the default that had it) 1.0104 / 1.0097 (KEEP). Not taken:
 # d64 non-causal B32 H32 S1024 1.0047 / 1.0026 (clears t_keep, not the S1024 null), d128 B32 H16
 # S1024 causal 1.0012 / 1.0031 and non-causal 1.0045 / 1.0019 (NULL)
-# (h200-compare-single-kv-loop-d{64,128}-{causal,full}-s{1024,2048}-df0281e.json)
+# (h200-compare-single-kv-loop-d{64,128}-{causal,full}-s{1024,2048}-df0281e.json.gz)
 SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 
 
@@ -1216,10 +1216,10 @@ SINGLE_KV_LOOP_MAX_SEQLEN = {(64, True): 2048}
 # Not taken: d128 non-causal B16 S2048 0.9988 / 1.0004 and causal B8 S4096 1.0042 / 1.0013 (NULL,
 # halves disagreeing); d64 non-causal B4 H32 S8192 0.9941 / 0.9927 (REVERT: a 4.9% shorter trip, and
 # the vote and the two paths cost more) — d64 stays off
-# (h200-compare-rescale-by-warp-d{128,256,64}-{full,causal}-s*-fffbb14.json,
-# h200-compare-always-rescale-d256-{full,causal}-s1024-ae07105.json). d128 causal from S8192
+# (h200-compare-rescale-by-warp-d{128,256,64}-{full,causal}-s*-fffbb14.json.gz,
+# h200-compare-always-rescale-d256-{full,causal}-s1024-ae07105.json.gz). d128 causal from S8192
 # since change 40: B4 H16 S8192 1.0080 / 1.0058 over the default of the day (KEEP, halves agreeing;
-# h200-compare-rescale-by-warp-d128-causal-s8192-5ab2a8c.json) — the S16k kernel, unchanged
+# h200-compare-rescale-by-warp-d128-causal-s8192-5ab2a8c.json.gz) — the S16k kernel, unchanged
 RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 8192, (256, False): 1, (256, True): 1}
 # Softmax-side levers on top of the per-warp rescale, per (head dim, causal) (change 33): on d256's
 # kernel the per-thread partial row sums (defer_row_sum) and, causal, P packed in the accumulator
@@ -1230,7 +1230,7 @@ RESCALE_BY_WARP_MIN_SEQLEN = {(128, False): 4096, (128, True): 8192, (256, False
 # 1.002164), bf16, H16, over change 32's default: non-causal B16 S1024 1.0060 / 1.0079, B8 S2048
 # 1.0077 / 1.0064, B2 S8192 1.0078 / 1.0070; causal B16 S1024 1.0067 / 1.0067, B8 S2048 1.0069 /
 # 1.0067, B2 S8192 1.0076 / 1.0074 (KEEP;
-# h200-compare-d256-levers-d256-{full,causal}-s{1024,2048,8192}-37f7706.json)
+# h200-compare-d256-levers-d256-{full,causal}-s{1024,2048,8192}-37f7706.json.gz)
 _RESCALE_BY_WARP_LEVERS = {
     (256, False): dict(defer_row_sum=True, late_rescale=False),
     (256, True): dict(pack_p=True, defer_row_sum=True),
@@ -1248,11 +1248,11 @@ _RESCALE_BY_WARP_LEVERS = {
 # S2048 1.0099 / 1.0077, B2 S8192 1.0046 / 1.0062 (KEEP). Not taken: d128 non-causal B2 S16384
 # 1.0024 / 1.0021 and 1.0020 / 1.0027 (NULL twice, the split-tail kernel); d256 causal B2 S8192
 # 1.0010 / 1.0010; d64 B2 S16384 0.9991 / 1.0010 non-causal, 1.0002 / 1.0010 causal (NULL)
-# (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json). d256 non-causal's KEEP is
+# (h200-compare-asm-arrivals-d{64,128,256}-{causal,full}-s*-6b5bae9.json.gz). d256 non-causal's KEEP is
 # taken only where the keys fill their K/V tiles (ASM_ARRIVALS_WHOLE_KEY_TILES, the build that was
 # priced): its build for a launch with a key tail keeps 36 B in local memory (5 LDL, 4 STL; one access
 # in each per-tile loop), which the build without one does not. d128 causal B32 S1024: 1.0076 / 1.0031
-# (clears t_keep, not that shape's own null 1.006339; h200-compare-asm-arrivals-d128-causal-s1024-8b45a1d.json)
+# (clears t_keep, not that shape's own null 1.006339; h200-compare-asm-arrivals-d128-causal-s1024-8b45a1d.json.gz)
 # Change 35 carries the non-causal d128 rule on from S8k (with FA4_ORDER_NONCAUSAL_MIN_SEQLEN, below),
 # where the two were priced together.
 ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 1 << 62), (256, False): (2048, 1 << 62)}
@@ -1264,14 +1264,14 @@ ASM_ARRIVALS_SEQLEN = {(128, True): (2048, 1 << 62), (128, False): (4096, 1 << 6
 # none, and FA3's order kept the whole softmax under PV. With the K/V releases inline as well,
 # the tile trace reads 305.0k cycles per 128-step item against 314.1k for FA3's order with the
 # mbarrier token (-2.9%; FA3's order with named turns 308.3k, FA4's order with the mbarrier
-# token 324.2k: B2 H16 S16384, split tail off, h200-tile-trace-d128-full-s16384-*-edd8b80.json;
+# token 324.2k: B2 H16 S16384, split tail off, h200-tile-trace-d128-full-s16384-*-edd8b80.json.gz;
 # the census since places the mbarrier token's loss: with it ptxas hoists PV's wait into the row
 # max, with named turns it does not — gate_pv_wait).
 # Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default: B4 S8192
 # 1.0071 / 1.0079 (FA4's order with the mbarrier token 0.9787 / 0.9793, REVERT), B2 S16384 (the
 # split-tail kernel, which had neither) 1.0266 / 1.0300, B1 S32768 (which had no pingpong)
 # 1.0137 / 1.0139 (KEEP). Not taken: B8 S4096 0.9947 / 0.9924 (REVERT), B16 S2048 0.9941 /
-# 0.9986 (NULL) (h200-compare-{fa4-named,asm-fa4-named}-d128--no-causal-s*-edd8b80.json).
+# 0.9986 (NULL) (h200-compare-{fa4-named,asm-fa4-named}-d128--no-causal-s*-edd8b80.json.gz).
 FA4_ORDER_NONCAUSAL_MIN_SEQLEN = {128: 8192}
 _FA4_NAMED = dict(_FA4_SCHEDULE, named_turns=True)
 
@@ -1279,12 +1279,12 @@ _FA4_NAMED = dict(_FA4_SCHEDULE, named_turns=True)
 # [first, last] (change 36), beside the inline arrivals that run there (ASM_ARRIVALS_SEQLEN). At
 # S16k before the arrivals were inline it lost (0.9911 / 0.9908, PINGPONG_NONCAUSAL_SEQLEN); with
 # them the tile trace reads 308.3k cycles per 128-step item against 314.1k for the mbarrier token
-# (B2 H16 S16384, h200-tile-trace-d128-full-s16384-fa3-named-edd8b80.json), and FA4's order took
+# (B2 H16 S16384, h200-tile-trace-d128-full-s16384-fa3-named-edd8b80.json.gz), and FA4's order took
 # S8k and up. Paired on the H200, preheated 150 ms (t_keep 1.002164), bf16, H16, over the default:
-# B8 S4096 1.0056 / 1.0022 (h200-compare-fa3-named-d128--no-causal-s4096-e9c85f9.json) and again
-# 1.0067 / 1.0073 (…-fa3-named-again-…-94eb3eb.json), KEEP. Not taken: B5 S6144 0.9934 / 1.0037
+# B8 S4096 1.0056 / 1.0022 (h200-compare-fa3-named-d128--no-causal-s4096-e9c85f9.json.gz) and again
+# 1.0067 / 1.0073 (…-fa3-named-again-…-94eb3eb.json.gz), KEEP. Not taken: B5 S6144 0.9934 / 1.0037
 # (NULL, run 2's halves disagreeing) — the rule ends below it; B16 S2048, with the arrivals inline
-# as well, 0.9921 / 0.9893 (REVERT, h200-compare-asm-fa3-named-d128--no-causal-s2048-e9c85f9.json).
+# as well, 0.9921 / 0.9893 (REVERT, h200-compare-asm-fa3-named-d128--no-causal-s2048-e9c85f9.json.gz).
 FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
 
 # PV's wait kept behind the row max in FA4's order (gate_pv_wait) for max(Sq, Sk) from this up,
@@ -1296,14 +1296,14 @@ FA3_NAMED_NONCAUSAL_SEQLEN = {128: (4096, 6143)}
 # non-causal B2 S16384 1.0136 / 1.0123, B1 S32768 1.0102 / 1.0161 (KEEP). Not taken: B4 S8192
 # 0.9991 / 1.0011 (NULL); d64, where ptxas hoists the wait furthest (13-14 FMNMX ahead of it):
 # non-causal B2 H32 S16384 0.9873 / 0.9874, B8 H32 S4096 0.9868 / 0.9919, causal B2 H32 S16384
-# 0.9916 / 0.9858 (REVERT) (h200-compare-gate-pv-wait-d{64,128}-*-{94eb3eb,d598e92}.json)
+# 0.9916 / 0.9858 (REVERT) (h200-compare-gate-pv-wait-d{64,128}-*-{94eb3eb,d598e92}.json.gz)
 GATE_PV_WAIT_MIN_SEQLEN = {(128, False): 16384}
 ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 
 # K/V multicast across clusters of two CTAs (kv_multicast, multicast.py) on non-causal problems of
 # this max(Sq, Sk) range, with the inline arrivals and unstaggered sweeps it needs. Paired on the
 # H200 against the default, preheated 150 ms (t_keep 1.002164), bf16, every gate passed
-# (h200-compare-kv-multicast-d{64,128}-full-s*-2bb38ea.json): d128 H16 B8 S4096 1.0191 / 1.0152,
+# (h200-compare-kv-multicast-d{64,128}-full-s*-2bb38ea.json.gz): d128 H16 B8 S4096 1.0191 / 1.0152,
 # B4 S8192 1.0144 / 1.0150 (KEEP); B2 S16384 0.9949 / 0.9949 and B16 S2048 (there with the inline
 # arrivals, which S2k lacks) 0.9892 / 0.9928 (REVERT). d64 H32 (with asm_arrivals, stagger_kv off)
 # B8 S4096 1.0153 / 1.0170, B2 S16384 1.0056 / 1.0110 (KEEP). At d128 S16k the L2's request
@@ -1312,16 +1312,16 @@ ASM_ARRIVALS_WHOLE_KEY_TILES = {(256, False)}
 # halved requests buy nothing there and the remote arrivals (7 instructions a K/V step) cost.
 # d64 B1 S32768 1.0039 / 1.0050 (NULL, run 2's halves disagreeing); with the unsynced producer
 # (PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN) 1.0056 / 1.0105 over the staggered unpaired default (KEEP,
-# halves agreeing; h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json), so d64 pairs from S4k
+# halves agreeing; h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json.gz), so d64 pairs from S4k
 # up (change 47; lengths past 32k not priced, as at d128); d256 H16 B4 S8192
-# 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json): off.
+# 0.9873 / 0.9879 (REVERT, h200-compare-kv-multicast-d256-full-s8192-36f1f1f.json.gz): off.
 # What the pairing buys is clock: under sustained load at the power cap it holds a 1.7% (d128 S4k) /
 # 2.2% (S16k) higher SM clock at equal power, and spends 0.85% / 2.26% more cycles a call — a win at
-# S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json). From S8k at d128 the pair
+# S4k, even at S16k (h200-sustain-kv-multicast-d128-full-s*-575d248.json.gz). From S8k at d128 the pair
 # relays its releases through the producers (RELAY_RELEASE_NONCAUSAL_SEQLEN), which took the remote
 # arrivals out of the consumers' loop and made the pairing win past S8k (change 46).
 # d64 below S4k, with the pairs across heads (CROSS_HEAD_PAIRS_NONCAUSAL_SEQLEN), each kernel of the
-# range over its default (h200-compare-pair-s*-d64-full-5682a49.json): the 128-row short tile, B32
+# range over its default (h200-compare-pair-s*-d64-full-5682a49.json.gz): the 128-row short tile, B32
 # S1024, 0.9880 / 0.9875 (REVERT); the 192-row tile with two Q buffers and the multiply-high decode
 # (Gluon's producer), B16 S1536 1.0026 / 1.0032 (NULL, run 2's halves disagreeing) and B16 S2048
 # 1.0211 / 1.0175 (KEEP; with the unsynced producer on one Q buffer 1.0154 / 1.0196); one Q buffer
@@ -1338,8 +1338,8 @@ KV_MULTICAST_NONCAUSAL_SEQLEN = {64: (2048, 1 << 62), 128: (4096, 1 << 62)}
 # (FA4_ORDER_NONCAUSAL_MIN_SEQLEN). d64 B1 S32768, the pairing with it over the staggered unpaired
 # default: 1.0056 / 1.0105 (KEEP; the pairing alone had read 1.0039 / 1.0050, NULL), so both carry
 # on past S16k at d64 (change 47)
-# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json,
-# h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json, h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json).
+# (h200-compare-producer-unsynced-d{64,128}-full-s*-{275c781,c34cdb1,b2d3fe9,36f1f1f}.json.gz,
+# h200-compare-kv-multicast-d64-full-s32768-c34cdb1.json.gz, h200-compare-pair-unsynced-d64-full-s32768-7dc08ba.json.gz).
 # d64 from where its kernel has one Q buffer and the decode by division (check() refuses the rest),
 # the pairs below S4k priced with it (KV_MULTICAST_NONCAUSAL_SEQLEN, change 50)
 PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (max(TWO_Q_STAGES_MAX_SEQLEN[(64, False)], FAST_DIVIDE_MAX_SEQLEN[(64, False)]) + 1,
@@ -1355,7 +1355,7 @@ PRODUCER_UNSYNCED_NONCAUSAL_SEQLEN = {64: (max(TWO_Q_STAGES_MAX_SEQLEN[(64, Fals
 # pairing alone had lost, 0.9949 at S16k); over the paired default at S8192, B4 1.0059 / 1.0058
 # (KEEP), B2 H32 0.9984 / 1.0040 (NULL, run 1's halves disagreeing). Not taken: over the paired
 # defaults with the unsynced producer, d128 B8 S4096 1.0020 / 0.9952 and d64 H32 B2 S16384 1.0017 /
-# 1.0026 (NULL) (h200-compare-relay-release-*-6f7c09a.json).
+# 1.0026 (NULL) (h200-compare-relay-release-*-6f7c09a.json.gz).
 RELAY_RELEASE_NONCAUSAL_SEQLEN = {128: (FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128], 1 << 62)}
 
 # A cluster's pair as two consecutive tiles of the launch (cross_head_pairs), so a head with an odd
@@ -1364,7 +1364,7 @@ RELAY_RELEASE_NONCAUSAL_SEQLEN = {128: (FA4_ORDER_NONCAUSAL_MIN_SEQLEN[128], 1 <
 # passed: B8 S4324 (23 q-tiles of 192 rows a head) 1.0340 / 1.0384, B2 S8192 (43) 1.0260 / 1.0256
 # (KEEP; the pairs within a head had read 0.982 against the unpaired kernel at S4324). Predicted
 # from the idle CTAs alone, 1/24 and 1/44 of the CTA-time: 4.2% and 2.3%
-# (h200-compare-cross-head-d64-full-s{4324,8192}-70cc28e.json). Even counts (S4096, S16384) pair
+# (h200-compare-cross-head-d64-full-s{4324,8192}-70cc28e.json.gz). Even counts (S4096, S16384) pair
 # as before, through the same decode. Not at d128: there the producer's branch between the two
 # copies made ptxas reschedule the consumers' steady loop (census, d128 S16k: 488 -> 573
 # instructions, 68 B of spill) — and d128's 128-row tiles give its power-of-two lengths even counts
@@ -1717,7 +1717,7 @@ def _narrow_window(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
 # N = 4 1.0024 / 1.0021 (under the H200's t_keep 1.0022: NULL). The model missed: MUFU is not what
 # the capped d64 step waits on. The capped defaults with the split gated there
 # (test_gate_softcap, 60 passed, at N = 2 for d64 and d128 and at N = 4 for d128)
-# (h100-compare-cap30-*-49842e1.json, h100-pytest-gate-softcap-*.txt)
+# (h100-compare-cap30-*-49842e1.json.gz, h100-pytest-gate-softcap-*.txt)
 CAPPED_EXP2_FMA_EVERY: dict[tuple[int, bool], int] = {(128, False): 4}
 
 

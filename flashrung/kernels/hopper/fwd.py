@@ -2384,15 +2384,15 @@ def unsupported_reason(problem) -> str | None:
 # Listed (H200, bf16, 2026-12-05): the gates passed (110 tests, d32/d80/d96/d192 and 192/128,
 # 128/64, 64/128); paired over portable.fwd, two fresh processes each, KEEP: d32 B4 H16 S8192
 # non-causal 1.117 / 1.116, d96 B2 H16 S16384 non-causal 1.728 / 1.721 and causal 1.916 / 1.906,
-# d192 B2 H16 S8192 non-causal 4.889 / 4.892 (h200-compare-padded-*-a42ecb2.json); MLA's 192/128
-# B2 H16 S8192 non-causal 3.501 / 3.526 (h200-compare-mla-192-128-s8192-6bf020f.json); d80 B2 H16
+# d192 B2 H16 S8192 non-causal 4.889 / 4.892 (h200-compare-padded-*-a42ecb2.json.gz); MLA's 192/128
+# B2 H16 S8192 non-causal 3.501 / 3.526 (h200-compare-mla-192-128-s8192-6bf020f.json.gz); d80 B2 H16
 # S16384 1.740 / 1.740, 128/64 B4 H16 S8192 1.582 / 1.575, 64/128 1.353 / 1.355, all non-causal
-# (h200-compare-padded-d*-3d810b6.json; timed padded, before v took its own width: config.own_value_dim).
+# (h200-compare-padded-d*-3d810b6.json.gz; timed padded, before v took its own width: config.own_value_dim).
 PADDED_AUTO_HEAD_DIMS: frozenset[int | tuple[int, int]] = frozenset({32, 80, 96, 192, (192, 128), (128, 64), (64, 128)})
 # softcap (softmax.capped) likewise: automatic dispatch sends capped problems here since its gate
 # passed on the H200 (tests/test_hopper.py::test_gate_softcap, 60/60, d64/d128/d256, both masks) and
 # the paired timing put it ahead of portable.fwd at a cap of 30, KEEP: d128 B4 H16 S8192 non-causal
-# 1.381 / 1.380, d64 B4 H32 S8192 causal 1.152 / 1.153 (h200-compare-softcap30-*-a42ecb2.json).
+# 1.381 / 1.380, d64 B4 H32 S8192 causal 1.152 / 1.153 (h200-compare-softcap30-*-a42ecb2.json.gz).
 SOFTCAP_AUTO = True
 # Sliding windows (either side or both) run here automatically: their gates passed on the H200
 # (tests/test_hopper.py::test_gate_window and test_gate_window_right, d64/d128/d256, 2026-12-05),

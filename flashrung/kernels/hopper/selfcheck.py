@@ -31,6 +31,7 @@ import select
 import subprocess
 import sys
 import time
+from flashrung import jsonfile
 
 ROW_TIMEOUT_S = 90          # one row, compile included if the parallel pre-compile missed it
 TOTAL_BUDGET_S = 290        # stop starting rows after this; the rest are reported as skipped
@@ -650,8 +651,7 @@ def main(argv=None) -> int:
     results = _run_all(rows, args.quick, args.timing_only, t_start)
     path = args.json or (os.path.join(os.environ["OUT"], "hopper_selfcheck.json") if os.environ.get("OUT") else None)
     if path:
-        with open(path, "w") as f:
-            json.dump([dict(row=r, result=x) for r, x in zip(rows, results)], f, indent=1)
+        jsonfile.write([dict(row=r, result=x) for r, x in zip(rows, results)], path)
     print(f"\n(total {time.time() - t_start:.0f}s)")
     print(_table(rows, results))
     return 0 if all(x and x.get("ok") for r, x in zip(rows, results) if r["kind"] != "time_cudnn") else 1

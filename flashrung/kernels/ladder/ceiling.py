@@ -19,6 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from flashrung.kernels.ladder.common import COPY_BYTES, vector_copy_layout
+from flashrung import jsonfile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +201,6 @@ def settling(dtypes=("bfloat16", "float16"), preheats_ms=SETTLING_PREHEATS_MS, r
 
 if __name__ == "__main__":
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description="How the GEMM ceilings read after 0-300 ms of their own calls "
                                                  "(the clock's settling; needs a GPU).")
@@ -210,5 +210,4 @@ if __name__ == "__main__":
         raise SystemExit("python -m flashrung.kernels.ladder.ceiling: needs a CUDA GPU")
     readings = settling()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(readings, f, indent=1)
+        jsonfile.write(readings, args.json)

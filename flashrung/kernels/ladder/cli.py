@@ -54,6 +54,7 @@ import time
 from flashrung.bench import numerators, report, stats, suites, timing
 from flashrung.kernels import ladder
 from flashrung.kernels.ladder.evidence import ARCHES, key_loops
+from flashrung import jsonfile
 
 DEFAULT_ARCH = "sm_90a"
 SEED_CARD_ARCH = "sm_120"     # the seed's RTX 5090: its 99 KB budget set the seed's occupancy cliffs
@@ -243,7 +244,7 @@ def selected_configs(choice: str) -> list[str]:
 
 def cmd_ladder(args) -> int:
     if args.from_json:
-        doc = json.loads(args.from_json.read_text())
+        doc = jsonfile.read(args.from_json)
         mode = doc.get("mode")
         if mode == "census":
             print(format_census(doc["rows"], doc["arch"], doc.get("no_gpu_reason"), doc.get("as_launched")))

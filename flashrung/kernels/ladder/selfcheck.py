@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import sys
 import time
 import traceback
 
 import torch
+from flashrung import jsonfile
 
 FROZEN = {
     # name: (batch, heads, seqlen, head_dim, dtype, causal) — seed 000's two frozen configs
@@ -290,8 +290,7 @@ def main(argv=None) -> int:
     print(table(rows))
     print(f"\nselfcheck took {time.time() - start:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)
+        jsonfile.write([dataclasses.asdict(r) for r in rows], args.json)
     failed = [r for r in rows if r.section == "gate" and not r.status.startswith("PASS")]
     return 1 if failed else 0
 

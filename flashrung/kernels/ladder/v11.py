@@ -8,7 +8,7 @@ Lever (parent ladder.v4): ptxas's register cap (``maxnreg``) at 168 per thread i
 holds two (8); shared memory (48 KiB per CTA) is not what binds either way. The kernel is v4's own
 ``attention_fwd_v4``, compiled with the cap; grid and tile are v4's.
 
-Why this lever: the profile of v4 at config B itself (docs/ladder.md, `ladder-profile-config-b.json`)
+Why this lever: the profile of v4 at config B itself (docs/ladder.md, `ladder-profile-config-b.json.gz`)
 puts it at SM active 97.7%, L2 hit rate 98.9%, HBM reads at the compulsory 0.40 GB, the tensor
 pipe busy 47.6% of active cycles and long-scoreboard stalls at 15.5%: latency with 8 warps per SM,
 not traffic. v7's 64x32 arm measured the same cap at +11% (timing (selfcheck): ~215 → 239.1

@@ -9,7 +9,7 @@ block, waits for it with ``wait_group(0)`` and only then computes on it. It is v
 double-buffered arm (``common.attention_mma_cp_async_ring``) with v4's exponential (``exp2``,
 log2(e) in the host-side scale); tile, grid order and warps are v4's.
 
-Why this lever: the profile of v4 at config B (docs/ladder.md, `ladder-profile-config-b.json`)
+Why this lever: the profile of v4 at config B (docs/ladder.md, `ladder-profile-config-b.json.gz`)
 puts it at SM active 97.7%, L2 hit rate 98.9%, the tensor pipe busy 47.6% of active cycles and
 long-scoreboard stalls at 15.5% with 8 warps per SM: the copy of the next block is waited for on
 the critical path. Buying more warps with a register cap (v11) hid that latency but spilled onto

@@ -1,0 +1,44 @@
+"""JSON files, plain or gzip-compressed by their name.
+
+Every ``--json PATH`` the CLI writes and every stored result it reads (``--from-json``,
+``--calibration``, ``flashrung model --against``) goes through here, so a path ending in ``.gz``
+is compressed on write and decompressed on read. The results kept in ``docs/results`` are stored
+this way: indented JSON of per-block timings compresses 5–10×, and the working tree that travels
+to a device machine has a size limit.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import pathlib
+from typing import Any
+
+GZIP_SUFFIX = ".gz"
+# A fixed header time keeps a rewritten file byte-identical when its content is
+_GZIP_MTIME = 0
+
+
+def is_compressed(path: str | pathlib.Path) -> bool:
+    return str(path).endswith(GZIP_SUFFIX)
+
+
+def read(path: str | pathlib.Path) -> Any:
+    """The JSON document at ``path`` (gzip-decompressed when the name ends in ``.gz``)."""
+    path = pathlib.Path(path)
+    if is_compressed(path):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write(doc: Any, path: str | pathlib.Path, *, indent: int | None = 1, default=None) -> pathlib.Path:
+    """Write ``doc`` to ``path``, creating its folder; gzip-compressed when the name ends in ``.gz``."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=indent, default=default)
+    if is_compressed(path):
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=_GZIP_MTIME) as f:
+            f.write(text.encode("utf-8"))
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path

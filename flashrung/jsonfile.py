@@ -22,6 +22,14 @@ def is_compressed(path: str | pathlib.Path) -> bool:
     return str(path).endswith(GZIP_SUFFIX)
 
 
+def sibling(path: str | pathlib.Path, suffix: str) -> pathlib.Path:
+    """A file beside a JSON result with ``suffix`` in place of ``.json`` or ``.json.gz`` (its plot)."""
+    path = pathlib.Path(path)
+    if is_compressed(path):
+        path = path.with_suffix("")
+    return path.with_suffix(suffix)
+
+
 def read(path: str | pathlib.Path) -> Any:
     """The JSON document at ``path`` (gzip-decompressed when the name ends in ``.gz``)."""
     path = pathlib.Path(path)

@@ -47,3 +47,9 @@ def test_stored_results_are_compressed_and_readable():
     stored = sorted(RESULTS.glob("*.json.gz"))
     assert len(stored) > 1000
     assert isinstance(jsonfile.read(RESULTS / "fa4-fwd-a7fb388.json.gz"), dict)
+
+
+@pytest.mark.parametrize("name", ["fa4-fwd.json", "fa4-fwd.json.gz"])
+def test_a_plot_beside_a_result_drops_json_and_gz(name):
+    # `--json x.json.gz` without --plot draws x.png, not x.json.png
+    assert jsonfile.sibling(pathlib.Path("out") / name, ".png") == pathlib.Path("out") / "fa4-fwd.png"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pathlib
 
+from flashrung import jsonfile
 from flashrung.bench import numerators, peers, report, targets
 
 
@@ -49,7 +50,7 @@ def write_for_cli(render, doc: dict, plot_path, json_path) -> None:
     import sys
     target = plot_path
     if target is None and json_path and json_path != "-":
-        target = pathlib.Path(json_path).with_suffix(".png")
+        target = jsonfile.sibling(json_path, ".png")
     if target is None:
         return
     try:

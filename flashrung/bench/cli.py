@@ -210,7 +210,8 @@ def register(subparsers) -> None:
                         "(bottom-right triangle)")
     b.add_argument("--dry-run", action="store_true", help="print the plan (rows, FLOPs) and exit; no GPU needed")
     b.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                   help="write JSON to PATH (no PATH: print JSON instead of the table)")
+                   help="write JSON to PATH, gzip-compressed when it ends in .gz (no PATH: print JSON instead of the "
+                        "table)")
     b.add_argument("--plot", type=pathlib.Path, metavar="PNG",
                    help="write the plot here (default: next to --json PATH, same stem)")
     b.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (a smoke run)")
@@ -226,7 +227,7 @@ def register(subparsers) -> None:
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
                         "minutes of compile on a full suite; flex may lose a few percent)")
     b.add_argument("--from-json", type=pathlib.Path, metavar="PATH",
-                   help="re-render the table (and --plot) from a saved result; no GPU needed")
+                   help="re-render the table (and --plot) from a saved result (.json or .json.gz); no GPU needed")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--seed", type=int, default=0, help="input seed")
     b.set_defaults(func=cmd_bench)

@@ -294,6 +294,9 @@ CENSUS_CONFIGS += [(f"{name}-carry-ring-slot", d, c, {"carry_ring_slot": True})
 # the exp2 split as it was measured (before the staggered sweep was d64's default; with both, ptxas
 # keeps 40 B of the split's constants in local memory)
 CENSUS_CONFIGS.append(("d64-full-exp2-split4", 64, False, {"exp2_fma_every": 4, "stagger_kv": False}))
+# one exponential in sixteen on the FMA pipe, on d64 S32k's own build (the MUFU queue its three
+# consumers share binds the step: *Where the shorter row max goes*)
+CENSUS_CONFIGS.append(("d64-full-exp2-split16", 64, False, {"exp2_fma_every": 16}))
 CENSUS_CONFIGS.append(("d128-full-tree", 128, False, {"tree_reduce": True}))
 # FA4's four interleaved chains for the row max, on d64's long non-causal kernel (the rows it was
 # priced at)
@@ -1176,6 +1179,24 @@ def test_exp2_split_moves_exponentials_off_mufu(census):
     assert 0.70 * base["sass"]["MUFU.EX2"] <= split["sass"]["MUFU.EX2"] <= 0.80 * base["sass"]["MUFU.EX2"]
     assert split["sass"]["opcodes"].get("FADD.RM", 0) > 0
     assert not any(op.startswith("FRND") for op in split["sass"]["opcodes"])
+
+
+def test_exp2_split16_moves_one_exponential_in_sixteen_off_mufu(census):
+    # N = 16: each K/V loop with a softmax issues 4 of a thread's 64 score exponentials as FMA-pipe
+    # polynomials and the rest, with the rescale's, on MUFU; the same wgmma, no local memory (census
+    # of d64 S32k's build: steady loop 433 -> 462 instructions, MUFU.EX2 66 -> 62 a trip)
+    base, split = census["d64-full"], census["d64-full-exp2-split16"]
+    assert "error" not in split["row"], split["row"]["error"]
+    assert split["row"]["config"]["exp2_fma_every"] == 16 and split["row"]["spill_bytes"] == 0
+    scores_per_thread = 64
+    assert len(split["kv_loops"]) == len(base["kv_loops"])
+    softmax_loops = 0
+    for s_loop, b_loop in zip(split["kv_loops"], base["kv_loops"]):
+        assert s_loop["hgmma"] == b_loop["hgmma"] and s_loop["ldl"] == b_loop["ldl"] == 0
+        softmax = b_loop["mufu"] >= scores_per_thread
+        softmax_loops += softmax
+        assert b_loop["mufu"] - s_loop["mufu"] == (scores_per_thread // 16 if softmax else 0), (s_loop, b_loop)
+    assert softmax_loops > 0
 
 
 def test_q_in_registers_in_sass(census):
@@ -4604,6 +4625,26 @@ def test_gate_early_exps(head_dim, shape, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_early_exps_are_deterministic(causal):
     _assert_forced_reruns_identical(64, causal, 4097, early_exp_quarters=1)
+
+
+# one exponential in sixteen on the FMA pipe (exp2_fma_every=16) on each shape's own default, both
+# masks, d64 and d128, with the split tail on d64's non-causal grid
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_exp2_split16(head_dim, shape, causal):
+    _gate_forced(head_dim, shape, causal, exp2_fma_every=16)
+    if not causal and head_dim == 64:
+        _gate_forced(64, shape, False, exp2_fma_every=16, **SPLIT_GRID)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_exp2_split16_is_deterministic(causal):
+    _assert_forced_reruns_identical(64, causal, 4097, exp2_fma_every=16)
 
 
 # O's rescale in its own block right after PV(j-1)'s wait, ahead of the exponentials

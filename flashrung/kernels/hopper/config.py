@@ -42,7 +42,7 @@ MAX_RESCALE_THRESHOLD = 15.0
 DEFAULT_RESCALE_THRESHOLD = 8.0
 # exp2 split: one emulated exponential in this many (0: every exponential on MUFU); each value is
 # one inline-PTX block in softmax.exp2_split
-EXP2_FMA_CHOICES = (0, 2, 4, 8)
+EXP2_FMA_CHOICES = (0, 2, 4, 8, 16)
 # K/V MiB of one LPT section unless select_config says otherwise (schedule.L2_BUDGET_BYTES, which
 # the ladder keeps); a section larger than MAX_L2_SECTION_MIB cannot stay in any L2 we target
 L2_SECTION_MIB = 48
@@ -98,7 +98,7 @@ class HopperFwdConfig:
     # (which takes pingpong to line up); False: the whole softmax runs under PV(j-1) (FA3)
     wait_pv_early: bool = False
     # FA4's exp2 split (seed 001, 0x09): one exponential in N on the FMA pipe (degree-3
-    # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8)
+    # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8, 16)
     exp2_fma_every: int = 0
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
     # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128.

@@ -89,6 +89,7 @@ def _constraints(every: int) -> str:
 _SPLIT2_ASM, _SPLIT2_CON = gl.constexpr(_exp2_split_asm(2)), gl.constexpr(_constraints(2))
 _SPLIT4_ASM, _SPLIT4_CON = gl.constexpr(_exp2_split_asm(4)), gl.constexpr(_constraints(4))
 _SPLIT8_ASM, _SPLIT8_CON = gl.constexpr(_exp2_split_asm(8)), gl.constexpr(_constraints(8))
+_SPLIT16_ASM, _SPLIT16_CON = gl.constexpr(_exp2_split_asm(16)), gl.constexpr(_constraints(16))
 
 
 @gluon.jit
@@ -101,6 +102,8 @@ def exp2_split(x, EVERY: gl.constexpr):
         y = gl.inline_asm_elementwise(_SPLIT4_ASM, _SPLIT4_CON, [x], dtype=gl.float32, is_pure=True, pack=4)
     elif EVERY == 8:
         y = gl.inline_asm_elementwise(_SPLIT8_ASM, _SPLIT8_CON, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif EVERY == 16:
+        y = gl.inline_asm_elementwise(_SPLIT16_ASM, _SPLIT16_CON, [x], dtype=gl.float32, is_pure=True, pack=16)
     else:
         y = gl.exp2(x)
     return y

@@ -1,10 +1,9 @@
-"""JSON files, plain or gzip-compressed by their name.
+"""JSON files, plain or gzip-compressed.
 
 Every ``--json PATH`` the CLI writes and every stored result it reads (``--from-json``,
-``--calibration``, ``flashrung model --against``) goes through here, so a path ending in ``.gz``
-is compressed on write and decompressed on read. The results kept in ``docs/results`` are stored
-this way: indented JSON of per-block timings compresses 5–10×, and the working tree that travels
-to a device machine has a size limit.
+``--calibration``, ``flashrung model --against``) goes through here: a path ending in ``.gz`` is
+written compressed, and a file is read either way (its first bytes say which). The results kept in
+``docs/results`` are stored compressed: indented JSON of per-block timings shrinks 5–10×.
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from typing import Any
 GZIP_SUFFIX = ".gz"
 # A fixed header time keeps a rewritten file byte-identical when its content is
 _GZIP_MTIME = 0
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def is_compressed(path: str | pathlib.Path) -> bool:
@@ -31,12 +31,16 @@ def sibling(path: str | pathlib.Path, suffix: str) -> pathlib.Path:
 
 
 def read(path: str | pathlib.Path) -> Any:
-    """The JSON document at ``path`` (gzip-decompressed when the name ends in ``.gz``)."""
+    """The JSON document at ``path``, gzip-compressed or not: the file's first bytes decide, so a
+    result renamed without its ``.gz`` (or given one it lacks) still reads."""
     path = pathlib.Path(path)
-    if is_compressed(path):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    return json.loads(path.read_text(encoding="utf-8"))
+    raw = path.read_bytes()
+    if raw.startswith(_GZIP_MAGIC):
+        raw = gzip.decompress(raw)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: expected a JSON document, plain or gzip-compressed ({exc})") from None
 
 
 def write(doc: Any, path: str | pathlib.Path, *, indent: int | None = 1, default=None) -> pathlib.Path:

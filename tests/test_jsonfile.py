@@ -53,3 +53,15 @@ def test_stored_results_are_compressed_and_readable():
 def test_a_plot_beside_a_result_drops_json_and_gz(name):
     # `--json x.json.gz` without --plot draws x.png, not x.json.png
     assert jsonfile.sibling(pathlib.Path("out") / name, ".png") == pathlib.Path("out") / "fa4-fwd.png"
+
+
+def test_a_result_reads_by_its_content_and_garbage_is_named(tmp_path):
+    # a compressed result renamed without its .gz still reads; a file that is no JSON names itself
+    doc = {"rows": [1, 2]}
+    renamed = tmp_path / "renamed.json"
+    renamed.write_bytes(jsonfile.write(doc, tmp_path / "r.json.gz").read_bytes())
+    assert jsonfile.read(renamed) == doc
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress(b"not json"))
+    with pytest.raises(ValueError, match="bad.json.gz: expected a JSON document"):
+        jsonfile.read(bad)

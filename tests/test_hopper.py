@@ -1184,7 +1184,7 @@ def test_exp2_split_moves_exponentials_off_mufu(census):
 def test_exp2_split16_moves_one_exponential_in_sixteen_off_mufu(census):
     # N = 16: each K/V loop with a softmax issues 4 of a thread's 64 score exponentials as FMA-pipe
     # polynomials and the rest, with the rescale's, on MUFU; the same wgmma, no local memory (census
-    # of d64 S32k's build: steady loop 433 -> 462 instructions, MUFU.EX2 66 -> 62 a trip)
+    # of d64 S32k's paired default with the switch: steady loop 433 -> 462 instructions, MUFU.EX2 66 -> 62)
     base, split = census["d64-full"], census["d64-full-exp2-split16"]
     assert "error" not in split["row"], split["row"]["error"]
     assert split["row"]["config"]["exp2_fma_every"] == 16 and split["row"]["spill_bytes"] == 0

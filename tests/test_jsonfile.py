@@ -36,7 +36,8 @@ def test_the_bench_writer_and_the_calibration_take_compressed_paths(tmp_path):
     calibration.store("GPU X", {"t_noise": 0.002}, cal)
     calibration.store("GPU Y", {"t_noise": 0.003}, cal)
     assert calibration.lookup("GPU X", cal) == {"t_noise": 0.002} and calibration.load(cal)["GPU Y"]["t_noise"] == 0.003
-    assert not list(tmp_path.glob("*.tmp*"))
+    assert cal.read_bytes().startswith(b"\x1f\x8b")     # a .gz calibration stays compressed
+    assert not list(tmp_path.glob("*tmp*"))
 
 
 def test_stored_results_are_compressed_and_readable():

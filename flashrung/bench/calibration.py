@@ -49,8 +49,9 @@ def store(gpu: str, entry: dict, path: pathlib.Path | str | None = None) -> path
     data = load(path)
     data[gpu] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
-    # written beside and moved over, so a reader never sees half a file
-    tmp = jsonfile.write(data, path.with_name(path.name + ".tmp" + (jsonfile.GZIP_SUFFIX if jsonfile.is_compressed(path) else "")))
+    # written beside and moved over, so a reader never sees half a file; the prefix keeps the
+    # name's suffix, so a .gz calibration stays compressed
+    tmp = jsonfile.write(data, path.with_name(".tmp-" + path.name))
     tmp.replace(path)
     return path
 

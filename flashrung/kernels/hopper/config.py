@@ -98,7 +98,10 @@ class HopperFwdConfig:
     # (which takes pingpong to line up); False: the whole softmax runs under PV(j-1) (FA3)
     wait_pv_early: bool = False
     # FA4's exp2 split (seed 001, 0x09): one exponential in N on the FMA pipe (degree-3
-    # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8, 16)
+    # polynomial), the rest on MUFU; 0: all on MUFU. N in (2, 4, 8, 16). Off uncapped: each
+    # instruction it adds costs a consumer's trip ~2 cycles and the MUFU time it frees nothing
+    # (H200, paired, d64 S32k non-causal: 0.978 at N = 16, 0.956 at N = 8; d128 S16k 0.98 at N = 8);
+    # capped problems, with two more MUFU operations a score, take it (CAPPED_EXP2_FMA_EVERY)
     exp2_fma_every: int = 0
     # row max and row sum of the softmax as trees (halving inside each thread's registers) rather
     # than Triton's in-thread chain: the same instructions, dependency depth 31 → 5 at N = 128.

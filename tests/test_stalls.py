@@ -212,3 +212,36 @@ def test_phases_of_the_d64_s32k_pages_place_the_gap_after_qks_wait(capsys):
     assert softmax == pytest.approx([1901, 1752], abs=1)
     assert cli.main(["stalls", OURS_D64_S32K, FA4_D64_S32K, "--phases", "--top", "0"]) == 0
     assert "the trip in phases" in capsys.readouterr().out
+
+
+def test_executed_per_unit_counts_the_whole_kernel_by_family():
+    # the spins and the one-off code the hot loop leaves out count: a wait's retry (SYNCS + BRA run
+    # 3 times more than the loop) and the prologue's move; predicates and modifiers fold into the family
+    rows = [(0x10, "MOV R1, R2", 0, 4, 0, 0), (0x20, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 0, 40, 0, 0),
+            (0x30, "@!P0 BRA 0x20", 0, 40, 0, 0), (0x40, "MUFU.EX2 R1, R1", 0, 10, 0, 0),
+            (0x50, "MUFU.RCP R1, R1", 0, 10, 0, 0)]
+    kernel = stalls.parse_page(_page({"k": rows}))[0]
+    assert stalls.executed_by_family(kernel.instructions) == {"SYNCS": 40, "BRA": 40, "MUFU": 20, "MOV": 4}
+
+
+def test_executed_per_the_d64_s32k_pages_the_docs_quote(capsys):
+    # docs/hopper.md, *One exponential in 16 (or 8) on the FMA pipe, re-priced*: per consumer-warp
+    # K/V step (4 warps x 32 heads x 512 row blocks x 256 key blocks) the kernel runs 458.3 warp
+    # instructions against FA4's 421.8, the per-score families equal, SYNCS 13.3 against 5.6
+    steps = 4 * 32 * 512 * 256
+    ours, fa4 = (stalls.summary(p, top=0, executed_per=steps) for p in (OURS_D64_S32K, FA4_D64_S32K))
+    a, b = ours["executed_per_unit"], fa4["executed_per_unit"]
+    assert sum(a.values()) == pytest.approx(458.3, abs=0.05) and sum(b.values()) == pytest.approx(421.8, abs=0.05)
+    for family in ("FMNMX", "FFMA", "MUFU", "F2FP", "HGMMA"):
+        assert a[family] == pytest.approx(b[family], abs=0.5), family
+    assert a["SYNCS"] == pytest.approx(13.3, abs=0.05) and b["SYNCS"] == pytest.approx(5.6, abs=0.05)
+    assert cli.main(["stalls", OURS_D64_S32K, FA4_D64_S32K, "--top", "0", "--executed-per", str(steps)]) == 0
+    text = capsys.readouterr().out
+    assert "executed warp instructions by opcode family" in text and "+36.5" in text
+
+
+def test_executed_per_refuses_a_unit_count_that_is_not_positive(capsys):
+    with pytest.raises(ValueError, match="--executed-per must be a positive number of work units, got 0"):
+        stalls.summary(FA4_D128, executed_per=0)
+    assert cli.main(["stalls", FA4_D128, "--executed-per", "-3"]) == 2
+    assert "--executed-per must be a positive" in capsys.readouterr().err

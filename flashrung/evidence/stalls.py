@@ -25,6 +25,12 @@ loop's ``selected`` share are its cycles per trip — comparable between two ker
 the same trip count, at the same clock. ``--by-opcode REASON`` splits one reason's hot-loop samples
 by opcode (which instructions wait on a fixed latency, on the MUFU's queue, ...).
 
+``--executed-per UNITS`` counts what the hot loop leaves out: every instruction the kernel
+executed (the producer's, the spins of its waits, the out-of-line retry loops, the prologue and
+epilogue), summed by opcode family (the opcode's first word: ``SYNCS``, ``UIADD3``, ``MUFU``) and
+divided by a unit of work the caller names — for two kernels that ran one problem, the same
+number of K/V steps of the same tile, so each family reads as instructions a step, side by side.
+
 ``--phases`` cuts each copy's trip (its address range, so the spins and skipped blocks inside it
 count) at its tensor-core landmarks — before the first ``HGMMA``, after the last, before each
 ``WARPGROUP.DEPBAR`` — and prices each phase in cycles per trip: the trip's cycles times the
@@ -266,12 +272,25 @@ def by_opcode(instructions, reason: str) -> dict:
     return {op: n / total for op, n in counts.most_common() if n} if total else {}
 
 
+def executed_by_family(instructions) -> dict:
+    """Opcode family (the opcode's first word, predicate dropped) -> warp instructions executed,
+    largest first: the whole kernel's instruction mix, spins and one-off code included."""
+    counts = Counter()
+    for i in instructions:
+        counts[i.opcode.split(".")[0]] += i.executed
+    return {family: n for family, n in counts.most_common() if n}
+
+
 def top_instructions(instructions, n: int):
     return sorted(instructions, key=lambda i: -i.samples)[:n]
 
 
 def summary(path: str, kernel: str | None = None, loop_count: int | None = None, top: int = 12,
-            reasons_by_opcode: tuple = (), phases: bool = False) -> dict:
+            reasons_by_opcode: tuple = (), phases: bool = False, executed_per: int | None = None) -> dict:
+    """One page's reading. ``executed_per``: the units of work (e.g. consumer-warp K/V steps) the
+    whole kernel's executed instructions are divided by, family by family (``executed_per_unit``)."""
+    if executed_per is not None and executed_per <= 0:
+        raise ValueError(f"--executed-per must be a positive number of work units, got {executed_per}")
     k = pick_kernel(read_page(path), kernel)
     loop = hot_loop(k, loop_count)
     known = {r for i in k.instructions for r in i.reasons} | {"unnamed"}
@@ -288,6 +307,9 @@ def summary(path: str, kernel: str | None = None, loop_count: int | None = None,
                                     for op, n in Counter(i.opcode for i in loop.instructions).most_common()},
                   phases=loop_phases(k, loop) if phases else None),
         shares=shares(k.instructions), loop_shares=shares(loop.instructions),
+        executed_per=executed_per,
+        executed_per_unit=({f: n / executed_per for f, n in executed_by_family(k.instructions).items()}
+                           if executed_per else None),
         top=[dict(address=hex(i.address), source=i.source, executed=i.executed, samples=i.samples,
                   reasons=_top_reasons(i)) for i in top_instructions(k.instructions, top)],
     )
@@ -339,6 +361,8 @@ def render(summaries: list[dict]) -> str:
                    f"{summaries[0]['loop']['per_trip']:.1f} - {summaries[1]['loop']['per_trip']:.1f}):")
         for op in diff:
             out.append(f"  {op:44s} {a.get(op, 0):6.1f} {b.get(op, 0):6.1f} {a.get(op, 0) - b.get(op, 0):+6.1f}")
+    if any(s.get("executed_per_unit") for s in summaries):
+        out += _render_executed(summaries)
     if any(s["loop"].get("phases") for s in summaries):
         out += _render_phases(summaries)
     for n, s in enumerate(summaries):
@@ -356,6 +380,28 @@ def render(summaries: list[dict]) -> str:
             out.append(f"  {t['address'][-5:]} {t['samples']:8,d} {t['executed']:>12,d}x  {t['source'][:58]:58s} {why}")
     out.append("\nevidence level: profile (sampled warp states of one launch)")
     return "\n".join(out)
+
+
+def _render_executed(summaries: list[dict]) -> list[str]:
+    """The whole kernel's executed instructions by opcode family per unit of work; two pages side
+    by side with the difference, largest difference first; families under 0.05 a unit left out."""
+    tables = [s["executed_per_unit"] or {} for s in summaries]
+    units = " / ".join(f"{s['executed_per']:,}" for s in summaries)
+    out = [f"\nexecuted warp instructions by opcode family, the whole kernel per unit of work ({units} units; "
+           "spins, producer, prologue and epilogue included):"]
+    families = [f for f in dict.fromkeys(f for t in tables for f in t) if max(t.get(f, 0.0) for t in tables) >= 0.05]
+    if len(tables) == 2:
+        a, b = tables
+        out.append(f"  {'family':14s} {'page 1':>9s} {'page 2':>9s} {'1 - 2':>8s}")
+        out.append(f"  {'all':14s} {sum(a.values()):9.1f} {sum(b.values()):9.1f} "
+                   f"{sum(a.values()) - sum(b.values()):+8.1f}")
+        for f in sorted(families, key=lambda f: (-abs(a.get(f, 0.0) - b.get(f, 0.0)), f)):
+            out.append(f"  {f:14s} {a.get(f, 0.0):9.1f} {b.get(f, 0.0):9.1f} {a.get(f, 0.0) - b.get(f, 0.0):+8.1f}")
+        return out
+    (t,) = tables
+    out.append(f"  {'all':14s} {sum(t.values()):9.1f}")
+    out += [f"  {f:14s} {t[f]:9.1f}" for f in families]
+    return out
 
 
 def _render_phases(summaries: list[dict]) -> list[str]:
@@ -407,6 +453,10 @@ def register(sub) -> None:
     p.add_argument("--phases", action="store_true",
                    help="cut the hot loop's trip at its HGMMA issue and WARPGROUP.DEPBAR waits and price each phase "
                         "in cycles per trip (derived from its share of the samples)")
+    p.add_argument("--executed-per", type=int, default=None, metavar="UNITS",
+                   help="also count every instruction the kernel executed (spins, producer, prologue included) by "
+                        "opcode family, divided by UNITS units of work: e.g. consumer-warp K/V steps, the same for "
+                        "two kernels that ran one problem on one tile")
     p.add_argument("--json", default=None, help="also write the summaries to this file")
     p.set_defaults(func=run)
 
@@ -420,7 +470,7 @@ def run(args) -> int:
         print("flashrung stalls: --loop-count once per page, or not at all", file=sys.stderr)
         return 2
     try:
-        summaries = [summary(p, args.kernel, c, args.top, tuple(args.by_opcode), args.phases)
+        summaries = [summary(p, args.kernel, c, args.top, tuple(args.by_opcode), args.phases, args.executed_per)
                      for p, c in zip(args.pages, counts)]
     except (OSError, ValueError) as exc:
         print(f"flashrung stalls: {exc}", file=sys.stderr)

@@ -116,3 +116,45 @@ def test_the_plot_adds_a_row_of_target_panels_where_rows_carry_targets(tmp_path,
     doc["impls"] = [i for i in doc["impls"] if i != "flashrung"]
     plot.plot(doc, tmp_path / "without.png")
     assert shapes == [(2, 4), (1, 4)]   # the forward's TFLOP/s panels, then the targets' below them
+
+
+RUNS_95F4CD1 = [RESULTS / f"fa4-fwd-95f4cd1{tag}.json.gz" for tag in ("", "-run2", "-run3")]
+
+
+def test_three_runs_read_together_give_the_counts_the_docs_quote():
+    # docs/hopper.md, *Against the peers* (three runs in a row on one H200 at 95f4cd1): 4, 6 and 5
+    # of 24 rows at target, three in every run; d128 causal S2k met in two runs (median 1.064); the
+    # target row needs 5.3% by its median rate (664.7 TFLOP/s) where its median ratio needs 4.2%
+    docs = [jsonfile.read(p) for p in RUNS_95F4CD1]
+    rows = {r["row"]: r for r in targets.across_runs(docs, "flashrung")}
+    assert len(rows) == 24 and [sum(r["met"][k] for r in rows.values()) for k in range(3)] == [4, 6, 5]
+    assert sum(r["met_runs"] == 3 for r in rows.values()) == 3
+    s2k = rows["B16 H16 S2048 d128 bf16 causal fwd"]
+    assert s2k["met_runs"] == 2 and s2k["median_ratio"] == pytest.approx(1.064, abs=5e-4) and s2k["needs"] < 1.0
+    target_row = rows["B2 H16 S16384 d128 bf16 full fwd"]
+    assert target_row["needs"] == pytest.approx(700 / sorted(target_row["tflops"])[1])
+    assert target_row["needs"] > 1.05 / target_row["median_ratio"]
+    text = report.runs_table(docs, [p.name for p in RUNS_95F4CD1])
+    assert "across 3 runs: 4 / 6 / 5 of 24 rows met; in every run 3" in text
+    assert "at most 3.3% (B8 H16 S4096 d128 bf16 full fwd)" in text
+
+
+def test_runs_of_other_rows_or_without_the_implementation_are_refused():
+    docs = [jsonfile.read(p) for p in RUNS_95F4CD1[:2]]
+    with pytest.raises(ValueError, match="at least two runs"):
+        targets.across_runs(docs[:1], "flashrung")
+    short = {**docs[1], "rows": docs[1]["rows"][:5]}
+    with pytest.raises(ValueError, match=r"b\.json holds other rows than a\.json"):
+        targets.across_runs([docs[0], short], "flashrung", ["a.json", "b.json"])
+    with pytest.raises(ValueError, match="fr:x did not run in run 1, run 2"):
+        targets.across_runs(docs, "fr:x")
+
+
+def test_cli_reads_several_runs_and_refuses_a_plot_of_them(capsys, tmp_path):
+    from flashrung import cli
+    paths = [str(p) for p in RUNS_95F4CD1]
+    assert cli.main(["bench"] + [a for p in paths for a in ("--from-json", p)]) == 0
+    out = capsys.readouterr().out
+    assert "run 3: " + paths[2] in out and "3/3" in out
+    assert cli.main(["bench", "--from-json", paths[0], "--from-json", paths[1], "--plot", str(tmp_path / "x.png")]) == 2
+    assert "--plot draws one run" in capsys.readouterr().err

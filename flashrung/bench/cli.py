@@ -226,8 +226,10 @@ def register(subparsers) -> None:
     b.add_argument("--flex-dynamic", action="store_true",
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
                         "minutes of compile on a full suite; flex may lose a few percent)")
-    b.add_argument("--from-json", type=pathlib.Path, metavar="PATH",
-                   help="re-render the table (and --plot) from a saved result (.json or .json.gz); no GPU needed")
+    b.add_argument("--from-json", type=pathlib.Path, metavar="PATH", action="append",
+                   help="re-render the table (and --plot) from a saved result (.json or .json.gz); no GPU needed. "
+                        "Given more than once (runs of one suite): each row's reading in every run against its "
+                        "target, how many runs met it and what the median still needs")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--seed", type=int, default=0, help="input seed")
     b.set_defaults(func=cmd_bench)
@@ -358,8 +360,19 @@ def gpu_available() -> tuple[bool, str]:
 
 
 def cmd_bench(args) -> int:
+    if args.from_json and len(args.from_json) > 1:
+        if args.plot:
+            print("flashrung bench: --plot draws one run; give one --from-json with it", file=sys.stderr)
+            return 2
+        try:
+            docs = [jsonfile.read(p) for p in args.from_json]
+            print(report.runs_table(docs, [str(p) for p in args.from_json]))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"flashrung bench: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.from_json:
-        doc = jsonfile.read(args.from_json)
+        doc = jsonfile.read(args.from_json[0])
         print(report.results_table(doc))
         _plot(doc, args)
         return 0

@@ -96,6 +96,33 @@ def with_targets(doc: dict) -> dict:
     return {**doc, "targets": readings} if readings else doc
 
 
+def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
+    """Several runs of one suite, read against the targets together: each row's ratio in every
+    run (``*`` where that run met the target), the runs that met it, the median ratio and what
+    the median still needs, then :func:`targets.across_runs_summary`. Raises ValueError where the
+    runs are not of the same rows or carry no target."""
+    impls = [i for i in target_impls(docs[0]["impls"]) if all(i in d["impls"] for d in docs)]
+    parts = []
+    for impl in impls:
+        rows = targets.across_runs(list(docs), impl, list(names))
+        if not rows:
+            continue
+        header = ["row", "target"] + [f"run {n + 1}" for n in range(len(docs))] + ["met", "median", "needs"]
+        lines = []
+        for r in rows:
+            cells = [("n/a" if x is None else f"{x:.3f}" + ("*" if m else " ")) for x, m in zip(r["ratios"], r["met"])]
+            needs = "n/a" if r["needs"] is None else ("met" if r["needs"] <= 1.0 else f"+{(r['needs'] - 1) * 100:.1f}%")
+            median = "n/a" if r["median_ratio"] is None else f"{r['median_ratio']:.3f}"
+            target = targets.Target(r["min_ratio"], r["peer"], r["min_tflops"]).label()
+            lines.append([r["row"], target] + cells + [f"{r['met_runs']}/{r['runs']}", median, needs])
+        parts.append(f"{impl} ÷ the run's best peer (paired median of each run; * at target):\n"
+                     + _table(header, lines) + "\n" + targets.across_runs_summary(rows, impl))
+    if not parts:
+        raise ValueError("across runs: no row of these runs carries a target")
+    runs = "\n".join(f"  run {n + 1}: {name}" for n, name in enumerate(names))
+    return runs + "\n\n" + "\n\n".join(parts)
+
+
 def rounds_line(doc: dict) -> str:
     """How the rows' rounds were ordered (a run stored before the balanced design has no ``order``:
     it ran the halves schedule), with the rounds a row took."""

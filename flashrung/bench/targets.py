@@ -11,6 +11,7 @@ shapes at other lengths, fp16) carry no target.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 RATIO_LONG = 1.05             # × the best peer, S ≥ 2k
 RATIO_SHORT = 1.00            # × the best peer, S = 1k
@@ -125,3 +126,62 @@ def to_json(doc: dict, impl: str) -> list[dict]:
             out.append({"row": row["label"], "impl": impl, **dataclasses.asdict(r.target), "ratio": r.ratio,
                         "tflops": r.tflops, "needs": r.needs, "met": r.met})
     return out
+
+
+def across_runs(docs: list[dict], impl: str, names: list[str] | None = None) -> list[dict]:
+    """Each row with a target read in every run of the same rows: the run's ratios, TFLOP/s and
+    verdicts, how many runs met it, and the median ratio's (and, on the target row, median
+    rate's) ``needs`` — one suite reading does not settle a row within a few percent of a 5%
+    target; the runs together say how often it is met and by how much it moves. ``names`` label
+    the runs in errors (default: run 1, run 2, ...). Raises ValueError where the runs do not hold
+    the same rows in the same order, or ``impl`` ran in none of them."""
+    names = names or [f"run {n + 1}" for n in range(len(docs))]
+    if len(docs) < 2:
+        raise ValueError(f"across runs: expected at least two runs, got {len(docs)}")
+    labels = [[row["label"] for row in doc["rows"]] for doc in docs]
+    for name, ls in zip(names[1:], labels[1:]):
+        if ls != labels[0]:
+            raise ValueError(f"across runs: {name} holds other rows than {names[0]} "
+                             f"({len(ls)} against {len(labels[0])}; runs of one suite are compared)")
+    missing = [name for name, doc in zip(names, docs) if impl not in doc["impls"]]
+    if missing:
+        raise ValueError(f"across runs: {impl} did not run in {', '.join(missing)}")
+    out = []
+    for n, row in enumerate(docs[0]["rows"]):
+        readings = [reading(doc["rows"][n], impl) for doc in docs]
+        if readings[0] is None:
+            continue
+        target = readings[0].target
+        ratios = [r.ratio for r in readings if r.ratio is not None]
+        rates = [r.tflops for r in readings if r.tflops is not None]
+        needs = None
+        if ratios:
+            needs = target.min_ratio / statistics.median(ratios)
+            if target.min_tflops is not None:
+                needs = max(needs, target.min_tflops / statistics.median(rates)) if rates else None
+        out.append({"row": row["label"], "impl": impl, **dataclasses.asdict(target),
+                    "ratios": [r.ratio for r in readings], "tflops": [r.tflops for r in readings],
+                    "met": [r.met for r in readings], "met_runs": sum(r.met for r in readings),
+                    "runs": len(readings), "median_ratio": statistics.median(ratios) if ratios else None,
+                    "spread": (max(ratios) / min(ratios) - 1) if len(ratios) > 1 else None,
+                    "needs": needs})
+    return out
+
+
+def across_runs_summary(rows: list[dict], impl: str) -> str:
+    """One paragraph over :func:`across_runs`: rows met in every run, in some, in none, and the
+    largest move of a row's ratio between the runs."""
+    runs = rows[0]["runs"] if rows else 0
+    every = [r["row"] for r in rows if r["met_runs"] == runs]
+    some = [f"{r['row']} ({r['met_runs']} of {runs})" for r in rows if 0 < r["met_runs"] < runs]
+    per_run = [sum(r["met"][k] for r in rows) for k in range(runs)]
+    text = (f"targets ({impl}) across {runs} runs: {' / '.join(str(n) for n in per_run)} of {len(rows)} rows met; "
+            f"in every run {len(every)}" + (" — " + ", ".join(every) if every else ""))
+    if some:
+        text += f"\n  in some runs: {', '.join(some)}"
+    spreads = [(r["spread"], r["row"]) for r in rows if r["spread"] is not None]
+    if spreads:
+        worst = max(spreads)
+        text += (f"\n  a row's ratio moved between the runs by a median {statistics.median(s for s, _ in spreads):.1%}, "
+                 f"at most {worst[0]:.1%} ({worst[1]})")
+    return text

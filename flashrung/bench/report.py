@@ -111,7 +111,7 @@ def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
         lines = []
         for r in rows:
             cells = [("n/a" if x is None else f"{x:.3f}" + ("*" if m else " ")) for x, m in zip(r["ratios"], r["met"])]
-            needs = "n/a" if r["needs"] is None else ("met" if r["needs"] <= 1.0 else f"+{(r['needs'] - 1) * 100:.1f}%")
+            needs = targets.needs_cell(r["needs"])
             median = "n/a" if r["median_ratio"] is None else f"{r['median_ratio']:.3f}"
             target = targets.Target(r["min_ratio"], r["peer"], r["min_tflops"]).label()
             lines.append([r["row"], target] + cells + [f"{r['met_runs']}/{r['runs']}", median, needs])

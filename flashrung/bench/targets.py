@@ -54,9 +54,14 @@ class Reading:
         return self.needs is not None and self.needs <= 1.0
 
     def cell(self) -> str:
-        if self.needs is None:
-            return "n/a"
-        return "met" if self.met else f"+{(self.needs - 1) * 100:.1f}%"
+        return needs_cell(self.needs)
+
+
+def needs_cell(needs: float | None) -> str:
+    """A table cell for what a row still needs: ``met``, ``+x.x%``, or ``n/a`` with no reading."""
+    if needs is None:
+        return "n/a"
+    return "met" if needs <= 1.0 else f"+{(needs - 1) * 100:.1f}%"
 
 
 def target_for(row: dict) -> Target | None:
@@ -134,7 +139,7 @@ def across_runs(docs: list[dict], impl: str, names: list[str] | None = None) -> 
     rate's) ``needs`` — one suite reading does not settle a row within a few percent of a 5%
     target; the runs together say how often it is met and by how much it moves. ``names`` label
     the runs in errors (default: run 1, run 2, ...). Raises ValueError where the runs do not hold
-    the same rows in the same order, or ``impl`` ran in none of them."""
+    the same rows in the same order, or ``impl`` is missing from any of them."""
     names = names or [f"run {n + 1}" for n in range(len(docs))]
     if len(docs) < 2:
         raise ValueError(f"across runs: expected at least two runs, got {len(docs)}")

@@ -21,9 +21,16 @@ def _row(**changes):
 
 
 @pytest.mark.parametrize("row", [_row(), _row(causal=True, seqlen_k=1000, heads_kv=4, dtype="float16"),
-                                 _row(mode="bwd", headdim=64, batch=1)])
+                                 _row(mode="bwd", headdim=64, batch=1),
+                                 _row(headdim=64, causal=True, window=(4096, 0)),
+                                 _row(window=(256, -1)), _row(window=(-1, 128)),
+                                 _row(softcap=50.0), _row(headdim=192, headdim_v=128, causal=True),
+                                 suites.packed_rows(lengths=(8192, 4096, 4096, 17), heads=16, kv_heads=4, headdim=128,
+                                                    causal=True, window=(1024, 0))[0]])
 def test_the_child_rebuilds_the_row_it_is_given(row):
     # the profiled process must run the row the command names: its flags parse back to the same Row
+    # (a window, cap, v head dim or pack the child did not receive would profile another problem
+    # under this one's name)
     p = argparse.ArgumentParser()
     bench_cli._shape_flags(p, many=False)
     assert bench_cli.pair_row(p.parse_args(profile.shape_argv(row))) == row
@@ -34,6 +41,31 @@ def test_output_stem_names_the_row():
         "ncu-flashrung-hopper.fwd-pingpong-true-d128-full-b2-h16-s16384"
     assert profile.output_stem("fa4", _row(causal=True, seqlen_k=1000, heads_kv=4, dtype="float16")) == \
         "ncu-fa4-d128-causal-b2-h16-s16384-sk1000-kv4-float16"
+
+
+def test_output_stem_tells_apart_rows_that_differ_only_in_a_window_cap_dv_or_pack():
+    # two profiles of one command line but for --window must not overwrite each other's pages
+    plain = _row(headdim=64, causal=True, batch=4)
+    rows = [plain, _row(headdim=64, causal=True, batch=4, window=(4096, 0)),
+            _row(headdim=64, causal=True, batch=4, window=(4096, -1)),
+            _row(headdim=64, causal=True, batch=4, softcap=30.0),
+            _row(headdim=64, headdim_v=128, causal=True, batch=4),
+            suites.packed_rows(lengths=(16384, 16384, 8192, 4096), heads=16, kv_heads=16, headdim=64, causal=True)[0]]
+    stems = [profile.output_stem("fa4", r) for r in rows]
+    assert len(set(stems)) == len(stems)
+    assert stems[1] == "ncu-fa4-d64-causal-b4-h16-s16384-win4096_0"
+    assert stems[2] == "ncu-fa4-d64-causal-b4-h16-s16384-win4096_inf"
+    assert stems[5] == "ncu-fa4-d64-causal-packed-16384x2_8192_4096-h16-s16384"
+    many = suites.packed_rows(lengths=tuple(range(100, 4100, 100)), heads=16, kv_heads=16, headdim=64, causal=True)[0]
+    assert profile.output_stem("fa4", many) == "ncu-fa4-d64-causal-packed-n40-max4000-sum82000-h16-s4000"
+
+
+def test_dry_run_passes_the_window_to_the_profiled_child(capsys, tmp_path):
+    argv = ["profile", "flashrung:hopper.fwd", "--headdim", "64", "--seqlen", "8192", "--batch", "4", "--heads",
+            "16", "--causal", "--window", "4096,0", "--out", str(tmp_path), "--ncu", "ncu", "--dry-run"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "--window=4096,0" in first and "-win4096_0 " in first
 
 
 def test_dry_run_prints_the_profile_and_both_pages(capsys, tmp_path):

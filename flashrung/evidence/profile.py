@@ -37,14 +37,29 @@ REPORT, DETAILS, SOURCE = ".ncu-rep", ".txt", "-sass.csv.gz"
 
 
 def output_stem(impl: str, row: suites.Row) -> str:
-    """A file name for the row: ``ncu-<impl>-d128-full-b2-h16-s16384`` (+ ``-sk``, ``-kv``, dtype)."""
+    """A file name for the row: ``ncu-<impl>-d128-full-b2-h16-s16384`` (+ ``-sk``, ``-kv``, ``-dv``,
+    ``-win``, ``-cap``, ``-packed``, dtype, mode): two rows that differ in any field get two stems, so
+    a windowed profile never overwrites the plain one beside it."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", impl).strip("-")
-    parts = [f"ncu-{name}", f"d{row.headdim}", "causal" if row.causal else "full", f"b{row.batch}",
-             f"h{row.heads_q}", f"s{row.seqlen_q}"]
+    parts = [f"ncu-{name}", f"d{row.headdim}", "causal" if row.causal else "full"]
+    if row.packed is not None:
+        # the pack's own text (runs as LxN); long packs keep their count and longest sequence
+        text = suites.packed_text(row.packed)
+        parts.append("packed-" + (text.replace(",", "_") if len(text) <= 40 else
+                                  f"n{len(row.packed)}-max{max(row.packed)}-sum{sum(row.packed)}"))
+    else:
+        parts.append(f"b{row.batch}")
+    parts += [f"h{row.heads_q}", f"s{row.seqlen_q}"]
     if row.seqlen_k != row.seqlen_q:
         parts.append(f"sk{row.seqlen_k}")
     if row.heads_kv != row.heads_q:
         parts.append(f"kv{row.heads_kv}")
+    if row.dv != row.headdim:
+        parts.append(f"dv{row.dv}")
+    if row.window is not None:
+        parts.append(f"win{row.window[0]}_{row.window[1]}".replace("-1", "inf"))
+    if row.softcap:
+        parts.append(f"cap{row.softcap:g}")
     if row.dtype != "bfloat16":
         parts.append(row.dtype)
     if row.mode != "fwd":
@@ -53,10 +68,23 @@ def output_stem(impl: str, row: suites.Row) -> str:
 
 
 def shape_argv(row: suites.Row) -> list[str]:
-    """The shape flags that rebuild ``row`` in the child (``flashrung.bench.cli.pair_row``)."""
-    return ["--batch", str(row.batch), "--seqlen", str(row.seqlen_q), "--seqlen-k", str(row.seqlen_k),
-            "--heads", str(row.heads_q), "--kv-heads", str(row.heads_kv), "--headdim", str(row.headdim),
-            "--dtype", row.dtype, "--causal" if row.causal else "--no-causal", "--mode", row.mode]
+    """The shape flags that rebuild ``row`` in the child (``flashrung.bench.cli.pair_row``): every
+    field of the row, so the profiled launch is the one the command names (a window, a cap, v's
+    head dim or a pack dropped here would profile another problem under this one's name)."""
+    if row.packed is not None:
+        argv = ["--packed", suites.packed_text(row.packed)]
+    else:
+        argv = ["--batch", str(row.batch), "--seqlen", str(row.seqlen_q), "--seqlen-k", str(row.seqlen_k)]
+    argv += ["--heads", str(row.heads_q), "--kv-heads", str(row.heads_kv), "--headdim", str(row.headdim),
+             "--dtype", row.dtype, "--causal" if row.causal else "--no-causal", "--mode", row.mode]
+    if row.dv != row.headdim:
+        argv += ["--headdim-v", str(row.dv)]
+    if row.window is not None:
+        # one token: argparse would read "-1,128" after a space as a flag of its own
+        argv.append(f"--window={row.window[0]},{row.window[1]}")
+    if row.softcap:
+        argv += ["--softcap", repr(float(row.softcap))]
+    return argv
 
 
 def commands(ncu: str, impl: str, row: suites.Row, stem: str) -> list[dict]:

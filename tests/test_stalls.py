@@ -245,3 +245,43 @@ def test_executed_per_refuses_a_unit_count_that_is_not_positive(capsys):
         stalls.summary(FA4_D128, executed_per=0)
     assert cli.main(["stalls", FA4_D128, "--executed-per", "-3"]) == 2
     assert "--executed-per must be a positive" in capsys.readouterr().err
+
+
+OURS_D64_CAUSAL_S8K = os.path.join(RESULTS, "h100-ncu-flashrung-d64-causal-b4-h16-s8192-efcd5d5-sass.csv.gz")
+FA4_D64_CAUSAL_S8K = os.path.join(RESULTS, "h100-ncu-fa4-d64-causal-b4-h16-s8192-efcd5d5-sass.csv.gz")
+
+
+def test_parked_warps_are_found_and_left_out_of_the_active_shares():
+    # Triton's three padding warps sit at one NOP each for the whole launch: 3 of the CTA's 16 warps,
+    # all 'barrier'; the kernel's barrier share is mostly theirs, the loop's unaffected (docs quote it)
+    ours = stalls.summary(OURS_D64_CAUSAL_S8K)
+    pk = ours["parked"]
+    assert pk["instructions"] == 2 and pk["executed"] == 396
+    assert pk["share"] == pytest.approx(0.186, abs=5e-4)
+    assert ours["shares"]["barrier"] == pytest.approx(0.244, abs=5e-4)
+    assert pk["active_shares"]["barrier"] == pytest.approx(0.071, abs=5e-4)
+    assert sum(pk["active_shares"].values()) == pytest.approx(1.0)
+    assert ours["loop"]["cycles_per_trip"] == pytest.approx(2508, abs=1)
+    fa4 = stalls.summary(FA4_D64_CAUSAL_S8K)
+    assert fa4["parked"] is None
+    assert fa4["loop"]["cycles_per_trip"] == pytest.approx(2352, abs=1)
+
+
+def test_parked_needs_many_samples_an_execution():
+    # a spin's retry (many executions, few samples each) and an unexecuted line are not parked
+    page = ('"Kernel Name","k",\n"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+            '"stall_barrier","stall_wait"\n'
+            '"0x0","NOP","500","100","500","0"\n'            # 5 samples an execution: parked
+            '"0x10","@!P0 BRA 0x0","400","100000","0","400"\n'
+            '"0x20","NOP","499","100","499","0"\n'           # just under the threshold
+            '"0x30","EXIT","7","0","0","7"\n')
+    (kernel,) = stalls.parse_page(page)
+    assert [i.address for i in stalls.parked(kernel.instructions)] == [0]
+
+
+def test_cli_marks_the_parked_samples_and_adds_the_active_column(capsys):
+    assert cli.main(["stalls", OURS_D64_CAUSAL_S8K, FA4_D64_CAUSAL_S8K, "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "parked: 18.6% of the kernel's samples on 2 instructions executed 396 times in all" in text
+    head = next(line for line in text.splitlines() if line.startswith("stall reason"))
+    assert head.split()[2:] == ["kernel", "1", "active", "1", "loop", "1", "kernel", "2", "loop", "2"]

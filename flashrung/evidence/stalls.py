@@ -31,6 +31,13 @@ epilogue), summed by opcode family (the opcode's first word: ``SYNCS``, ``UIADD3
 divided by a unit of work the caller names — for two kernels that ran one problem, the same
 number of K/V steps of the same tile, so each family reads as instructions a step, side by side.
 
+*Parked* instructions (:func:`parked`): a warp that waits out the launch — one of the idle warps
+Triton pads a one-warp partition with, parked on a barrier from the start to the end — is sampled
+all along at one instruction it executes once. Such instructions hold many samples an execution
+(:data:`PARKED_SAMPLES_PER_EXECUTION`; a loop's instructions hold far less than one) and issue
+nothing, yet they weigh in the kernel's shares (3 warps of 16 are 18.75% of its samples, all
+``barrier``): the page says how much and gives the kernel's shares without them beside the others.
+
 ``--phases`` cuts each copy's trip (its address range, so the spins and skipped blocks inside it
 count) at its tensor-core landmarks — before the first ``HGMMA``, after the last, before each
 ``WARPGROUP.DEPBAR`` — and prices each phase in cycles per trip: the trip's cycles times the
@@ -56,6 +63,10 @@ _REASON = re.compile(r"^stall_(\w+)$")          # the all-samples columns; "(Not
 # between them: a branch-skipped block inside the body (d256's per-warp O rescale is ~130), where
 # the next partition's copy of the loop starts thousands of instructions away
 MAX_GAP_INSTRUCTIONS = 512
+# an instruction holding at least this many samples for each time a warp executed it is where
+# warps sit parked (a padding warp at its barrier: ~55 an execution on the d64 causal S8k page of
+# efcd5d5); a spinning wait's retry holds < 0.1, a hot loop's instructions < 0.01, EXIT < 0.5
+PARKED_SAMPLES_PER_EXECUTION = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +168,13 @@ def shares(instructions) -> dict:
         counts.update(i.reasons)
     counts["unnamed"] = sum(i.unnamed for i in instructions)
     return {k: v / total for k, v in counts.most_common()} if total else {}
+
+
+def parked(instructions) -> list:
+    """The instructions warps sit parked at (:data:`PARKED_SAMPLES_PER_EXECUTION`): executed at
+    least once, holding that many samples or more for each execution."""
+    return [i for i in instructions
+            if i.executed > 0 and i.samples >= PARKED_SAMPLES_PER_EXECUTION * i.executed]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,12 +325,25 @@ def summary(path: str, kernel: str | None = None, loop_count: int | None = None,
                                     for op, n in Counter(i.opcode for i in loop.instructions).most_common()},
                   phases=loop_phases(k, loop) if phases else None),
         shares=shares(k.instructions), loop_shares=shares(loop.instructions),
+        parked=_parked_reading(k),
         executed_per=executed_per,
         executed_per_unit=({f: n / executed_per for f, n in executed_by_family(k.instructions).items()}
                            if executed_per else None),
         top=[dict(address=hex(i.address), source=i.source, executed=i.executed, samples=i.samples,
                   reasons=_top_reasons(i)) for i in top_instructions(k.instructions, top)],
     )
+
+
+def _parked_reading(k: Kernel) -> dict | None:
+    """How many of the kernel's samples sit on parked instructions, and its shares without them."""
+    idle = parked(k.instructions)
+    if not idle:
+        return None
+    ids = {id(i) for i in idle}
+    return dict(instructions=len(idle), samples=sum(i.samples for i in idle),
+                share=sum(i.samples for i in idle) / max(k.samples, 1),
+                executed=sum(i.executed for i in idle),
+                active_shares=shares([i for i in k.instructions if id(i) not in ids]))
 
 
 def _top_reasons(i: Instruction, n: int = 3) -> dict:
@@ -342,13 +373,26 @@ def render(summaries: list[dict]) -> str:
         if lp["cycles_per_trip"]:
             out.append(f"  a warp's cycles per trip (derived: {lp['per_trip']:.1f} instructions / "
                        f"{s['loop_shares']['selected']:.1%} selected): {lp['cycles_per_trip']:.0f}")
+        pk = s.get("parked")
+        if pk:
+            out.append(f"  parked: {pk['share']:.1%} of the kernel's samples on {pk['instructions']} "
+                       f"instruction{'s' if pk['instructions'] > 1 else ''} executed {pk['executed']:,} times in all "
+                       f"(>= {PARKED_SAMPLES_PER_EXECUTION:g} samples an execution: warps waiting out the launch, "
+                       "issuing nothing); 'active' leaves them out")
+    # columns: the kernel's shares, without its parked instructions where it has some, the loop's
+    keys = [[("kernel", "shares")] + ([("active", "parked")] if s.get("parked") else []) + [("loop", "loop_shares")]
+            for s in summaries]
     reasons = []
     for s in summaries:
         for r in list(s["shares"]) + list(s["loop_shares"]):
             if r not in reasons:
                 reasons.append(r)
-    head = ["stall reason"] + [f"{tag} {n + 1}" for n in range(len(summaries)) for tag in ("kernel", "loop")]
-    rows = [[r] + [_pct(s[key].get(r)) for s in summaries for key in ("shares", "loop_shares")] for r in reasons]
+
+    def share(s, key, r):
+        return s["parked"]["active_shares"].get(r) if key == "parked" else s[key].get(r)
+
+    head = ["stall reason"] + [f"{tag} {n + 1}" for n, ks in enumerate(keys) for tag, _ in ks]
+    rows = [[r] + [_pct(share(s, key, r)) for s, ks in zip(summaries, keys) for _, key in ks] for r in reasons]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     out.append("")
     out += ["  ".join(x.ljust(w) if c == 0 else x.rjust(w) for c, (x, w) in enumerate(zip(row, widths)))

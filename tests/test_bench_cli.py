@@ -2,6 +2,7 @@
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -416,3 +417,49 @@ def test_compare_reverts_an_untimed_candidate_without_a_second_run(capsys, monke
     doc = json.loads(out_json.read_text())
     assert doc["verdict"]["verdict"] == "REVERT" and doc["link"]["margin"] is None
     assert cli.load_links([out_json])[0].margin is None
+
+
+RESULTS_DIR = os.path.join(os.path.dirname(__file__), "..", "docs", "results")
+
+
+def _stored(name):
+    return os.path.join(RESULTS_DIR, name)
+
+
+def test_row_from_reruns_the_problem_a_stored_reading_ran(tmp_path):
+    # a stored compare's row comes back whole (a pack here), for another pair of arms on this GPU
+    packed = cli.pair_row(parse("compare", "--row-from",
+                                _stored("h100-compare-packed-causal-sections-d64-16-over-48-a3615bf.json.gz"),
+                                "flashrung:hopper.fwd@packed_section_mib=48", "flashrung:hopper.fwd"))
+    assert packed.packed == (8192, 4096, 4096) + (1024,) * 8 and packed.causal and packed.headdim == 64
+    assert packed.heads_q == 32
+    # a sustain's row, and row N of a bench run (the fa4-protocol suite's target row is its fifth)
+    sustained = cli.pair_row(parse("sustain", "--row-from", _stored("h200-sustain-fa4-d64-full-s16384-37f7706.json.gz"),
+                                   "fa4", "flashrung"))
+    assert (sustained.batch, sustained.seqlen_q, sustained.headdim, sustained.causal) == (2, 16384, 64, False)
+    target = cli.pair_row(parse("compare", "--row-from", _stored("fa4-fwd-95f4cd1.json.gz") + "#4", "fa4", "flashrung"))
+    assert (target.batch, target.heads_q, target.seqlen_q, target.headdim, target.causal) == (2, 16, 16384, 128, False)
+    # a row with a window, v's own head dim and a cap survives the file as it does the flags
+    row = suites.Row(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=8, heads_kv=2, headdim=192, headdim_v=128,
+                     dtype="float16", causal=True, mode="fwd", softcap=30.0, window=(256, 0))
+    f = tmp_path / "link.json"
+    f.write_text(json.dumps({"link": {"baseline": "a", "candidate": "b", "row": row.plan()}}))
+    assert cli.pair_row(parse("compare", "--row-from", str(f), "fa4", "flashrung")) == row
+
+
+def test_row_from_refuses_what_it_cannot_read_and_names_it(tmp_path):
+    suite = _stored("fa4-fwd-95f4cd1.json.gz")
+    with pytest.raises(SystemExit, match="holds 24 rows; name one as .*#N"):
+        cli.pair_row(parse("compare", "--row-from", suite, "fa4", "flashrung"))
+    with pytest.raises(SystemExit, match="row 24 asked for, the file holds 24"):
+        cli.pair_row(parse("compare", "--row-from", suite + "#24", "fa4", "flashrung"))
+    with pytest.raises(SystemExit, match="must be an integer"):
+        cli.pair_row(parse("compare", "--row-from", suite + "#x", "fa4", "flashrung"))
+    with pytest.raises(SystemExit, match="gives the whole row; drop --batch, --causal"):
+        cli.pair_row(parse("compare", "--row-from", suite + "#4", "--batch", "2", "--causal", "fa4", "flashrung"))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"verdict": "KEEP"}))
+    with pytest.raises(SystemExit, match="holds no row"):
+        cli.pair_row(parse("compare", "--row-from", str(empty), "fa4", "flashrung"))
+    with pytest.raises(SystemExit, match="cannot read it as JSON"):
+        cli.pair_row(parse("compare", "--row-from", str(tmp_path / "missing.json"), "fa4", "flashrung"))

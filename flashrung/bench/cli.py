@@ -170,6 +170,11 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
     g.add_argument("--dtype", type=_dtype, help="bf16 (default) or fp16")
     g.add_argument("--mode", choices=suites.MODE_CHOICES if many else suites.MODES,
                    help="direction" + (" (default: the suite's; fwd for free shapes)" if many else " (default fwd)"))
+    if not many:
+        g.add_argument("--row-from", metavar="FILE[#N]",
+                       help="the row of a stored result instead of the flags above: a compare's or a sustain's "
+                            "JSON (plain or .gz), or row N (from 0) of a bench run's — to run again, on this "
+                            "GPU, the problem a stored reading ran")
 
 
 def _paired_flags(p: argparse.ArgumentParser) -> None:
@@ -455,8 +460,64 @@ def _check_packed_flags(args) -> None:
         raise ValueError(f"--packed gives the sequences and their lengths; drop {', '.join(clash)}")
 
 
+# the flags --row-from stands in for (argparse dest, flag)
+_ROW_FLAGS = (("batch", "--batch"), ("seqlen", "--seqlen"), ("seqlen_k", "--seqlen-k"), ("heads", "--heads"),
+              ("kv_heads", "--kv-heads"), ("headdim", "--headdim"), ("headdim_v", "--headdim-v"),
+              ("softcap", "--softcap"), ("window", "--window"), ("packed", "--packed"), ("causal", "--causal"),
+              ("dtype", "--dtype"), ("mode", "--mode"))
+
+
+def stored_row(spec: str) -> suites.Row:
+    """The row of a stored result: ``FILE`` (a compare's ``link.row``, a sustain's or a profile's
+    ``row``, a bench run of one row) or ``FILE#N`` (row ``N`` of a bench run's ``rows``). A
+    ``ValueError`` names the file and what it holds."""
+    path, sep, index = spec.rpartition("#") if "#" in spec else (spec, "", "")
+    try:
+        doc = jsonfile.read(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--row-from {spec}: cannot read it as JSON ({exc})") from None
+    rows = None
+    if isinstance(doc, dict):
+        if isinstance(doc.get("link"), dict) and isinstance(doc["link"].get("row"), dict):
+            rows = [doc["link"]["row"]]
+        elif isinstance(doc.get("row"), dict):
+            rows = [doc["row"]]
+        elif isinstance(doc.get("rows"), list) and all(isinstance(r, dict) for r in doc["rows"]):
+            rows = doc["rows"]
+    if not rows:
+        raise ValueError(f"--row-from {spec}: holds no row (expected a compare's, a sustain's or a bench "
+                         "run's JSON)")
+    if sep:
+        try:
+            n = int(index)
+        except ValueError:
+            raise ValueError(f"--row-from {spec}: the row's index after '#' must be an integer, got {index!r}") \
+                from None
+        if not 0 <= n < len(rows):
+            raise ValueError(f"--row-from {spec}: row {n} asked for, the file holds {len(rows)} (0 to "
+                             f"{len(rows) - 1})")
+        plan = rows[n]
+    elif len(rows) > 1:
+        raise ValueError(f"--row-from {spec}: the file holds {len(rows)} rows; name one as {path}#N (0 to "
+                         f"{len(rows) - 1})")
+    else:
+        plan = rows[0]
+    try:
+        return suites.Row.from_plan(plan)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"--row-from {spec}: its row is not one this version reads ({exc!r})") from None
+
+
 def pair_row(args) -> suites.Row:
     d = DEFAULT_PAIR_SHAPE
+    if getattr(args, "row_from", None) is not None:
+        given = [flag for dest, flag in _ROW_FLAGS if getattr(args, dest, None) is not None]
+        if given:
+            raise SystemExit(f"flashrung: --row-from gives the whole row; drop {', '.join(given)}")
+        try:
+            return stored_row(args.row_from)
+        except ValueError as exc:
+            raise SystemExit(f"flashrung: {exc}") from None
     if getattr(args, "packed", None) is not None:
         try:
             _check_packed_flags(args)

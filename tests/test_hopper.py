@@ -532,6 +532,9 @@ CENSUS_CONFIGS += [(label, d, causal, {"_window": True, **({"_window_right": Tru
 # d64's 192-row causal windowed build, beside the same build unstaggered above
 CENSUS_CONFIGS += [("d64-causal-window-stagger", 64, True, {"_window": True, "stagger_kv": True,
                                                             "stagger_subtract": True})]
+# ... and staggering only the items whose window reaches the first key (stagger_from_zero)
+CENSUS_CONFIGS += [("d64-causal-window-stagger-from-zero", 64, True,
+                    {"_window": True, "stagger_kv": True, "stagger_subtract": True, "stagger_from_zero": True})]
 # d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
 CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
@@ -3052,6 +3055,19 @@ def test_a_staggered_window_rotates_in_the_producer_alone(census):
     assert grown and all(0 < g <= 16 for g in grown), grown
 
 
+def test_staggering_only_uncut_windowed_items_changes_no_consumer_step(census):
+    # stagger_from_zero picks each item's start once (a cut item's is 0): the consumers' K/V loops
+    # keep the staggered build's instructions and local memory, as the producer's loop its wrap
+    from_zero, staggered = census["d64-causal-window-stagger-from-zero"], census["d64-causal-window-stagger"]
+    assert "error" not in from_zero["row"], from_zero["row"]["error"]
+    assert from_zero["row"]["config"]["stagger_from_zero"] and not staggered["row"]["config"]["stagger_from_zero"]
+    loops = lambda entry: [(loop["length"], loop["ldl"]) for loop in entry["kv_loops"]]     # noqa: E731
+    assert loops(from_zero) == loops(staggered)
+    assert [p["length"] for p in from_zero["producer_loops"]] == [p["length"] for p in staggered["producer_loops"]]
+    assert from_zero["row"]["spill_bytes"] == staggered["row"]["spill_bytes"]
+    assert from_zero["row"]["smem_bytes"] == staggered["row"]["smem_bytes"]
+
+
 def test_a_narrow_d64_window_runs_a_tile_without_local_memory(census):
     # why d64's narrow causal windows take the 128-row tile (config.NARROW_WINDOW_MAX_LEFT): the
     # 192-row windowed build keeps per-step values in local memory in its masked loops (168 B when
@@ -3581,6 +3597,20 @@ def test_gate_window_staggered(head_dim, window, shape):
     causal = window[1] == 0
     _gate(forward_fn=_windowed_forward_with(stagger_kv=True), head_dim=head_dim, dtype=torch.bfloat16,
           causal=causal, window_size=window, **shape)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gate_window_staggered_from_zero(head_dim, window, shape):
+    # stagger_from_zero: the items whose window reaches key 0 rotate their run, the cut ones sweep in
+    # order — both kinds in one launch at every window here but the widest, each tile masked with its
+    # own index either way
+    causal = window[1] == 0
+    _gate(forward_fn=_windowed_forward_with(stagger_kv=True, stagger_from_zero=True), head_dim=head_dim,
+          dtype=torch.bfloat16, causal=causal, window_size=window, **shape)
 
 
 @pytest.mark.gpu

@@ -421,6 +421,7 @@ class _Schedule:
     ITEM_BARRIER: gl.constexpr   # with DYNAMIC: a drawn item reaches the consumers on its own barrier, not beside Q
     STAGGER_KV: gl.constexpr     # each item starts its unmasked K/V sweep at its own tile (schedule.kv_stagger)
     STAGGER_SUBTRACT: gl.constexpr  # the sweep wraps by compare and subtract, not a run-time modulo
+    STAGGER_FROM_ZERO: gl.constexpr  # only items whose first K/V tile is the first key's stagger
     LAG_V_LOADS: gl.constexpr    # the producer issues V(j) after K(j+1), in the consumers' order of need
     LATE_K_RELEASE: gl.constexpr  # a consumer releases K(j) with V(j-1), after PV(j-1)'s wait
     ROW_BOUND_MASK: gl.constexpr  # masked tiles compare each score's key offset with one bound per row
@@ -733,7 +734,8 @@ def _produce_item(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, sh, sz, ite
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_PRODUCER)
     kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, seq, c)
     rot_lo = _rotation_base(kv_lo, left_unmasked, c)
-    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV, kv_first=kv_lo,
+                                 FROM_ZERO=c.STAGGER_FROM_ZERO)
     # ring position of K/V tile j of this item: base + j
     base = count - kv_lo
     nxt = item
@@ -1843,7 +1845,8 @@ def _consume_item(o_desc, lse_ptr, parts, sh, sz, qk_scale_log2, item, count, tu
     kv_lo, kv_hi = kv_split_range(n_kv, split, sz.tail_splits, c.SPLIT_TAIL, c.FAST_DIVIDE_CONSUMERS)
     kv_lo, left_unmasked = _window_range(row0, kv_lo, kv_hi, sz, c)
     rot_lo = _rotation_base(kv_lo, left_unmasked, c)
-    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV)
+    n_rot, kv_start = kv_stagger(m_block, rot_lo, kv_hi, n_unmasked, c.STAGGER_KV, kv_first=kv_lo,
+                                 FROM_ZERO=c.STAGGER_FROM_ZERO)
     rows = my_row0 + gl.arange(0, _ROWS, layout=gl.SliceLayout(1, s_layout))
     tile_start(_tile_trace_ptr(sz, parts, c), rows, my_row0, tile_iter, item, kv_hi - kv_lo,
                _masked_steps(kv_lo, kv_hi, n_unmasked, left_unmasked, c), WG, c)
@@ -1998,6 +2001,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      HANDOUT_TABLE: gl.constexpr, DRAW_AHEAD: gl.constexpr, ITEM_BARRIER: gl.constexpr,
                      STAGGER_KV: gl.constexpr,
                      STAGGER_SUBTRACT: gl.constexpr,
+                     STAGGER_FROM_ZERO: gl.constexpr,
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, MEET_BEFORE_PASS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
                      FIRST_MASK_ON_NEED: gl.constexpr,
@@ -2137,6 +2141,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   NUM_PARTS=2 if EXTRA_KEYS > 0 else 1, BALANCED=BALANCED, DYNAMIC=DYNAMIC, HANDOUT_TABLE=HANDOUT_TABLE,
                   DRAW_AHEAD=DRAW_AHEAD, ITEM_BARRIER=ITEM_BARRIER, STAGGER_KV=STAGGER_KV,
                   STAGGER_SUBTRACT=STAGGER_SUBTRACT,
+                  STAGGER_FROM_ZERO=STAGGER_FROM_ZERO,
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, MEET_BEFORE_PASS=MEET_BEFORE_PASS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
@@ -2243,6 +2248,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         DRAW_AHEAD=cfg.draw_ahead_steps, ITEM_BARRIER=cfg.handout_barrier,
         STAGGER_KV=cfg.stagger_kv,
         STAGGER_SUBTRACT=cfg.stagger_subtract,
+        STAGGER_FROM_ZERO=cfg.stagger_kv and cfg.stagger_from_zero,
         LAG_V_LOADS=cfg.lag_v_loads, LATE_K_RELEASE=cfg.late_k_release, ROW_BOUND_MASK=cfg.row_bound_mask,
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, MEET_BEFORE_PASS=cfg.meet_before_pass,
         OVERLAP_EPILOGUE=cfg.overlap_epilogue,

@@ -801,17 +801,23 @@ STAGGER_STEP = gl.constexpr(633)
 
 
 @gluon.jit
-def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDOW: gl.constexpr = 0):
+def kv_stagger(m_block, kv_lo, kv_hi, num_unmasked, STAGGER: gl.constexpr, WINDOW: gl.constexpr = 0,
+               kv_first=0, FROM_ZERO: gl.constexpr = False):
     """``(n_rot, start)``: the item's unmasked K/V tiles ``[kv_lo, kv_lo + n_rot)`` are visited from
     ``kv_lo + start`` on, wrapping (masked tiles keep their place at the end: a mask is never
     applied out of order). ``start`` spreads over the first ``WINDOW`` tiles (0: all ``n_rot``);
-    ``start = 0`` without ``STAGGER``."""
+    ``start = 0`` without ``STAGGER``. ``FROM_ZERO``: only an item whose first K/V tile
+    ``kv_first`` is the first of the keys staggers (a sliding window's uncut items; the others
+    start at their window's edge, apart already)."""
     n_rot = gl.maximum(gl.minimum(num_unmasked, kv_hi) - kv_lo, 0)
     if STAGGER:
         if WINDOW > 0:
             span = gl.minimum(n_rot, WINDOW)
         else:
             span = n_rot
+        if FROM_ZERO:
+            # a cut item spreads over no tile: start = 0, its sweep in order
+            span = gl.where(kv_first == 0, span, 0)
         start = (((m_block * STAGGER_STEP) & ((1 << STAGGER_BITS) - 1)) * span) >> STAGGER_BITS
     else:
         start = 0

@@ -3587,29 +3587,18 @@ def _windowed_forward_with(**changes):
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("from_zero", [False, True], ids=["every-item", "from-zero"])
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_window_staggered(head_dim, window, shape):
+def test_gate_window_staggered(head_dim, window, shape, from_zero):
     # the staggered sweep under a window (config.WINDOW_STAGGER_KV's candidate): only the run between
     # the tiles the window cuts and the diagonal's rotates, so every cut and diagonal tile is masked
-    # with its own index — a window inside a tile, across tiles, one of many tiles, non-causal and a band
+    # with its own index — a window inside a tile, across tiles, one of many tiles, non-causal and a band.
+    # from_zero (stagger_from_zero): only the items whose window reaches key 0 rotate, the cut ones
+    # sweep in order — both kinds in one launch at every window here but the widest
     causal = window[1] == 0
-    _gate(forward_fn=_windowed_forward_with(stagger_kv=True), head_dim=head_dim, dtype=torch.bfloat16,
-          causal=causal, window_size=window, **shape)
-
-
-@pytest.mark.gpu
-@on_hopper
-@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gate_window_staggered_from_zero(head_dim, window, shape):
-    # stagger_from_zero: the items whose window reaches key 0 rotate their run, the cut ones sweep in
-    # order — both kinds in one launch at every window here but the widest, each tile masked with its
-    # own index either way
-    causal = window[1] == 0
-    _gate(forward_fn=_windowed_forward_with(stagger_kv=True, stagger_from_zero=True), head_dim=head_dim,
+    _gate(forward_fn=_windowed_forward_with(stagger_kv=True, stagger_from_zero=from_zero), head_dim=head_dim,
           dtype=torch.bfloat16, causal=causal, window_size=window, **shape)
 
 

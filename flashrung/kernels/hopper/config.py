@@ -263,9 +263,10 @@ class HopperFwdConfig:
     # there is no sweep to wrap and it changes nothing
     stagger_subtract: bool = False
     # with stagger_kv: only the items whose sweep starts at key 0 stagger it — under a sliding window
-    # the items whose rows' windows reach the first key (every unwindowed item does). The window's
-    # tile traces (d64 causal B4 H16 S8192, window 4096, H100) run those items 3-4% more cycles a
-    # step than the causal launch, which staggers, on the same loop; the cut items start apart
+    # the items whose rows' windows reach the first key (every unwindowed item does, but a split
+    # tail's later parts). The window's tile traces (d64 causal B4 H16 S8192, window 4096, H100) run
+    # those items 3-4% more cycles a step than the causal launch, which staggers, on the same loop;
+    # the cut items start apart
     # already, and the stagger on every windowed item read 0.995 (WINDOW_STAGGER_KV). Built and
     # census-checked; not yet gated or priced on a GPU. Without stagger_kv it changes nothing
     stagger_from_zero: bool = False

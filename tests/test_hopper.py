@@ -535,6 +535,12 @@ CENSUS_CONFIGS += [("d64-causal-window-stagger", 64, True, {"_window": True, "st
 # ... and staggering only the items whose window reaches the first key (stagger_from_zero)
 CENSUS_CONFIGS += [("d64-causal-window-stagger-from-zero", 64, True,
                     {"_window": True, "stagger_kv": True, "stagger_subtract": True, "stagger_from_zero": True})]
+# the window's lower bound only where it cuts (window_first_mask_on_need, window_diagonal_one_bound)
+# on d64's and d128's causal windowed builds and d64's non-causal one (a key tail's masked run)
+WINDOW_MASKS_WHERE_CUT = {"window_first_mask_on_need": True, "window_diagonal_one_bound": True}
+CENSUS_CONFIGS += [(f"{label}-masks-where-cut", d, causal, {"_window": True, **WINDOW_MASKS_WHERE_CUT})
+                   for label, d, causal in (("d64-causal-window", 64, True), ("d128-causal-window", 128, True),
+                                            ("d64-full-window", 64, False))]
 # d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
 CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
@@ -3063,6 +3069,44 @@ def test_a_staggered_window_rotates_in_the_producer_alone(census, label, base, s
     assert grown and all(low <= g <= high for g in grown), grown
 
 
+def _mask_loops(entry, two_bounds):
+    """The masked K/V loops of a windowed build: those that mask by the window's two bounds per row
+    (two FSEL a score pair: 128 and more a trip) or by one (fewer, but more than the unmasked
+    loop's few selects), each running a tile's exponentials."""
+    return [loop for loop in entry["kv_loops"]
+            if (loop["fsel"] >= 128) == two_bounds and loop["fsel"] > 8 and loop["mufu"] >= 32]
+
+
+@pytest.mark.parametrize("label, plain, consumers", [("d64-causal-window", "d64-causal", 3),
+                                                     ("d128-causal-window", "d128-causal", 2),
+                                                     ("d64-full-window", None, 3)])
+def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, plain, consumers):
+    # with both switches a consumer keeps one loop of two-bound masks (the tiles the window cuts),
+    # where the windowed build had three (the cut tiles, the diagonal's run, the item loop around
+    # the peeled first step); the diagonal's run compiles to the unwindowed causal build's masked
+    # step, and the local memory the two-bound loops kept is gone (d64 causal 168 B, 23 LDL; d128
+    # causal 48 B; census, sm_90a)
+    cut, windowed = census[f"{label}-masks-where-cut"], census[label]
+    _assert_no_local_memory(cut["row"], label)
+    assert all(cut["row"]["config"][name] for name in WINDOW_MASKS_WHERE_CUT)
+    assert len(_mask_loops(cut, True)) == consumers
+    assert len(_mask_loops(windowed, True)) == 3 * consumers
+    assert cut["row"]["smem_bytes"] == windowed["row"]["smem_bytes"]
+    # the unmasked step is untouched
+    unmasked = lambda entry: sorted(loop["length"] for loop in entry["kv_loops"] if loop["fsel"] <= 8)  # noqa: E731
+    assert unmasked(cut) == unmasked(windowed)
+    one_bound = _mask_loops(cut, False)
+    steps = [loop for loop in one_bound if loop["fsel"] == min(x["fsel"] for x in one_bound)]
+    assert len(steps) == consumers
+    if plain is not None:
+        plain_steps = _mask_loops(census[plain], False)
+        plain_steps = [loop for loop in plain_steps if loop["fsel"] == min(x["fsel"] for x in plain_steps)]
+        for a, b in zip(sorted(x["length"] for x in steps), sorted(x["length"] for x in plain_steps)):
+            assert abs(a - b) <= 8, (a, b)
+    two_bound_steps = [loop["length"] for loop in _mask_loops(windowed, True) if loop["length"] < 800]
+    assert max(loop["length"] for loop in steps) < 0.85 * min(two_bound_steps)
+
+
 def test_a_narrow_d64_window_runs_a_tile_without_local_memory(census):
     # why d64's narrow causal windows take the 128-row tile (config.NARROW_WINDOW_MAX_LEFT): the
     # 192-row windowed build keeps per-step values in local memory in its masked loops (168 B when
@@ -3594,6 +3638,31 @@ def test_gate_window_staggered(head_dim, window, shape, from_zero):
     # sweep in order — both kinds in one launch at every window here but the widest
     causal = window[1] == 0
     _gate(forward_fn=_windowed_forward_with(stagger_kv=True, stagger_from_zero=from_zero), head_dim=head_dim,
+          dtype=torch.bfloat16, causal=causal, window_size=window, **shape)
+
+
+# a window's lower bound only on the tiles it cuts: the peeled first tile masked only where the
+# loops would mask it (window_first_mask_on_need), the diagonal's run by the upper bound alone
+# (window_diagonal_one_bound); each alone and both
+WINDOW_MASK_SWITCHES = {"first-on-need": dict(window_first_mask_on_need=True),
+                        "diagonal-one-bound": dict(window_diagonal_one_bound=True),
+                        "both": dict(window_first_mask_on_need=True, window_diagonal_one_bound=True)}
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("head_dim, switches", [(d, name) for d in HEAD_DIMS for name in WINDOW_MASK_SWITCHES
+                                                if name == "both" or d == 64])
+def test_gate_window_masks_where_cut(head_dim, switches, window, shape):
+    # the tiles a window cuts (the first one included) masked by both bounds, the diagonal's and the
+    # key tail's by the upper one, an uncut item's first tile not at all: a window inside a tile
+    # (the diagonal's tiles cut too: masked by both), across tiles, one of many tiles (items that
+    # reach key 0 beside cut ones), non-causal with a key tail, and a band (the diagonal moved)
+    # (each switch alone on d64's 192-row windowed build; both on every head dim)
+    causal = window[1] == 0
+    _gate(forward_fn=_windowed_forward_with(**WINDOW_MASK_SWITCHES[switches]), head_dim=head_dim,
           dtype=torch.bfloat16, causal=causal, window_size=window, **shape)
 
 

@@ -364,6 +364,21 @@ class HopperFwdConfig:
     # though its K/V loops compile to the same code (census: 474 and 675 instructions either way;
     # only the peeled first step differs, 1/128 of the item's tiles) — why is not profiled
     first_mask_on_need: bool = True
+    # A sliding window's launch masks its peeled first K/V tile always (FIRST_MASK_ON_NEED is off
+    # with a window: the rule above masks by the diagonal alone). With this on, it masks the first
+    # tile where the loops would mask it: the window cuts it (before the item's left_unmasked), or
+    # the diagonal or the key tail does (from n_unmasked) — a run-time test per item. The window's
+    # tile traces (d64 causal B4 H16 S8192, window 4096, H100) carry 4.5-5 k cycles more fixed cost
+    # an item than the causal launch's; an uncut item's first tile (key 0) is one of those costs.
+    # Without a window it changes nothing
+    window_first_mask_on_need: bool = False
+    # A sliding window's launch masks the diagonal's run (and the key tail's) by the window's lower
+    # bound beside the upper one (softmax.mask_scores_by_bounds: two compares and a select per
+    # score). Those tiles lie at or past left_unmasked, where no row's window cuts a key: with this
+    # on they are masked by the upper bound alone (mask_scores_by_bound, the causal launch's), the
+    # lower bound kept for the tiles the window cuts. Census (sm_90a, d64 causal 192-row windowed
+    # build): see docs/hopper.md, *A sliding window*. Without a window it changes nothing
+    window_diagonal_one_bound: bool = False
     # Each work item is decoded into (batch, head, m-block) by dividing by sizes fixed per launch;
     # a 32-bit division by a run-time value compiles to a reciprocal and its corrections (I2F.RP,
     # MUFU.RCP, F2I, IMAD.HI, fix-ups: 15-20 instructions each, in every tile's head). With these the

@@ -429,6 +429,8 @@ class _Schedule:
     MEET_BEFORE_PASS: gl.constexpr  # such a consumer's warps meet between a turn's wait and its pass
     OVERLAP_EPILOGUE: gl.constexpr  # a tile's epilogue runs under the next tile's first QK
     FIRST_MASK_ON_NEED: gl.constexpr  # an item's first K/V tile is masked only if it is masked in the loop
+    WINDOW_FIRST_MASK_ON_NEED: gl.constexpr  # HAS_WINDOW: the first tile masked only where the window or the diagonal cuts it
+    WINDOW_DIAGONAL_ONE_BOUND: gl.constexpr  # HAS_WINDOW: the diagonal's run masked by the upper bound alone
     FAST_DIVIDE_PRODUCER: gl.constexpr  # the producer decodes work items by multiply-high (schedule.fast_divisor)
     FAST_DIVIDE_CONSUMERS: gl.constexpr  # so do the consumers
     THREAD_RELEASE: gl.constexpr  # every consumer thread arrives on a K/V slot's empty barrier (no bar.sync)
@@ -1007,14 +1009,18 @@ def _wait_pv(acc, l_i, p_op, c):
 
 
 @gluon.jit
-def _mask_part(s, rows, key0, sz, c):
+def _mask_part(s, rows, key0, sz, c, LOWER: gl.constexpr = True):
     """The keys of one part of a K/V tile (its first key ``key0``, absolute) that its rows may not
     see → ``-inf``: ``mask_scores``, or with ``ROW_BOUND_MASK`` one bound per row
     (``mask_scores_by_bound``); a window's launch always by bounds, its lower bound beside the upper
-    (``mask_scores_by_bounds``)."""
+    (``mask_scores_by_bounds``) unless ``LOWER`` is off: a tile no row's window cuts (from the
+    item's ``left_unmasked`` on), masked by the upper bound alone."""
     rows = gl.convert_layout(rows, gl.SliceLayout(1, s.type.layout))
     offs = gl.arange(0, s.type.shape[1], layout=gl.SliceLayout(0, s.type.layout))
-    if c.HAS_WINDOW:
+    if c.HAS_WINDOW and not LOWER:
+        out = mask_scores_by_bound(s, offs, last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL,
+                                                             _diag_shift(sz, c)))
+    elif c.HAS_WINDOW:
         out = mask_scores_by_bounds(s, offs, first_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, sz.window_left),
                                     last_visible_key(rows, key0, sz.seqlen_q, sz.seqlen_k, c.IS_CAUSAL,
                                                      _diag_shift(sz, c)))
@@ -1029,9 +1035,14 @@ def _mask_part(s, rows, key0, sz, c):
 def _masked_steps(kv_lo, kv_hi, n_unmasked, left_unmasked, c):
     """An item's K/V steps that run masked (the tile trace's count): the diagonal's and the key
     tail's run, and with ``HAS_WINDOW`` the tiles the window cuts and the peeled first one, which a
-    windowed launch masks always (``_attend_overlapped``'s unmasked run starts after both)."""
+    windowed launch masks always (``_attend_overlapped``'s unmasked run starts after both) unless
+    ``WINDOW_FIRST_MASK_ON_NEED``, where it is masked as the loops mask."""
     if c.HAS_WINDOW:
-        unmasked = gl.maximum(gl.minimum(n_unmasked, kv_hi) - gl.maximum(left_unmasked, kv_lo + 1), 0)
+        if c.WINDOW_FIRST_MASK_ON_NEED:
+            first_unmasked = gl.maximum(left_unmasked, kv_lo)
+        else:
+            first_unmasked = gl.maximum(left_unmasked, kv_lo + 1)
+        unmasked = gl.maximum(gl.minimum(n_unmasked, kv_hi) - first_unmasked, 0)
         out = kv_hi - kv_lo - unmasked
     else:
         out = kv_hi - gl.maximum(kv_lo, gl.minimum(n_unmasked, kv_hi))
@@ -1066,12 +1077,12 @@ def _window_range(row0, kv_lo, kv_hi, sz, c):
 
 
 @gluon.jit
-def _mask_tile(s, rows, kv_tile, sz, c):
+def _mask_tile(s, rows, kv_tile, sz, c, LOWER: gl.constexpr = True):
     """:func:`_mask_part` on every part of K/V tile ``kv_tile`` (absolute index)."""
     key0 = kv_tile * c.KV_TILE
-    s0 = _mask_part(s[0], rows, key0, sz, c)
+    s0 = _mask_part(s[0], rows, key0, sz, c, LOWER)
     if len(s) == 2:
-        out = (s0, _mask_part(s[1], rows, key0 + c.BLOCK_N, sz, c))
+        out = (s0, _mask_part(s[1], rows, key0 + c.BLOCK_N, sz, c, LOWER))
     else:
         out = (s0,)
     return out
@@ -1319,12 +1330,14 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESC
 
 @gluon.jit
 def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, v_idx, v_phase,
-                     turn, qk_scale_log2, trace, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False):
+                     turn, qk_scale_log2, trace, WG: gl.constexpr, MASK: gl.constexpr, c, masked=False,
+                     LOWER: gl.constexpr = True):
     """QK(j) and PV(j-1) in flight together; softmax(j) runs while PV(j-1) is still pending.
 
     ``j`` counts the work item's K/V tiles from its first, ``kv_lo`` (ring item ``count + j``);
     only the mask needs the absolute tile ``kv_lo + j``. ``MASK`` builds the masked step;
     ``masked`` (with ``SINGLE_KV_LOOP``, warpgroup-uniform) masks the tile behind a branch instead.
+    ``LOWER`` off (a window's tiles no row's window cuts): masked by the upper bound alone.
 
     ``alpha``/``rescale`` come from softmax(j-1): with ``LATE_RESCALE`` O is rescaled here, after
     QK(j) is issued and before PV(j-1) is, so the multiplies run in the shadow of QK(j) (FA3's
@@ -1388,7 +1401,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             seen = False
         t, scale, m_new = _masked_row_max_by_halves(s, rows, kv_lo + j, unseen, seen, m_i, qk_scale_log2, sz, c)
     elif MASK:
-        s = _mask_tile(s, rows, kv_lo + j, sz, c)
+        s = _mask_tile(s, rows, kv_lo + j, sz, c, LOWER)
     elif c.SINGLE_KV_LOOP:
         if masked:
             s = _mask_tile(s, rows, kv_lo + j, sz, c)
@@ -1519,6 +1532,15 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
             if c.IS_CAUSAL:
                 if first_kv >= n_unmasked:
                     s = _mask_tile(s, rows, first_kv, sz, c)
+        elif c.HAS_WINDOW and c.WINDOW_FIRST_MASK_ON_NEED:
+            # masked as the loops mask (FIRST_MASK_ON_NEED is off with a window: its rule knows the
+            # diagonal alone): a tile the window cuts by both bounds, the diagonal's or the key
+            # tail's by the upper one; an uncut item's first tile (key 0) not at all. A staggered
+            # start lies between the two and is never masked
+            if first_kv < left_unmasked:
+                s = _mask_tile(s, rows, first_kv, sz, c)
+            elif first_kv >= n_unmasked:
+                s = _mask_tile(s, rows, first_kv, sz, c, not c.WINDOW_DIAGONAL_ONE_BOUND)
         else:
             # the first tile is masked unconditionally: one tile, and it may be the only one
             s = _mask_tile(s, rows, first_kv, sz, c)
@@ -1565,11 +1587,14 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
                 masked_from = gl.maximum(n_unmasked - kv_lo, unmasked_from)
             else:
                 masked_from = gl.maximum(n_unmasked - kv_lo, 1)
+            # the diagonal's and the key tail's run: at or past left_unmasked (masked_from), no row's
+            # window cuts these tiles, so WINDOW_DIAGONAL_ONE_BOUND masks them by the upper bound alone
             for j in range(masked_from, n_tiles):
                 acc, p_op, m_i, l_i, alpha, rescale, turn, ring_idx, ring_phase = _overlapped_step(
                     q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_row, j, kv_lo, count, ring_idx,
                     ring_phase, turn,
-                    qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, True, c)
+                    qk_scale_log2, step_record(epi[2].coords_ptr, tile_iter, j, WG, c), WG, True, c,
+                    LOWER=not c.WINDOW_DIAGONAL_ONE_BOUND)
         if c.CARRY_RING_SLOT:
             idx = ring_idx
             phase = ring_phase
@@ -1590,9 +1615,9 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
 
 @gluon.jit
 def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2,
-                 WG: gl.constexpr, MASK: gl.constexpr, c):
-    """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step (``j``, ``kv_lo``, ``count``
-    as in :func:`_overlapped_step`)."""
+                 WG: gl.constexpr, MASK: gl.constexpr, c, LOWER: gl.constexpr = True):
+    """QK(j) → softmax(j) → PV(j), each GEMM waited before the next step (``j``, ``kv_lo``, ``count``,
+    ``LOWER`` as in :func:`_overlapped_step`)."""
     o_layout: gl.constexpr = _acc_layout(c.HEAD_DIM_V)
     idx, phase = ring_slot(count + j, c.NUM_KV_STAGES)
     ready_wait(sh.k_ready_bars, idx, phase, c.K_READY_AT, c.HOIST_SMEM_BASE)
@@ -1602,7 +1627,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     s = _capped_scores(_wait_scores(s, 0), sz, c)
     release(sh.k_empty_bars, idx, c.THREAD_RELEASE, c.K_EMPTY_AT, c.HOIST_SMEM_BASE, c.PEER_RELEASE)
     if MASK:
-        s = _mask_tile(s, rows, kv_lo + j, sz, c)
+        s = _mask_tile(s, rows, kv_lo + j, sz, c, LOWER)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
                                         not c.ROW_SUM_BY_MMA)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
@@ -1638,7 +1663,8 @@ def _attend_serial(q, sh, sz, acc, m_i, l_i, rows, kv_lo, kv_hi, n_unmasked, lef
         masked_from = gl.maximum(n_unmasked - kv_lo, 0)
     for j in range(masked_from, n_tiles):
         acc, m_i, l_i, turn = _serial_step(
-            q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, True, c)
+            q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale_log2, WG, True, c,
+            LOWER=not c.WINDOW_DIAGONAL_ONE_BOUND)
     return acc, m_i, l_i, turn
 
 
@@ -2005,6 +2031,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      LAG_V_LOADS: gl.constexpr, LATE_K_RELEASE: gl.constexpr, ROW_BOUND_MASK: gl.constexpr,
                      SKIP_EMPTY_ROWS: gl.constexpr, MEET_BEFORE_PASS: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
                      FIRST_MASK_ON_NEED: gl.constexpr,
+                     WINDOW_FIRST_MASK_ON_NEED: gl.constexpr, WINDOW_DIAGONAL_ONE_BOUND: gl.constexpr,
                      FAST_DIVIDE_PRODUCER: gl.constexpr, FAST_DIVIDE_CONSUMERS: gl.constexpr,
                      THREAD_RELEASE: gl.constexpr, SKIP_UNSEEN_HALF: gl.constexpr,
                      MASK_SECOND_HALF: gl.constexpr, SINGLE_KV_LOOP: gl.constexpr, RESCALE_BY_WARP: gl.constexpr,
@@ -2145,6 +2172,8 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   LAG_V_LOADS=LAG_V_LOADS, LATE_K_RELEASE=LATE_K_RELEASE, ROW_BOUND_MASK=ROW_BOUND_MASK,
                   SKIP_EMPTY_ROWS=SKIP_EMPTY_ROWS, MEET_BEFORE_PASS=MEET_BEFORE_PASS, OVERLAP_EPILOGUE=OVERLAP_EPILOGUE,
                   FIRST_MASK_ON_NEED=FIRST_MASK_ON_NEED, FAST_DIVIDE_PRODUCER=FAST_DIVIDE_PRODUCER,
+                  WINDOW_FIRST_MASK_ON_NEED=WINDOW_FIRST_MASK_ON_NEED,
+                  WINDOW_DIAGONAL_ONE_BOUND=WINDOW_DIAGONAL_ONE_BOUND,
                   FAST_DIVIDE_CONSUMERS=FAST_DIVIDE_CONSUMERS, THREAD_RELEASE=THREAD_RELEASE,
                   SKIP_UNSEEN_HALF=SKIP_UNSEEN_HALF, MASK_SECOND_HALF=MASK_SECOND_HALF,
                   SINGLE_KV_LOOP=SINGLE_KV_LOOP, RESCALE_BY_WARP=RESCALE_BY_WARP,
@@ -2253,6 +2282,8 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         SKIP_EMPTY_ROWS=cfg.skip_empty_rows, MEET_BEFORE_PASS=cfg.meet_before_pass,
         OVERLAP_EPILOGUE=cfg.overlap_epilogue,
         FIRST_MASK_ON_NEED=_first_mask_on_need(cfg, causal, key_tail=True),
+        WINDOW_FIRST_MASK_ON_NEED=cfg.window_first_mask_on_need,
+        WINDOW_DIAGONAL_ONE_BOUND=cfg.window_diagonal_one_bound,
         FAST_DIVIDE_PRODUCER=cfg.fast_divide_producer, FAST_DIVIDE_CONSUMERS=cfg.fast_divide_consumers,
         THREAD_RELEASE=cfg.thread_release, SKIP_UNSEEN_HALF=cfg.skip_unseen_half,
         MASK_SECOND_HALF=cfg.mask_second_half, SINGLE_KV_LOOP=cfg.single_kv_loop, RESCALE_BY_WARP=cfg.rescale_by_warp,

@@ -3652,14 +3652,15 @@ WINDOW_MASK_SWITCHES = {"first-on-need": dict(window_first_mask_on_need=True),
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (4000, 0), (300, -1), (300, 45)], ids=str)
 @pytest.mark.parametrize("head_dim, switches", [(d, name) for d in HEAD_DIMS for name in WINDOW_MASK_SWITCHES
                                                 if name == "both" or d == 64])
 def test_gate_window_masks_where_cut(head_dim, switches, window, shape):
     # the tiles a window cuts (the first one included) masked by both bounds, the diagonal's and the
     # key tail's by the upper one, an uncut item's first tile not at all: a window inside a tile
     # (the diagonal's tiles cut too: masked by both), across tiles, one of many tiles (items that
-    # reach key 0 beside cut ones), non-causal with a key tail, and a band (the diagonal moved)
+    # reach key 0 beside cut ones), one past d64's narrow windows (its 192-row tile:
+    # config.NARROW_WINDOW_MAX_LEFT), non-causal with a key tail, and a band (the diagonal moved)
     # (each switch alone on d64's 192-row windowed build; both on every head dim)
     causal = window[1] == 0
     _gate(forward_fn=_windowed_forward_with(**WINDOW_MASK_SWITCHES[switches]), head_dim=head_dim,

@@ -1711,6 +1711,11 @@ WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second
 # default the unwindowed stagger reaches with the 192-row tile — 0.9949 / 0.9968, REVERT
 # (h100-compare-stagger-window-4096-d64-1bcd744); a window's items already start apart.
 WINDOW_STAGGER_KV = False
+# A window's lower bound only on the tiles it cuts (window_first_mask_on_need and
+# window_diagonal_one_bound together; fwd._mask_part's LOWER): census, the d64 causal 192-row
+# windowed build's local memory gone and its diagonal step the causal build's. Off until priced
+# (docs/hopper.md, *A sliding window*)
+WINDOW_MASKS_WHERE_CUT = False
 
 
 # A narrow window on the causal schedule (a left side up to this many keys) at d64 runs the
@@ -1763,9 +1768,14 @@ def window_clashes(cfg: HopperFwdConfig) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     """``cfg`` with ``WINDOW_CLASHES`` off, and the staggered sweep unless :data:`WINDOW_STAGGER_KV`,
-    what follows from them re-derived (:func:`replace_following`); ``cfg`` itself when none is on."""
+    the window's masks where it cuts with :data:`WINDOW_MASKS_WHERE_CUT`, what follows from them
+    re-derived (:func:`replace_following`); ``cfg`` itself when nothing changes."""
     off = window_clashes(cfg) + (["stagger_kv"] if cfg.stagger_kv and not WINDOW_STAGGER_KV else [])
-    return replace_following(cfg, head_dim, **{name: False for name in off}) if off else cfg
+    changes = {name: False for name in off}
+    if WINDOW_MASKS_WHERE_CUT:
+        changes.update({name: True for name in ("window_first_mask_on_need", "window_diagonal_one_bound")
+                        if not getattr(cfg, name)})
+    return replace_following(cfg, head_dim, **changes) if changes else cfg
 
 
 # What a launch of packed sequences runs without: the split tail (its tail tiles are counted and

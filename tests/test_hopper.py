@@ -3092,9 +3092,10 @@ def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, pla
     assert len(_mask_loops(cut, True)) == consumers
     assert len(_mask_loops(windowed, True)) == 3 * consumers
     assert cut["row"]["smem_bytes"] == windowed["row"]["smem_bytes"]
-    # the unmasked step is untouched
+    # the unmasked step no longer (d64 causal's third consumer 446 -> 420, its local memory gone)
     unmasked = lambda entry: sorted(loop["length"] for loop in entry["kv_loops"] if loop["fsel"] <= 8)  # noqa: E731
-    assert unmasked(cut) == unmasked(windowed)
+    assert len(unmasked(cut)) == len(unmasked(windowed))
+    assert all(a <= b for a, b in zip(unmasked(cut), unmasked(windowed)))
     one_bound = _mask_loops(cut, False)
     steps = [loop for loop in one_bound if loop["fsel"] == min(x["fsel"] for x in one_bound)]
     assert len(steps) == consumers
@@ -3102,6 +3103,8 @@ def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, pla
         plain_steps = _mask_loops(census[plain], False)
         plain_steps = [loop for loop in plain_steps if loop["fsel"] == min(x["fsel"] for x in plain_steps)]
         for a, b in zip(sorted(x["length"] for x in steps), sorted(x["length"] for x in plain_steps)):
+            assert abs(a - b) <= 8, (a, b)
+        for a, b in zip(unmasked(cut), unmasked(census[plain])):
             assert abs(a - b) <= 8, (a, b)
     two_bound_steps = [loop["length"] for loop in _mask_loops(windowed, True) if loop["length"] < 800]
     assert max(loop["length"] for loop in steps) < 0.85 * min(two_bound_steps)

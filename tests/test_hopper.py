@@ -3607,13 +3607,14 @@ def test_gate_softcap(softcap, head_dim, causal, shape):
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("left", [0, 17, 300])
+@pytest.mark.parametrize("left", [0, 17, 300, 4000])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_window(head_dim, causal, left, shape):
     # the gate automatic dispatch waits for (fwd.WINDOW_AUTO): a sliding window's left side on every
     # windowed default these lengths select — a window of one key (0), one inside a K/V tile (17),
-    # one across tiles (300); Sq != Sk both ways, GQA, row and key tails
+    # one across tiles (300), one past d64's narrow causal windows (4000: its 192-row tile,
+    # config.NARROW_WINDOW_MAX_LEFT); Sq != Sk both ways, GQA, row and key tails
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
 
 
@@ -3631,7 +3632,7 @@ def _windowed_forward_with(**changes):
 @on_hopper
 @pytest.mark.parametrize("from_zero", [False, True], ids=["every-item", "from-zero"])
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (4000, 0), (300, -1), (300, 45)], ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_window_staggered(head_dim, window, shape, from_zero):
     # the staggered sweep under a window (config.WINDOW_STAGGER_KV's candidate): only the run between

@@ -537,7 +537,7 @@ CENSUS_CONFIGS += [("d64-causal-window-stagger-from-zero", 64, True,
                     {"_window": True, "stagger_kv": True, "stagger_subtract": True, "stagger_from_zero": True})]
 # the window's lower bound only where it cuts (window_first_mask_on_need, window_diagonal_one_bound)
 # on d64's and d128's causal windowed builds and d64's non-causal one (a key tail's masked run)
-WINDOW_MASKS_WHERE_CUT = {"window_first_mask_on_need": True, "window_diagonal_one_bound": True}
+WINDOW_MASKS_WHERE_CUT = dict.fromkeys(config.WINDOW_MASK_FIELDS, True)
 CENSUS_CONFIGS += [(f"{label}-masks-where-cut", d, causal, {"_window": True, **WINDOW_MASKS_WHERE_CUT})
                    for label, d, causal in (("d64-causal-window", 64, True), ("d128-causal-window", 128, True),
                                             ("d64-full-window", 64, False))]
@@ -3077,6 +3077,13 @@ def _mask_loops(entry, two_bounds):
             if (loop["fsel"] >= 128) == two_bounds and loop["fsel"] > 8 and loop["mufu"] >= 32]
 
 
+def _one_bound_steps(entry):
+    """The one-bound masked K/V steps of a build: its one-bound masked loops with the fewest selects
+    (a tile's mask alone; the item loop around the peeled first step selects more)."""
+    loops = _mask_loops(entry, False)
+    return [loop for loop in loops if loop["fsel"] == min(x["fsel"] for x in loops)]
+
+
 @pytest.mark.parametrize("label, plain, consumers", [("d64-causal-window", "d64-causal", 3),
                                                      ("d128-causal-window", "d128-causal", 2),
                                                      ("d64-full-window", None, 3)])
@@ -3096,12 +3103,10 @@ def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, pla
     unmasked = lambda entry: sorted(loop["length"] for loop in entry["kv_loops"] if loop["fsel"] <= 8)  # noqa: E731
     assert len(unmasked(cut)) == len(unmasked(windowed))
     assert all(a <= b for a, b in zip(unmasked(cut), unmasked(windowed)))
-    one_bound = _mask_loops(cut, False)
-    steps = [loop for loop in one_bound if loop["fsel"] == min(x["fsel"] for x in one_bound)]
+    steps = _one_bound_steps(cut)
     assert len(steps) == consumers
     if plain is not None:
-        plain_steps = _mask_loops(census[plain], False)
-        plain_steps = [loop for loop in plain_steps if loop["fsel"] == min(x["fsel"] for x in plain_steps)]
+        plain_steps = _one_bound_steps(census[plain])
         for a, b in zip(sorted(x["length"] for x in steps), sorted(x["length"] for x in plain_steps)):
             assert abs(a - b) <= 8, (a, b)
         for a, b in zip(unmasked(cut), unmasked(census[plain])):
@@ -3618,6 +3623,12 @@ def test_gate_window(head_dim, causal, left, shape):
     _gate(head_dim=head_dim, dtype=torch.bfloat16, causal=causal, window_size=(left, 0 if causal else -1), **shape)
 
 
+# the windows the switch gates run: one inside a K/V tile, one across tiles, one of many tiles (items
+# that reach key 0 beside cut ones), one past d64's narrow causal windows (4000: its 192-row tile,
+# config.NARROW_WINDOW_MAX_LEFT), non-causal with a key tail, and a band (the diagonal moved)
+GATE_WINDOWS = [(17, 0), (300, 0), (1000, 0), (4000, 0), (300, -1), (300, 45)]
+
+
 def _windowed_forward_with(**changes):
     """``fwd.forward`` on each windowed problem's default configuration with ``changes`` (what
     follows from them re-derived)."""
@@ -3632,7 +3643,7 @@ def _windowed_forward_with(**changes):
 @on_hopper
 @pytest.mark.parametrize("from_zero", [False, True], ids=["every-item", "from-zero"])
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (4000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("window", GATE_WINDOWS, ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_window_staggered(head_dim, window, shape, from_zero):
     # the staggered sweep under a window (config.WINDOW_STAGGER_KV's candidate): only the run between
@@ -3650,22 +3661,20 @@ def test_gate_window_staggered(head_dim, window, shape, from_zero):
 # (window_diagonal_one_bound); each alone and both
 WINDOW_MASK_SWITCHES = {"first-on-need": dict(window_first_mask_on_need=True),
                         "diagonal-one-bound": dict(window_diagonal_one_bound=True),
-                        "both": dict(window_first_mask_on_need=True, window_diagonal_one_bound=True)}
+                        "both": WINDOW_MASKS_WHERE_CUT}
 
 
 @pytest.mark.gpu
 @on_hopper
 @pytest.mark.parametrize("shape", PADDED_HEAD_DIM_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("window", [(17, 0), (300, 0), (1000, 0), (4000, 0), (300, -1), (300, 45)], ids=str)
+@pytest.mark.parametrize("window", GATE_WINDOWS, ids=str)
 @pytest.mark.parametrize("head_dim, switches", [(d, name) for d in HEAD_DIMS for name in WINDOW_MASK_SWITCHES
                                                 if name == "both" or d == 64])
 def test_gate_window_masks_where_cut(head_dim, switches, window, shape):
     # the tiles a window cuts (the first one included) masked by both bounds, the diagonal's and the
-    # key tail's by the upper one, an uncut item's first tile not at all: a window inside a tile
-    # (the diagonal's tiles cut too: masked by both), across tiles, one of many tiles (items that
-    # reach key 0 beside cut ones), one past d64's narrow windows (its 192-row tile:
-    # config.NARROW_WINDOW_MAX_LEFT), non-causal with a key tail, and a band (the diagonal moved)
-    # (each switch alone on d64's 192-row windowed build; both on every head dim)
+    # key tail's by the upper one, an uncut item's first tile not at all, over GATE_WINDOWS (at 17
+    # keys the diagonal's tiles are cut too: masked by both); each switch alone at d64 (its 128- and
+    # 192-row windowed tiles), both on every head dim
     causal = window[1] == 0
     _gate(forward_fn=_windowed_forward_with(**WINDOW_MASK_SWITCHES[switches]), head_dim=head_dim,
           dtype=torch.bfloat16, causal=causal, window_size=window, **shape)

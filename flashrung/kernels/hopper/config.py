@@ -1716,6 +1716,7 @@ WINDOW_STAGGER_KV = False
 # windowed build's local memory gone and its diagonal step the causal build's. Off until priced
 # (docs/hopper.md, *A sliding window*)
 WINDOW_MASKS_WHERE_CUT = False
+WINDOW_MASK_FIELDS = ("window_first_mask_on_need", "window_diagonal_one_bound")
 
 
 # A narrow window on the causal schedule (a left side up to this many keys) at d64 runs the
@@ -1773,8 +1774,7 @@ def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     off = window_clashes(cfg) + (["stagger_kv"] if cfg.stagger_kv and not WINDOW_STAGGER_KV else [])
     changes = {name: False for name in off}
     if WINDOW_MASKS_WHERE_CUT:
-        changes.update({name: True for name in ("window_first_mask_on_need", "window_diagonal_one_bound")
-                        if not getattr(cfg, name)})
+        changes.update(dict.fromkeys(WINDOW_MASK_FIELDS, True))
     return replace_following(cfg, head_dim, **changes) if changes else cfg
 
 

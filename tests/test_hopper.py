@@ -475,6 +475,8 @@ CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
 # O's rescale in its own block ahead of the exponentials, in FA4's order on d64's three consumers
 CENSUS_CONFIGS.append(("d64-full-rescale-first", 64, False, {"rescale_before_exp": True}))
+# the row max frozen after an item's first tile (a measurement: no max, no rescale in the steady step)
+CENSUS_CONFIGS.append(("d64-full-freeze-row-max", 64, False, {"freeze_row_max": True}))
 # P for PV from shared memory, in FA3's order, on d64's three consumers (192-row tile, non-causal)
 CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wait_pv_early": False}))
 # FA3's order with P in registers on d64's three consumers, S16k non-causal, as it runs at S8k-S32k
@@ -1806,6 +1808,37 @@ def test_rescale_before_exp_moves_os_rescale_off_the_trips_end(census):
     for a, b in steady:
         assert b["fmul_after_last_mufu"] >= 32, b
         assert a["fmul_after_last_mufu"] <= 2 and a["mufu"] == b["mufu"] and a["ldl"] == 0, (a, b)
+
+
+def test_a_frozen_row_max_leaves_the_steady_step_the_exponentials_alone(census):
+    # freeze_row_max (a measurement of what the row max and O's rescale cost the steady step): the
+    # three consumers' unmasked loops keep their 12 wgmma and their exponentials but form no row
+    # max (no FMNMX), no alpha (64 MUFU.EX2, not 66) and no O rescale (no FMUL); d64 non-causal
+    # 427-428 -> 311-312 instructions (census, sm_90a; 433-437 -> 317-322 at S16k). Masked loops and
+    # the rest unchanged
+    frozen, base = census["d64-full-freeze-row-max"], census["d64-full"]
+    assert "error" not in frozen["row"] and frozen["row"]["spill_bytes"] == 0
+    assert frozen["row"]["config"]["freeze_row_max"] and not base["row"]["config"]["freeze_row_max"]
+    assert len(frozen["kv_loops"]) == len(base["kv_loops"])
+    steady = [(a, b) for a, b in zip(frozen["kv_loops"], base["kv_loops"]) if b["fsel"] <= 4 and b["mufu"] >= 32]
+    assert len(steady) == 3, steady
+    for a, b in steady:
+        assert b["fmnmx"] >= 64 and b["mufu"] == 66 and b["fmul"] >= 32, b
+        assert a["fmnmx"] == 0 and a["mufu"] == 64 and a["fmul"] == 0 and a["ldl"] == 0, a
+        assert a["hgmma"] == b["hgmma"] and a["length"] < 0.8 * b["length"], (a, b)
+    others = [(a["length"], b["length"]) for a, b in zip(frozen["kv_loops"], base["kv_loops"]) if b["fsel"] > 4]
+    assert all(abs(x - y) <= 8 for x, y in others), others
+
+
+def test_a_frozen_row_max_needs_fa4s_order():
+    cfg = dataclasses.replace(fwd.default_config(64, False, 16384), freeze_row_max=True)
+    cfg.check(64)
+    for bad in (dict(wait_pv_early=False), dict(late_rescale=True), dict(rescale_before_exp=True),
+                dict(early_exp_quarters=1), dict(single_kv_loop=True)):
+        with pytest.raises(ValueError, match="freeze_row_max"):
+            dataclasses.replace(cfg, **bad).check(64)
+    # a sliding window takes it off, visibly (config.WINDOW_CLASHES), as it does the K/V pairs
+    assert "freeze_row_max" in config.WINDOW_CLASHES
 
 
 def test_early_exps_need_fa4s_order():
@@ -4742,6 +4775,34 @@ def test_gate_exp2_split16(head_dim, shape, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_exp2_split16_is_deterministic(causal):
     _assert_forced_reruns_identical(64, causal, 4097, exp2_fma_every=16)
+
+
+# the row max frozen after an item's first tile (freeze_row_max, a measurement) in FA4's order at
+# d64 and d128, both masks, the stagger shapes (partial tiles, key tails, GQA, Sq != Sk), d64's
+# split tail and d128 under the per-warp thresholded rescale: exact on the gate's inputs, whose
+# later scores never leave fp32's range above the first tile's max
+FREEZE_ROW_MAX = dict(freeze_row_max=True, wait_pv_early=True, pingpong=True, late_rescale=False,
+                      single_kv_loop=False)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gate_freeze_row_max(head_dim, shape, causal):
+    _gate_forced(head_dim, shape, causal, **FREEZE_ROW_MAX)
+    if not causal and head_dim == 64:
+        _gate_forced(64, shape, False, **FREEZE_ROW_MAX, **SPLIT_GRID)
+    if head_dim == 128:
+        _gate_forced(128, shape, causal, rescale_threshold=8.0, rescale_by_warp=True, **FREEZE_ROW_MAX)
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_freeze_row_max_is_deterministic(causal):
+    _assert_forced_reruns_identical(64, causal, 4097, freeze_row_max=True)
 
 
 # O's rescale in its own block right after PV(j-1)'s wait, ahead of the exponentials

@@ -531,6 +531,15 @@ class HopperFwdConfig:
     # 1.1% of a 10.6% loss; the K/V pairs step aside for two boxes), causal 0.927 / 0.926; d64 H32
     # B2 S16384 non-causal 0.866 / 0.868, B4 S8192 causal 0.808 / 0.805. REVERT. Off
     staged_scores: bool = False
+    # a measurement, not a default: the unmasked K/V steps of an item keep the row max its first tile
+    # set (no row max, no alpha, no O rescale in them; masked steps keep the online rule). Exact
+    # while no later score exceeds that max by more than the fp32 range (2^127 on P): true of the
+    # gate's inputs, not of every input, so it never becomes a default without a guard (a bound on
+    # each row's scores from the norms of Q and K); it prices what the steady step's row max and
+    # rescale cost. Needs FA4's overlapped order (wait_pv_early) without the levers that move the
+    # rescale or the max (late_rescale, rescale_before_exp, early_exp_quarters, exp_turns,
+    # row_sum_by_mma, staged_scores, single_kv_loop) and no sliding window
+    freeze_row_max: bool = False
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
@@ -809,6 +818,19 @@ class HopperFwdConfig:
                              "FA4's overlapped order: it needs extra_keys > 0, overlap=True and wait_pv_early=True, "
                              f"got extra_keys={self.extra_keys}, overlap={self.overlap}, "
                              f"wait_pv_early={self.wait_pv_early}")
+        if self.freeze_row_max and not (self.overlap and self.wait_pv_early and not self.late_rescale
+                                        and not self.rescale_before_exp and not self.early_exp_quarters
+                                        and not self.exp_turns and not self.row_sum_by_mma
+                                        and not self.staged_scores and not self.single_kv_loop):
+            raise ValueError("freeze_row_max keeps an item's first row max through its unmasked steps in FA4's "
+                             "overlapped order: it needs overlap=True and wait_pv_early=True, and none of "
+                             "late_rescale, rescale_before_exp, early_exp_quarters, exp_turns, row_sum_by_mma, "
+                             f"staged_scores, single_kv_loop; got overlap={self.overlap}, "
+                             f"wait_pv_early={self.wait_pv_early}, late_rescale={self.late_rescale}, "
+                             f"rescale_before_exp={self.rescale_before_exp}, "
+                             f"early_exp_quarters={self.early_exp_quarters}, exp_turns={self.exp_turns}, "
+                             f"row_sum_by_mma={self.row_sum_by_mma}, staged_scores={self.staged_scores}, "
+                             f"single_kv_loop={self.single_kv_loop}")
         if self.p_in_smem and (self.extra_keys or self.row_sum_by_mma):
             raise ValueError("p_in_smem stages one box of P for PV in shared memory: it needs extra_keys=0 and "
                              "row_sum_by_mma=False (whose wgmma reads P's registers), got "
@@ -1704,7 +1726,9 @@ def _split(cfg: HopperFwdConfig, head_dim: int, block_n: int) -> HopperFwdConfig
 # or ends at the causal diagonal (the split tail splits whole ranges; a pair shares one range between
 # two q-tiles; the halves and the single loop mask by the diagonal alone). Off, the default's other
 # switches stay.
-WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second_half", "single_kv_loop")
+WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second_half", "single_kv_loop",
+                  # a window's first tile may show a row no key (its max -inf) where later ones do
+                  "freeze_row_max")
 # The staggered sweep under a window: it rotates only the run between the tiles the window cuts and
 # the diagonal's (fwd._rotation_base), so it runs with one (gated on an H100: test_gate_window_staggered,
 # 105 gates). Off: paired on an H100 at d64 causal B4 H16 S8192, window (4096, 0) — the one windowed

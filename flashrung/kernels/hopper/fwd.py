@@ -224,6 +224,7 @@ from flashrung.kernels.hopper.softmax import (
     softmax_exp,
     softmax_exp_ahead,
     softmax_exp_behind,
+    softmax_exp_frozen,
     softmax_reduce_form,
     softcap_factors,
     softmax_row_max,
@@ -444,6 +445,7 @@ class _Schedule:
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
+    FREEZE_ROW_MAX: gl.constexpr  # unmasked steps keep the item's first row max: no max, no O rescale (a measurement)
     STAGED_SCORES: gl.constexpr  # the first box's row max between the waits of QK's two boxes
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
@@ -1411,11 +1413,19 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     # SASS interleaves them with its exponentials (ncu, B1 H32 S32768)
     RESCALE_FIRST: gl.constexpr = (c.RESCALE_BEFORE_EXP and c.WAIT_PV_EARLY and not HALVES
                                    and c.EARLY_EXP_QUARTERS == 0)
+    # FREEZE_ROW_MAX (a measurement): an unmasked step keeps the reference the item's earlier steps
+    # set, so it forms no row max and O needs no rescale; alpha and rescale pass through untouched
+    FROZEN: gl.constexpr = (c.FREEZE_ROW_MAX and c.WAIT_PV_EARLY and c.SCALE_POSITIVE and not MASK
+                            and not HALVES and not STAGED)
     if c.WAIT_PV_EARLY:
         # FA4's order: only the row max overlaps PV(j-1); the exponentials follow its wait(0),
         # so P(j) may take P(j-1)'s registers, and under pingpong they overlap the other
         # warpgroup's GEMMs instead
-        if not HALVES:
+        if FROZEN:
+            t = s
+            scale = qk_scale_log2
+            m_new = m_i
+        elif not HALVES:
             if STAGED:
                 t, scale, m_new = staged_row_max(s, m_first, m_i, qk_scale_log2, c.TREE_REDUCE)
             else:
@@ -1456,7 +1466,9 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
                     acc, l_i = _rescale_state(acc, l_i, alpha_first, retained, o_layout, c)
                 else:
                     acc, l_i = _rescale_state(acc, l_i, alpha_first, alpha_first, o_layout, c)
-        if HALVES:
+        if FROZEN:
+            p, l_i = softmax_exp_frozen(t, scale, m_i, l_i, c.EXP2_FMA_EVERY, c.TREE_REDUCE)
+        elif HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
         elif EARLY:
             p_behind, l_i = softmax_exp_behind(behind, scale, m_new, l_i, alpha, partial, c.EXP2_FMA_EVERY)
@@ -1466,10 +1478,11 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
                                         not c.ROW_SUM_BY_MMA)
         l_i = pass_exp_turn(l_i, WG, c.NUM_CONSUMERS, c.EXP_TURNS)
         m_i = m_new
-        if c.RESCALE_THRESHOLD > 0:
-            rescale = retained
-        else:
-            rescale = alpha
+        if not FROZEN:
+            if c.RESCALE_THRESHOLD > 0:
+                rescale = retained
+            else:
+                rescale = alpha
     else:
         if HALVES:
             p, alpha, l_i = _exp_by_halves(t, scale, m_i, m_new, l_i, unseen, c)
@@ -1497,7 +1510,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         # P's conversions ahead of O's rescale: behind rescale_by_warp's branch ptxas keeps them
         # after the join, a block boundary they do not depend on
         p_op = _operands(p, sh, WG, c.PACK_P, c)
-    if not c.LATE_RESCALE and not RESCALE_FIRST:
+    if not c.LATE_RESCALE and not RESCALE_FIRST and not FROZEN:
         acc, l_i = _rescale_state(acc, l_i, alpha, rescale, o_layout, c)
     if not c.CONVERT_BEFORE_RESCALE:
         p_op = _operands(p, sh, WG, c.PACK_P, c)
@@ -2038,7 +2051,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      CONVERT_BEFORE_RESCALE: gl.constexpr, RESCALE_BEFORE_EXP: gl.constexpr,
                      PRODUCER_WAIT_HINT_NS: gl.constexpr,
                      CARRY_RING_SLOT: gl.constexpr,
-                     ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr,
+                     ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr, FREEZE_ROW_MAX: gl.constexpr,
                      STAGED_SCORES: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      TRACE_WARPS: gl.constexpr,
                      TRACE_ITEM: gl.constexpr, TRACE_TILES: gl.constexpr,
@@ -2181,6 +2194,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   PRODUCER_WAIT_HINT_NS=PRODUCER_WAIT_HINT_NS,
                   CARRY_RING_SLOT=CARRY_RING_SLOT,
                   ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM, STAGED_SCORES=STAGED_SCORES,
+                  FREEZE_ROW_MAX=FREEZE_ROW_MAX,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_WARPS=TRACE_WARPS, TRACE_ITEM=TRACE_ITEM, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
@@ -2290,7 +2304,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         CONVERT_BEFORE_RESCALE=cfg.convert_before_rescale, RESCALE_BEFORE_EXP=cfg.rescale_before_exp,
         PRODUCER_WAIT_HINT_NS=cfg.producer_wait_hint_ns,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
-        STAGED_SCORES=cfg.staged_scores,
+        STAGED_SCORES=cfg.staged_scores, FREEZE_ROW_MAX=cfg.freeze_row_max,
         TRACE_STEPS=cfg.trace_steps,
         TRACE_WARPS=cfg.trace_warps, TRACE_ITEM=cfg.trace_item, TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)

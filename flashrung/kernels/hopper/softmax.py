@@ -537,6 +537,23 @@ def _exp_parts_sum(t, c, m_safe, EXP2_FMA_EVERY: gl.constexpr):
 
 
 @gluon.jit
+def softmax_exp_frozen(t, c, m_i, l_i, EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False):
+    """:func:`softmax_exp` against a reference ``m_i`` the step leaves as it is: ``(p, l_new)`` with
+    ``l_new = l_i`` plus the tile's exponentials — no ``alpha``, so nothing to rescale. Exact while
+    ``t·c − m_i`` stays inside fp32's range (the caller's guarantee)."""
+    m_safe = _safe_max(m_i)
+    p0 = _exp_part(t[0], c, m_safe, EXP2_FMA_EVERY)
+    l_new = l_i + _sum_into(l_i, p0, TREE)
+    if len(t) == 2:
+        p1 = _exp_part(t[1], c, m_safe, EXP2_FMA_EVERY)
+        l_new = l_new + _sum_into(l_i, p1, TREE)
+        p = (p0, p1)
+    else:
+        p = (p0,)
+    return p, l_new
+
+
+@gluon.jit
 def softmax_exp_ahead(t, c, m_i, m_new, EXP2_FMA_EVERY: gl.constexpr = 0):
     """:func:`softmax_exp` of the parts of a tile taken first, their row sums left per thread:
     ``(p, alpha, partial)``. A schedule waits for the previous PV between this and

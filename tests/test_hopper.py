@@ -538,11 +538,24 @@ CENSUS_CONFIGS += [("d64-causal-window-stagger", 64, True, {"_window": True, "st
 CENSUS_CONFIGS += [("d64-causal-window-stagger-from-zero", 64, True,
                     {"_window": True, "stagger_kv": True, "stagger_subtract": True, "stagger_from_zero": True})]
 # the window's lower bound only where it cuts (window_first_mask_on_need, window_diagonal_one_bound)
-# on d64's and d128's causal windowed builds and d64's non-causal one (a key tail's masked run)
+# on d64's and d128's causal windowed builds and d64's non-causal one (a key tail's masked run): the
+# other side of each head dim's windowed default (config.WINDOW_MASKS_WHERE_CUT), so each pair is
+# one default build and one forced
 WINDOW_MASKS_WHERE_CUT = dict.fromkeys(config.WINDOW_MASK_FIELDS, True)
-CENSUS_CONFIGS += [(f"{label}-masks-where-cut", d, causal, {"_window": True, **WINDOW_MASKS_WHERE_CUT})
-                   for label, d, causal in (("d64-causal-window", 64, True), ("d128-causal-window", 128, True),
-                                            ("d64-full-window", 64, False))]
+WINDOW_MASK_PAIRS = [("d64-causal-window", 64, True), ("d128-causal-window", 128, True), ("d64-full-window", 64, False)]
+
+
+def _window_mask_labels(label, d):
+    """``(cut, both bounds)``: the census labels of a windowed build with and without the switches."""
+    if d in config.WINDOW_MASKS_WHERE_CUT:
+        return label, f"{label}-both-bounds"
+    return f"{label}-masks-where-cut", label
+
+
+CENSUS_CONFIGS += [(_window_mask_labels(label, d)[1 if d in config.WINDOW_MASKS_WHERE_CUT else 0], d, causal,
+                    {"_window": True, **dict.fromkeys(config.WINDOW_MASK_FIELDS,
+                                                      d not in config.WINDOW_MASKS_WHERE_CUT)})
+                   for label, d, causal in WINDOW_MASK_PAIRS]
 # d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
 CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same
@@ -1828,6 +1841,22 @@ def test_a_frozen_row_max_leaves_the_steady_step_the_exponentials_alone(census):
         assert a["hgmma"] == b["hgmma"] and a["length"] < 0.8 * b["length"], (a, b)
     others = [(a["length"], b["length"]) for a, b in zip(frozen["kv_loops"], base["kv_loops"]) if b["fsel"] > 4]
     assert all(abs(x - y) <= 8 for x, y in others), others
+
+
+@pytest.mark.parametrize("window", [(4096, 0), (1024, 0), (300, 45)])
+def test_d64s_windowed_default_masks_where_the_window_cuts_except_in_a_pack(window):
+    # WINDOW_MASKS_WHERE_CUT (priced at d64: 1.046 at window (4096, 0)) on the 192- and 128-row
+    # windowed tiles and the band; d128 and d256 keep both bounds until priced, and a windowed pack
+    # keeps them (gated unpacked only)
+    q = torch.empty(1, 8192, 16, 64, dtype=torch.bfloat16)
+    cfg = select_config(Problem.of(q, q, q, True, window_size=window))
+    assert all(getattr(cfg, name) for name in config.WINDOW_MASK_FIELDS)
+    packed = config._packed(cfg, 64, True, True)
+    assert not any(getattr(packed, name) for name in config.WINDOW_MASK_FIELDS)
+    for d in (128, 256):
+        wide = torch.empty(1, 8192, 16, d, dtype=torch.bfloat16)
+        other = select_config(Problem.of(wide, wide, wide, True, window_size=window))
+        assert not any(getattr(other, name) for name in config.WINDOW_MASK_FIELDS)
 
 
 def test_a_frozen_row_max_needs_fa4s_order():
@@ -3117,18 +3146,20 @@ def _one_bound_steps(entry):
     return [loop for loop in loops if loop["fsel"] == min(x["fsel"] for x in loops)]
 
 
-@pytest.mark.parametrize("label, plain, consumers", [("d64-causal-window", "d64-causal", 3),
-                                                     ("d128-causal-window", "d128-causal", 2),
-                                                     ("d64-full-window", None, 3)])
-def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, plain, consumers):
+@pytest.mark.parametrize("label, d, plain, consumers", [("d64-causal-window", 64, "d64-causal", 3),
+                                                        ("d128-causal-window", 128, "d128-causal", 2),
+                                                        ("d64-full-window", 64, None, 3)])
+def test_a_window_masks_by_its_lower_bound_only_where_it_cuts(census, label, d, plain, consumers):
     # with both switches a consumer keeps one loop of two-bound masks (the tiles the window cuts),
     # where the windowed build had three (the cut tiles, the diagonal's run, the item loop around
     # the peeled first step); the diagonal's run compiles to the unwindowed causal build's masked
     # step, and the local memory the two-bound loops kept is gone (d64 causal 168 B, 23 LDL; d128
     # causal 48 B; census, sm_90a)
-    cut, windowed = census[f"{label}-masks-where-cut"], census[label]
+    cut_label, both_label = _window_mask_labels(label, d)
+    cut, windowed = census[cut_label], census[both_label]
     _assert_no_local_memory(cut["row"], label)
     assert all(cut["row"]["config"][name] for name in WINDOW_MASKS_WHERE_CUT)
+    assert not any(windowed["row"]["config"][name] for name in WINDOW_MASKS_WHERE_CUT)
     assert len(_mask_loops(cut, True)) == consumers
     assert len(_mask_loops(windowed, True)) == 3 * consumers
     assert cut["row"]["smem_bytes"] == windowed["row"]["smem_bytes"]
@@ -3692,8 +3723,9 @@ def test_gate_window_staggered(head_dim, window, shape, from_zero):
 # a window's lower bound only on the tiles it cuts: the peeled first tile masked only where the
 # loops would mask it (window_first_mask_on_need), the diagonal's run by the upper bound alone
 # (window_diagonal_one_bound); each alone and both
-WINDOW_MASK_SWITCHES = {"first-on-need": dict(window_first_mask_on_need=True),
-                        "diagonal-one-bound": dict(window_diagonal_one_bound=True),
+# (each alone names the other off: d64's windowed default takes both)
+WINDOW_MASK_SWITCHES = {"first-on-need": dict(window_first_mask_on_need=True, window_diagonal_one_bound=False),
+                        "diagonal-one-bound": dict(window_first_mask_on_need=False, window_diagonal_one_bound=True),
                         "both": WINDOW_MASKS_WHERE_CUT}
 
 

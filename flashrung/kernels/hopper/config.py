@@ -1736,10 +1736,13 @@ WINDOW_CLASHES = ("split_tail", "kv_multicast", "skip_unseen_half", "mask_second
 # (h100-compare-stagger-window-4096-d64-1bcd744); a window's items already start apart.
 WINDOW_STAGGER_KV = False
 # A window's lower bound only on the tiles it cuts (window_first_mask_on_need and
-# window_diagonal_one_bound together; fwd._mask_part's LOWER): census, the d64 causal 192-row
-# windowed build's local memory gone and its diagonal step the causal build's. Off until priced
+# window_diagonal_one_bound together; fwd._mask_part's LOWER), by the kernel's head dim: census, the
+# d64 causal 192-row windowed build's local memory gone and its diagonal step the causal build's.
+# Paired on an H100 (bf16, d64 B4 H16 S8192 causal, window (4096, 0), three fresh processes, both
+# arms gated): 1.0457 / 1.0456 / 1.0423, KEEP (h100-compare-window-4096-d64-masks-where-cut-2a340aa).
+# Gated at d64, d128 and d256 with both (126 passed); d128 and d256 not yet priced, so off there
 # (docs/hopper.md, *A sliding window*)
-WINDOW_MASKS_WHERE_CUT = False
+WINDOW_MASKS_WHERE_CUT = frozenset({64})
 WINDOW_MASK_FIELDS = ("window_first_mask_on_need", "window_diagonal_one_bound")
 
 
@@ -1797,7 +1800,7 @@ def _windowed(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
     re-derived (:func:`replace_following`); ``cfg`` itself when nothing changes."""
     off = window_clashes(cfg) + (["stagger_kv"] if cfg.stagger_kv and not WINDOW_STAGGER_KV else [])
     changes = {name: False for name in off}
-    if WINDOW_MASKS_WHERE_CUT:
+    if head_dim in WINDOW_MASKS_WHERE_CUT:
         changes.update(dict.fromkeys(WINDOW_MASK_FIELDS, True))
     return replace_following(cfg, head_dim, **changes) if changes else cfg
 
@@ -1874,7 +1877,12 @@ def _packed(cfg: HopperFwdConfig, head_dim: int, causal: bool, windowed: bool = 
     :data:`PACKED_CAUSAL_POOL_SHARE` walks its own lists and draws a pool of that share of the work
     through it, every other pack draws every tile after its first at run time; a non-causal pack
     without a window takes :data:`PACKED_NONCAUSAL_Q_STAGES` Q buffers where O has its own."""
-    out = replace_following(cfg, head_dim, **{name: False for name in packed_clashes(cfg)})
+    off = dict.fromkeys(packed_clashes(cfg), False)
+    if windowed:
+        # the window's masks where it cuts (WINDOW_MASKS_WHERE_CUT) are gated on unpacked launches
+        # only: a windowed pack keeps both bounds on every masked tile until gated packed
+        off.update({name: False for name in WINDOW_MASK_FIELDS if getattr(cfg, name)})
+    out = replace_following(cfg, head_dim, **off) if off else cfg
     if out.persistent and not out.overlap_epilogue and causal and head_dim in PACKED_CAUSAL_POOL_SHARE:
         out = replace_following(out, head_dim, balanced=True, dynamic_tiles=False, handout_table=True,
                                 dynamic_pool_share=PACKED_CAUSAL_POOL_SHARE[head_dim],

@@ -3048,7 +3048,8 @@ def test_packed_forward_refuses_what_it_cannot_run():
 
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
     # config.WINDOW_CLASHES (the split tail, the pairs, the halves, the single loop) off at every
-    # default a windowed problem selects, what follows from them re-derived and
+    # default a windowed problem selects (config.WINDOW_MASKS_WHERE_CUT on where listed), what
+    # follows from them re-derived and
     # the result buildable, a narrow window's tile where one is listed (config.NARROW_WINDOW_*: d64
     # causal); the unwindowed problem's default unchanged
     for d in HEAD_DIMS:
@@ -3060,10 +3061,14 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 assert config.window_clashes(cfg) == [], (d, causal, seqlen)
                 cfg.check(d, 2)
                 base = select_config(plain)
-                # the staggered sweep runs with a window and stays off by default until priced
+                # the staggered sweep runs with a window and stays off by default until priced; the
+                # window's masks where it cuts on at the head dims they were priced at
                 off = config.window_clashes(base) + (
                     ["stagger_kv"] if base.stagger_kv and not config.WINDOW_STAGGER_KV else [])
-                expected = replace_following(base, d, **{n: False for n in off}) if off else base
+                changes = {n: False for n in off}
+                if d in config.WINDOW_MASKS_WHERE_CUT:
+                    changes.update(dict.fromkeys(config.WINDOW_MASK_FIELDS, True))
+                expected = replace_following(base, d, **changes) if changes else base
                 if causal and 256 <= config.NARROW_WINDOW_MAX_LEFT.get(d, -1):
                     expected = replace_following(expected, d, block_m=config.NARROW_WINDOW_BLOCK_M[d])
                 assert cfg == expected, (d, causal, seqlen)

@@ -552,10 +552,16 @@ def _window_mask_labels(label, d):
     return f"{label}-masks-where-cut", label
 
 
-CENSUS_CONFIGS += [(_window_mask_labels(label, d)[1 if d in config.WINDOW_MASKS_WHERE_CUT else 0], d, causal,
-                    {"_window": True, **dict.fromkeys(config.WINDOW_MASK_FIELDS,
-                                                      d not in config.WINDOW_MASKS_WHERE_CUT)})
-                   for label, d, causal in WINDOW_MASK_PAIRS]
+def _forced_window_mask_build(label, d, causal):
+    """The census build of ``label``'s pair that is not the default: the switches forced on where
+    d's windowed default lacks them, forced off where it has them."""
+    cut, both = _window_mask_labels(label, d)
+    forced_on = cut != label
+    return (cut if forced_on else both, d, causal,
+            {"_window": True, **dict.fromkeys(config.WINDOW_MASK_FIELDS, forced_on)})
+
+
+CENSUS_CONFIGS += [_forced_window_mask_build(label, d, causal) for label, d, causal in WINDOW_MASK_PAIRS]
 # d64's narrow causal window on its own tile (config.NARROW_WINDOW_BLOCK_M), beside the 192-row one above
 CENSUS_CONFIGS += [("d64-causal-narrow-window", 64, True, {"_window": True, "_narrow_window": True})]
 # packed sequences (flash-attn's varlen) on a packed default of each head dim, beside the same

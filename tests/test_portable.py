@@ -169,3 +169,70 @@ def test_offsets_past_int32_read_and_write_the_right_rows(causal, monkeypatch):
     monkeypatch.setattr(common, "needs_int64_offsets", lambda *tensors: False)
     wrapped, _ = fwd.forward(q, k, v, causal, 0.2)
     assert torch.equal(wrapped[:2], out[:2]) and not torch.equal(wrapped[2], out[2])
+
+
+# --------------------------------------------------------------------------- recompute_flagged
+
+
+def _recompute_everything(q, k, v, causal, softmax_scale, out=None, lse=None, **score_options):
+    # the gate hands over NaN-poisoned out and lse: every row reads as flagged
+    guard = torch.ones(1, dtype=torch.int32, device=q.device)
+    fwd.recompute_flagged(guard, q, k, v, out, lse, causal, softmax_scale, **score_options)
+    return out, lse
+
+
+@pytest.mark.parametrize("case", [
+    gate.Case(1, 1000, 17, 2, 2, 40, torch.float16, False),             # Sq >> Sk, a ragged key tail
+    gate.Case(3, 5, 7, 3, 1, 96, torch.float16, True),                  # MQA, head_dim 96, Sq < Sk
+    gate.Case(1, 130, 130, 4, 2, 32, torch.bfloat16, True, window_size=(16, -1)),
+    gate.Case(2, 33, 95, 2, 1, 32, torch.bfloat16, False, softcap=3.0, head_dim_v=16),
+], ids=str)
+def test_recompute_of_every_flagged_row_passes_the_gate(case):
+    # property: a launch that flagged every row (a NaN LSE each) is rewritten whole by the
+    # grid-stride recompute, as the one-program-per-tile forward would write it: every tile visited
+    # once, each row against its own keys, mask, window and cap
+    result = gate.check_forward_case(_recompute_everything, case, DEVICE)
+    assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_recompute_rewrites_the_flagged_rows_alone_and_only_when_the_guard_is_set(packed):
+    # property: with the guard word set, each row whose LSE is NaN gets portable.fwd's own out and
+    # LSE bit for bit, and every other row keeps what it held (a row written by the faster kernel
+    # is never overwritten); with the word 0 nothing is written at all. q is a non-contiguous view
+    torch.manual_seed(3)
+    heads_q, heads_kv, d = 4, 2, 32
+    if packed:
+        lengths_q, lengths_k = (5, 40, 17), (7, 33, 17)
+        rows_q, rows_k, batch = sum(lengths_q), sum(lengths_k), 1
+        cu = tuple(torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+                   for n in (lengths_q, lengths_k))
+        packing = dict(cu_seqlens=cu, max_seqlens=(max(lengths_q), max(lengths_k)))
+    else:
+        rows_q, rows_k, batch, packing = 70, 45, 2, {}
+    q = torch.randn(batch, heads_q, rows_q, d, dtype=torch.float16, device=DEVICE).transpose(1, 2)
+    k, v = (torch.randn(batch, rows_k, heads_kv, d, dtype=torch.float16, device=DEVICE) for _ in range(2))
+    want_out, want_lse = fwd.forward(q, k, v, True, 0.2, **packing)
+    flagged = torch.zeros(batch, heads_q, rows_q, dtype=torch.bool, device=DEVICE)
+    flagged[..., 3::7] = True                       # scattered rows across every tile and head
+    flagged[-1, 2, 32:64] = True                    # a whole tile of one head
+    out = torch.full_like(want_out, 3.0)
+    lse = torch.full_like(want_lse, 5.0).masked_fill(flagged, float("nan"))
+    held_out, held_lse = out.clone(), lse.clone()
+
+    fwd.recompute_flagged(torch.zeros(1, dtype=torch.int32, device=DEVICE), q, k, v, out, lse, True, 0.2, **packing)
+    torch.testing.assert_close(lse, held_lse, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(out, held_out)
+
+    fwd.recompute_flagged(torch.ones(1, dtype=torch.int32, device=DEVICE), q, k, v, out, lse, True, 0.2, **packing)
+    rows = flagged.transpose(1, 2)                  # out is (B, S, H, D)
+    assert torch.equal(lse[flagged], want_lse[flagged]) and torch.equal(lse[~flagged], held_lse[~flagged])
+    assert torch.equal(out[rows], want_out[rows]) and torch.equal(out[~rows], held_out[~rows])
+
+
+def test_recompute_names_a_guard_it_cannot_read():
+    q = k = v = torch.randn(1, 8, 1, 32, dtype=torch.float16, device=DEVICE)
+    out, lse = fwd.forward(q, k, v, False, 0.2)
+    for guard in (torch.ones(1, dtype=torch.int64, device=DEVICE), torch.ones(2, dtype=torch.int32, device=DEVICE)):
+        with pytest.raises(ValueError, match="guard must be one int32 word"):
+            fwd.recompute_flagged(guard, q, k, v, out, lse, False, 0.2)

@@ -833,6 +833,11 @@ class HopperFwdConfig:
                              f"early_exp_quarters={self.early_exp_quarters}, exp_turns={self.exp_turns}, "
                              f"row_sum_by_mma={self.row_sum_by_mma}, staged_scores={self.staged_scores}, "
                              f"single_kv_loop={self.single_kv_loop}")
+        if self.freeze_row_max and self.exp2_fma_every:
+            # the emulated exp2 clamps below but not above: past 2^128 its exponent field wraps to
+            # a finite, wrong P where MUFU.EX2 gives inf, which the guard (fwd._flag_overflow) sees
+            raise ValueError("freeze_row_max's guard sees an overflowed P as inf, which the FMA pipe's exp2 does "
+                             f"not give: it needs exp2_fma_every=0, got {self.exp2_fma_every}")
         if self.p_in_smem and (self.extra_keys or self.row_sum_by_mma):
             raise ValueError("p_in_smem stages one box of P for PV in shared memory: it needs extra_keys=0 and "
                              "row_sum_by_mma=False (whose wgmma reads P's registers), got "

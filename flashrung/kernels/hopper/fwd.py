@@ -198,6 +198,7 @@ from flashrung.kernels.hopper.schedule import (
     window_tile_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
+from flashrung.kernels.portable.fwd import recompute_flagged
 from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
                                                join_cluster, kv_tensor_maps, load_half, load_q, max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
@@ -369,17 +370,20 @@ class _Sizes:
 
 @aggregate
 class _Partials:
-    """Where the split tail's work items leave their results for ``tail_combine``."""
+    """Where the split tail's work items leave their results for ``tail_combine``, and the word
+    that sends flagged rows to the frozen row max's recompute (:func:`_flag_overflow`)."""
 
     o_ptr: gl.tensor          # fp32 [items, BLOCK_M, D]: O normalized over the item's keys
     lse_ptr: gl.tensor        # fp32 [items, BLOCK_M]: natural-log LSE over the item's keys
     coords_ptr: gl.tensor     # int32 [tail tiles, 3]: (batch, q_head, m_block) of each tail tile
+    guard_ptr: gl.tensor      # int32 word: set by an item with a row FREEZE_ROW_MAX left non-finite
 
     @gluon.constexpr_function
-    def __init__(self, o_ptr, lse_ptr, coords_ptr):
+    def __init__(self, o_ptr, lse_ptr, coords_ptr, guard_ptr):
         self.o_ptr = o_ptr
         self.lse_ptr = lse_ptr
         self.coords_ptr = coords_ptr
+        self.guard_ptr = guard_ptr
 
 
 @aggregate
@@ -1782,6 +1786,23 @@ def _store_partial(parts, out, lse, part, tail_tile, split, b, h, m_block, WG: g
 
 
 @gluon.jit
+def _flag_overflow(acc, l_rows, lse, row_valid, guard_ptr):
+    """FREEZE_ROW_MAX's guard: ``lse`` with NaN in every row whose O accumulator or running sum
+    is not finite, and the guard word set if a row below the sequence's end is one. A frozen
+    reference below the row's later scores overflows P (fp32 past 2^128, or the 16-bit operand of
+    PV), and non-finite values stay so through every later step: O or ``l`` is ±inf or NaN at the
+    end iff some step overflowed. A finite row is exact (the reference never exceeds the row's
+    true max, so nothing that matters underflows; a finite P above 1 keeps its relative
+    precision); a flagged one is rewritten by ``portable.fwd.recompute_flagged`` after the launch."""
+    # x · 0 is 0 for finite x and NaN for ±inf or NaN: one multiply a row after the sum, whose own
+    # overflow (a false alarm at worst) or NaN carries any element's
+    probe = (gl.sum(acc, axis=1) + l_rows) * 0.0
+    bad = probe != probe
+    gl.store(guard_ptr + gl.zeros_like(l_rows.to(gl.int32)), gl.full_like(l_rows, 1, dtype=gl.int32), mask=bad & row_valid)
+    return gl.where(bad, float("nan"), lse)
+
+
+@gluon.jit
 def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, WG: gl.constexpr, c):
     """Work item ``item``'s O and LSE, normalized: LSE straight to global, O through shared memory
     and a TMA store (a split item's both to the workspace). ``epi`` is ``(o_desc, lse_ptr,
@@ -1799,7 +1820,11 @@ def _epilogue(acc, m_i, l_i, b, h, m_block, split, item, tile_id, epi, sh, sz, W
     # the item's own sequence (PACKED), even when this runs under another item's first QK
     sz, tma_b, q0, _ = _sequence(sz, b, c)
     out_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), gl.convert_layout(_sum_total(l_i, c), out_rows))
+    l_rows = gl.convert_layout(_sum_total(l_i, c), out_rows)
+    out, lse = finalize(acc, gl.convert_layout(m_i, out_rows), l_rows)
+    if c.FREEZE_ROW_MAX:
+        lse = _flag_overflow(acc, l_rows, lse, my_row0 + gl.arange(0, _ROWS, layout=out_rows) < sz.seqlen_q,
+                             parts.guard_ptr)
     if c.SPLIT_TAIL:
         if split >= 0:
             if c.MULTICAST:
@@ -2019,7 +2044,7 @@ _SIZE_ARGS = ("seqlen_q", "seqlen_k", "heads_q", "heads_q_mul", "heads_q_shift",
 
 @gluon.jit(do_not_specialize=_SIZE_ARGS)
 def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr,
-                     tail_coords_ptr,
+                     tail_coords_ptr, guard_ptr,
                      sched_ptr, handout_ptr, kv_tmaps_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr,
                      seqlen_q, seqlen_k, heads_q, heads_q_mul, heads_q_shift, group, group_mul, group_shift,
                      num_m_blocks, m_blocks_mul, m_blocks_shift, batch_heads, head_section, section_mul,
@@ -2165,7 +2190,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                 # with PACKED, seqlen_q and seqlen_k are the packed rows; each item reads its own
                 # sequence's lengths (_sequence)
                 seqlen_q, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr)
-    parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr)
+    parts = _Partials(part_o_ptr, part_lse_ptr, tail_coords_ptr, guard_ptr)
 
     c = _Schedule(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
                   HEAD_DIM_TAIL=HEAD_DIM_TAIL,
@@ -2759,7 +2784,8 @@ DIRECT_LAUNCH = _direct_launch_default()
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,
             trace: torch.Tensor | None = None, softcap: float = 0.0, window: tuple[int, int] | None = None,
-            cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None):
+            cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None, max_seqlens: tuple[int, int] | None = None,
+            guard: torch.Tensor | None = None):
     """Launch (or, with ``warmup``, only compile) the kernel on TMA-ready tensors. ``window``: a sliding
     window ``(left, right)`` as flash-attn's, -1 an unbounded side (:func:`forward` has checked it
     against the mask): a bounded right side launches the causal schedule with its diagonal moved that
@@ -2769,6 +2795,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
     coordinate pointer, which a launch without the split tail never dereferences otherwise, or with
     ``trace_tiles`` on a launch that splits its tail, in the balanced grid's table pointer."""
     batch, seqlen_q, heads_q = q.shape[:3]
+    causal_arg = causal      # the caller's (a bounded right side launches the causal schedule)
     # the compiled kernel's widths: Q's and K's tiles have head_dim columns, V's, O's and the
     # workspace rows head_dim_v
     head_dim, head_dim_v = kernel_head_dims(q.shape[3], v.shape[3], cfg)
@@ -2827,8 +2854,14 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
             tmaps = kv_tensor_maps(k, v, cfg.block_n)
     else:
         tmaps = lse
+    # the frozen row max's guard word, zeroed for each launch (a word no recompute has reset could
+    # carry a trip into another stream's launch); never dereferenced without freeze_row_max
+    if cfg.freeze_row_max and not warmup:
+        guard = torch.zeros(1, dtype=torch.int32, device=q.device) if guard is None else guard
+    else:
+        guard = coords
     # cu_seqlens and out's base: read only by a packed launch
-    pointers = (lse, part_o, part_lse, coords, sched, handout, tmaps, *(cu_seqlens or (coords, coords)), out)
+    pointers = (lse, part_o, part_lse, coords, guard, sched, handout, tmaps, *(cu_seqlens or (coords, coords)), out)
     if tail_cols:
         k2_desc, v2_desc = _descriptor(k, cfg.block_n, tail_cols), v_desc
     elif cfg.extra_keys:
@@ -2862,6 +2895,12 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         _attn_fwd_kernel[(plan.grid,)](*args, **constexprs, num_warps=CONSUMER_WARPS)
     if plan.splits > 1:
         combine_tail(part_o, part_lse, coords, out, lse, plan.splits, loads_first=cfg.merge_loads_first)
+    if cfg.freeze_row_max:
+        # the rows the frozen reference overflowed (NaN LSE, _flag_overflow), through the online
+        # softmax of portable.fwd; a launch that flagged none pays one small launch reading the word
+        recompute_flagged(guard, q, k, v, out, lse, causal_arg, softmax_scale,
+                          window_size=window if window is not None else NO_WINDOW, softcap=softcap,
+                          cu_seqlens=cu_seqlens, max_seqlens=max_seqlens)
 
 
 def barrier_offsets(compile_with, constexprs) -> dict:
@@ -2952,7 +2991,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
             config: HopperFwdConfig | None = None, *, out: torch.Tensor | None = None,
             lse: torch.Tensor | None = None, problem=None, softcap: float = 0.0,
             window_size: tuple[int, int] = NO_WINDOW, cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
-            max_seqlens: tuple[int, int] | None = None, _trace: torch.Tensor | None = None):
+            max_seqlens: tuple[int, int] | None = None, _trace: torch.Tensor | None = None,
+            _guard: torch.Tensor | None = None):
     """Attention forward on sm_90a.
 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) → out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32
@@ -2973,6 +3013,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     out are then (1, rows, heads, dim) and lse (1, Hq, rows of q), as ``portable.fwd`` takes them.
     Each sequence is its own problem (its causal diagonal and window bottom-right aligned on its own
     lengths); the grid covers the longest.
+
+    ``_guard``: with ``freeze_row_max``, the int32 word its guard sets when a row overflowed and was
+    recomputed (:func:`_flag_overflow`), for a caller that asks whether it did; otherwise the
+    launch allocates its own.
     """
     softcap = check_softcap(softcap)
     window_size = tuple(window_size)
@@ -3037,6 +3081,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 or trace_tiles > 0 runs through "
                          f"traced_forward, which allocates its stamps; got trace_steps={cfg.trace_steps}, "
                          f"trace_tiles={cfg.trace_tiles}")
+    if _guard is not None and not cfg.freeze_row_max:
+        raise ValueError(f"{KERNEL_NAME}: _guard is the word of freeze_row_max's guard; this config runs without it")
+    if _guard is not None and (_guard.dtype != torch.int32 or _guard.numel() != 1 or _guard.device != q.device):
+        raise ValueError(f"{KERNEL_NAME}: _guard must be one int32 word on {q.device}, got {tuple(_guard.shape)} "
+                         f"{_guard.dtype} on {_guard.device}")
     softmax_scale = float(softmax_scale)
     if softcap and not softmax_scale > 0:
         raise ValueError(f"{KERNEL_NAME}: softcap needs a positive softmax_scale, got {softmax_scale:g}")
@@ -3064,11 +3113,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     packing = {"cu_seqlens": tuple(cu_seqlens), "max_seqlens": tuple(max_seqlens)} if packed else {}
     if q.device.index == torch.cuda.current_device():
         _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                window=window_size if problem.windowed else None, **packing)
+                window=window_size if problem.windowed else None, guard=_guard, **packing)
     else:
         with torch.cuda.device(q.device):      # Triton launches on the current device
             _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
-                    window=window_size if problem.windowed else None, **packing)
+                    window=window_size if problem.windowed else None, guard=_guard, **packing)
     return out, lse
 
 
@@ -3166,7 +3215,8 @@ def census_spec(cfg: HopperFwdConfig, head_dim: int, causal: bool, dtype: torch.
         "k2_desc": box(cfg.block_n, tail_cols) if tail_cols else box(box2, head_dim),
         "v2_desc": box(box2, head_dim_v), "q2_desc": box(rows, tail_cols or first_cols),
         "o_desc": box(rows, head_dim_v), "lse_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "sched_ptr": "*i32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "tail_coords_ptr": "*i32", "guard_ptr": "*i32",
+        "sched_ptr": "*i32",
         "handout_ptr": "*i32", "kv_tmaps_ptr": "*u8" if cfg.kv_multicast else "*fp32",
         "cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "out_ptr": f"*{t}",
         **{name: "i32" for name in _SIZE_ARGS}, "qk_scale_log2": "fp32", "softcap_pre": "fp32", "softcap_post": "fp32",

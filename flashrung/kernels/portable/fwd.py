@@ -92,6 +92,106 @@ def _kv_tile_update(acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, o
 
 
 @triton.jit
+def _attend_tile(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+    CU_SEQLENS_Q, CU_SEQLENS_K, pid_m, pid_bh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr, ONLY_FLAGGED: tl.constexpr,
+):
+    """Q tile ``pid_m`` of (batch · q head) ``pid_bh``: its rows' O and LSE over every key. With
+    ``ONLY_FLAGGED`` the tile runs only if a row's LSE already in ``LSE`` is NaN, and writes those
+    rows alone (:func:`recompute_flagged`)."""
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    kv_h = h // group                       # GQA: `group` query heads share one K/V head
+    start_m = pid_m * BLOCK_M
+    live = True
+    if VARLEN:
+        # packed sequences: the grid covers the longest; this one's rows start at its cu_seqlens entry
+        q_start, seqlen_q = sequence_span(CU_SEQLENS_Q, b, seqlen_q, VARLEN)
+        k_start, seqlen_k = sequence_span(CU_SEQLENS_K, b, seqlen_k, VARLEN)
+        live = start_m < seqlen_q
+        Q += q_start * stride_qs
+        O += q_start * stride_os
+        LSE += q_start                      # lse is (heads, rows): its rows are contiguous
+        K += k_start * stride_ks
+        V += k_start * stride_vs
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = offset_index(tl.arange(0, BLOCK_N), INT64_OFFSETS)     # key rows: start_n + offs_n
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)       # V's and O's columns: HEAD_DIM_V may differ from HEAD_DIM
+    row_ok = offs_m < seqlen_q
+
+    store_ok = row_ok
+    if ONLY_FLAGGED:
+        # a faster kernel's rows it could not finish exactly: their LSE is NaN (hopper.fwd's
+        # frozen row max, _flag_overflow)
+        earlier = tl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=0.0)
+        store_ok = row_ok & (earlier != earlier)
+        live = live & (tl.max(store_ok.to(tl.int32), 0) > 0)
+    if live:
+        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        k_base = K + b * stride_kb + kv_h * stride_kh
+        v_base = V + b * stride_vb + kv_h * stride_vh
+
+        row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+        if HAS_WINDOW:
+            # a sliding window masks the tiles at both of its ends: the first ones first
+            lo, full_start, full_end, hi = window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                            BLOCK_M, BLOCK_N)
+            for start_n in range(lo, full_start, BLOCK_N):
+                acc, row_max, row_sum = _kv_tile_update(
+                    acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+                    stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                    softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+                    DOT_FP32, DEFECT)
+        else:
+            full_start = 0
+            full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        if DEFECT == 5:
+            hi = tl.maximum(hi - BLOCK_N, 0)
+            full_end = tl.minimum(full_end, hi)
+        for start_n in range(full_start, full_end, BLOCK_N):
+            acc, row_max, row_sum = _kv_tile_update(
+                acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+                DOT_FP32, DEFECT)
+        for start_n in range(full_end, hi, BLOCK_N):
+            acc, row_max, row_sum = _kv_tile_update(
+                acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
+                softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
+                DOT_FP32, DEFECT)
+
+        # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
+        seen = row_sum > 0.0
+        out = acc / tl.where(seen, row_sum, 1.0)[:, None]
+        lse_log2 = row_max + tl.math.log2(tl.where(seen, row_sum, 1.0))
+        if DEFECT == 7:
+            lse = tl.where(seen, lse_log2, float("-inf"))
+        else:
+            lse = tl.where(seen, lse_log2 * 0.6931471805599453, float("-inf"))
+        if DEFECT == 6:
+            store_ok = store_ok & (offs_m < start_m + BLOCK_M - 1)
+        tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :],
+                 round_to(out, O.dtype.element_ty), mask=store_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=store_ok)
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, O, LSE,
     stride_qb, stride_qs, stride_qh,
@@ -106,81 +206,41 @@ def _attn_fwd(
     HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr, DEFECT: tl.constexpr,
     INT64_OFFSETS: tl.constexpr,
 ):
-    pid_m = offset_index(tl.program_id(0), INT64_OFFSETS)
-    pid_bh = offset_index(tl.program_id(1), INT64_OFFSETS)
-    b = pid_bh // heads_q
-    h = pid_bh % heads_q
-    kv_h = h // group                       # GQA: `group` query heads share one K/V head
-    start_m = pid_m * BLOCK_M
-    if VARLEN:
-        # packed sequences: the grid covers the longest; this one's rows start at its cu_seqlens entry
-        q_start, seqlen_q = sequence_span(CU_SEQLENS_Q, b, seqlen_q, VARLEN)
-        k_start, seqlen_k = sequence_span(CU_SEQLENS_K, b, seqlen_k, VARLEN)
-        if start_m >= seqlen_q:
-            return
-        Q += q_start * stride_qs
-        O += q_start * stride_os
-        LSE += q_start                      # lse is (heads, rows): its rows are contiguous
-        K += k_start * stride_ks
-        V += k_start * stride_vs
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = offset_index(tl.arange(0, BLOCK_N), INT64_OFFSETS)     # key rows: start_n + offs_n
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)       # V's and O's columns: HEAD_DIM_V may differ from HEAD_DIM
-    row_ok = offs_m < seqlen_q
+    # one program per (Q tile, batch · q head)
+    _attend_tile(Q, K, V, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                 seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right, softcap_pre,
+                 softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K, offset_index(tl.program_id(0), INT64_OFFSETS),
+                 offset_index(tl.program_id(1), INT64_OFFSETS), HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                 BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, VARLEN, DOT_FP32, DEFECT, INT64_OFFSETS, False)
 
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    k_base = K + b * stride_kb + kv_h * stride_kh
-    v_base = V + b * stride_vb + kv_h * stride_vh
 
-    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    row_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-
-    if HAS_WINDOW:
-        # a sliding window masks the tiles at both of its ends: the first ones first
-        lo, full_start, full_end, hi = window_kv_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                        BLOCK_M, BLOCK_N)
-        for start_n in range(lo, full_start, BLOCK_N):
-            acc, row_max, row_sum = _kv_tile_update(
-                acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-                stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-                softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
-                DOT_FP32, DEFECT)
-    else:
-        full_start = 0
-        full_end, hi = causal_kv_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    if DEFECT == 5:
-        hi = tl.maximum(hi - BLOCK_N, 0)
-        full_end = tl.minimum(full_end, hi)
-    for start_n in range(full_start, full_end, BLOCK_N):
-        acc, row_max, row_sum = _kv_tile_update(
-            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-            softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
-            DOT_FP32, DEFECT)
-    for start_n in range(full_end, hi, BLOCK_N):
-        acc, row_max, row_sum = _kv_tile_update(
-            acc, row_max, row_sum, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_vs, seqlen_q, seqlen_k, qk_scale_log2, window_left, window_right,
-            softcap_pre, softcap_post, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP,
-            DOT_FP32, DEFECT)
-
-    # Rows that saw no key (causal with Sq > Sk) are defined as out = 0, lse = -inf.
-    seen = row_sum > 0.0
-    out = acc / tl.where(seen, row_sum, 1.0)[:, None]
-    lse_log2 = row_max + tl.math.log2(tl.where(seen, row_sum, 1.0))
-    if DEFECT == 7:
-        lse = tl.where(seen, lse_log2, float("-inf"))
-    else:
-        lse = tl.where(seen, lse_log2 * 0.6931471805599453, float("-inf"))
-    store_ok = row_ok
-    if DEFECT == 6:
-        store_ok = row_ok & (offs_m < start_m + BLOCK_M - 1)
-    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :],
-             round_to(out, O.dtype.element_ty), mask=store_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
-    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=store_ok)
+@triton.jit
+def _recompute_flagged(
+    GUARD, Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right, softcap_pre, softcap_post,
+    CU_SEQLENS_Q, CU_SEQLENS_K, num_m_blocks, num_tiles,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr,
+):
+    # a fixed grid that reads one word and leaves when it is 0 (every launch the guard did not
+    # trip); otherwise it walks every tile and runs those with a flagged row
+    if tl.load(GUARD) != 0:
+        for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            tile = offset_index(tile, INT64_OFFSETS)
+            _attend_tile(Q, K, V, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                         stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                         seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right,
+                         softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K, tile % num_m_blocks,
+                         tile // num_m_blocks, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N,
+                         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, VARLEN, DOT_FP32, NO_DEFECT, INT64_OFFSETS, True)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
@@ -196,11 +256,52 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     cumulative lengths of B + 1 entries, and ``max_seqlens`` = (max_seqlen_q, max_seqlen_k); q, k,
     v, out are then (1, total rows, heads, dim) and lse (1, Hq, total_q)."""
     B, Sq, Hq, D = q.shape
-    Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    Dv = v.shape[3]
     if out is None:
         out = torch.empty((B, Sq, Hq, Dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(q, k, v, out, lse, causal, softmax_scale,
+                                                                      window_size, softcap, cu_seqlens, max_seqlens)
+    _attn_fwd[(num_m_blocks, batch_heads)](*args, **constexprs, DEFECT=defect, num_warps=cfg.num_warps,
+                                           num_stages=cfg.num_stages)
+    return out, lse
+
+
+# Programs of the recompute per SM: each walks its share of the tiles only when the guard tripped
+RECOMPUTE_PROGRAMS_PER_SM = 2
+
+
+def recompute_flagged(guard: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                      lse: torch.Tensor, causal: bool, softmax_scale: float,
+                      window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+                      cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      max_seqlens: tuple[int, int] | None = None) -> None:
+    """Rewrite, with this kernel's online softmax, every row whose LSE in ``lse`` is NaN, when the
+    int32 word ``guard`` is not 0; arguments as :func:`forward`'s, ``out`` and ``lse`` a finished
+    launch's. A faster kernel that cannot finish a row exactly flags it this way (``hopper.fwd``'s
+    frozen row max). The launch does not read ``guard`` on the host: when it is 0 each program
+    reads it and leaves, so the call costs one small launch and never synchronizes."""
+    if guard.dtype != torch.int32 or guard.numel() != 1 or guard.device != q.device:
+        raise ValueError(f"guard must be one int32 word on {q.device}, got {tuple(guard.shape)} {guard.dtype} "
+                         f"on {guard.device}")
+    args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(q, k, v, out, lse, causal, softmax_scale,
+                                                                      window_size, softcap, cu_seqlens, max_seqlens)
+    num_tiles = num_m_blocks * batch_heads
+    if q.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    else:
+        sms = 1
+    grid = (max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * sms)),)
+    _recompute_flagged[grid](guard, *args, num_m_blocks, num_tiles, **constexprs, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+
+
+def _launch_args(q, k, v, out, lse, causal, softmax_scale, window_size, softcap, cu_seqlens, max_seqlens):
+    """``(args, constexprs, (q tiles, batch · q heads), tiles)`` of a launch over these tensors,
+    :func:`forward`'s and :func:`recompute_flagged`'s alike (``DEFECT`` aside)."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     if cu_seqlens is not None:
         B = cu_seqlens[0].numel() - 1
         Sq, Sk = max_seqlens
@@ -208,10 +309,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     sides = window_sides(window_size, causal, Sq, Sk)
     scale = common.check_scale(softmax_scale)
     cap = softcap_factors(softcap, scale)
-    grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
     # packed sequences are one batch entry of rows: the kernel places each sequence by its offset
     batch_stride = (lambda t: 0) if cu_seqlens is not None else (lambda t: t.stride(0))
-    _attn_fwd[grid](
+    args = (
         q, k, v, out, lse,
         batch_stride(q), q.stride(1), q.stride(2),
         batch_stride(k), k.stride(1), k.stride(2),
@@ -220,14 +320,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
         batch_stride(lse), lse.stride(1),
         Sq, Sk, Hq, Hq // Hkv, scale * LOG2E, *(sides or (0, 0)), *(cap or (0.0, 0.0)),
         *(cu_seqlens or (lse, lse)),     # never read without VARLEN
+    )
+    constexprs = dict(
         HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), HEAD_DIM_V=Dv, BLOCK_DV=triton.next_power_of_2(Dv),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=bool(causal), HAS_WINDOW=sides is not None,
-        HAS_SOFTCAP=cap is not None, VARLEN=cu_seqlens is not None, DOT_FP32=common.dot_in_fp32(q.dtype), DEFECT=defect,
+        HAS_SOFTCAP=cap is not None, VARLEN=cu_seqlens is not None, DOT_FP32=common.dot_in_fp32(q.dtype),
         INT64_OFFSETS=common.needs_int64_offsets(q, k, v, out, lse),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out, lse
+    return args, constexprs, (triton.cdiv(Sq, cfg.block_m), B * Hq), cfg
 
 
 def _signature(dtype: str) -> dict:

@@ -1879,6 +1879,9 @@ def test_a_frozen_row_max_needs_fa4s_order():
                 dict(early_exp_quarters=1), dict(single_kv_loop=True)):
         with pytest.raises(ValueError, match="freeze_row_max"):
             dataclasses.replace(cfg, **bad).check(64)
+    # its guard reads an overflowed P as inf, which the FMA pipe's exp2 wraps into a finite value
+    with pytest.raises(ValueError, match="exp2_fma_every=0"):
+        dataclasses.replace(cfg, exp2_fma_every=16).check(64)
     # a sliding window takes it off, visibly (config.WINDOW_CLASHES), as it does the K/V pairs
     assert "freeze_row_max" in config.WINDOW_CLASHES
 
@@ -4882,6 +4885,21 @@ def test_gate_freeze_row_max_guard_where_later_scores_overflow_the_frozen_refere
         result = check_forward_inputs(functools.partial(fwd.forward, config=cfg, _guard=guard), q, k, v, causal)
         assert result.passed, (grid, str(result))
         assert guard.item() == 1, grid
+
+
+@pytest.mark.gpu
+@on_hopper
+def test_the_frozen_row_max_guard_word_belongs_to_it():
+    # forward's _guard is the word freeze_row_max's guard sets: a config without it, or a word of
+    # the wrong kind, is refused by name before anything launches
+    q = torch.zeros(1, 256, 2, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="_guard is the word of freeze_row_max"):
+        fwd.forward(q, q, q, False, 0.125, config=fwd.default_config(64, False, 256),
+                    _guard=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    frozen = replace_following(fwd.default_config(64, False, 256), 64, **FREEZE_ROW_MAX)
+    for word in (torch.zeros(2, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int64, device="cuda")):
+        with pytest.raises(ValueError, match="_guard must be one int32 word"):
+            fwd.forward(q, q, q, False, 0.125, config=frozen, _guard=word)
 
 
 @pytest.mark.gpu

@@ -4838,8 +4838,8 @@ def test_exp2_split16_is_deterministic(causal):
     _assert_forced_reruns_identical(64, causal, 4097, exp2_fma_every=16)
 
 
-# the row max frozen after an item's first tile (freeze_row_max, a measurement) in FA4's order at
-# d64 and d128, both masks, the stagger shapes (partial tiles, key tails, GQA, Sq != Sk), d64's
+# the row max frozen after an item's first tile (freeze_row_max) in FA4's order at every head
+# dim, both masks, the stagger shapes (partial tiles, key tails, GQA, Sq != Sk), d64's
 # split tail and d128 under the per-warp thresholded rescale: exact on the gate's inputs, whose
 # later scores never leave fp32's range above the first tile's max
 FREEZE_ROW_MAX = dict(freeze_row_max=True, wait_pv_early=True, pingpong=True, late_rescale=False,
@@ -4850,7 +4850,7 @@ FREEZE_ROW_MAX = dict(freeze_row_max=True, wait_pv_early=True, pingpong=True, la
 @on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", STAGGER_SHAPES, ids=_shape_id)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_freeze_row_max(head_dim, shape, causal):
     _gate_forced_and_warp_rescaled(head_dim, shape, causal, **FREEZE_ROW_MAX)
     if not causal and head_dim == 64:
@@ -4868,7 +4868,7 @@ def test_freeze_row_max_is_deterministic(causal):
 @on_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gate_freeze_row_max_guard_where_later_scores_overflow_the_frozen_reference(head_dim, causal, dtype):
     # rows whose later scores rise past the item's first reference by more than P's range — past
     # 2^128 at the spike keys; in fp16 past the 16-bit operand's 2^16 where the keys' scales rise

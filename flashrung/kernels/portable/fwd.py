@@ -240,7 +240,7 @@ def _recompute_flagged(
                          seqlen_q, seqlen_k, heads_q, group, qk_scale_log2, window_left, window_right,
                          softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K, tile % num_m_blocks,
                          tile // num_m_blocks, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N,
-                         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, VARLEN, DOT_FP32, NO_DEFECT, INT64_OFFSETS, True)
+                         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, VARLEN, DOT_FP32, 0, INT64_OFFSETS, True)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,

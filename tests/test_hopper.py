@@ -212,6 +212,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     if packed or changes.pop("_plain_of_packed", False):
         from flashrung.kernels.hopper import config as hopper_config
         cfg = hopper_config._packed(cfg, d, causal)
+    if "freeze_row_max" not in changes:
+        # the online step every label below was built and priced on: the frozen reference (the
+        # bf16 default from config.FREEZE_ROW_MAX_MIN_SEQLEN) is built where a label names it
+        cfg = fwd.replace_following(cfg, d, freeze_row_max=False)
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
                            window=window, packed=packed, window_right=window_right)
@@ -1887,7 +1891,7 @@ def test_a_frozen_row_max_needs_fa4s_order():
 
 
 def test_early_exps_need_fa4s_order():
-    cfg = dataclasses.replace(fwd.default_config(64, False, 16384), early_exp_quarters=1)
+    cfg = replace_following(fwd.default_config(64, False, 16384), 64, early_exp_quarters=1)
     cfg.check(64)
     for bad in (dict(wait_pv_early=False), dict(gate_pv_wait=True), dict(early_exp_quarters=4),
                 dict(row_sum_by_mma=True)):
@@ -1896,7 +1900,7 @@ def test_early_exps_need_fa4s_order():
 
 
 def test_rescale_before_exp_needs_fa4s_order():
-    cfg = dataclasses.replace(fwd.default_config(64, False, 16384), rescale_before_exp=True)
+    cfg = replace_following(fwd.default_config(64, False, 16384), 64, rescale_before_exp=True)
     cfg.check(64)
     for bad in (dict(wait_pv_early=False), dict(late_rescale=True), dict(early_exp_quarters=1)):
         with pytest.raises(ValueError, match="rescale_before_exp"):
@@ -3664,7 +3668,9 @@ _BUILDS = {"padded": {"own_value_dim": False, "split_head_dim": False},
 def _forward_with(**changes):
     """``fwd.forward`` on each problem's default configuration with ``changes``."""
     def run(q, k, v, causal, softmax_scale, **kw):
-        cfg = dataclasses.replace(select_config(Problem.of(q, k, v, causal)), **changes)
+        problem = Problem.of(q, k, v, causal)
+        cfg = replace_following(select_config(problem), config.kernel_head_dim(problem.head_dim, problem.head_dim_v),
+                                **changes)
         return fwd.forward(q, k, v, causal, softmax_scale, config=cfg, **kw)
     return run
 
@@ -4095,7 +4101,7 @@ def _assert_forced_reruns_identical(head_dim, causal, seqlen, **changes):
     """Three pairs of identical runs, bit for bit, of the problem's default configuration at
     ``seqlen`` with ``changes`` forced, on seeded bf16 inputs of two batches and eight heads."""
     q, k, v = _seeded_qkv(2, seqlen, 8, head_dim)
-    cfg = dataclasses.replace(fwd.default_config(head_dim, causal, seqlen), **changes)
+    cfg = replace_following(fwd.default_config(head_dim, causal, seqlen), head_dim, **changes)
     for _ in range(3):
         _assert_reruns_identical(q, k, v, causal, cfg)
 
@@ -4737,7 +4743,7 @@ def test_row_sum_by_mma_counts_its_ones_against_the_budget():
     assert d128_two_q.num_q_stages == 2
     with pytest.raises(ValueError, match="shared memory"):
         dataclasses.replace(d128_two_q, **ROW_SUM_BY_MMA).check(128)
-    d64 = dataclasses.replace(fwd.default_config(64, False), **ROW_SUM_BY_MMA)
+    d64 = replace_following(fwd.default_config(64, False), 64, **ROW_SUM_BY_MMA)
     d64.check(64)
     assert d64.smem_bytes(64, 2) - fwd.default_config(64, False).smem_bytes(64, 2) == 3 * 8 * 128 * 2
     with pytest.raises(ValueError, match="row_sum_by_mma"):
@@ -5012,7 +5018,7 @@ def test_row_sum_by_mma_is_deterministic(causal):
     # each consumer writes its tile of ones, fences it for the tensor pipe and meets its warpgroup
     # before the first row-sum wgmma: a warp that read the tile early would move the sums
     q, k, v = _seeded_qkv(2, 4097, 8, 64)
-    cfg = dataclasses.replace(fwd.default_config(64, causal, 4097), **ROW_SUM_BY_MMA)
+    cfg = replace_following(fwd.default_config(64, causal, 4097), 64, **ROW_SUM_BY_MMA)
     out1, lse1 = fwd.forward(q, k, v, causal, 64 ** -0.5, cfg)
     for _ in range(2):
         out2, lse2 = fwd.forward(q, k, v, causal, 64 ** -0.5, cfg)
@@ -5568,8 +5574,8 @@ def test_split_tail_is_deterministic_and_refuses_causal():
 
 def _retained_reference_config():
     # the retained reference in FA3's order, where it was first priced (d64's default is FA4's)
-    return dataclasses.replace(fwd.default_config(64, False), late_rescale=True, pack_p=True, rescale_threshold=8.0,
-                               wait_pv_early=False, pingpong=False, meet_before_pass=False)
+    return replace_following(fwd.default_config(64, False), 64, late_rescale=True, pack_p=True, rescale_threshold=8.0,
+                             wait_pv_early=False, pingpong=False, meet_before_pass=False)
 
 
 def _three_consumer_config():

@@ -531,16 +531,15 @@ class HopperFwdConfig:
     # 1.1% of a 10.6% loss; the K/V pairs step aside for two boxes), causal 0.927 / 0.926; d64 H32
     # B2 S16384 non-causal 0.866 / 0.868, B4 S8192 causal 0.808 / 0.805. REVERT. Off
     staged_scores: bool = False
-    # a measurement, not a default: the unmasked K/V steps of an item keep the row max its first tile
-    # set (no row max, no alpha, no O rescale in them; masked steps keep the online rule). Exact
-    # while no later score exceeds that max by more than the fp32 range (2^127 on P): true of the
-    # gate's inputs, not of every input, so it never becomes a default without a guard (the item's
-    # end checking l and O finite and flagging the tile for a second, online launch; designed, not
-    # built); it prices what the steady step's row max and rescale cost. Paired on an H100 (bf16,
-    # B2 S16384, gated): d64 H32 1.112 non-causal, 1.137 causal; d128 H16 1.073
-    # (h100-compare-freeze-*-2a340aa). Needs FA4's overlapped order (wait_pv_early) without the levers that move the
-    # rescale or the max (late_rescale, rescale_before_exp, early_exp_quarters, exp_turns,
-    # row_sum_by_mma, staged_scores, single_kv_loop) and no sliding window
+    # the unmasked K/V steps of an item keep the row max its first tile set (no row max, no alpha, no
+    # O rescale in them; masked steps keep the online rule). Exact while no later score exceeds that
+    # max by more than P's range (2^128 in fp32; 2^16 for fp16's PV operand); its guard (fwd._flag_overflow)
+    # tests each item's O and l finite at its end, marks a row that is not (NaN LSE, a guard word),
+    # and portable.fwd.recompute_flagged rewrites such rows with the online softmax after the launch.
+    # The default of bf16 problems from FREEZE_ROW_MAX_MIN_SEQLEN (paired there, +4–13%). Needs FA4's
+    # overlapped order (wait_pv_early) without the levers that move the rescale or the max
+    # (late_rescale, rescale_before_exp, early_exp_quarters, exp_turns, row_sum_by_mma,
+    # staged_scores, single_kv_loop), MUFU's exp2 (exp2_fma_every=0) and no sliding window
     freeze_row_max: bool = False
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
@@ -1506,6 +1505,10 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
         # a second Q buffer or the multiply-high decode forced on a paired default: the pair keeps
         # Gluon's producer (check() refuses the unsynced one beside them)
         out = dataclasses.replace(out, producer_unsynced=False)
+    if out.freeze_row_max and "freeze_row_max" not in changes and not _can_freeze(out):
+        # a lever that moves the row max or the rescale (or the FMA pipe's exp2, which its guard
+        # cannot read) forced on a frozen default: the steps keep the online rule
+        out = dataclasses.replace(out, freeze_row_max=False)
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
@@ -1572,6 +1575,14 @@ def _can_multicast(cfg: HopperFwdConfig) -> bool:
             and cfg.block_n % 16 == 0)
 
 
+def _can_freeze(cfg: HopperFwdConfig) -> bool:
+    """What ``freeze_row_max`` needs of the rest of a configuration (``HopperFwdConfig.check``)."""
+    return (cfg.overlap and cfg.wait_pv_early and not (cfg.late_rescale or cfg.rescale_before_exp
+                                                       or cfg.early_exp_quarters or cfg.exp_turns
+                                                       or cfg.row_sum_by_mma or cfg.staged_scores
+                                                       or cfg.single_kv_loop or cfg.exp2_fma_every))
+
+
 def kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> int:
     """The head dim of the kernel that runs a problem of ``head_dim``: itself where it is compiled
     (``SUPPORTED_HEAD_DIMS``), else the next one up, its extra columns zero-filled by TMA
@@ -1635,6 +1646,21 @@ def launches_causal(problem) -> bool:
     return bool(problem.causal) or (problem.windowed and problem.window_size[1] >= 0)
 
 
+# The steady steps' reference kept from an item's first tile (freeze_row_max, with its guard: the
+# item's end tests O and l finite, a flagged row is recomputed by portable.fwd.recompute_flagged), from
+# these lengths on. Paired on the H200 (bf16, both arms gated, the guard's word, test and recompute
+# launch in the timed call; flashrung compare --quick, calibrated; docs/hopper.md, *The frozen row
+# max, guarded*): d64 non-causal S2k / 4k / 8k / 16k 1.074 / 1.079 / 1.084 / 1.085; d64 causal S4k /
+# 8k / 16k 1.099 / 1.127 / 1.132 (S ≤ 2k runs the single K/V loop, which it cannot join); d128
+# non-causal S8k / 16k 1.127 / 1.071 (below 8k FA3's order, which it cannot join); d128 causal S2k /
+# 4k / 16k 1.043 / 1.076 / 1.103. Not d256 (non-causal S16k 0.998). bf16 only: fp16's P is a 16-bit
+# operand that overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above
+# the first tile's max, in natural units): the guard keeps such rows exact, but by a recompute on
+# the portable kernel; not with a window, packed sequences or a softcap (ungated or refused there)
+FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 2048, (64, True): 4096, (128, False): 8192, (128, True): 2048}
+FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
+
+
 def select_config(problem) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
     dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds. A window's
@@ -1682,6 +1708,11 @@ def select_config(problem) -> HopperFwdConfig:
                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
                   cross_head_pairs)
+    if (str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
+            and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
+            and not (problem.windowed or problem.varlen or problem.softcap)
+            and problem.head_dim == problem.head_dim_v):
+        cfg = replace_following(cfg, head_dim, freeze_row_max=True)
     if problem.windowed:
         cfg = _windowed(cfg, head_dim)
     if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):

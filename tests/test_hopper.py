@@ -2188,7 +2188,8 @@ def test_p_in_smem_fits_fa3_order_in_d64_registers(census):
 
 
 def test_p_in_smem_needs_one_box_of_keys_and_the_sum_on_the_fma_pipe():
-    base = fwd.default_config(64, False, 16384)
+    # on the online step it was built on (the frozen reference refuses the sum on the tensor pipe)
+    base = dataclasses.replace(fwd.default_config(64, False, 16384), freeze_row_max=False)
     for clash in (dict(extra_keys=64), dict(row_sum_by_mma=True, defer_row_sum=False)):
         with pytest.raises(ValueError, match="p_in_smem"):
             dataclasses.replace(base, p_in_smem=True, **clash).check(64)
@@ -2199,8 +2200,9 @@ def test_p_in_smem_needs_one_box_of_keys_and_the_sum_on_the_fma_pipe():
 
 def test_staged_scores_needs_two_boxes_in_fa4_order():
     # the first box's row max between QK's two waits exists only with a second box (extra_keys) in
-    # FA4's overlapped order; two boxes of 64 keys make a 128-key tile (extra_keys up to block_n)
-    base = fwd.default_config(128, True, 16384)
+    # FA4's overlapped order; two boxes of 64 keys make a 128-key tile (extra_keys up to block_n),
+    # on the online step (the frozen reference refuses it)
+    base = dataclasses.replace(fwd.default_config(128, True, 16384), freeze_row_max=False)
     for clash in (dict(), dict(block_n=64, extra_keys=64, wait_pv_early=False, named_turns=False)):
         with pytest.raises(ValueError, match="staged_scores"):
             dataclasses.replace(base, staged_scores=True, **clash).check(128)
@@ -2906,7 +2908,9 @@ def test_a_capped_default_takes_the_exp2_split_only_where_it_was_priced():
                 assert select_config(plain).exp2_fma_every == 0
                 want = 4 if (d, causal) == (128, False) else 0
                 assert cfg.exp2_fma_every == want, (d, causal, seqlen)
-                assert cfg == replace_following(select_config(plain), d, exp2_fma_every=want)
+                # a capped problem keeps the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated
+                # under a cap)
+                assert cfg == replace_following(select_config(plain), d, exp2_fma_every=want, freeze_row_max=False)
     band = _problem(head_dim=128, head_dim_v=128, softcap=30.0, window_size=(64, 64))
     assert select_config(band).exp2_fma_every == 0
 
@@ -3015,7 +3019,8 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 listed = causal and cfg.persistent and d in config.PACKED_CAUSAL_POOL_SHARE
                 assert config.packed_clashes(cfg) == [] and cfg.balanced == listed, (d, causal, seqlen)
                 cfg.check(d, 2)
-                base = select_config(plain)
+                # packed sequences keep the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated packed)
+                base = replace_following(select_config(plain), d, freeze_row_max=False)
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
                 if expected.persistent and causal and d in config.PACKED_CAUSAL_POOL_SHARE:
@@ -4742,7 +4747,7 @@ def test_row_sum_by_mma_counts_its_ones_against_the_budget():
     d128_two_q = fwd.default_config(128, True, 2048)
     assert d128_two_q.num_q_stages == 2
     with pytest.raises(ValueError, match="shared memory"):
-        dataclasses.replace(d128_two_q, **ROW_SUM_BY_MMA).check(128)
+        dataclasses.replace(d128_two_q, freeze_row_max=False, **ROW_SUM_BY_MMA).check(128)
     d64 = replace_following(fwd.default_config(64, False), 64, **ROW_SUM_BY_MMA)
     d64.check(64)
     assert d64.smem_bytes(64, 2) - fwd.default_config(64, False).smem_bytes(64, 2) == 3 * 8 * 128 * 2
@@ -5601,7 +5606,8 @@ def _switch_base(causal):
     switches take FA4's order away, and two entries below put the gate back on. One Q buffer and the
     division-based decode, as the switches were built on: the causal default takes two Q buffers and
     the multiply-high decode at every length since change 52, one entry below."""
-    return dataclasses.replace(_d128_unpaired(causal), gate_pv_wait=False, **_ALWAYS_RESCALE, **_ONE_Q_DIVIDE)
+    return dataclasses.replace(_d128_unpaired(causal), gate_pv_wait=False, freeze_row_max=False, **_ALWAYS_RESCALE,
+                               **_ONE_Q_DIVIDE)
 
 
 def _switches():
@@ -5897,7 +5903,7 @@ def test_fast_descriptor_equals_the_validated_one():
 def test_trace_steps_needs_the_overlapped_schedule_without_the_split_tail():
     # the stamps travel in the split tail's workspace pointer and mark the overlapped step's events
     # (S8k's kernel as the whole-tile launch builds it: its default splits the tail since change 38)
-    base = dataclasses.replace(fwd.default_config(128, False, 8192), split_tail=False)
+    base = dataclasses.replace(fwd.default_config(128, False, 8192), split_tail=False, freeze_row_max=False)
     dataclasses.replace(base, trace_steps=64).check(128)
     for changes in (dict(split_tail=True), dict(overlap=False, pingpong=False, rescale_threshold=0.0,
                                                 rescale_by_warp=False, wait_pv_early=False, named_turns=False,

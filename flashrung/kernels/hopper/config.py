@@ -1505,10 +1505,7 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
         # a second Q buffer or the multiply-high decode forced on a paired default: the pair keeps
         # Gluon's producer (check() refuses the unsynced one beside them)
         out = dataclasses.replace(out, producer_unsynced=False)
-    if out.freeze_row_max and "freeze_row_max" not in changes and not _can_freeze(out):
-        # a lever that moves the row max or the rescale (or the FMA pipe's exp2, which its guard
-        # cannot read) forced on a frozen default: the steps keep the online rule
-        out = dataclasses.replace(out, freeze_row_max=False)
+    out = frozen_follows(out, changes)
     if out.cross_head_pairs and "cross_head_pairs" not in changes and out.lpt:
         # the LPT order forced on a paired default: its pairs stay within a head
         out = dataclasses.replace(out, cross_head_pairs=False)
@@ -1581,6 +1578,15 @@ def _can_freeze(cfg: HopperFwdConfig) -> bool:
                                                        or cfg.early_exp_quarters or cfg.exp_turns
                                                        or cfg.row_sum_by_mma or cfg.staged_scores
                                                        or cfg.single_kv_loop or cfg.exp2_fma_every))
+
+
+def frozen_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:
+    """``cfg`` with a default ``freeze_row_max`` set aside where ``changes`` (which do not name it)
+    forced a lever it cannot join — one that moves the row max or the rescale, or the FMA pipe's
+    exp2, which its guard cannot read: the steps keep the online rule."""
+    if cfg.freeze_row_max and "freeze_row_max" not in changes and not _can_freeze(cfg):
+        return dataclasses.replace(cfg, freeze_row_max=False)
+    return cfg
 
 
 def kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> int:
@@ -1710,8 +1716,7 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if (str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
             and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
-            and not (problem.windowed or problem.varlen or problem.softcap)
-            and problem.head_dim == problem.head_dim_v):
+            and not (problem.windowed or problem.varlen or problem.softcap)):
         cfg = replace_following(cfg, head_dim, freeze_row_max=True)
     if problem.windowed:
         cfg = _windowed(cfg, head_dim)

@@ -140,10 +140,11 @@ RESCALE_THRESHOLD = 8.0      # FA4's τ for 16-bit inputs (log2 units): P ≤ 25
 
 def _changed(base, change: dict):
     """``base`` with ``change``: a change that unpairs a paired default (kv_multicast) drops its
-    producer's way of waiting with it, as ``hopper.fwd@...`` does (``config.unpaired_producer_follows``)."""
-    from flashrung.kernels.hopper.config import unpaired_producer_follows
+    producer's way of waiting with it, as ``hopper.fwd@...`` does (``config.unpaired_producer_follows``);
+    one that forces a lever the frozen reference cannot join sets it aside (``config.frozen_follows``)."""
+    from flashrung.kernels.hopper.config import frozen_follows, unpaired_producer_follows
 
-    return unpaired_producer_follows(dataclasses.replace(base, **change), change)
+    return frozen_follows(unpaired_producer_follows(dataclasses.replace(base, **change), change), change)
 
 
 def _feasible(base, head_dim: int, candidates, repeatable=()) -> list[tuple[str, dict]]:

@@ -116,6 +116,21 @@ def test_portable_census_is_the_binary_a_contiguous_launch_runs(sm90_rows):
         assert row["sass"]["LDGSTS"] > 0, row
 
 
+def test_the_frozen_row_maxs_recompute_compiles_for_hopper():
+    # property: portable.recompute_flagged's kernel (hopper.fwd's guard sends flagged rows to it)
+    # builds for sm_90a as a launch compiles it — the CPU tests only interpret it, and the
+    # interpreter accepts what a compile refuses (a module global inside the kernel) — on wgmma,
+    # within shared memory; its grid-stride loop around the tile costs d64 non-causal 104 B of
+    # spills (a rare path: it runs only when a launch flagged a row), d128 none
+    rows = run_census("sm_90a", "portable.recompute_flagged")
+    assert len(rows) == 4
+    for row in rows:
+        assert row.get("error") is None, row.get("error")
+        assert row["sass"]["HGMMA"] > 0 and row["sass"]["MUFU.EX2"] > 0, row
+        assert row["spill_bytes"] <= (128 if row["config"]["head_dim"] == 64 else 0), row
+        assert row["smem_bytes"] <= census.ARCHES["sm_90a"][1]
+
+
 def test_portable_forward_uses_mma_sync_on_ampere_and_fits_sm120():
     rows = run_census("sm_80", "portable.fwd")
     assert all(r["sass"]["HMMA"] > 0 and r["sass"]["HGMMA"] == 0 for r in rows)

@@ -359,6 +359,24 @@ def census_specs() -> list[CensusSpec]:
                                 "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False,
                                 "DEFECT": NO_DEFECT, "INT64_OFFSETS": False},
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=(arch,)))
+    # the recompute behind hopper.fwd's frozen row max (recompute_flagged), on the GPU it serves:
+    # compiled here, a kernel the CPU tests only interpret shows what a compiled build refuses (a
+    # module global read inside the kernel, say) and what it costs in registers and spills
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            cfg = common.forward_config(head_dim, (9, 0))
+            specs.append(CensusSpec(
+                kernel="portable.recompute_flagged",
+                config={"head_dim": head_dim, "causal": causal, "dtype": "bf16",
+                        "block_m": cfg.block_m, "block_n": cfg.block_n,
+                        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                fn=_recompute_flagged,
+                signature={"GUARD": "*i32", **_signature("bf16"), "num_m_blocks": "i32", "num_tiles": "i32"},
+                constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
+                            "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
+                            "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False,
+                            "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False, "INT64_OFFSETS": False},
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=("sm_90a",)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,
     # cp.async staging), which the unspecialized build has none of
     return [common.census_as_launched(spec) for spec in specs]

@@ -68,6 +68,11 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   length of d128 causal (``config.FAST_DIVIDE_MAX_SEQLEN``);
 * P's conversions for the next PV may be issued ahead of O's rescale (``convert_before_rescale``:
   measured, off);
+* the frozen row max (``freeze_row_max``, the bf16 default from ``config.FREEZE_ROW_MAX_MIN_SEQLEN``):
+  an item's unmasked K/V steps keep the reference its first tile set — no row max, no ``alpha``, no O
+  rescale (``softmax.softmax_exp_frozen``) — and each item's end tests O and ``l`` finite
+  (:func:`_flag_overflow`): a row a later score overflowed gets a NaN LSE and sets a guard word, and
+  ``portable.fwd.recompute_flagged`` rewrites such rows with the online softmax after the launch;
 * the running row sum may be taken by the tensor pipe (``row_sum_by_mma``: beside each PV a
   wgmma of the same P against a tile of ones, ``_pv``; measured, off);
 * P may reach PV from shared memory (``p_in_smem``: each consumer's ``p_bufs``, ``_operands``;
@@ -449,7 +454,7 @@ class _Schedule:
     CARRY_RING_SLOT: gl.constexpr  # the K/V loop carries its ring slot and phase (pipeline.next_ring_slot)
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
-    FREEZE_ROW_MAX: gl.constexpr  # unmasked steps keep the item's first row max: no max, no O rescale (a measurement)
+    FREEZE_ROW_MAX: gl.constexpr  # unmasked steps keep the item's first row max: no max, no O rescale (guarded)
     STAGED_SCORES: gl.constexpr  # the first box's row max between the waits of QK's two boxes
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
@@ -1417,8 +1422,10 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
     # SASS interleaves them with its exponentials (ncu, B1 H32 S32768)
     RESCALE_FIRST: gl.constexpr = (c.RESCALE_BEFORE_EXP and c.WAIT_PV_EARLY and not HALVES
                                    and c.EARLY_EXP_QUARTERS == 0)
-    # FREEZE_ROW_MAX (a measurement): an unmasked step keeps the reference the item's earlier steps
-    # set, so it forms no row max and O needs no rescale; alpha and rescale pass through untouched
+    # FREEZE_ROW_MAX: an unmasked step keeps the reference the item's earlier steps set, so it forms
+    # no row max and O needs no rescale; alpha and rescale pass through untouched. A later score
+    # past P's range above it leaves the row non-finite, which the epilogue's guard sends to the
+    # recompute (_flag_overflow)
     FROZEN: gl.constexpr = (c.FREEZE_ROW_MAX and c.WAIT_PV_EARLY and c.SCALE_POSITIVE and not MASK
                             and not HALVES and not STAGED)
     if c.WAIT_PV_EARLY:

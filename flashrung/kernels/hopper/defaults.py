@@ -8,8 +8,9 @@
     flashrung defaults --markdown                        the table as docs/hopper.md carries it
     flashrung defaults --json                            the ranges and their configurations
 
-``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)`` — never its batch,
-heads or dtype — so the defaults are constant between the lengths its rules name (the module's
+``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)`` — never its batch or
+heads, and its dtype only for ``freeze_row_max`` (bf16's; the ranges here are bf16's, and fp16 runs
+the same rows without it) — so the defaults are constant between the lengths its rules name (the module's
 ``*_SEQLEN`` tables). This module lists those lengths, evaluates the selection once per range and
 merges neighbours that select the same configuration: the ranges are exact at any length, not
 sampled (tests/test_hopper_defaults.py checks them against every length up to 70,000).
@@ -245,7 +246,8 @@ def register(subparsers) -> None:
         "defaults", help="which schedule hopper.fwd runs by default, by head dim, mask and length",
         description="The default configuration of hopper.fwd (config.select_config) as ranges of "
                     "max(Sq, Sk) per head dim and mask, or the whole configuration of one problem. "
-                    "Batch, heads and dtype do not change it.")
+                    "Batch and heads do not change it; the dtype only freeze_row_max (these are bf16's "
+                    "defaults: fp16 runs the same ones without it).")
     p.add_argument("--headdim", type=int, default=None,
                    help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
                         f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "

@@ -3279,8 +3279,8 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
 
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False) -> HopperFwdConfig:
-    """:func:`select_config` for a problem of this head dim, mask and sequence length (dtype does not
-    matter). The length picks the host-side grid (``persistent``) and, for short causal problems,
+    """:func:`select_config` for a bf16 problem of this head dim, mask and sequence length (an fp16
+    one runs the same configuration without ``freeze_row_max``). The length picks the host-side grid (``persistent``) and, for short causal problems,
     d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
     long one. ``key_tail``: a problem whose keys end one short of ``seqlen`` (its last K/V tile
     partial), which some rules tell apart (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``)."""

@@ -1876,6 +1876,25 @@ def test_d64s_windowed_default_masks_where_the_window_cuts_except_in_a_pack(wind
         assert not any(getattr(other, name) for name in config.WINDOW_MASK_FIELDS)
 
 
+def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
+    # config.FREEZE_ROW_MAX_MIN_SEQLEN (change 55, paired on the H200 from those lengths): bf16 at and
+    # past each row's first length, not one key before; never fp16 (its 16-bit P overflows where
+    # ordinary scores rise 11 above the reference), d256 (0.998), a window, packed sequences or a
+    # cap; the configuration with it otherwise the one without it
+    for (d, causal), first in config.FREEZE_ROW_MAX_MIN_SEQLEN.items():
+        for seqlen in (first - 1, first, 4 * first):
+            bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+            fp16 = dataclasses.replace(bf16, dtype=torch.float16)
+            cfg, plain = select_config(bf16), select_config(fp16)
+            assert cfg.freeze_row_max == (seqlen >= first) and not plain.freeze_row_max, (d, causal, seqlen)
+            assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max)
+            for options in (dict(window_size=(256, -1 if not causal else 0)), dict(varlen=True), dict(softcap=30.0)):
+                assert not select_config(dataclasses.replace(bf16, **options)).freeze_row_max, (d, causal, options)
+    for causal in (False, True):
+        d256 = _problem(head_dim=256, head_dim_v=256, causal=causal, seqlen_q=16384, seqlen_k=16384)
+        assert not select_config(d256).freeze_row_max
+
+
 def test_a_frozen_row_max_needs_fa4s_order():
     cfg = dataclasses.replace(fwd.default_config(64, False, 16384), freeze_row_max=True)
     cfg.check(64)

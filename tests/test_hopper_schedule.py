@@ -184,6 +184,34 @@ def test_combine_matches_attention_over_all_keys(seqlen_q, splits, empty_split, 
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("loads_first", [False, True])
+def test_combine_carries_a_flagged_partial_into_the_merged_lse(loads_first, device):
+    # property: a split item whose row the frozen row max's guard flagged (its partial LSE NaN,
+    # fwd._flag_overflow) leaves that row's merged LSE NaN, so the recompute after the merge
+    # (portable.fwd.recompute_flagged) finds it; every other row merges as before
+    torch.manual_seed(2)
+    batch, heads, d, block_m, seqlen_q, seqlen_k, splits = 1, 2, 16, 32, 40, 50, 3
+    scale = d ** -0.5
+    q, k, v = (torch.randn(batch, n, heads, d, dtype=torch.float16) for n in (seqlen_q, seqlen_k, seqlen_k))
+    bounds = [round(i * seqlen_k / splits) for i in range(splits + 1)]
+    coords = [(0, 1, 0), (0, 0, 1)]
+    part_o, part_lse = _partials(q, k, v, coords, splits, block_m, list(zip(bounds[:-1], bounds[1:])), scale)
+    flagged = (1 * splits + 2, 3)                   # tail tile 1's third split, row 3 of the tile
+    part_lse[flagged] = float("nan")
+    out = torch.full((batch, seqlen_q, heads, d), float("nan"), dtype=torch.float16)
+    lse = torch.full((batch, heads, seqlen_q), float("nan"))
+    on = [t.to(device) for t in (part_o, part_lse, torch.tensor(coords, dtype=torch.int32), out, lse)]
+    combine_tail(*on, splits, loads_first=loads_first)
+    lse = on[4].cpu()
+    want = oracle(q, k, v, False, scale)[1].float()
+    row = 1 * block_m + 3                           # tile (0, 0, 1): q rows 32..39
+    assert torch.isnan(lse[0, 0, row])
+    kept = [(h, r) for h, m in ((1, 0), (0, 1)) for r in range(m * block_m, min((m + 1) * block_m, seqlen_q))
+            if (h, r) != (0, row)]
+    got = torch.stack([lse[0, h, r] for h, r in kept])
+    torch.testing.assert_close(got, torch.stack([want[0, h, r] for h, r in kept]), atol=1e-5, rtol=1e-5)
+
+
 def test_combine_with_loads_first_is_the_same_merge(device):
     # loads_first only moves the loads ahead of the coordinates and widens them: rows past Sq are
     # still never written (out is a view of a longer buffer whose extra rows must stay poisoned;

@@ -819,10 +819,7 @@ class HopperFwdConfig:
                              "FA4's overlapped order: it needs extra_keys > 0, overlap=True and wait_pv_early=True, "
                              f"got extra_keys={self.extra_keys}, overlap={self.overlap}, "
                              f"wait_pv_early={self.wait_pv_early}")
-        if self.freeze_row_max and not (self.overlap and self.wait_pv_early and not self.late_rescale
-                                        and not self.rescale_before_exp and not self.early_exp_quarters
-                                        and not self.exp_turns and not self.row_sum_by_mma
-                                        and not self.staged_scores and not self.single_kv_loop):
+        if self.freeze_row_max and not _freeze_order(self):
             raise ValueError("freeze_row_max keeps an item's first row max through its unmasked steps in FA4's "
                              "overlapped order: it needs overlap=True and wait_pv_early=True, and none of "
                              "late_rescale, rescale_before_exp, early_exp_quarters, exp_turns, row_sum_by_mma, "
@@ -1572,12 +1569,19 @@ def _can_multicast(cfg: HopperFwdConfig) -> bool:
             and cfg.block_n % 16 == 0)
 
 
+def _freeze_order(cfg: HopperFwdConfig) -> bool:
+    """Whether ``cfg``'s step is one ``freeze_row_max`` can keep a reference through: FA4's overlapped
+    order, without the levers that move the rescale or the max."""
+    return bool(cfg.overlap and cfg.wait_pv_early and not (cfg.late_rescale or cfg.rescale_before_exp
+                                                           or cfg.early_exp_quarters or cfg.exp_turns
+                                                           or cfg.row_sum_by_mma or cfg.staged_scores
+                                                           or cfg.single_kv_loop))
+
+
 def _can_freeze(cfg: HopperFwdConfig) -> bool:
-    """What ``freeze_row_max`` needs of the rest of a configuration (``HopperFwdConfig.check``)."""
-    return (cfg.overlap and cfg.wait_pv_early and not (cfg.late_rescale or cfg.rescale_before_exp
-                                                       or cfg.early_exp_quarters or cfg.exp_turns
-                                                       or cfg.row_sum_by_mma or cfg.staged_scores
-                                                       or cfg.single_kv_loop or cfg.exp2_fma_every))
+    """What ``freeze_row_max`` needs of the rest of a configuration (``HopperFwdConfig.check``): that
+    order, and MUFU's exp2 (its guard reads an overflowed P as inf)."""
+    return _freeze_order(cfg) and not cfg.exp2_fma_every
 
 
 def frozen_follows(cfg: HopperFwdConfig, changes) -> HopperFwdConfig:

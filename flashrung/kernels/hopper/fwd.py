@@ -203,7 +203,7 @@ from flashrung.kernels.hopper.schedule import (
     window_tile_range,
 )
 from flashrung.kernels.hopper.tail_combine import combine_tail, workspace as tail_workspace
-from flashrung.kernels.portable.fwd import recompute_flagged
+from flashrung.kernels.portable.fwd import check_guard, recompute_flagged
 from flashrung.kernels.hopper.multicast import (_CLUSTER_CTAS, _TENSOR_MAP_BYTES, CLUSTER_CTAS, cta_rank,
                                                join_cluster, kv_tensor_maps, load_half, load_q, max_active_clusters)
 from flashrung.kernels.hopper.trace import (E_END, E_ISSUED, E_MID, E_PV, E_READY, E_SCORES, E_TOP, E_TURN,
@@ -3090,9 +3090,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
                          f"trace_tiles={cfg.trace_tiles}")
     if _guard is not None and not cfg.freeze_row_max:
         raise ValueError(f"{KERNEL_NAME}: _guard is the word of freeze_row_max's guard; this config runs without it")
-    if _guard is not None and (_guard.dtype != torch.int32 or _guard.numel() != 1 or _guard.device != q.device):
-        raise ValueError(f"{KERNEL_NAME}: _guard must be one int32 word on {q.device}, got {tuple(_guard.shape)} "
-                         f"{_guard.dtype} on {_guard.device}")
+    if _guard is not None:
+        check_guard(_guard, q.device, f"{KERNEL_NAME}: _guard")
     softmax_scale = float(softmax_scale)
     if softcap and not softmax_scale > 0:
         raise ValueError(f"{KERNEL_NAME}: softcap needs a positive softmax_scale, got {softmax_scale:g}")

@@ -268,6 +268,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     return out, lse
 
 
+def check_guard(guard: torch.Tensor, device, name: str = "guard") -> None:
+    """Raise ``ValueError`` (naming ``name``) unless ``guard`` is one int32 word on ``device``: the
+    word :func:`recompute_flagged` reads."""
+    if guard.dtype != torch.int32 or guard.numel() != 1 or guard.device != device:
+        raise ValueError(f"{name} must be one int32 word on {device}, got {tuple(guard.shape)} {guard.dtype} "
+                         f"on {guard.device}")
+
+
 # Programs of the recompute per SM: each walks its share of the tiles only when the guard tripped
 RECOMPUTE_PROGRAMS_PER_SM = 2
 
@@ -282,9 +290,7 @@ def recompute_flagged(guard: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     launch's. A faster kernel that cannot finish a row exactly flags it this way (``hopper.fwd``'s
     frozen row max). The launch does not read ``guard`` on the host: when it is 0 each program
     reads it and leaves, so the call costs one small launch and never synchronizes."""
-    if guard.dtype != torch.int32 or guard.numel() != 1 or guard.device != q.device:
-        raise ValueError(f"guard must be one int32 word on {q.device}, got {tuple(guard.shape)} {guard.dtype} "
-                         f"on {guard.device}")
+    check_guard(guard, q.device)
     args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(q, k, v, out, lse, causal, softmax_scale,
                                                                       window_size, softcap, cu_seqlens, max_seqlens)
     num_tiles = num_m_blocks * batch_heads

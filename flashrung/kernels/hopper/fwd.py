@@ -131,7 +131,7 @@ import dataclasses
 import functools
 import os
 import types
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -2560,10 +2560,30 @@ def _window_sides(window: tuple[int, int] | None, causal: bool, keys_and_rows: i
     return window_left, min(right, keys_and_rows), True
 
 
+class ScheduleKey(NamedTuple):
+    """What a balanced grid's table depends on: ``balanced_schedule``'s arguments and the device."""
+    num_m_blocks: int
+    batch_heads: int
+    section: int
+    lpt: bool
+    seqlen_q: int
+    seqlen_k: int
+    block_m: int
+    kv_tile: int
+    causal: bool
+    ctas: int
+    device: object
+    consumer_share: tuple
+    pool_share: float
+    window_left: int
+    window_right: int
+    overhead: float
+
+
 # the balanced grid's tables on the device, by shape and device: 4 bytes per tile and per CTA (16 KiB
 # for 32k tokens of 16 heads at d128). Never evicted: a captured CUDA graph keeps the table's
 # address, and a freed table would let the allocator hand that memory to something else.
-_SCHEDULE_TABLES: dict[tuple, torch.Tensor] = {}
+_SCHEDULE_TABLES: dict[ScheduleKey, torch.Tensor] = {}
 
 
 def partial_tile_share(cfg: HopperFwdConfig, head_dim: int) -> tuple[float, ...]:
@@ -2586,8 +2606,8 @@ def _schedule_table(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k,
 
     Building one copies host memory to the device, which a CUDA graph capture cannot record: a
     shape's first call must run before the capture (the usual warm-up does it)."""
-    key = (num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas, device,
-           consumer_share, pool_share, window_left, window_right, overhead)
+    key = ScheduleKey(num_m_blocks, batch_heads, section, lpt, seqlen_q, seqlen_k, block_m, kv_tile, causal, ctas,
+                      device, consumer_share, pool_share, window_left, window_right, overhead)
     table = _SCHEDULE_TABLES.get(key)
     if table is None:
         if torch.cuda.is_current_stream_capturing():

@@ -120,14 +120,15 @@ def test_the_frozen_row_maxs_recompute_compiles_for_hopper():
     # property: portable.recompute_flagged's kernel (hopper.fwd's guard sends flagged rows to it)
     # builds for sm_90a as a launch compiles it — the CPU tests only interpret it, and the
     # interpreter accepts what a compile refuses (a module global inside the kernel) — on wgmma,
-    # within shared memory; its grid-stride loop around the tile costs d64 non-causal 104 B of
-    # spills (a rare path: it runs only when a launch flagged a row), d128 none
+    # within shared memory; its grid-stride loop around the tile and the word's reset after it cost
+    # d64 non-causal 136 B of spills (104 B before the reset; a rare path: it runs only when a launch
+    # flagged a row), d128 none
     rows = run_census("sm_90a", "portable.recompute_flagged")
     assert len(rows) == 4
     for row in rows:
         assert row.get("error") is None, row.get("error")
         assert row["sass"]["HGMMA"] > 0 and row["sass"]["MUFU.EX2"] > 0, row
-        assert row["spill_bytes"] <= (128 if row["config"]["head_dim"] == 64 else 0), row
+        assert row["spill_bytes"] <= (160 if row["config"]["head_dim"] == 64 else 0), row
         assert row["smem_bytes"] <= census.ARCHES["sm_90a"][1]
 
 

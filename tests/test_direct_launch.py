@@ -253,6 +253,8 @@ def _recorded_launches(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(fwd, "combine_tail", lambda *a, **kw: None)
     monkeypatch.setattr(fwd, "_schedule_table", lambda *a, **kw: torch.zeros(64, dtype=torch.int32))
+    # the frozen row max's word pair of the current stream (a CUDA stream query): a stand-in
+    monkeypatch.setattr(fwd, "guard_word", lambda index: torch.zeros(fwd.GUARD_WORDS, dtype=torch.int32))
 
     def offsets(build, dtype, args, constexprs, grid):
         # an asm_arrivals build's barrier offsets come from its compile, once per (build, dtype):
@@ -317,6 +319,40 @@ def test_the_launch_key_sees_every_pointer(monkeypatch):
     # with a misaligned lse is another key
     records = _recorded_launches(monkeypatch)
     assert len({key for key, _ in records}) > len({(key[0], key[1], key[2]) for key, _ in records})
+
+
+def test_the_recomputes_key_determines_what_triton_specializes_on(monkeypatch):
+    # portable.fwd.recompute_flagged (behind hopper.fwd's frozen row max) keys its direct launch on
+    # specialization_key: equal keys must mean equal specializations over shapes, strides (a
+    # transposed q), alignments (an offset lse) and both guard kinds, and the key must move with them
+    from flashrung.kernels.portable import fwd as portable
+
+    records = []
+
+    def record(grid, key, args, constexprs, num_warps, cluster_ctas=1, num_stages=None):
+        records.append((key, (_specialization(args, constexprs), num_warps, num_stages)))
+
+    monkeypatch.setattr(portable, "_RECOMPUTE", record)
+    monkeypatch.setattr(portable, "DIRECT_LAUNCH", True)
+    for (batch, seqlen_q, seqlen_k, heads_q, heads_kv), head_dim, causal, dtype in itertools.product(
+            [(1, 1, 1, 1, 1), (2, 17, 1000, 4, 2), (1, 16, 16, 16, 16), (3, 4097, 333, 6, 3), (1, 128, 32, 2, 1)],
+            (64, 128), (False, True), (torch.float16, torch.bfloat16)):
+        k = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=dtype)
+        for transposed, lse_offset, reset in itertools.product((False, True), (0, 1), (False, True)):
+            q = (torch.zeros(batch, heads_q, seqlen_q, head_dim, dtype=dtype).transpose(1, 2) if transposed
+                 else torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=dtype))
+            lse = torch.zeros(batch * heads_q * seqlen_q + lse_offset)[lse_offset:].view(batch, heads_q, seqlen_q)
+            guard = torch.zeros(2 if reset else 1, dtype=torch.int32)
+            portable.recompute_flagged(guard, q, k, k, torch.zeros_like(q), lse, causal, 0.125, reset=reset)
+    by_key = {}
+    for key, spec in records:
+        by_key.setdefault(key, set()).add(spec)
+    assert not {key: specs for key, specs in by_key.items() if len(specs) > 1}, "a key covers two specializations"
+    # the properties the test relies on actually vary: alignment, value-1 integers, constexprs
+    specs = {spec for _, spec in records}
+    assert len(records) == 320 and len(specs) > 50
+    assert any(s[1] == "D" for spec in specs for s in spec[0][0]) and any(s[1] != "D" for spec in specs for s in spec[0][0])
+    assert any(s == ("constexpr", 1) for spec in specs for s in spec[0][0])
 
 
 # --------------------------------------------------------------------------- GPU (sm_90)

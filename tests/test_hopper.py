@@ -4920,6 +4920,32 @@ def test_gate_freeze_row_max_guard_where_later_scores_overflow_the_frozen_refere
 
 @pytest.mark.gpu
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_streams_own_guard_word_is_left_clear_after_a_trip(head_dim):
+    # property: without a caller's word each launch uses its stream's pair (fwd.guard_word), which
+    # no launch zeroes on the host: a tripped launch's recompute must leave both words 0, or every
+    # later call on the stream would walk every tile (or, worse, skip a trip it read as stale). A
+    # trip, then Gaussians, then a trip again, each checked against the references, on two streams
+    from flashrung.gate import check_forward_inputs
+
+    rising = _rising_maxima_inputs(head_dim)
+    gaussian = _seeded_qkv(1, 1000, 2, head_dim)
+    cfg = replace_following(fwd.default_config(head_dim, False, 4097), head_dim, **FREEZE_ROW_MAX)
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    fwd.forward(*rising, False, head_dim ** -0.5, config=cfg, _guard=word)
+    assert word.item() == 1, "the rising inputs no longer trip the guard: the test tests nothing"
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            for q, k, v in (rising, gaussian, rising):
+                result = check_forward_inputs(functools.partial(fwd.forward, config=cfg), q, k, v, False)
+                assert result.passed, str(result)
+                assert fwd.guard_word(torch.cuda.current_device()).tolist() == [0, 0]
+        torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@on_hopper
 def test_the_frozen_row_max_guard_word_belongs_to_it():
     # forward's _guard is the word freeze_row_max's guard sets: a config without it, or a word of
     # the wrong kind, is refused by name before anything launches

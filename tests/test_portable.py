@@ -236,3 +236,33 @@ def test_recompute_names_a_guard_it_cannot_read():
     for guard in (torch.ones(1, dtype=torch.int64, device=DEVICE), torch.ones(2, dtype=torch.int32, device=DEVICE)):
         with pytest.raises(ValueError, match="guard must be one int32 word"):
             fwd.recompute_flagged(guard, q, k, v, out, lse, False, 0.2)
+    for guard in (torch.ones(1, dtype=torch.int32, device=DEVICE), torch.ones(4, dtype=torch.int32, device=DEVICE)[::2]):
+        with pytest.raises(ValueError, match="guard must be 2 contiguous int32 words"):
+            fwd.recompute_flagged(guard, q, k, v, out, lse, False, 0.2, reset=True)
+
+
+@pytest.mark.parametrize("programs", [1, 3])
+def test_a_resetting_recompute_leaves_its_word_pair_zero_after_a_trip(programs, monkeypatch):
+    # property: with reset (the word pair hopper.fwd keeps per stream, never zeroed on the host) a
+    # tripped launch rewrites its flagged rows exactly as a one-word launch does and leaves both words
+    # 0 — the last program to count resets them, whichever it is — so the next launch starts clear;
+    # an untripped one leaves the pair as it found it. One program and several (a grid stride)
+    monkeypatch.setattr(fwd, "RECOMPUTE_PROGRAMS_PER_SM", programs)
+    torch.manual_seed(5)
+    q = torch.randn(2, 150, 2, 32, dtype=torch.float16, device=DEVICE)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    want_out, want_lse = fwd.forward(q, k, v, False, 0.2)
+    flagged = torch.zeros_like(want_lse, dtype=torch.bool)
+    flagged[0, 1, 100:140] = True
+    flagged[1, 0, ::9] = True
+    out, lse = torch.full_like(want_out, 3.0), torch.full_like(want_lse, 5.0).masked_fill(flagged, float("nan"))
+    words = torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
+    fwd.recompute_flagged(words, q, k, v, out, lse, False, 0.2, reset=True)
+    assert words.tolist() == [0, 0]
+    rows = flagged.transpose(1, 2)
+    assert torch.equal(lse[flagged], want_lse[flagged]) and torch.equal(lse[~flagged], torch.full_like(lse, 5.0)[~flagged])
+    assert torch.equal(out[rows], want_out[rows]) and (out[~rows] == 3.0).all()
+    # the next launch reads 0: a NaN row it finds stays as it is, and the pair stays 0
+    lse[0, 0, 7] = float("nan")
+    fwd.recompute_flagged(words, q, k, v, out, lse, False, 0.2, reset=True)
+    assert words.tolist() == [0, 0] and torch.isnan(lse[0, 0, 7])

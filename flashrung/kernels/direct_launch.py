@@ -60,9 +60,10 @@ class DirectLaunch:
         self.ordinary_calls = 0
 
     def __call__(self, grid: int, key: Hashable, args: tuple, constexprs: Mapping[str, Any],
-                 num_warps: int, cluster_ctas: int = 1) -> None:
+                 num_warps: int, cluster_ctas: int = 1, num_stages: int | None = None) -> None:
         """Launch ``fn[(grid,)](*args, **constexprs, num_warps=num_warps)`` on the current device
         and stream. ``args`` are the leading positional parameters; ``constexprs`` name the rest.
+        ``num_stages``: Triton's software-pipelining depth for the compile (its default if None).
 
         ``cluster_ctas`` > 1: the ``grid`` CTAs of a kernel compiled for one CTA are launched in
         clusters of that many consecutive CTAs (Triton's C launcher takes the cluster size from the
@@ -70,20 +71,22 @@ class DirectLaunch:
         the direct way, compiled through ``warmup`` the first time — or, with a hook set, through
         :meth:`through_triton`, so that the hook sees it."""
         self._check_cluster(grid, cluster_ctas)
+        options = _options(num_warps, num_stages)
         if cluster_ctas > 1 and _hooks_active(self.fn):
-            self.through_triton(grid, args, constexprs, num_warps, cluster_ctas)
+            self.through_triton(grid, args, constexprs, num_warps, cluster_ctas, num_stages)
             return
         if cluster_ctas == 1 and (not self._compiled or _hooks_active(self.fn)):
-            self._ordinary(grid, args, constexprs, num_warps)
+            self._ordinary(grid, args, constexprs, options)
             return
         device = driver.active.get_current_device()
-        full_key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key, cluster_ctas)
+        full_key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key, cluster_ctas,
+                    num_stages)
         entry = self._kernels.get(full_key)
         if entry is None:
             if cluster_ctas > 1:
-                kernel = self.fn.warmup(*args, **constexprs, num_warps=num_warps, grid=(grid,))
+                kernel = self.fn.warmup(*args, **constexprs, **options, grid=(grid,))
             else:
-                kernel = self._ordinary(grid, args, constexprs, num_warps)
+                kernel = self._ordinary(grid, args, constexprs, options)
             if hasattr(kernel, "result"):           # Triton's asynchronous compile mode
                 kernel = kernel.result()
             if len(self._kernels) >= MAX_ENTRIES:
@@ -107,7 +110,7 @@ class DirectLaunch:
         self.direct_calls += 1
 
     def through_triton(self, grid: int, args: tuple, constexprs: Mapping[str, Any], num_warps: int,
-                       cluster_ctas: int) -> None:
+                       cluster_ctas: int, num_stages: int | None = None) -> None:
         """A cluster launch as ``JITFunction.run`` launches a kernel, with no table of this
         launcher's: Triton binds and specializes the arguments and finds (or compiles) the kernel
         (``warmup``, which also runs the function's pre-run hooks), and the kernel's own
@@ -116,7 +119,7 @@ class DirectLaunch:
         goes (a profiler sees it), and the one a caller picks to stay off the direct path."""
         self._check_cluster(grid, cluster_ctas)
         self.ordinary_calls += 1
-        kernel = self.fn.warmup(*args, **constexprs, num_warps=num_warps, grid=(grid,))
+        kernel = self.fn.warmup(*args, **constexprs, **_options(num_warps, num_stages), grid=(grid,))
         if hasattr(kernel, "result"):           # Triton's asynchronous compile mode
             kernel = kernel.result()
         device = driver.active.get_current_device()
@@ -135,9 +138,9 @@ class DirectLaunch:
         if cluster_ctas > 1 and not self._compiled:
             raise RuntimeError(f"{self.fn.__name__}: the interpreter runs no cluster launch")
 
-    def _ordinary(self, grid, args, constexprs, num_warps):
+    def _ordinary(self, grid, args, constexprs, options):
         self.ordinary_calls += 1
-        return self.fn[(grid,)](*args, **constexprs, num_warps=num_warps)
+        return self.fn[(grid,)](*args, **constexprs, **options)
 
     def _trailing(self, n_args: int, constexprs: Mapping[str, Any], num_warps: int) -> tuple:
         """The values of the parameters after the positional ones, in signature order, as
@@ -222,6 +225,33 @@ class RawLaunch:
         final.extend(args[start:])
         final.extend(trailing)
         self.launch(*final)
+
+
+def _options(num_warps: int, num_stages: int | None) -> dict:
+    """The compile options of a launch, as ``fn[grid](...)`` takes them (Triton's own defaults for
+    those left None)."""
+    return {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+
+
+def specialization_key(args: tuple) -> tuple:
+    """A key covering what Triton specializes ``args`` on, for a launcher with no cheaper key of its
+    own: each tensor's dtype and 16-byte alignment, each integer's exact value (which fixes whether it
+    is 1, divisible by 16 and its width), each float by type alone (always fp32). Exact integers make
+    it finer than Triton's: a new length takes one ordinary launch, no compile."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if hasattr(a, "data_ptr") else
+                 (a if isinstance(a, int) else type(a)) for a in args)
+
+
+def enabled_by_environment(environ=None) -> bool:
+    """``FLASHRUNG_DIRECT_LAUNCH=0`` sends every launch through ``JITFunction.run`` (slower host
+    path, Triton's own binding) — a cluster launch (kv_multicast), which it cannot start, through
+    ``DirectLaunch.through_triton`` — the way out should a Triton release change what the direct
+    path relies on. Any other value but ``1`` is refused rather than guessed at."""
+    import os
+    value = (os.environ if environ is None else environ).get("FLASHRUNG_DIRECT_LAUNCH", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _hook_set(hook) -> bool:

@@ -151,7 +151,7 @@ from triton.language.core import _aggregate as aggregate
 
 from flashrung.dispatch import score_options_reason
 from flashrung.inputs import NO_WINDOW, check_softcap, host_offsets
-from flashrung.kernels.direct_launch import DirectLaunch
+from flashrung.kernels.direct_launch import DirectLaunch, enabled_by_environment
 from flashrung.kernels.hopper.config import (
     PARTIAL_TILE_COST_SHARE,
     ROWS_PER_CONSUMER_WARPGROUP,
@@ -2686,6 +2686,28 @@ _HANDOUT_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 _CAPTURED_HANDOUT_COUNTERS: list[torch.Tensor] = []
 
 
+# freeze_row_max's guard word and the recompute's count beside it, by device and stream. The
+# recompute leaves both 0 (a trip reset by its last program), so the launches of one stream, ordered,
+# share a pair; launches in two streams may overlap, and each stream has its own. A capture records
+# a zero-fill beside its own pair, kept because the graph keeps its address.
+_GUARD_WORDS: dict[tuple[int, int], torch.Tensor] = {}
+_CAPTURED_GUARD_WORDS: list[torch.Tensor] = []
+GUARD_WORDS = 2
+
+
+def guard_word(device_index: int) -> torch.Tensor:
+    """freeze_row_max's guard word pair for the current stream of device ``device_index``."""
+    if torch.cuda.is_current_stream_capturing():
+        words = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
+        _CAPTURED_GUARD_WORDS.append(words)
+        return words
+    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    words = _GUARD_WORDS.get(key)
+    if words is None:
+        words = _GUARD_WORDS[key] = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
+    return words
+
+
 def handout_counters(device_index: int) -> torch.Tensor:
     """The dynamic hand-out's counter pair for the current stream of device ``device_index``."""
     if torch.cuda.is_current_stream_capturing():
@@ -2795,14 +2817,8 @@ _DIRECT = DirectLaunch(_attn_fwd_kernel)
 
 
 def _direct_launch_default(environ=os.environ) -> bool:
-    """``FLASHRUNG_DIRECT_LAUNCH=0`` sends every launch through ``JITFunction.run`` (slower host
-    path, Triton's own binding) — a cluster launch (kv_multicast), which it cannot start, through
-    ``DirectLaunch.through_triton`` — the way out should a Triton release change what the direct
-    path relies on. Any other value but ``1`` is refused rather than guessed at."""
-    value = environ.get("FLASHRUNG_DIRECT_LAUNCH", "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got {value!r}")
-    return value == "1"
+    """``direct_launch.enabled_by_environment``: ``FLASHRUNG_DIRECT_LAUNCH`` 1 (default) or 0."""
+    return enabled_by_environment(environ)
 
 
 # False: every launch through JITFunction.run (the reference the direct path is tested against)
@@ -2881,10 +2897,11 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
             tmaps = kv_tensor_maps(k, v, cfg.block_n)
     else:
         tmaps = lse
-    # the frozen row max's guard word, zeroed for each launch (a word no recompute has reset could
-    # carry a trip into another stream's launch); never dereferenced without freeze_row_max
+    # the frozen row max's guard word: this stream's, which the recompute leaves 0 after a trip, or
+    # the caller's (left set for it to read); never dereferenced without freeze_row_max
+    own_guard = guard is None
     if cfg.freeze_row_max and not warmup:
-        guard = torch.zeros(1, dtype=torch.int32, device=q.device) if guard is None else guard
+        guard = guard_word(device_index) if own_guard else guard
     else:
         guard = coords
     # cu_seqlens and out's base: read only by a packed launch
@@ -2927,7 +2944,7 @@ def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFw
         # softmax of portable.fwd; a launch that flagged none pays one small launch reading the word
         recompute_flagged(guard, q, k, v, out, lse, causal_arg, softmax_scale,
                           window_size=window if window is not None else NO_WINDOW, softcap=softcap,
-                          cu_seqlens=cu_seqlens, max_seqlens=max_seqlens)
+                          cu_seqlens=cu_seqlens, max_seqlens=max_seqlens, reset=own_guard)
 
 
 def barrier_offsets(compile_with, constexprs) -> dict:

@@ -19,11 +19,14 @@ non-zero value compiles in one deliberate bug the gate must catch; 0 compiles no
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from flashrung.evidence.census import CensusSpec
+from flashrung.kernels.direct_launch import DirectLaunch, enabled_by_environment, specialization_key
 from flashrung.inputs import NO_WINDOW
 from flashrung.kernels.portable import common
 from flashrung.kernels.portable.common import (LN2, LOG2E, capped_scores, causal_kv_bounds, offset_index,
@@ -228,7 +231,7 @@ def _recompute_flagged(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, DOT_FP32: tl.constexpr,
-    INT64_OFFSETS: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr, RESET: tl.constexpr = False,
 ):
     # a fixed grid that reads one word and leaves when it is 0 (every launch the guard did not
     # trip); otherwise it walks every tile and runs those with a flagged row
@@ -241,6 +244,14 @@ def _recompute_flagged(
                          softcap_pre, softcap_post, CU_SEQLENS_Q, CU_SEQLENS_K, tile % num_m_blocks,
                          tile // num_m_blocks, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N,
                          IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, VARLEN, DOT_FP32, 0, INT64_OFFSETS, True)
+        if RESET:
+            # the word left 0 for the next launch on this stream, so that no launch pays a memset:
+            # the last program to count itself resets it (GUARD[1] counts), and every program read
+            # the word before it counted (the add releases in program order), so none reads it reset
+            done = tl.atomic_add(GUARD + 1, 1)
+            if done == tl.num_programs(0) - 1:
+                tl.store(GUARD, 0)
+                tl.store(GUARD + 1, 0)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
@@ -268,12 +279,22 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     return out, lse
 
 
-def check_guard(guard: torch.Tensor, device, name: str = "guard") -> None:
-    """Raise ``ValueError`` (naming ``name``) unless ``guard`` is one int32 word on ``device``: the
-    word :func:`recompute_flagged` reads."""
-    if guard.dtype != torch.int32 or guard.numel() != 1 or guard.device != device:
-        raise ValueError(f"{name} must be one int32 word on {device}, got {tuple(guard.shape)} {guard.dtype} "
-                         f"on {guard.device}")
+def check_guard(guard: torch.Tensor, device, name: str = "guard", words: int = 1) -> None:
+    """Raise ``ValueError`` (naming ``name``) unless ``guard`` is ``words`` contiguous int32 words on
+    ``device``: the word :func:`recompute_flagged` reads (and, to reset it, the count beside it)."""
+    if guard.dtype != torch.int32 or guard.numel() != words or guard.device != device or not guard.is_contiguous():
+        raise ValueError(f"{name} must be {'one int32 word' if words == 1 else f'{words} contiguous int32 words'} "
+                         f"on {device}, got {tuple(guard.shape)} {guard.dtype} on {guard.device}")
+
+
+# False: every recompute launch through JITFunction.run (hopper.fwd's switch, the same variable)
+DIRECT_LAUNCH = enabled_by_environment()
+_RECOMPUTE = DirectLaunch(_recompute_flagged)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 # Programs of the recompute per SM: each walks its share of the tiles only when the guard tripped
@@ -284,23 +305,30 @@ def recompute_flagged(guard: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                       lse: torch.Tensor, causal: bool, softmax_scale: float,
                       window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
                       cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
-                      max_seqlens: tuple[int, int] | None = None) -> None:
+                      max_seqlens: tuple[int, int] | None = None, reset: bool = False) -> None:
     """Rewrite, with this kernel's online softmax, every row whose LSE in ``lse`` is NaN, when the
     int32 word ``guard`` is not 0; arguments as :func:`forward`'s, ``out`` and ``lse`` a finished
     launch's. A faster kernel that cannot finish a row exactly flags it this way (``hopper.fwd``'s
     frozen row max). The launch does not read ``guard`` on the host: when it is 0 each program
-    reads it and leaves, so the call costs one small launch and never synchronizes."""
-    check_guard(guard, q.device)
+    reads it and leaves, so the call costs one small launch and never synchronizes.
+
+    ``reset``: ``guard`` is two words, the flag and a count the launch uses to leave both 0 after a
+    trip (a word reused by every launch of one stream needs no zeroing); else one word, left as the
+    launch found it (a caller reads it)."""
+    check_guard(guard, q.device, words=2 if reset else 1)
     args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(q, k, v, out, lse, causal, softmax_scale,
                                                                       window_size, softcap, cu_seqlens, max_seqlens)
     num_tiles = num_m_blocks * batch_heads
-    if q.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * _sm_count(q.device)))
+    args = (guard, *args, num_m_blocks, num_tiles)
+    constexprs["RESET"] = reset
+    if DIRECT_LAUNCH:
+        # the launch JITFunction.run would make, without its binding of 33 arguments (tens of µs a
+        # call, for a launch that almost always only reads the word)
+        key = (tuple(constexprs.items()), cfg.num_warps, cfg.num_stages, specialization_key(args))
+        _RECOMPUTE(grid, key, args, constexprs, cfg.num_warps, num_stages=cfg.num_stages)
     else:
-        sms = 1
-    grid = (max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * sms)),)
-    _recompute_flagged[grid](guard, *args, num_m_blocks, num_tiles, **constexprs, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+        _recompute_flagged[(grid,)](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _launch_args(q, k, v, out, lse, causal, softmax_scale, window_size, softcap, cu_seqlens, max_seqlens):
@@ -381,7 +409,8 @@ def census_specs() -> list[CensusSpec]:
                 constexprs={"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "HEAD_DIM_V": head_dim,
                             "BLOCK_DV": head_dim, "BLOCK_M": cfg.block_m,
                             "BLOCK_N": cfg.block_n, "IS_CAUSAL": causal, "HAS_WINDOW": False,
-                            "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False, "INT64_OFFSETS": False},
+                            "HAS_SOFTCAP": False, "VARLEN": False, "DOT_FP32": False, "INT64_OFFSETS": False,
+                            "RESET": True},
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, arches=("sm_90a",)))
     # as a launch compiles them: strides and lengths known multiples of 16 (vectorized loads,
     # cp.async staging), which the unspecialized build has none of

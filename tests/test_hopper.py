@@ -174,7 +174,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # for d64 non-causal, whose 16k default paired its CTAs (kv_multicast) first: the 32k label is
     # the unpaired kernel the d64 levers below were built and priced on
     seqlen = changes.pop("_seqlen", 32768 if (d, causal) == (64, False) else 16384)
-    cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail)
+    # the online step every label was built and priced on (fp16's default: no frozen reference, nor
+    # what it brings), unless a label names freeze_row_max: then bf16's default, the frozen step's
+    frozen = "freeze_row_max" in changes
+    cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail, dtype=torch.bfloat16 if frozen else torch.float16)
     paired = changes.pop("_paired", False)
     if (d, causal) == (64, False) and seqlen == 32768 and not paired:
         # d64 non-causal pairs its CTAs at every length from 4k (change 47): unless "_paired" asks
@@ -212,10 +215,6 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     if packed or changes.pop("_plain_of_packed", False):
         from flashrung.kernels.hopper import config as hopper_config
         cfg = hopper_config._packed(cfg, d, causal)
-    if "freeze_row_max" not in changes:
-        # the online step every label below was built and priced on: the frozen reference (the
-        # bf16 default from config.FREEZE_ROW_MAX_MIN_SEQLEN) is built where a label names it
-        cfg = fwd.replace_following(cfg, d, freeze_row_max=False)
     cfg = dataclasses.replace(cfg, **changes)
     spec = fwd.census_spec(cfg, q_dim, causal, torch.bfloat16, key_tail=key_tail, softcap=softcap, head_dim_v=v_dim,
                            window=window, packed=packed, window_right=window_right)
@@ -1877,22 +1876,55 @@ def test_d64s_windowed_default_masks_where_the_window_cuts_except_in_a_pack(wind
 
 
 def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
-    # config.FREEZE_ROW_MAX_MIN_SEQLEN (change 55, paired on the H200 from those lengths): bf16 at and
+    # config.FREEZE_ROW_MAX_MIN_SEQLEN (changes 55, 57, 58, paired from those lengths): bf16 at and
     # past each row's first length, not one key before; never fp16 (its 16-bit P overflows where
     # ordinary scores rise 11 above the reference), d256 (0.998), a window, packed sequences or a
-    # cap; the configuration with it otherwise the one without it
+    # cap; the configuration with it otherwise the one without it and what it brings
+    # (config.FREEZE_ROW_MAX_BRINGS: FA4's order, two K/V loops, PV's wait ungated)
     for (d, causal), first in config.FREEZE_ROW_MAX_MIN_SEQLEN.items():
         for seqlen in (first - 1, first, 4 * first):
-            bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen)
+            bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
+                            batch=max(1, 32768 // seqlen), heads_q=32, heads_kv=32)
             fp16 = dataclasses.replace(bf16, dtype=torch.float16)
             cfg, plain = select_config(bf16), select_config(fp16)
             assert cfg.freeze_row_max == (seqlen >= first) and not plain.freeze_row_max, (d, causal, seqlen)
-            assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max)
+            brought = {name: value for name, value in config.FREEZE_ROW_MAX_BRINGS.items()
+                       if cfg.freeze_row_max and getattr(plain, name) != value}
+            assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max, **brought)
             for options in (dict(window_size=(256, -1 if not causal else 0)), dict(varlen=True), dict(softcap=30.0)):
                 assert not select_config(dataclasses.replace(bf16, **options)).freeze_row_max, (d, causal, options)
     for causal in (False, True):
         d256 = _problem(head_dim=256, head_dim_v=256, causal=causal, seqlen_q=16384, seqlen_k=16384)
         assert not select_config(d256).freeze_row_max
+
+
+def test_the_frozen_row_max_brings_what_was_priced_with_it():
+    # changes 56-58: at d128 non-causal S4096-8191 the frozen step runs FA4's order (the default
+    # there was FA3's, which it cannot join), at d64 causal up to S2048 the two K/V loops (the
+    # single one it cannot join), and from S16384 PV's wait ungated; the online step keeps its own
+    fa3 = fwd.default_config(128, False, 4096, dtype=torch.float16)
+    assert not fa3.wait_pv_early and fwd.default_config(128, False, 4096).wait_pv_early
+    loop = fwd.default_config(64, True, 2048, dtype=torch.float16)
+    assert loop.single_kv_loop and not fwd.default_config(64, True, 2048).single_kv_loop
+    gated = fwd.default_config(128, False, 16384, dtype=torch.float16)
+    assert gated.gate_pv_wait and not fwd.default_config(128, False, 16384).gate_pv_wait
+    for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384), (64, False, 8192)):
+        fwd.default_config(d, causal, seqlen).check(d)
+
+
+def test_the_frozen_row_max_waits_for_a_call_worth_its_launch():
+    # config.FREEZE_ROW_MAX_MIN_FLOP: a call below it keeps the online step (its time is its host
+    # path, which the recompute's launch lengthens: B1 H32 S2048 d64 ran 0.597x), one at or above it
+    # takes the frozen one; the suite's rows, and default_config's problems, are above it
+    small = _problem(head_dim=64, head_dim_v=64, seqlen_q=2048, seqlen_k=2048, batch=1, heads_q=32, heads_kv=32)
+    assert config.call_flop(small) < config.FREEZE_ROW_MAX_MIN_FLOP and not select_config(small).freeze_row_max
+    suite = dataclasses.replace(small, batch=16)
+    assert config.call_flop(suite) >= config.FREEZE_ROW_MAX_MIN_FLOP and select_config(suite).freeze_row_max
+    # the work counts the mask: a causal call is half its non-causal one
+    causal = dataclasses.replace(suite, causal=True)
+    assert config.call_flop(causal) == config.call_flop(suite) / 2
+    for (d, causal), first in config.FREEZE_ROW_MAX_MIN_SEQLEN.items():
+        assert fwd.default_config(d, causal, first).freeze_row_max, (d, causal)
 
 
 def test_a_frozen_row_max_needs_fa4s_order():
@@ -1927,7 +1959,7 @@ def test_rescale_before_exp_needs_fa4s_order():
 
 
 def test_gate_pv_wait_needs_fa4s_order():
-    cfg = dataclasses.replace(fwd.default_config(128, False, 4096), gate_pv_wait=True)
+    cfg = dataclasses.replace(fwd.default_config(128, False, 4096, dtype=torch.float16), gate_pv_wait=True)
     assert not cfg.wait_pv_early
     with pytest.raises(ValueError, match="gate_pv_wait"):
         cfg.check(128)
@@ -2446,8 +2478,11 @@ def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_order, na
     # at S6144, REVERT at S2048) and on mbarriers elsewhere; FA4's with named turns and the inline
     # arrivals from 8192 (config.FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35: it lost at S4096); the
     # longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
+    # the online step's rules (fp16's default; bf16's frozen step brings FA4's order and PV's wait
+    # ungated: test_the_frozen_row_max_brings_what_was_priced_with_it)
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
-        cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk))
+        cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk,
+                                     dtype=torch.float16))
         assert cfg.pingpong, (sq, sk)
         assert cfg.wait_pv_early is fa4_order and cfg.named_turns is named, (sq, sk)
         assert not named or cfg.asm_arrivals, (sq, sk)
@@ -2928,8 +2963,9 @@ def test_a_capped_default_takes_the_exp2_split_only_where_it_was_priced():
                 want = 4 if (d, causal) == (128, False) else 0
                 assert cfg.exp2_fma_every == want, (d, causal, seqlen)
                 # a capped problem keeps the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated
-                # under a cap)
-                assert cfg == replace_following(select_config(plain), d, exp2_fma_every=want, freeze_row_max=False)
+                # under a cap): the online step's default, fp16's, with the split exp2
+                online = select_config(dataclasses.replace(plain, dtype=torch.float16))
+                assert cfg == replace_following(online, d, exp2_fma_every=want)
     band = _problem(head_dim=128, head_dim_v=128, softcap=30.0, window_size=(64, 64))
     assert select_config(band).exp2_fma_every == 0
 
@@ -3038,8 +3074,9 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 listed = causal and cfg.persistent and d in config.PACKED_CAUSAL_POOL_SHARE
                 assert config.packed_clashes(cfg) == [] and cfg.balanced == listed, (d, causal, seqlen)
                 cfg.check(d, 2)
-                # packed sequences keep the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated packed)
-                base = replace_following(select_config(plain), d, freeze_row_max=False)
+                # packed sequences keep the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated
+                # packed): the online step's default, fp16's
+                base = select_config(dataclasses.replace(plain, dtype=torch.float16))
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
                 if expected.persistent and causal and d in config.PACKED_CAUSAL_POOL_SHARE:
@@ -3104,7 +3141,9 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 cfg = select_config(windowed)
                 assert config.window_clashes(cfg) == [], (d, causal, seqlen)
                 cfg.check(d, 2)
-                base = select_config(plain)
+                # a window keeps the online rule (config.WINDOW_CLASHES): the online step's default,
+                # fp16's
+                base = select_config(dataclasses.replace(plain, dtype=torch.float16))
                 # the staggered sweep runs with a window and stays off by default until priced; the
                 # window's masks where it cuts on at the head dims they were priced at
                 off = config.window_clashes(base) + (
@@ -4886,6 +4925,33 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
     _gate_forced_and_warp_rescaled(head_dim, shape, causal, **FREEZE_ROW_MAX)
     if not causal and head_dim == 64:
         _gate_forced(64, shape, False, **FREEZE_ROW_MAX, **SPLIT_GRID)
+
+
+# the frozen defaults whose companions changes 56-58 brought (config.FREEZE_ROW_MAX_BRINGS): FA4's
+# order at d128 non-causal S4096 (FA3's named turns' range) and S6144, PV's wait ungated from S16384,
+# the two K/V loops on d64 causal's short tile at S2048, and d64 causal S3072 (frozen since change 58)
+FROZEN_DEFAULTS = [(128, False, 4096), (128, False, 6144), (128, False, 16384), (64, True, 2048), (64, True, 3072)]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal, seqlen", FROZEN_DEFAULTS, ids=lambda v: str(v))
+def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
+    # each default as it runs a suite-sized bf16 call, gated at the lever shapes (GQA, key tails,
+    # Sq != Sk, one row), through the guard where later scores overflow its frozen reference (the
+    # word trips, the recompute rewrites), and rerun bit for bit
+    from flashrung.gate import check_forward_inputs
+
+    cfg = fwd.default_config(head_dim, causal, seqlen)
+    assert cfg.freeze_row_max
+    for shape in LEVER_GATE_SHAPES:
+        _gate_config(cfg, head_dim, causal, shape)
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    q, k, v = _rising_maxima_inputs(head_dim)
+    result = check_forward_inputs(functools.partial(fwd.forward, config=cfg, _guard=word), q, k, v, causal)
+    assert result.passed and word.item() == 1, str(result)
+    for _ in range(2):
+        _assert_reruns_identical(*_seeded_qkv(2, seqlen, 8, head_dim), causal, cfg)
 
 
 @pytest.mark.gpu

@@ -1667,8 +1667,31 @@ def launches_causal(problem) -> bool:
 # operand that overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above
 # the first tile's max, in natural units): the guard keeps such rows exact, but by a recompute on
 # the portable kernel; not with a window, packed sequences or a softcap (ungated or refused there)
-FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 2048, (64, True): 4096, (128, False): 8192, (128, True): 2048}
+FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 4096, (128, True): 2048}
 FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
+# What the frozen step brings where the default at its length differs (each paired on an H100, bf16,
+# both arms gated, flashrung compare --quick, t_noise 0.1%; docs/hopper.md, *The frozen row max's
+# companions*): FA4's order, which it needs, at d128 non-causal S4096–8191 (FA3's order there
+# before; change 57: B8 H16 S4096 1.1252 / 1.1241); the two K/V loops at d64 causal up to S2048,
+# where the single loop it cannot join was the default (change 58: B16 H32 S2048 1.0401 / 1.0407);
+# PV's wait no longer held behind a row max the frozen step does not take (change 56: d128
+# non-causal B2 H16 S16384 1.0669 / 1.0670)
+FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_pv_wait": False}
+# ... and only on calls of this much work or more (FLOPs, ``call_flop``): each frozen call adds the
+# recompute's launch (a few µs of GPU, more of host time), and a small call's time is its host
+# path — d64 B1 H32 S2048 non-causal (34 GFLOP) ran 0.597× the online step, both host-bound
+# (H100, 257abd4). The smallest priced win is 275 GFLOP (d64 causal B16 H32 S2048, d128 causal B16
+# H16 S2048); calls between are unpriced and keep the online step
+FREEZE_ROW_MAX_MIN_FLOP = 256e9
+
+
+def call_flop(problem) -> float:
+    """A forward call's matmul FLOPs as its kernel runs them, QKᵀ and PV at the kernel's head dim
+    (4·Sq·Sk·D a head: a padded head dim computes its padding), halved under a causal mask (the
+    FlashAttention convention; a window is not counted down)."""
+    flop = 4.0 * problem.batch * problem.heads_q * problem.seqlen_q * problem.seqlen_k * kernel_head_dim(
+        problem.head_dim, problem.head_dim_v)
+    return flop / 2 if problem.causal else flop
 
 
 def select_config(problem) -> HopperFwdConfig:
@@ -1720,8 +1743,10 @@ def select_config(problem) -> HopperFwdConfig:
                   cross_head_pairs)
     if (str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
             and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
+            and call_flop(problem) >= FREEZE_ROW_MAX_MIN_FLOP
             and not (problem.windowed or problem.varlen or problem.softcap)):
-        cfg = replace_following(cfg, head_dim, freeze_row_max=True)
+        brings = {name: value for name, value in FREEZE_ROW_MAX_BRINGS.items() if getattr(cfg, name) != value}
+        cfg = replace_following(cfg, head_dim, freeze_row_max=True, **brings)
     if problem.windowed:
         cfg = _windowed(cfg, head_dim)
     if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):

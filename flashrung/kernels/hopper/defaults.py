@@ -63,7 +63,9 @@ class DefaultRange:
 def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = None, packed: bool = False):
     """The :class:`flashrung.dispatch.Problem` the table evaluates for ``max(Sq, Sk) = seqlen``:
     Sq = seqlen, Sk the largest whole number of 128-key tiles not above it (Sk = seqlen below one
-    tile), bf16, one head; only the head dims, the mask, ``max(Sq, Sk)`` and Sk's tail matter.
+    tile), bf16, the suite's size (32k tokens a batch, 32 heads; a smaller call keeps the online step:
+    ``config.FREEZE_ROW_MAX_MIN_FLOP``); otherwise only the head dims, the mask, ``max(Sq, Sk)`` and
+    Sk's tail matter.
     ``packed``: packed sequences (flash-attn's varlen), the longest ``seqlen``."""
     from flashrung.dispatch import Problem
 
@@ -72,7 +74,11 @@ def problem(head_dim: int, causal: bool, seqlen: int, head_dim_v: int | None = N
     if not 1 <= seqlen <= MAX_SEQLEN:
         raise ValueError(f"seqlen must be between 1 and 2**62 - 1, got {seqlen}")
     seqlen_k = seqlen - seqlen % WHOLE_KEY_TILE if seqlen >= WHOLE_KEY_TILE else seqlen
-    return Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen_k, heads_q=1, heads_kv=1, head_dim=head_dim,
+    from flashrung.kernels.hopper.fwd import DEFAULT_CONFIG_HEADS, DEFAULT_CONFIG_TOKENS
+
+    # of the suite's size, as default_config's (a rule reads the call's work: FREEZE_ROW_MAX_MIN_FLOP)
+    return Problem(batch=max(1, DEFAULT_CONFIG_TOKENS // seqlen), seqlen_q=seqlen, seqlen_k=seqlen_k,
+                   heads_q=DEFAULT_CONFIG_HEADS, heads_kv=DEFAULT_CONFIG_HEADS, head_dim=head_dim,
                    head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, device_type="cuda",
                    capability=(9, 0), varlen=packed)
 

@@ -148,6 +148,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
+from triton.runtime import driver as triton_driver
 
 from flashrung.dispatch import score_options_reason
 from flashrung.inputs import NO_WINDOW, check_softcap, host_offsets
@@ -2701,7 +2702,8 @@ def guard_word(device_index: int) -> torch.Tensor:
         words = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
         _CAPTURED_GUARD_WORDS.append(words)
         return words
-    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    # the raw stream handle, as Triton's launcher reads it (no Stream object built: every frozen call)
+    key = (device_index, triton_driver.active.get_current_stream(device_index))
     words = _GUARD_WORDS.get(key)
     if words is None:
         words = _GUARD_WORDS[key] = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
@@ -3314,9 +3316,18 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
                              **{key: getattr(given, key) for key in overrides})
 
 
-def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False) -> HopperFwdConfig:
-    """:func:`select_config` for a bf16 problem of this head dim, mask and sequence length (an fp16
-    one runs the same configuration without ``freeze_row_max``). The length picks the host-side grid (``persistent``) and, for short causal problems,
+# default_config's batch and heads: the benchmark suite's rows (32k tokens a batch, 32 heads), work
+# enough for every rule that reads the call's size (config.FREEZE_ROW_MAX_MIN_FLOP)
+DEFAULT_CONFIG_TOKENS = 32768
+DEFAULT_CONFIG_HEADS = 32
+
+
+def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False,
+                   dtype: torch.dtype = torch.bfloat16) -> HopperFwdConfig:
+    """:func:`select_config` for a problem of this head dim, mask, sequence length and dtype (bf16
+    unless given), of the benchmark suite's size (``DEFAULT_CONFIG_TOKENS`` a batch,
+    ``DEFAULT_CONFIG_HEADS`` heads). fp16, or a smaller call, gives the online step's default: the
+    configuration without ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``). The length picks the host-side grid (``persistent``) and, for short causal problems,
     d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
     long one. ``key_tail``: a problem whose keys end one short of ``seqlen`` (its last K/V tile
     partial), which some rules tell apart (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``)."""
@@ -3324,9 +3335,10 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
 
     if key_tail and seqlen < 2:
         raise ValueError(f"default_config: a key tail needs seqlen >= 2 (its keys end at seqlen - 1), got {seqlen}")
-    return select_config(Problem(batch=1, seqlen_q=seqlen, seqlen_k=seqlen - 1 if key_tail else seqlen, heads_q=1,
-                                 heads_kv=1, head_dim=head_dim, head_dim_v=head_dim, dtype=torch.bfloat16,
-                                 causal=causal, device_type="cuda", capability=(9, 0)))
+    return select_config(Problem(batch=max(1, DEFAULT_CONFIG_TOKENS // seqlen), seqlen_q=seqlen,
+                                 seqlen_k=seqlen - 1 if key_tail else seqlen, heads_q=DEFAULT_CONFIG_HEADS,
+                                 heads_kv=DEFAULT_CONFIG_HEADS, head_dim=head_dim, head_dim_v=head_dim,
+                                 dtype=dtype, causal=causal, device_type="cuda", capability=(9, 0)))
 
 
 # lengths that between them reach every compiled default (test_census_lengths_reach_every_default_kernel

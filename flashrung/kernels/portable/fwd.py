@@ -290,6 +290,9 @@ def check_guard(guard: torch.Tensor, device, name: str = "guard", words: int = 1
 # False: every recompute launch through JITFunction.run (hopper.fwd's switch, the same variable)
 DIRECT_LAUNCH = enabled_by_environment()
 _RECOMPUTE = DirectLaunch(_recompute_flagged)
+# recompute_flagged's launch plans by shape class; a process that sees more starts over
+_RECOMPUTE_PLANS: dict[tuple, tuple] = {}
+MAX_RECOMPUTE_PLANS = 4096
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,19 +319,33 @@ def recompute_flagged(guard: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     trip (a word reused by every launch of one stream needs no zeroing); else one word, left as the
     launch found it (a caller reads it)."""
     check_guard(guard, q.device, words=2 if reset else 1)
-    args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(q, k, v, out, lse, causal, softmax_scale,
-                                                                      window_size, softcap, cu_seqlens, max_seqlens)
-    num_tiles = num_m_blocks * batch_heads
-    grid = max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * _sm_count(q.device)))
-    args = (guard, *args, num_m_blocks, num_tiles)
-    constexprs["RESET"] = reset
+    # everything _launch_args derives from the call but the tensors' addresses, once per shape class:
+    # a launch that almost always only reads the word should cost its caller little more than the
+    # launch itself (hopper.fwd's small calls are bound by their host path)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
+           lse.stride(), q.dtype, q.device, bool(causal), softmax_scale, tuple(window_size), softcap,
+           cu_seqlens is not None, max_seqlens, reset, RECOMPUTE_PROGRAMS_PER_SM)
+    plan = _RECOMPUTE_PLANS.get(key)
+    if plan is None:
+        args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(
+            q, k, v, out, lse, causal, softmax_scale, window_size, softcap, cu_seqlens, max_seqlens)
+        num_tiles = num_m_blocks * batch_heads
+        grid = max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * _sm_count(q.device)))
+        if len(_RECOMPUTE_PLANS) >= MAX_RECOMPUTE_PLANS:
+            _RECOMPUTE_PLANS.clear()
+        # the scalars between lse and cu_seqlens: strides, lengths, heads, scale, window, cap
+        plan = _RECOMPUTE_PLANS[key] = (args[5:-2], (num_m_blocks, num_tiles), dict(constexprs, RESET=reset), grid,
+                                        cfg.num_warps, cfg.num_stages)
+    scalars, tiles, constexprs, grid, num_warps, num_stages = plan
+    pointers = (guard, q, k, v, out, lse, *(cu_seqlens or (lse, lse)))
+    args = (*pointers[:6], *scalars, *pointers[6:], *tiles)
     if DIRECT_LAUNCH:
         # the launch JITFunction.run would make, without its binding of 33 arguments (tens of µs a
-        # call, for a launch that almost always only reads the word)
-        key = (tuple(constexprs.items()), cfg.num_warps, cfg.num_stages, specialization_key(args))
-        _RECOMPUTE(grid, key, args, constexprs, cfg.num_warps, num_stages=cfg.num_stages)
+        # call): the plan's key fixes every integer, constexpr and the dtype of q, k, v and out; the
+        # pointers add their dtypes and 16-byte alignment (specialization_key's rule)
+        _RECOMPUTE(grid, (key, specialization_key(pointers)), args, constexprs, num_warps, num_stages=num_stages)
     else:
-        _recompute_flagged[(grid,)](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _recompute_flagged[(grid,)](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
 def _launch_args(q, k, v, out, lse, causal, softmax_scale, window_size, softcap, cu_seqlens, max_seqlens):

@@ -1679,10 +1679,11 @@ FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
 FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_pv_wait": False}
 # ... and only on calls of this much work or more (FLOPs, ``call_flop``): each frozen call adds the
 # recompute's launch (a few µs of GPU, more of host time), and a small call's time is its host
-# path — d64 B1 H32 S2048 non-causal (34 GFLOP) ran 0.597× the online step, both host-bound
-# (H100, 257abd4). The smallest priced win is 275 GFLOP (d64 causal B16 H32 S2048, d128 causal B16
-# H16 S2048); calls between are unpriced and keep the online step
-FREEZE_ROW_MAX_MIN_FLOP = 256e9
+# path. Paired on an H100 (d64 S2048 non-causal H32, freeze_row_max=true over false, f162df9, the
+# recompute's plan cached): B1 (34 GFLOP) 0.844 / 0.857, host-bound both sides (0.597 before the
+# cache); B4 (137 GFLOP) 1.060 / 1.062, its host probe near bound (0.99×); B8 (275 GFLOP) 1.066 /
+# 1.064. Between 34 and 137 unpriced: the online step
+FREEZE_ROW_MAX_MIN_FLOP = 128e9
 
 
 def call_flop(problem) -> float:

@@ -68,7 +68,8 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   length of d128 causal (``config.FAST_DIVIDE_MAX_SEQLEN``);
 * P's conversions for the next PV may be issued ahead of O's rescale (``convert_before_rescale``:
   measured, off);
-* the frozen row max (``freeze_row_max``, the bf16 default from ``config.FREEZE_ROW_MAX_MIN_SEQLEN``):
+* the frozen row max (``freeze_row_max``, the bf16 default from ``config.FREEZE_ROW_MAX_MIN_SEQLEN``
+  on calls of ``config.FREEZE_ROW_MAX_MIN_FLOP`` or more, with ``config.FREEZE_ROW_MAX_BRINGS``):
   an item's unmasked K/V steps keep the reference its first tile set — no row max, no ``alpha``, no O
   rescale (``softmax.softmax_exp_frozen``) — and each item's end tests O and ``l`` finite
   (:func:`_flag_overflow`): a row a later score overflowed gets a NaN LSE and sets a guard word, and

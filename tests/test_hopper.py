@@ -3559,15 +3559,18 @@ def test_census_specs_cover_every_default():
 
 def test_census_lengths_reach_every_default_kernel():
     # every kernel a default builds, at any length up to 64k (each 1k step and its neighbours, where
-    # the rules' edges lie), is one the census lengths build: a new rule range needs its length
-    reached = {(fwd._census_kernel(fwd.default_config(d, c, s)), d, c)
-               for d in HEAD_DIMS for c in (False, True) for s in fwd._CENSUS_SEQLENS}
+    # the rules' edges lie), is one the census lengths build: a new rule range needs its length.
+    # Both dtypes' defaults: fp16's is the online step's (bf16's small calls too), bf16's the frozen
+    dtypes = (torch.float16, torch.bfloat16)
+    reached = {(fwd._census_kernel(fwd.default_config(d, c, s, dtype=t)), d, c)
+               for d in HEAD_DIMS for c in (False, True) for s in fwd._CENSUS_SEQLENS for t in dtypes}
     for d in HEAD_DIMS:
         for c in (False, True):
             for step in range(1, 65):
                 for s in (1024 * step - 1, 1024 * step, 1024 * step + 1):
-                    kernel = fwd._census_kernel(fwd.default_config(d, c, s))
-                    assert (kernel, d, c) in reached, (d, c, s)
+                    for t in dtypes:
+                        kernel = fwd._census_kernel(fwd.default_config(d, c, s, dtype=t))
+                        assert (kernel, d, c) in reached, (d, c, s, t)
 
 
 # --------------------------------------------------------------------------- gate (sm_90 GPU)

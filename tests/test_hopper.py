@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import re
+import types
 
 import pytest
 import torch
@@ -1182,8 +1183,10 @@ def test_softmax_placement_in_sass(census, head_dim, causal):
     # and wait(0) holds a whole tile of exponentials (BLOCK_N·64 scores over 128 threads).
     # FA4's order (wait_pv_early): only the row max sits in that window; the tile's exponentials
     # come after PV(j-1)'s wait, where the other warpgroup's GEMMs (pingpong) cover them.
-    windows = census[f"d{head_dim}-{'causal' if causal else 'full'}"]["windows"]
-    cfg = fwd.default_config(head_dim, causal)
+    entry = census[f"d{head_dim}-{'causal' if causal else 'full'}"]
+    windows = entry["windows"]
+    # the label's build: the online step's default (fp16's), as the census script builds it
+    cfg = types.SimpleNamespace(**entry["row"]["config"])
     per_tile = cfg.block_n * 64 // 128
     assert windows, "no wgmma wait(1): the overlapped schedule is missing"
     if cfg.gate_pv_wait:

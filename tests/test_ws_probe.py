@@ -74,14 +74,14 @@ def test_schedules_probe_reaches_every_synchronisation_mechanism():
     from flashrung.evidence import ws_probe
     from flashrung.kernels.hopper import fwd
 
-    configs = [fwd.default_config(d, causal, seqlen) for d, causal, seqlen in ws_probe.SCHEDULES]
+    configs = [fwd.default_config(d, causal, seqlen, dtype=dtype) for d, causal, seqlen, dtype in ws_probe.SCHEDULES]
     assert len(set(configs)) == len(configs), "two schedules force the same configuration"
     for switch in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
-                   "rescale_by_warp", "wait_pv_early", "kv_multicast"):
+                   "rescale_by_warp", "wait_pv_early", "kv_multicast", "freeze_row_max"):
         assert any(getattr(cfg, switch) for cfg in configs), switch
     assert {cfg.num_q_stages for cfg in configs} == {1, 2}
     assert {cfg.block_m for cfg in configs} == {128, 192}
-    assert {d for d, _, _ in ws_probe.SCHEDULES} == {64, 128, 256}
+    assert {d for d, _, _, _ in ws_probe.SCHEDULES} == {64, 128, 256}
     # split tail in both of d128's named orders: FA3's (4k) and FA4's with PV's gated wait (16k)
     split = [cfg for cfg in configs if cfg.split_tail]
     assert {cfg.wait_pv_early for cfg in split} == {False, True}

@@ -252,8 +252,10 @@ def register(subparsers) -> None:
         "defaults", help="which schedule hopper.fwd runs by default, by head dim, mask and length",
         description="The default configuration of hopper.fwd (config.select_config) as ranges of "
                     "max(Sq, Sk) per head dim and mask, or the whole configuration of one problem. "
-                    "Batch and heads do not change it; the dtype only freeze_row_max (these are bf16's "
-                    "defaults: fp16 runs the same ones without it).")
+                    "These are a suite-sized bf16 call's (32k tokens a batch, 32 heads): the dtype and "
+                    "the call's work decide only freeze_row_max and what it brings "
+                    "(config.FREEZE_ROW_MAX_BRINGS) — fp16, or a bf16 call under "
+                    "config.FREEZE_ROW_MAX_MIN_FLOP, runs the online step's order without it.")
     p.add_argument("--headdim", type=int, default=None,
                    help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
                         f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "

@@ -25,6 +25,7 @@ instrumentation knobs are part of every key (Triton compiles a different kernel 
 from __future__ import annotations
 
 import inspect
+import os
 import types
 from typing import Any, Hashable, Mapping
 
@@ -247,7 +248,6 @@ def enabled_by_environment(environ=None) -> bool:
     path, Triton's own binding) — a cluster launch (kv_multicast), which it cannot start, through
     ``DirectLaunch.through_triton`` — the way out should a Triton release change what the direct
     path relies on. Any other value but ``1`` is refused rather than guessed at."""
-    import os
     value = (os.environ if environ is None else environ).get("FLASHRUNG_DIRECT_LAUNCH", "1").strip()
     if value not in ("0", "1"):
         raise ValueError(f"FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got {value!r}")

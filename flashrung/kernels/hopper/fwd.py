@@ -2679,49 +2679,39 @@ def _packed_sections(cfg: HopperFwdConfig, head_dim: int, head_dim_v: int, elem_
                           heads_q // heads_kv)
 
 
-# The dynamic hand-out's counters (schedule.HANDOUT_WORDS int32 words) by device and stream. Each
-# launch leaves them at zero (schedule.handout_finish), so the launches of one stream, ordered,
-# share a pair; launches in two streams may overlap, and each stream has its own.
-_HANDOUT_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-# A capture records a zero-fill beside its own pair, since the cached pairs' contents at replay
-# are not the capture's to know; the pairs are kept because the graph keeps their addresses.
-_CAPTURED_HANDOUT_COUNTERS: list[torch.Tensor] = []
+class StreamWords:
+    """Small int32 buffers a launch's kernels leave at zero, one per device and stream: the launches
+    of one stream, ordered, share one; launches in two streams may overlap, and each stream has its
+    own. A CUDA graph capture records a zero-fill beside a buffer of its own, since the cached
+    buffers' contents at replay are not the capture's to know; those are kept because the graph
+    keeps their addresses."""
 
+    def __init__(self, words: int):
+        self.words = words
+        self.by_stream: dict[tuple[int, int], torch.Tensor] = {}
+        self.captured: list[torch.Tensor] = []
 
-# freeze_row_max's guard word and the recompute's count beside it, by device and stream. The
-# recompute leaves both 0 (a trip reset by its last program), so the launches of one stream, ordered,
-# share a pair; launches in two streams may overlap, and each stream has its own. A capture records
-# a zero-fill beside its own pair, kept because the graph keeps its address.
-_GUARD_WORDS: dict[tuple[int, int], torch.Tensor] = {}
-_CAPTURED_GUARD_WORDS: list[torch.Tensor] = []
-GUARD_WORDS = 2
-
-
-def guard_word(device_index: int) -> torch.Tensor:
-    """freeze_row_max's guard word pair for the current stream of device ``device_index``."""
-    if torch.cuda.is_current_stream_capturing():
-        words = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
-        _CAPTURED_GUARD_WORDS.append(words)
+    def __call__(self, device_index: int) -> torch.Tensor:
+        """The buffer of the current stream of device ``device_index``."""
+        if torch.cuda.is_current_stream_capturing():
+            words = torch.zeros(self.words, dtype=torch.int32, device=device_index)
+            self.captured.append(words)
+            return words
+        # the raw stream handle, as Triton's launcher reads it (no Stream object built on every call)
+        key = (device_index, triton_driver.active.get_current_stream(device_index))
+        words = self.by_stream.get(key)
+        if words is None:
+            words = self.by_stream[key] = torch.zeros(self.words, dtype=torch.int32, device=device_index)
         return words
-    # the raw stream handle, as Triton's launcher reads it (no Stream object built: every frozen call)
-    key = (device_index, triton_driver.active.get_current_stream(device_index))
-    words = _GUARD_WORDS.get(key)
-    if words is None:
-        words = _GUARD_WORDS[key] = torch.zeros(GUARD_WORDS, dtype=torch.int32, device=device_index)
-    return words
 
 
-def handout_counters(device_index: int) -> torch.Tensor:
-    """The dynamic hand-out's counter pair for the current stream of device ``device_index``."""
-    if torch.cuda.is_current_stream_capturing():
-        counters = torch.zeros(HANDOUT_WORDS, dtype=torch.int32, device=device_index)
-        _CAPTURED_HANDOUT_COUNTERS.append(counters)
-        return counters
-    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
-    counters = _HANDOUT_COUNTERS.get(key)
-    if counters is None:
-        counters = _HANDOUT_COUNTERS[key] = torch.zeros(HANDOUT_WORDS, dtype=torch.int32, device=device_index)
-    return counters
+# The dynamic hand-out's counters (schedule.HANDOUT_WORDS): each launch leaves them at zero
+# (schedule.handout_finish)
+handout_counters = StreamWords(HANDOUT_WORDS)
+# freeze_row_max's guard word and the recompute's count beside it: the recompute leaves both 0 (a
+# trip reset by its last program)
+GUARD_WORDS = 2
+guard_word = StreamWords(GUARD_WORDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -3328,7 +3318,8 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
     """:func:`select_config` for a problem of this head dim, mask, sequence length and dtype (bf16
     unless given), of the benchmark suite's size (``DEFAULT_CONFIG_TOKENS`` a batch,
     ``DEFAULT_CONFIG_HEADS`` heads). fp16, or a smaller call, gives the online step's default: the
-    configuration without ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``). The length picks the host-side grid (``persistent``) and, for short causal problems,
+    configuration without ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``).
+    The length picks the host-side grid (``persistent``) and, for short causal problems,
     d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
     long one. ``key_tail``: a problem whose keys end one short of ``seqlen`` (its last K/V tile
     partial), which some rules tell apart (``config.ASM_ARRIVALS_WHOLE_KEY_TILES``)."""

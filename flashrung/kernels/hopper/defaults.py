@@ -8,9 +8,10 @@
     flashrung defaults --markdown                        the table as docs/hopper.md carries it
     flashrung defaults --json                            the ranges and their configurations
 
-``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)`` — never its batch or
-heads, and its dtype only for ``freeze_row_max`` (bf16's; the ranges here are bf16's, and fp16 runs
-the same rows without it) — so the defaults are constant between the lengths its rules name (the module's
+``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)``; its dtype and its work
+(batch, heads) only for ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``; the
+ranges here are a suite-sized bf16 call's, and fp16 or a call under ``config.FREEZE_ROW_MAX_MIN_FLOP``
+runs the online step's rows) — so the defaults are constant between the lengths its rules name (the module's
 ``*_SEQLEN`` tables). This module lists those lengths, evaluates the selection once per range and
 merges neighbours that select the same configuration: the ranges are exact at any length, not
 sampled (tests/test_hopper_defaults.py checks them against every length up to 70,000).

@@ -1879,7 +1879,7 @@ def test_d64s_windowed_default_masks_where_the_window_cuts_except_in_a_pack(wind
 
 
 def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
-    # config.FREEZE_ROW_MAX_MIN_SEQLEN (changes 55, 57, 58, paired from those lengths): bf16 at and
+    # config.FREEZE_ROW_MAX_MIN_SEQLEN (changes 55, 57-59, paired from those lengths): bf16 at and
     # past each row's first length, not one key before; never fp16 (its 16-bit P overflows where
     # ordinary scores rise 11 above the reference), d256 (0.998), a window, packed sequences or a
     # cap; the configuration with it otherwise the one without it and what it brings
@@ -1902,7 +1902,7 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
 
 
 def test_the_frozen_row_max_brings_what_was_priced_with_it():
-    # changes 56-58: at d128 non-causal S4096-8191 the frozen step runs FA4's order (the default
+    # changes 56-59: at d128 non-causal S2048-8191 the frozen step runs FA4's order (the default
     # there was FA3's, which it cannot join), at d64 causal up to S2048 the two K/V loops (the
     # single one it cannot join), and from S16384 PV's wait ungated; the online step keeps its own
     fa3 = fwd.default_config(128, False, 4096, dtype=torch.float16)
@@ -4687,8 +4687,11 @@ UNSYNCED_MBARRIER_TOKEN_SHAPES = [
 @on_hopper
 @pytest.mark.parametrize("shape", UNSYNCED_MBARRIER_TOKEN_SHAPES, ids=_shape_id)
 def test_gate_paired_default_on_the_mbarrier_token(shape):
-    cfg = _shape_default(128, False, shape)
+    # the online step's default (fp16's, and a bf16 call's under the frozen step's work threshold,
+    # as these are): bf16's suite-sized default here is the frozen step in FA4's order (change 57)
+    cfg = fwd.default_config(128, False, max(shape["seqlen_q"], shape["seqlen_k"]), dtype=torch.float16)
     assert cfg.kv_multicast and cfg.producer_unsynced and not cfg.named_turns and not cfg.wait_pv_early
+    assert not cfg.freeze_row_max
     _gate_config(cfg, 128, False, shape)
     # and the configuration hopper.fwd selects for the problem itself (GQA, Sq != Sk) when given none
     _gate(head_dim=128, dtype=torch.bfloat16, causal=False, **shape)
@@ -4934,10 +4937,12 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
         _gate_forced(64, shape, False, **FREEZE_ROW_MAX, **SPLIT_GRID)
 
 
-# the frozen defaults whose companions changes 56-58 brought (config.FREEZE_ROW_MAX_BRINGS): FA4's
-# order at d128 non-causal S4096 (FA3's named turns' range) and S6144, PV's wait ungated from S16384,
-# the two K/V loops on d64 causal's short tile at S2048, and d64 causal S3072 (frozen since change 58)
-FROZEN_DEFAULTS = [(128, False, 4096), (128, False, 6144), (128, False, 16384), (64, True, 2048), (64, True, 3072)]
+# the frozen defaults whose companions changes 56-59 brought (config.FREEZE_ROW_MAX_BRINGS): FA4's
+# order at d128 non-causal S2048 and S3072 (change 59: two Q buffers, then one), S4096 (FA3's
+# named turns' range) and S6144, PV's wait ungated from S16384, the two K/V loops on d64 causal's
+# short tile at S2048, and d64 causal S3072 (frozen since change 58)
+FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
+                   (64, True, 2048), (64, True, 3072)]
 
 
 @pytest.mark.gpu

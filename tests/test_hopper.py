@@ -1931,6 +1931,26 @@ def test_the_frozen_row_max_waits_for_a_call_worth_its_launch():
         assert fwd.default_config(d, causal, first).freeze_row_max, (d, causal)
 
 
+def test_a_frozen_step_set_aside_takes_what_it_brought():
+    # hopper.fwd@... on a frozen default: turned off, or set aside for a lever it cannot join (the
+    # FMA pipe's exp2), the freeze leaves FA4's order, the two K/V loops and PV's wait ungated
+    # behind (config.FREEZE_ROW_MAX_BRINGS): the overrides apply to the online step's default,
+    # whose order won there (FA3's at d128 non-causal S2048-8191, change 35), as on fp16
+    for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384)):
+        bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
+                        batch=max(1, 32768 // seqlen), heads_q=32, heads_kv=32)
+        online = select_config(bf16, frozen_step=False)
+        assert select_config(bf16).freeze_row_max and online == select_config(
+            dataclasses.replace(bf16, dtype=torch.float16)), (d, causal, seqlen)
+        assert online != dataclasses.replace(select_config(bf16), freeze_row_max=False), (d, causal, seqlen)
+        assert fwd.config_with(bf16, {"freeze_row_max": "false"}) == online
+        assert fwd.config_with(bf16, {"exp2_fma_every": "16"}) == replace_following(online, d, exp2_fma_every=16)
+        # a companion named with it keeps the value given; the freeze named on keeps its companions
+        named = fwd.config_with(bf16, {"freeze_row_max": "false", "wait_pv_early": "true"})
+        assert named.wait_pv_early and not named.freeze_row_max
+        assert fwd.config_with(bf16, {"freeze_row_max": "true"}) == select_config(bf16)
+
+
 def test_a_frozen_row_max_needs_fa4s_order():
     cfg = dataclasses.replace(fwd.default_config(64, False, 16384), freeze_row_max=True)
     cfg.check(64)

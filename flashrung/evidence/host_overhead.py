@@ -65,10 +65,9 @@ def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list
             out.append((f"{chosen.kernel} forward, JITFunction.run ({mask})", ordinary))
         cfg = module.select_config(problem) if hasattr(module, "select_config") else None
         if getattr(cfg, "freeze_row_max", False):
-            # the frozen row max's guard adds a recompute launch to the call: the same forward
-            # without it, so that its host price reads as the difference of two rows
-            from flashrung.kernels.hopper.config import replace_following
-            online = replace_following(cfg, head_dim, freeze_row_max=False)
+            # the frozen row max's guard adds a recompute launch to the call: the online step's
+            # default on the same call, so that its host price reads as the difference of two rows
+            online = module.select_config(problem, frozen_step=False)
             out.append((f"{chosen.kernel} forward, freeze_row_max off ({mask})",
                         per_call_us(lambda: module.forward(q, k, v, causal, scale, online), calls)))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

@@ -1696,11 +1696,13 @@ def call_flop(problem) -> float:
     return flop / 2 if problem.causal else flop
 
 
-def select_config(problem) -> HopperFwdConfig:
+def select_config(problem, frozen_step: bool = True) -> HopperFwdConfig:
     """The default configuration for a :class:`flashrung.dispatch.Problem`: that of its kernel's head
     dim (:func:`kernel_head_dim`). Pure; ``_select`` caches the configuration it builds. A window's
     right side bounds a band, which the kernel runs on the causal schedule with its diagonal moved
-    (``fwd._window_sides``): such a problem gets the causal default."""
+    (``fwd._window_sides``): such a problem gets the causal default. ``frozen_step=False``: the online
+    step's default even where the frozen row max would be taken (``FREEZE_ROW_MAX_MIN_SEQLEN``), without
+    what it brings — what an fp16 call of the same shape runs."""
     if launches_causal(problem) and not problem.causal:
         problem = dataclasses.replace(problem, causal=True)
     head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
@@ -1743,7 +1745,7 @@ def select_config(problem) -> HopperFwdConfig:
                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
                   cross_head_pairs)
-    if (str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
+    if (frozen_step and str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
             and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
             and call_flop(problem) >= FREEZE_ROW_MAX_MIN_FLOP
             and not (problem.windowed or problem.varlen or problem.softcap)):

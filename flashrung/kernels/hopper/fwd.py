@@ -3298,13 +3298,22 @@ def config_with(problem, overrides: dict) -> HopperFwdConfig:
 
 def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
     """:func:`select_config` with ``overrides`` parsed and applied, the defaults derived from the
-    fields they change carried along (``config.replace_following``); not yet checked."""
+    fields they change carried along (``config.replace_following``); not yet checked. A default
+    frozen row max turned off, or set aside for a forced lever it cannot join, takes what it
+    brought (``config.FREEZE_ROW_MAX_BRINGS``) with it: the overrides then apply to the online
+    step's default, as on an fp16 call."""
     from flashrung.dispatch import apply_overrides
 
     base = select_config(problem)
     given = apply_overrides(KERNEL_NAME, base, overrides)
-    return replace_following(base, kernel_head_dim(problem.head_dim, problem.head_dim_v),
-                             **{key: getattr(given, key) for key in overrides})
+    changes = {key: getattr(given, key) for key in overrides}
+    head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
+    out = replace_following(base, head_dim, **changes)
+    if base.freeze_row_max and not out.freeze_row_max:
+        # the frozen step's companions were priced with it, not without: e.g. FA4's order at d128
+        # non-causal S2048-8191 lost to FA3's on the online step (change 35)
+        out = replace_following(select_config(problem, frozen_step=False), head_dim, **changes)
+    return out
 
 
 # default_config's batch and heads: the benchmark suite's rows (32k tokens a batch, 32 heads), work

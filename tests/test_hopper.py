@@ -1159,11 +1159,11 @@ def test_first_mask_on_need_without_a_key_tail_keeps_no_local_memory(census):
 
 
 def test_short_causal_tile_census(census):
-    # the tile short causal d64 problems run (config.SHORT_CAUSAL_MAX_SEQLEN): two consumer
-    # warpgroups at 240 registers, no local memory anywhere
+    # the tile short causal d64 problems run on the online step (config.SHORT_CAUSAL_MAX_SEQLEN; the
+    # frozen step's ends a length earlier): two consumer warpgroups at 240 registers, no local memory
     from flashrung.kernels.hopper.config import SHORT_CAUSAL_MAX_SEQLEN
 
-    cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64])
+    cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64], dtype=torch.float16)
     changes = census["d64-causal-short"]["row"]["config"]
     assert (cfg.block_m, cfg.consumer_regs) == (changes["block_m"], changes["consumer_regs"]) == (128, 240)
     # the row sum reduced every step there (the deferred sum priced NULL on this tile)
@@ -1893,7 +1893,13 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
             assert cfg.freeze_row_max == (seqlen >= first) and not plain.freeze_row_max, (d, causal, seqlen)
             brought = {name: value for name, value in config.FREEZE_ROW_MAX_BRINGS.items()
                        if cfg.freeze_row_max and getattr(plain, name) != value}
-            assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max, **brought)
+            if cfg.freeze_row_max and causal and config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN.get(d, 0) \
+                    < seqlen <= config.SHORT_CAUSAL_MAX_SEQLEN.get(d, 0):
+                # the frozen step's short causal tile ends earlier (change 60): its tile, not the
+                # online step's, and otherwise its own brings
+                assert cfg.block_m != plain.block_m, (d, causal, seqlen)
+            else:
+                assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max, **brought)
             for options in (dict(window_size=(256, -1 if not causal else 0)), dict(varlen=True), dict(softcap=30.0)):
                 assert not select_config(dataclasses.replace(bf16, **options)).freeze_row_max, (d, causal, options)
     for causal in (False, True):
@@ -1902,7 +1908,7 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
 
 
 def test_the_frozen_row_max_brings_what_was_priced_with_it():
-    # changes 56-59: at d128 non-causal S2048-8191 the frozen step runs FA4's order (the default
+    # changes 56-60: at d128 non-causal S2048-8191 the frozen step runs FA4's order (the default
     # there was FA3's, which it cannot join), at d64 causal up to S2048 the two K/V loops (the
     # single one it cannot join), and from S16384 PV's wait ungated; the online step keeps its own
     fa3 = fwd.default_config(128, False, 4096, dtype=torch.float16)
@@ -1911,6 +1917,14 @@ def test_the_frozen_row_max_brings_what_was_priced_with_it():
     assert loop.single_kv_loop and not fwd.default_config(64, True, 2048).single_kv_loop
     gated = fwd.default_config(128, False, 16384, dtype=torch.float16)
     assert gated.gate_pv_wait and not fwd.default_config(128, False, 16384).gate_pv_wait
+    # change 60: at d64 causal S2048 the frozen step runs the 192-row tile of the lengths past it
+    # (config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN), the online step the short 128-row tile; a key
+    # shorter, neither freezes nor leaves the short tile
+    assert (loop.block_m, loop.consumer_regs) == (128, 240)
+    assert fwd.default_config(64, True, 2048) == fwd.default_config(64, True, 2560)
+    for seqlen in (1024, 2047):
+        short = fwd.default_config(64, True, seqlen)
+        assert not short.freeze_row_max and short.block_m == 128, seqlen
     for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384), (64, False, 8192)):
         fwd.default_config(d, causal, seqlen).check(d)
 
@@ -4959,8 +4973,8 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 
 # the frozen defaults whose companions changes 56-59 brought (config.FREEZE_ROW_MAX_BRINGS): FA4's
 # order at d128 non-causal S2048 and S3072 (change 59: two Q buffers, then one), S4096 (FA3's
-# named turns' range) and S6144, PV's wait ungated from S16384, the two K/V loops on d64 causal's
-# short tile at S2048, and d64 causal S3072 (frozen since change 58)
+# named turns' range) and S6144, PV's wait ungated from S16384, d64 causal S2048 on the 192-row
+# tile (change 60; the two K/V loops there since change 58) and S3072 (frozen since change 58)
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
                    (64, True, 2048), (64, True, 3072)]
 

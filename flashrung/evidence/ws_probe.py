@@ -42,7 +42,8 @@ PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
 # warp's rescale (16k); d256's inline arrivals on the plain grid and its balanced causal grid (8k).
 # Each the online step's default (fp16's, which bf16 runs too below the frozen row max's work
 # threshold), and two of bf16's frozen defaults: d128 non-causal S4k in FA4's order with named turns
-# and d64's short causal tile with two K/V loops (2k) — the guard's store and the recompute beside them
+# and d64 causal's 192-row tile unstaggered with two K/V loops (2k, change 60) — the guard's store
+# and the recompute beside them
 SCHEDULES = tuple((d, causal, seqlen, torch.float16) for d, causal, seqlen in (
     (64, False, 2048), (64, True, 3072), (64, False, 16384), (64, True, 1024), (128, False, 4096),
     (128, False, 16384), (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))) + (

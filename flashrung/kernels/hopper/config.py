@@ -1661,9 +1661,9 @@ def launches_causal(problem) -> bool:
 # these lengths on. Paired on the H200 (bf16, both arms gated, the guard's word, test and recompute
 # launch in the timed call; flashrung compare --quick, calibrated; docs/hopper.md, *The frozen row
 # max, guarded*): d64 non-causal S2k / 4k / 8k / 16k 1.074 / 1.079 / 1.084 / 1.085; d64 causal S4k /
-# 8k / 16k 1.099 / 1.127 / 1.132, and on an H100 S2k 1.040 with the two K/V loops (change 58); d128
-# non-causal S8k / 16k 1.127 / 1.071, and on an H100 S4k 1.125 and S2k 1.141 in FA4's order
-# (changes 57, 59); d128
+# 8k / 16k 1.099 / 1.127 / 1.132, and on an H100 S2k 1.040 with the two K/V loops (change 58), S3k
+# 1.090 / 1.084; d128 non-causal S8k / 16k 1.127 / 1.071, and on an H100 in FA4's order S2k / 3k /
+# 4k / 6k 1.141 / 1.161 / 1.125 / 1.142 (changes 57, 59); d128
 # causal S2k / 4k / 16k 1.043 / 1.076 / 1.103. Not d256 (non-causal S16k 0.998). bf16 only: fp16's P is a 16-bit
 # operand that overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above
 # the first tile's max, in natural units): the guard keeps such rows exact, but by a recompute on
@@ -1678,6 +1678,13 @@ FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
 # PV's wait no longer held behind a row max the frozen step does not take (change 56: d128
 # non-causal B2 H16 S16384 1.0669 / 1.0670)
 FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_pv_wait": False}
+# ... and d64 causal's 192-row tile from S2048 (the short causal tile, SHORT_CAUSAL_MAX_SEQLEN,
+# up to S2047 only): on the online step that tile lost at S2048 (0.975, above), under the frozen one
+# it wins there — paired on an H100 (bf16, both arms gated on the build each times, flashrung
+# compare --quick, t_noise 0.1%; change 60): B16 H32 S2048 1.0986 / 1.1031; at S1024 it still loses
+# (B32 H32 S1024 0.932 frozen with its two K/V loops, 0.900 online), where the frozen step is
+# not taken
+FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN = {**SHORT_CAUSAL_MAX_SEQLEN, 64: 2047}
 # ... and only on calls of this much work or more (FLOPs, ``call_flop``): each frozen call adds the
 # recompute's launch (a few µs of GPU, more of host time), and a small call's time is its host
 # path. Paired on an H100 (d64 S2048 non-causal H32, freeze_row_max=true over false, f162df9, the
@@ -1707,8 +1714,13 @@ def select_config(problem, frozen_step: bool = True) -> HopperFwdConfig:
         problem = dataclasses.replace(problem, causal=True)
     head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
+    frozen = (frozen_step and str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
+              and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
+              and call_flop(problem) >= FREEZE_ROW_MAX_MIN_FLOP
+              and not (problem.windowed or problem.varlen or problem.softcap))
     persistent = seqlen <= PERSISTENT_MAX_SEQLEN[head_dim]
-    short_max = SHORT_CAUSAL_MAX_SEQLEN if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN
+    short_max = ((FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN if frozen else SHORT_CAUSAL_MAX_SEQLEN)
+                 if problem.causal else SHORT_NONCAUSAL_MAX_SEQLEN)
     short = seqlen <= short_max.get(head_dim, 0)
     split_tail = not problem.causal and seqlen >= SPLIT_TAIL_MIN_SEQLEN.get(head_dim, 1 << 62)
     mask_first_always = split_tail and seqlen >= SPLIT_TAIL_MASK_FIRST_MIN_SEQLEN.get(head_dim, 1 << 62)
@@ -1745,10 +1757,7 @@ def select_config(problem, frozen_step: bool = True) -> HopperFwdConfig:
                   rescale_by_warp, aa_first <= seqlen <= aa_last, fa4_named, n_first <= seqlen <= n_last,
                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
                   cross_head_pairs)
-    if (frozen_step and str(problem.dtype) in FREEZE_ROW_MAX_DTYPES
-            and seqlen >= FREEZE_ROW_MAX_MIN_SEQLEN.get((head_dim, bool(problem.causal)), 1 << 62)
-            and call_flop(problem) >= FREEZE_ROW_MAX_MIN_FLOP
-            and not (problem.windowed or problem.varlen or problem.softcap)):
+    if frozen:
         brings = {name: value for name, value in FREEZE_ROW_MAX_BRINGS.items() if getattr(cfg, name) != value}
         cfg = replace_following(cfg, head_dim, freeze_row_max=True, **brings)
     if problem.windowed:

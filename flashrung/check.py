@@ -2,13 +2,15 @@
 
 ``check`` gates every automatic kernel, forward and backward, on the device it finds: on a GPU
 the real kernels at realistic sizes, on the CPU the portable kernels under the Triton
-interpreter at small sizes. ``gate --calibrate`` reports the gate's own margins: the worst
+interpreter at small sizes; ``--at-scale`` runs each forward case on the configuration a large
+call of its shape runs (``hopper.fwd``'s rules that read a call's work). ``gate --calibrate`` reports the gate's own margins: the worst
 correct kernel's ratio to the bound and the smallest injected defect's.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -93,12 +95,14 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
               shard: tuple[int, int] = (0, 1),
               head_dims: tuple[int | tuple[int, int], ...] | None = None,
               window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-              packed: bool = False) -> list[KernelSummary]:
+              packed: bool = False, at_scale: bool = False) -> list[KernelSummary]:
     """The gate over the envelope of ``size`` (its head dims, or ``head_dims``: each a head dim or a
     pair (q's and k's, v's)) for every automatically dispatched kernel, or those named in ``kernels``;
     with ``window_size``, every case under that sliding window (a causal case keeps its mask: the
     window's right side must then be -1 or 0); with ``softcap``, every case's scores capped by it;
-    with ``packed``, every case as a pack of sequences (:func:`packed_case`)."""
+    with ``packed``, every case as a pack of sequences (:func:`packed_case`); with ``at_scale``, a
+    forward kernel with rules that read a call's size (``config_at_scale``: ``hopper.fwd``) runs each
+    case on the configuration a call of the case's shape runs at scale — at the case's own size."""
     from flashrung import dispatch, gate
     cases = gate.envelope(size, head_dims=head_dims)
     if packed:
@@ -149,7 +153,10 @@ def run_check(device: str, size: str, kernels: list[str] | None = None,
                                        module.backward if direction == "bwd" else None, case, device,
                                        kernel=backend.name)
         elif direction == "fwd":
-            result = gate.check_forward_case(module.forward, case, device, kernel=backend.name)
+            forward = module.forward
+            if at_scale and hasattr(module, "config_at_scale"):
+                forward = functools.partial(module.forward, config=module.config_at_scale(problem))
+            result = gate.check_forward_case(forward, case, device, kernel=backend.name)
         else:
             result = gate.check_backward(fwd_module.forward, module.backward, case, device,
                                          kernel=backend.name)
@@ -224,6 +231,8 @@ def _run_sharded(args, jobs: int) -> list[dict]:
                 cmd += ["--window=" + ",".join(map(str, args.window))]
             if getattr(args, "packed", False):
                 cmd += ["--packed"]
+            if getattr(args, "at_scale", False):
+                cmd += ["--at-scale"]
             procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out))
         parts = []
         for proc, out in procs:
@@ -247,7 +256,8 @@ def check_command(args) -> int:
                                                          shard=(index, count), head_dims=head_dims,
                                                          window_size=getattr(args, "window", None),
                                                          softcap=getattr(args, "softcap", 0.0),
-                                                         packed=getattr(args, "packed", False))]
+                                                         packed=getattr(args, "packed", False),
+                                                         at_scale=getattr(args, "at_scale", False))]
     rows = [["kernel", "dir", "cases", "passed", "not supported", "worst ratio", "worst case"]]
     for s in summaries:
         worst = s["worst"]
@@ -255,10 +265,13 @@ def check_command(args) -> int:
                      f"{worst['ratio']:.3f}" if worst else "-", worst["case"] if worst else "-"])
     failures = [f for s in summaries for f in s["failures"]]
     if args.json:
-        jsonfile.write({"device": _device_label(device), "size": size, "summaries": summaries}, args.json)
+        jsonfile.write({"device": _device_label(device), "size": size,
+                        "at_scale": bool(getattr(args, "at_scale", False)), "summaries": summaries}, args.json)
     if count > 1:
         return 1 if failures else 0
-    print(f"flashrung check on {_device_label(device)}, envelope '{size}' "
+    scale = " at scale (each case on the configuration its shape runs in a large call)" \
+        if getattr(args, "at_scale", False) else ""
+    print(f"flashrung check on {_device_label(device)}, envelope '{size}'{scale} "
           f"(pass iff max|kernel-oracle| <= 2*max|lowp-oracle| + 1e-4; ratio < 1 passes)")
     print(_table(rows))
     # a kernel that declines cases passes only what it ran: say what it left out and why
@@ -374,6 +387,10 @@ def register(sub) -> None:
     p.add_argument("--packed", action="store_true",
                    help="gate every case as packed sequences (flash-attn's varlen): its own lengths beside "
                         "shorter, one-row and empty ones, each sequence against the references run on it alone")
+    p.add_argument("--at-scale", action="store_true",
+                   help="gate each forward case on the configuration a call of its shape runs once it is "
+                        "large (hopper.fwd: the frozen row max and what it brings, which gate-sized calls "
+                        "never select), at the case's own size")
     p.add_argument("--direction", action="append", choices=("fwd", "bwd"), default=None)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--jobs", type=int, default=1,

@@ -178,6 +178,58 @@ def test_check_gates_packed_sequences(monkeypatch):
     assert "--packed" in commands[0]
 
 
+def test_check_at_scale_gates_the_builds_a_large_call_runs(monkeypatch):
+    # --at-scale: hopper.fwd's rules that read a call's work (the frozen row max and what it brings,
+    # config.FREEZE_ROW_MAX_MIN_FLOP) pick other builds for a large call than for the gate's, so
+    # each case runs, at its own size, on the configuration a call of its shape runs at scale; the
+    # shards get the flag
+    import dataclasses
+    import types
+
+    from flashrung import check
+    from flashrung.kernels.hopper import config as hopper_config
+    from flashrung.kernels.hopper import fwd as hopper
+
+    cases = [c for c in gate.envelope("device", head_dims=(64, 128)) if max(c.seqlen_q, c.seqlen_k) >= 2048]
+    frozen_at_scale = 0
+    for case in cases:
+        problem = check.gate_problem(case, "cpu")
+        scaled = hopper.config_at_scale(problem)
+        if case.dtype == torch.bfloat16:
+            frozen_at_scale += 1
+            assert scaled.freeze_row_max, case
+        else:
+            assert scaled == hopper.select_config(problem), case
+        # only the work moved: the configuration of the same shape with batch entries to spare
+        big = dataclasses.replace(problem, batch=4096)
+        assert scaled == hopper.select_config(big), case
+    # the gate-sized calls of these shapes mostly run the online step: the flag reaches the rest
+    plain = sum(hopper.select_config(check.gate_problem(c, "cpu")).freeze_row_max for c in cases)
+    assert frozen_at_scale == 16 and plain < frozen_at_scale
+    assert hopper_config.call_flop(check.gate_problem(cases[0], "cpu")) < hopper_config.FREEZE_ROW_MAX_MIN_FLOP
+    # the check hands hopper.fwd that configuration for each case (the kernel itself needs a GPU:
+    # its refusal and the gate are stood in for, the wiring is what is tested)
+    seen = []
+    monkeypatch.setattr(hopper, "unsupported_reason", lambda problem: None)
+    monkeypatch.setattr(gate, "check_forward_case", lambda forward, case, device, kernel: seen.append(
+        (case, forward)) or types.SimpleNamespace(passed=True, ratio=0.0, case=case))
+    monkeypatch.setattr(gate, "envelope", lambda size, head_dims=None: cases)
+    (summary,) = check.run_check("cpu", "device", ["hopper.fwd"], ("fwd",), progress=lambda jobs, desc: jobs,
+                                 at_scale=True)
+    assert summary.cases == summary.passed == len(cases) == len(seen)
+    for case, forward in seen:
+        assert forward.keywords["config"] == hopper.config_at_scale(check.gate_problem(case, "cpu")), case
+    seen.clear()
+    check.run_check("cpu", "device", ["hopper.fwd"], ("fwd",), progress=lambda jobs, desc: jobs)
+    assert all(forward is hopper.forward for _, forward in seen) and len(seen) == len(cases)
+    commands = []
+    monkeypatch.setattr("subprocess.Popen", lambda cmd, **kw: commands.append(cmd) or (_ for _ in ()).throw(OSError))
+    args = argparse.Namespace(device="cpu", size="device", kernel=["hopper.fwd"], direction=["fwd"], at_scale=True)
+    with pytest.raises(OSError):
+        check._run_sharded(args, 2)
+    assert "--at-scale" in commands[0]
+
+
 def test_check_declines_the_backward_where_no_forward_is_dispatched():
     # d16 runs only on a kernel named by impl= (hopper.fwd, padded): dispatch picks no forward, so
     # the backward gate has nothing to feed it. Both directions asked: the forward's kernels decline

@@ -3316,6 +3316,22 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
     return out
 
 
+def config_at_scale(problem) -> HopperFwdConfig:
+    """The configuration a call of ``problem``'s shape runs once its batch carries the work every rule
+    that reads a call's size asks for (``config.FREEZE_ROW_MAX_MIN_FLOP``): :func:`select_config` of
+    ``problem`` with its batch entries repeated until it does. A gate-sized call (a few GFLOP at
+    most) never takes the frozen row max and what it brings; ``flashrung check --at-scale`` gates
+    this configuration at the case's own size, so the builds a large call runs are gated at the
+    envelope's odd shapes (key tails, Sq != Sk, GQA, one row)."""
+    import math
+
+    from flashrung.kernels.hopper.config import FREEZE_ROW_MAX_MIN_FLOP, call_flop
+
+    per_entry = call_flop(dataclasses.replace(problem, batch=1))
+    batch = max(problem.batch, math.ceil(FREEZE_ROW_MAX_MIN_FLOP / per_entry))
+    return select_config(dataclasses.replace(problem, batch=batch))
+
+
 # default_config's batch and heads: the benchmark suite's rows (32k tokens a batch, 32 heads), work
 # enough for every rule that reads the call's size (config.FREEZE_ROW_MAX_MIN_FLOP)
 DEFAULT_CONFIG_TOKENS = 32768

@@ -1945,6 +1945,17 @@ def test_the_frozen_row_max_waits_for_a_call_worth_its_launch():
         assert fwd.default_config(d, causal, first).freeze_row_max, (d, causal)
 
 
+def test_a_frozen_calls_configuration_is_built_once():
+    # select_config runs on every call's host path: the frozen step's copy of the schedule's
+    # configuration is cached (config._frozen), so each call gets the same object — not a fresh
+    # copy (about 30 µs of replace_following) that fwd._plan's cache must then compare field by field
+    for d, causal in ((128, False), (64, True), (64, False), (128, True)):
+        problem = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=4096, seqlen_k=4096, batch=8,
+                           heads_q=32, heads_kv=32)
+        first = select_config(problem)
+        assert first.freeze_row_max and select_config(dataclasses.replace(problem)) is first, (d, causal)
+
+
 def test_a_frozen_step_set_aside_takes_what_it_brought():
     # hopper.fwd@... on a frozen default: turned off, or set aside for a lever it cannot join (the
     # FMA pipe's exp2), the freeze leaves FA4's order, the two K/V loops and PV's wait ungated

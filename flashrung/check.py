@@ -3,8 +3,9 @@
 ``check`` gates every automatic kernel, forward and backward, on the device it finds: on a GPU
 the real kernels at realistic sizes, on the CPU the portable kernels under the Triton
 interpreter at small sizes; ``--at-scale`` runs each forward case on the configuration a large
-call of its shape runs (``hopper.fwd``'s rules that read a call's work). ``gate --calibrate`` reports the gate's own margins: the worst
-correct kernel's ratio to the bound and the smallest injected defect's.
+call of its shape runs (``hopper.fwd``'s rules that read a call's work). ``gate --calibrate``
+reports the gate's own margins: the worst correct kernel's ratio to the bound and the smallest
+injected defect's.
 """
 from __future__ import annotations
 

@@ -1684,8 +1684,8 @@ FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
 # What the frozen step brings where the default at its length differs (each paired on an H100, bf16,
 # both arms gated, flashrung compare --quick, t_noise 0.1%; docs/hopper.md, *What the frozen row max
 # brings*): FA4's order, which it needs, at d128 non-causal S2048–8191 (FA3's order there
-# before; change 57: B8 H16 S4096 1.1252 / 1.1241; change 59: B16 H16 S2048 1.1408 / 1.1414); the two K/V loops at d64 causal up to S2048,
-# where the single loop it cannot join was the default (change 58: B16 H32 S2048 1.0401 / 1.0407);
+# before; change 57: B8 H16 S4096 1.1252 / 1.1241; change 59: B16 H16 S2048 1.1408 / 1.1414);
+# the two K/V loops at d64 causal up to S2048, where the single loop it cannot join was the default (change 58: B16 H32 S2048 1.0401 / 1.0407);
 # PV's wait no longer held behind a row max the frozen step does not take (change 56: d128
 # non-causal B2 H16 S16384 1.0669 / 1.0670)
 FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_pv_wait": False}

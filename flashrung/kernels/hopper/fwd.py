@@ -3319,8 +3319,8 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
 def config_at_scale(problem) -> HopperFwdConfig:
     """The configuration a call of ``problem``'s shape runs once its batch carries the work every rule
     that reads a call's size asks for (``config.FREEZE_ROW_MAX_MIN_FLOP``): :func:`select_config` of
-    ``problem`` with its batch entries repeated until it does. A gate-sized call (a few GFLOP at
-    most) never takes the frozen row max and what it brings; ``flashrung check --at-scale`` gates
+    ``problem`` with its batch entries repeated until it does. Most gate-sized calls are far below
+    it and never take the frozen row max and what it brings; ``flashrung check --at-scale`` gates
     this configuration at the case's own size, so the builds a large call runs are gated at the
     envelope's odd shapes (key tails, Sq != Sk, GQA, one row)."""
     import math

@@ -9,9 +9,10 @@
     flashrung defaults --json                            the ranges and their configurations
 
 ``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)``; its dtype and its work
-(batch, heads) only for ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``; the
-ranges here are a suite-sized bf16 call's, and fp16 or a call under ``config.FREEZE_ROW_MAX_MIN_FLOP``
-runs the online step's rows) — so the defaults are constant between the lengths its rules name (the module's
+(batch, heads) only for ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``, and
+d64 causal S2048's tile: ``config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN``; the ranges here are a
+suite-sized bf16 call's, and fp16 or a call under ``config.FREEZE_ROW_MAX_MIN_FLOP`` runs the online
+step's rows) — so the defaults are constant between the lengths its rules name (the module's
 ``*_SEQLEN`` tables). This module lists those lengths, evaluates the selection once per range and
 merges neighbours that select the same configuration: the ranges are exact at any length, not
 sampled (tests/test_hopper_defaults.py checks them against every length up to 70,000).
@@ -255,8 +256,9 @@ def register(subparsers) -> None:
                     "max(Sq, Sk) per head dim and mask, or the whole configuration of one problem. "
                     "These are a suite-sized bf16 call's (32k tokens a batch, 32 heads): the dtype and "
                     "the call's work decide only freeze_row_max and what it brings "
-                    "(config.FREEZE_ROW_MAX_BRINGS) — fp16, or a bf16 call under "
-                    "config.FREEZE_ROW_MAX_MIN_FLOP, runs the online step's order without it.")
+                    "(config.FREEZE_ROW_MAX_BRINGS; at d64 causal S2048 also the tile) — fp16, or a "
+                    "bf16 call under config.FREEZE_ROW_MAX_MIN_FLOP, runs the online step's order "
+                    "without it.")
     p.add_argument("--headdim", type=int, default=None,
                    help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
                         f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "

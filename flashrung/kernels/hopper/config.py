@@ -680,17 +680,6 @@ class HopperFwdConfig:
         return max(1, min(REGISTER_FILE_WORDS // self.register_words,
                           SMEM_PER_SM_BYTES // self.smem_budget_bytes(head_dim, elem_bytes, head_dim_v)))
 
-    def __hash__(self) -> int:
-        # every call hashes its configuration in the host path's caches (config._frozen, fwd._check,
-        # fwd._plan, ...): over 90 fields that is 1.4-4 µs each on this project's CPU, so the value
-        # is kept on the instance (frozen: its fields never change; not a field, so neither
-        # equality nor dataclasses.asdict/replace see it)
-        cached = self.__dict__.get("_fields_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-            object.__setattr__(self, "_fields_hash", cached)
-        return cached
-
     def check(self, head_dim: int, elem_bytes: int = 2, head_dim_v: int | None = None) -> None:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim`` (and
         ``head_dim_v``, the kernel's V and O width, where it is not ``head_dim``'s)."""

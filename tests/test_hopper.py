@@ -6019,6 +6019,20 @@ def test_selfcheck_timing_only_checks_every_timed_configuration():
     assert len(timed) == len({(json_key(r), tuple(r["shape"])) for r in timed}), "a configuration is timed twice"
 
 
+def test_selfcheck_changes_that_set_the_freeze_aside_build_on_the_online_default():
+    # as hopper.fwd@... does (fwd.overridden_config): at d128 non-causal S16k the frozen default
+    # brings PV's wait ungated (change 56); a switch the freeze cannot join (the FMA pipe's exp2)
+    # runs on the online step's default, whose wait is gated, not on the frozen one's leftovers
+    from flashrung.kernels.hopper import selfcheck
+
+    frozen, online = fwd.default_config(128, False), selfcheck._online(128, False)
+    assert frozen.freeze_row_max and not frozen.gate_pv_wait and online.gate_pv_wait
+    cfg = selfcheck._cfg_dict(128, False, exp2_fma_every=16)
+    assert cfg == dataclasses.asdict(dataclasses.replace(online, exp2_fma_every=16))
+    # a switch the freeze joins keeps the frozen default under it
+    assert selfcheck._cfg_dict(128, False, consumer_regs=232)["freeze_row_max"]
+
+
 def json_key(row):
     import json
 

@@ -45,7 +45,16 @@ MARK = "@@ROW "
 def _cfg_dict(head_dim: int, causal: bool, **changes) -> dict:
     from flashrung.kernels.hopper.fwd import default_config
 
-    return dataclasses.asdict(_changed(default_config(head_dim, causal), changes))
+    return dataclasses.asdict(_changed(default_config(head_dim, causal), changes, _online(head_dim, causal)))
+
+
+def _online(head_dim: int, causal: bool):
+    """The online step's default beside ``default_config(head_dim, causal)`` (fp16's): what a
+    change that sets the frozen row max aside applies to (:func:`_changed`)."""
+    import torch
+    from flashrung.kernels.hopper.fwd import default_config
+
+    return default_config(head_dim, causal, dtype=torch.float16)
 
 
 def _default(head_dim: int, causal: bool):
@@ -132,28 +141,37 @@ def _switches(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         # a quarter of the exponentials ahead of PV's wait: FA4's order, its own gate on that wait
         candidates.append(("early_exp_quarters", dict(early_exp_quarters=0 if base.early_exp_quarters else 1,
                                                       wait_pv_early=True, pingpong=True, gate_pv_wait=False)))
-    return _feasible(base, head_dim, candidates, repeatable=("block_m",))
+    return _feasible(base, head_dim, candidates, repeatable=("block_m",), online=_online(head_dim, causal))
 
 
 RESCALE_THRESHOLD = 8.0      # FA4's τ for 16-bit inputs (log2 units): P ≤ 256
 
 
-def _changed(base, change: dict):
+def _changed(base, change: dict, online=None):
     """``base`` with ``change``: a change that unpairs a paired default (kv_multicast) drops its
     producer's way of waiting with it, as ``hopper.fwd@...`` does (``config.unpaired_producer_follows``);
-    one that forces a lever the frozen reference cannot join sets it aside (``config.frozen_follows``)."""
+    one that forces a lever the frozen reference cannot join sets it aside (``config.frozen_follows``)
+    and, given ``online`` (the online step's default, :func:`_online`), applies to that instead, as
+    ``hopper.fwd@...`` does (``fwd.overridden_config``): what the freeze brought goes with it."""
     from flashrung.kernels.hopper.config import frozen_follows, unpaired_producer_follows
 
-    return frozen_follows(unpaired_producer_follows(dataclasses.replace(base, **change), change), change)
+    def apply(cfg):
+        return frozen_follows(unpaired_producer_follows(dataclasses.replace(cfg, **change), change), change)
+
+    out = apply(base)
+    if online is not None and base.freeze_row_max and not out.freeze_row_max:
+        out = apply(online)
+    return out
 
 
-def _feasible(base, head_dim: int, candidates, repeatable=()) -> list[tuple[str, dict]]:
-    """(label, change) for each candidate that fits the budgets, the first of each name only."""
+def _feasible(base, head_dim: int, candidates, repeatable=(), online=None) -> list[tuple[str, dict]]:
+    """(label, change) for each candidate that fits the budgets (built as :func:`_changed` builds it,
+    with ``online``), the first of each name only."""
     from flashrung.kernels.hopper.config import HopperFwdConfig
 
     out, seen = [], set()
     for name, change in candidates:
-        cfg = _changed(base, change)
+        cfg = _changed(base, change, online)
         if name in seen and name not in repeatable or cfg.num_kv_stages < 1:
             continue
         try:
@@ -186,9 +204,10 @@ def _combos(head_dim: int, causal: bool) -> list[tuple[str, dict]]:
         (256, True): [levers],
     }
     candidates = [(repr(sorted(c.items())), c) for c in table.get((head_dim, causal), [])]
-    singles = [_changed(base, change) for _, change in _switches(head_dim, causal)]
-    return [(label, change) for label, change in _feasible(base, head_dim, candidates)
-            if _changed(base, change) not in singles + [base]]
+    online = _online(head_dim, causal)
+    singles = [_changed(base, change, online) for _, change in _switches(head_dim, causal)]
+    return [(label, change) for label, change in _feasible(base, head_dim, candidates, online=online)
+            if _changed(base, change, online) not in singles + [base]]
 
 
 # (B, Sq, Sk, Hq, Hkv): why each shape is here

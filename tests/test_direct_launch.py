@@ -164,11 +164,11 @@ def test_hooks_are_seen_only_when_set():
 
 
 def test_the_environment_can_turn_the_direct_launch_off():
-    assert fwd._direct_launch_default({}) is True
-    assert fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": "1"}) is True
-    assert fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": " 0 "}) is False
+    assert direct_launch.enabled_by_environment({}) is True
+    assert direct_launch.enabled_by_environment({"FLASHRUNG_DIRECT_LAUNCH": "1"}) is True
+    assert direct_launch.enabled_by_environment({"FLASHRUNG_DIRECT_LAUNCH": " 0 "}) is False
     with pytest.raises(ValueError, match="FLASHRUNG_DIRECT_LAUNCH must be 0 or 1, got 'no'"):
-        fwd._direct_launch_default({"FLASHRUNG_DIRECT_LAUNCH": "no"})
+        direct_launch.enabled_by_environment({"FLASHRUNG_DIRECT_LAUNCH": "no"})
 
 
 def _fake_compiled_kernel(launch, n_descriptors):

@@ -130,7 +130,6 @@ figures and their protocols are in docs/hopper.md.
 import collections
 import dataclasses
 import functools
-import os
 import types
 from typing import Any, Mapping, NamedTuple
 
@@ -2809,13 +2808,9 @@ def _plan(cfg: HopperFwdConfig, batch: int, seqlen_q: int, seqlen_k: int, heads_
 _DIRECT = DirectLaunch(_attn_fwd_kernel)
 
 
-def _direct_launch_default(environ=os.environ) -> bool:
-    """``direct_launch.enabled_by_environment``: ``FLASHRUNG_DIRECT_LAUNCH`` 1 (default) or 0."""
-    return enabled_by_environment(environ)
-
-
-# False: every launch through JITFunction.run (the reference the direct path is tested against)
-DIRECT_LAUNCH = _direct_launch_default()
+# False: every launch through JITFunction.run (the reference the direct path is tested against;
+# FLASHRUNG_DIRECT_LAUNCH=0, direct_launch.enabled_by_environment)
+DIRECT_LAUNCH = enabled_by_environment()
 
 
 def _launch(q, k, v, out, lse, causal: bool, softmax_scale: float, cfg: HopperFwdConfig, warmup: bool = False,

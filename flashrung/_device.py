@@ -12,6 +12,13 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index``, queried once a device (persistent and
+    fixed grids are sized by it on every call's host path)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of a CUDA device; ``None`` for the CPU.
 

@@ -150,6 +150,7 @@ from triton._utils import validate_block_shape
 from triton.language.core import _aggregate as aggregate
 from triton.runtime import driver as triton_driver
 
+from flashrung._device import sm_count as _sm_count
 from flashrung.dispatch import score_options_reason
 from flashrung.inputs import NO_WINDOW, check_softcap, host_offsets
 from flashrung.kernels.direct_launch import DirectLaunch, enabled_by_environment
@@ -2539,11 +2540,6 @@ def auto_declined_reason(problem) -> str | None:
     return (f"{what} would run padded to {kernel_head_dim(problem.head_dim, problem.head_dim_v)}, which automatic "
             "dispatch picks only for head dims gated and timed against portable.fwd on the H200 "
             f"({listed or 'none yet'}); impl='hopper.fwd' runs it")
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _window_sides(window: tuple[int, int] | None, causal: bool, keys_and_rows: int) -> tuple[int, int, bool]:

@@ -19,12 +19,11 @@ non-zero value compiles in one deliberate bug the gate must catch; 0 compiles no
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from flashrung._device import sm_count
 from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.direct_launch import DirectLaunch, enabled_by_environment, specialization_key
 from flashrung.inputs import NO_WINDOW
@@ -295,11 +294,6 @@ _RECOMPUTE_PLANS: dict[tuple, tuple] = {}
 MAX_RECOMPUTE_PLANS = 4096
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 # Programs of the recompute per SM: each walks its share of the tiles only when the guard tripped
 RECOMPUTE_PROGRAMS_PER_SM = 2
 
@@ -330,7 +324,8 @@ def recompute_flagged(guard: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         args, constexprs, (num_m_blocks, batch_heads), cfg = _launch_args(
             q, k, v, out, lse, causal, softmax_scale, window_size, softcap, cu_seqlens, max_seqlens)
         num_tiles = num_m_blocks * batch_heads
-        grid = max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * _sm_count(q.device)))
+        sms = sm_count(q.device.index) if q.device.type == "cuda" else 1
+        grid = max(1, min(num_tiles, RECOMPUTE_PROGRAMS_PER_SM * sms))
         if len(_RECOMPUTE_PLANS) >= MAX_RECOMPUTE_PLANS:
             _RECOMPUTE_PLANS.clear()
         # the scalars between lse and cu_seqlens: strides, lengths, heads, scale, window, cap

@@ -1956,6 +1956,41 @@ def test_a_frozen_calls_configuration_is_built_once():
         assert first.freeze_row_max and select_config(dataclasses.replace(problem)) is first, (d, causal)
 
 
+def test_a_configurations_kept_hash_stays_out_of_its_fields_and_other_processes():
+    # each host-path cache hashes a call's configuration, so the hash is kept on the instance
+    # (HopperFwdConfig._fields_hash): equal configurations must hash alike however they were made
+    # (replace, the fields' dict, a pickled copy), and the kept value must never reach equality,
+    # the fields, vars() — HopperFwdConfig(**vars(cfg)) rebuilds one — or another process, where a
+    # string's hash differs (check's jobs and shards pickle configurations)
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    first = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=4096, seqlen_k=4096,
+                                   batch=8, heads_q=32, heads_kv=32))
+    kept = hash(first)
+    assert hash(first) == kept and first._fields_hash == kept
+    assert kept == hash(tuple(getattr(first, f.name) for f in dataclasses.fields(first)))
+    for copy in (dataclasses.replace(first), HopperFwdConfig(**vars(first)), pickle.loads(pickle.dumps(first))):
+        assert copy is not first and copy == first and hash(copy) == kept
+    assert "_fields_hash" not in vars(first) and "_fields_hash" not in dataclasses.asdict(first)
+    assert dataclasses.replace(first, block_n=64) != first
+    assert hash(dataclasses.replace(first, block_n=64)) != kept
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.block_n = 64
+    # a copy pickled here, loaded under another string-hash seed, finds its equal in a dict there
+    code = ("import pickle, sys\nfrom flashrung.kernels.hopper.config import HopperFwdConfig\n"
+            "cfg = pickle.loads(sys.stdin.buffer.read())\n"
+            "fresh = HopperFwdConfig(**vars(cfg))\n"
+            "print(hash(cfg) == hash(fresh), {fresh: 1}.get(cfg))")
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(first), capture_output=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert done.stdout.decode().split() == ["True", "1"], (seed, done.stdout)
+
+
 def test_a_frozen_step_set_aside_takes_what_it_brought():
     # hopper.fwd@... on a frozen default: turned off, or set aside for a lever it cannot join (the
     # FMA pipe's exp2), the freeze leaves FA4's order, the two K/V loops and PV's wait ungated

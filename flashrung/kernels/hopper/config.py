@@ -57,6 +57,12 @@ class HopperFwdConfig:
     own warp-specialized partition; one extra 1-warp partition issues every TMA load.
     """
 
+    # the hash every host-path cache takes (config._frozen, fwd._check, fwd._plan) is kept in a slot
+    # beside the instance's __dict__: over 90 fields it costs 3-4 µs a hash on this project's CPU,
+    # three a frozen call; a slot is no field and not in vars(), so HopperFwdConfig(**vars(cfg)),
+    # equality, asdict and replace never see it
+    __slots__ = ("_fields_hash", "__dict__", "__weakref__")
+
     block_m: int = 128           # query rows per CTA: 64 × consumer warpgroups (128 → 2, 192 → 3)
     block_n: int = 128           # keys per K/V tile (one ring stage)
     num_kv_stages: int = 2       # depth of the K/V shared-memory ring
@@ -679,6 +685,19 @@ class HopperFwdConfig:
         shared memory."""
         return max(1, min(REGISTER_FILE_WORDS // self.register_words,
                           SMEM_PER_SM_BYTES // self.smem_budget_bytes(head_dim, elem_bytes, head_dim_v)))
+
+    def __hash__(self) -> int:
+        try:
+            return self._fields_hash
+        except AttributeError:
+            fields_hash = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_fields_hash", fields_hash)
+            return fields_hash
+
+    def __getstate__(self) -> dict:
+        # the fields alone: a string's hash differs between processes, so a pickled copy (check's
+        # jobs, a shard) hashes itself again
+        return self.__dict__
 
     def check(self, head_dim: int, elem_bytes: int = 2, head_dim_v: int | None = None) -> None:
         """Raise ``ValueError`` if this configuration cannot be built for ``head_dim`` (and

@@ -3211,6 +3211,34 @@ def test_packed_forward_refuses_what_it_cannot_run():
         replace_following(tabled, 64, dynamic_tiles=False, balanced=True, dynamic_pool_share=0.0).check(64)
 
 
+def test_a_calls_default_configuration_is_selected_and_checked_once_per_problem(monkeypatch):
+    # forward's default path (fwd._default_config) selects and checks a problem's configuration
+    # once: an equal Problem built by the next call (a new object each call) gets the same
+    # configuration without select_config running again; a refused problem raises on every call
+    # (nothing cached), and a problem handed over with another mask than the call's is refused
+    calls = []
+
+    def counting(problem, *args, **kwargs):
+        calls.append(problem)
+        return select_config(problem, *args, **kwargs)
+
+    monkeypatch.setattr(fwd, "select_config", counting)
+    fwd._default_config.cache_clear()
+    problem = _problem(**_contiguous(128))
+    first = fwd._default_config(problem)
+    assert first == select_config(problem) and len(calls) == 1
+    assert fwd._default_config(dataclasses.replace(problem)) is first and len(calls) == 1
+    other = fwd._default_config(dataclasses.replace(problem, causal=True))
+    assert other == select_config(dataclasses.replace(problem, causal=True)) and len(calls) == 2
+    refused = dataclasses.replace(problem, head_dim=100, head_dim_v=100)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="hopper.fwd cannot run this problem"):
+            fwd._default_config(refused)
+    q = k = v = torch.zeros(2, 1000, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"causal=True is not the problem's \(False\)"):
+        fwd.forward(q, k, v, True, 0.125, problem=problem)
+
+
 def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
     # config.WINDOW_CLASHES (the split tail, the pairs, the halves, the single loop) off at every
     # default a windowed problem selects (config.WINDOW_MASKS_WHERE_CUT on where listed), what

@@ -3071,40 +3071,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
     elif problem.varlen != packed:
         raise ValueError(f"{KERNEL_NAME}: the problem {'is' if problem.varlen else 'is not'} one of packed sequences "
                          f"but cu_seqlens is {'None' if not packed else 'given'}")
+    elif bool(problem.causal) != bool(causal):
+        raise ValueError(f"{KERNEL_NAME}: causal={bool(causal)} is not the problem's ({bool(problem.causal)})")
     elif problem.softcap != softcap:
         raise ValueError(f"{KERNEL_NAME}: softcap {softcap:g} is not the problem's ({problem.softcap:g})")
     elif tuple(problem.window_size) != window_size:
         raise ValueError(f"{KERNEL_NAME}: window_size {window_size} is not the problem's ({problem.window_size})")
-    reason = unsupported_reason(problem)
-    if reason is not None:
-        raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
-    cfg = config if config is not None else select_config(problem)
-    _check(cfg, *kernel_head_dims(problem.head_dim, problem.head_dim_v, cfg), q.element_size())
-    if problem.windowed:
-        clashes = window_clashes(cfg)
-        if clashes:
-            raise ValueError(f"{KERNEL_NAME}: a sliding window runs without {', '.join(clashes)} (they assume whole or "
-                             "diagonal K/V ranges); select_config's windowed default leaves them off")
-    if packed:
-        clashes = packed_clashes(cfg)
-        if clashes:
-            raise ValueError(f"{KERNEL_NAME}: packed sequences run without {', '.join(clashes)} (they share K/V ranges "
-                             "or split them across the launch); select_config's packed default leaves them off")
-        if cfg.balanced and cfg.dynamic_pool_share and not cfg.handout_table:
-            raise ValueError(f"{KERNEL_NAME}: a packed launch's balanced lists hold only its tiles with a row, so a "
-                             "run-time pool over the grid's ids would draw ids the lists leave out: packed sequences "
-                             "draw their pool through the table (handout_table=True) or run dynamic_pool_share=0, "
-                             f"got dynamic_pool_share={cfg.dynamic_pool_share}")
-    elif cfg.handout_table:
-        raise ValueError(f"{KERNEL_NAME}: handout_table draws a pack's tiles with a row: it needs packed sequences "
-                         "(cu_seqlens); a launch of whole sequences draws every tile of its grid with "
-                         "handout_table=False")
-    if cfg.split_tail and causal:
-        raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
-                         "heaviest first and already ends on its lightest tiles); got causal=True")
-    if cfg.kv_multicast and causal:
-        raise ValueError(f"{KERNEL_NAME}: kv_multicast applies to non-causal problems (the two q-tiles of a cluster "
-                         "must read the same K/V tiles; causal ones end at different keys); got causal=True")
+    cfg = _default_config(problem) if config is None else _checked_config(problem, config)
     if bool(cfg.trace_steps or cfg.trace_tiles) != (_trace is not None):
         raise ValueError(f"{KERNEL_NAME}: a config with trace_steps > 0 or trace_tiles > 0 runs through "
                          f"traced_forward, which allocates its stamps; got trace_steps={cfg.trace_steps}, "
@@ -3146,6 +3119,51 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
             _launch(q, k, v, out, lse, causal, softmax_scale, cfg, trace=_trace, softcap=softcap,
                     window=window_size if problem.windowed else None, guard=_guard, **packing)
     return out, lse
+
+
+def _checked_config(problem, cfg: HopperFwdConfig | None) -> HopperFwdConfig:
+    """``cfg`` (None: :func:`select_config`'s) checked against ``problem``: this kernel runs the
+    problem, the configuration builds at its head dims and element size, and none of its switches
+    clashes with the problem's window, packing or mask. Raises ``ValueError`` naming what fails."""
+    reason = unsupported_reason(problem)
+    if reason is not None:
+        raise ValueError(f"{KERNEL_NAME} cannot run this problem: {reason}")
+    cfg = select_config(problem) if cfg is None else cfg
+    _check(cfg, *kernel_head_dims(problem.head_dim, problem.head_dim_v, cfg), problem.dtype.itemsize)
+    if problem.windowed:
+        clashes = window_clashes(cfg)
+        if clashes:
+            raise ValueError(f"{KERNEL_NAME}: a sliding window runs without {', '.join(clashes)} (they assume whole or "
+                             "diagonal K/V ranges); select_config's windowed default leaves them off")
+    if problem.varlen:
+        clashes = packed_clashes(cfg)
+        if clashes:
+            raise ValueError(f"{KERNEL_NAME}: packed sequences run without {', '.join(clashes)} (they share K/V ranges "
+                             "or split them across the launch); select_config's packed default leaves them off")
+        if cfg.balanced and cfg.dynamic_pool_share and not cfg.handout_table:
+            raise ValueError(f"{KERNEL_NAME}: a packed launch's balanced lists hold only its tiles with a row, so a "
+                             "run-time pool over the grid's ids would draw ids the lists leave out: packed sequences "
+                             "draw their pool through the table (handout_table=True) or run dynamic_pool_share=0, "
+                             f"got dynamic_pool_share={cfg.dynamic_pool_share}")
+    elif cfg.handout_table:
+        raise ValueError(f"{KERNEL_NAME}: handout_table draws a pack's tiles with a row: it needs packed sequences "
+                         "(cu_seqlens); a launch of whole sequences draws every tile of its grid with "
+                         "handout_table=False")
+    if cfg.split_tail and problem.causal:
+        raise ValueError(f"{KERNEL_NAME}: split_tail applies to non-causal problems (a causal grid runs "
+                         "heaviest first and already ends on its lightest tiles); got causal=True")
+    if cfg.kv_multicast and problem.causal:
+        raise ValueError(f"{KERNEL_NAME}: kv_multicast applies to non-causal problems (the two q-tiles of a cluster "
+                         "must read the same K/V tiles; causal ones end at different keys); got causal=True")
+    return cfg
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_config(problem) -> HopperFwdConfig:
+    """:func:`_checked_config` of the default configuration, once per problem: a call without a
+    configuration of its own pays one lookup of its ``Problem`` (about 2 µs on this project's CPU)
+    where selecting and checking took 7-9 µs (a failing check raises every time: nothing is cached)"""
+    return _checked_config(problem, None)
 
 
 def traced_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,

@@ -124,6 +124,24 @@ def test_table_shows_ratios_ceiling_and_reasons(row_result):
     assert "PASS flashrung:portable" in text
 
 
+def test_a_margin_whose_halves_disagree_is_marked_order_dependent(row_result):
+    # the balanced rounds' halves (the peer's block first, ours first) on opposite sides of 1: the
+    # row's verdict rests on the order, and the table says so beside the margin and in a footnote
+    r = row_result
+    text = report.results_table(_doc([r]))
+    assert report.ORDER_MARK + " [" not in text and "order-dependent" not in text
+    cmp = r["comparisons"]["flashrung:portable"]["cudnn"]
+    cmp.update(margin=0.953, margin_ab=1.021, margin_ba=0.919, halves_agree=False)
+    text = report.results_table(_doc([r]))
+    line = next(ln for ln in text.splitlines() if ln.startswith("B8 H16 S4096"))
+    assert "0.953~ [" in line
+    assert ("~ order-dependent" in text and "flashrung:portable at B8 H16 S4096 d128 bf16 causal fwd: 1.021 with "
+            "cudnn first, 0.919 with flashrung:portable first" in text)
+    # halves on one side of 1 are not marked, however far apart
+    cmp.update(margin=1.10, margin_ab=1.15, margin_ba=1.02, halves_agree=True)
+    assert "order-dependent" not in report.results_table(_doc([r]))
+
+
 def test_json_round_trip_and_plot(row_result, tmp_path):
     pytest.importorskip("matplotlib")
     from flashrung.bench import plot

@@ -84,6 +84,35 @@ def host_bound_note(doc: dict) -> str | None:
             f"{'s' if len(cells) > 1 else ''}; {example})")
 
 
+# the margin of a row whose balanced rounds' halves disagree: with the peer's block before ours the
+# margin sits on one side of 1, with ours first on the other (on an H100 the d64 causal S1k row read
+# 1.021 and 0.919 over cuDNN in one run, 1.020-1.026 paired two-arm): which implementation ran
+# first decides that row's verdict
+ORDER_MARK = "~"
+
+
+def _order_dependent(row: dict, impl: str) -> dict | None:
+    """The comparison of ``impl`` with the row's best peer, where its halves disagree."""
+    cmp = row.get("comparisons", {}).get(impl, {}).get(row.get("best_peer") or "")
+    return cmp if cmp and cmp.get("halves_agree") is False else None
+
+
+def order_note(doc: dict, impls: Sequence[str]) -> str | None:
+    """The footnote of the ``~`` margins: the rows of ``impls`` whose halves disagree."""
+    cells = [(row, impl, cmp) for row in doc["rows"] for impl in impls
+             if (cmp := _order_dependent(row, impl)) is not None]
+    if not cells:
+        return None
+    listed = "; ".join(f"{impl} at {row['label']}: {cmp['margin_ab']:.3f} with {row['best_peer']} first, "
+                       f"{cmp['margin_ba']:.3f} with {impl} first" for row, impl, cmp in cells[:3])
+    more = f"; {len(cells) - 3} more" if len(cells) > 3 else ""
+    return (f"{ORDER_MARK} order-dependent: the rounds with the best peer's block first and those with ours "
+            f"first put the margin on opposite sides of 1 — which ran first moved it more than the two differ "
+            f"({listed}"
+            f"{more}); a paired compare of the two at the suite's preheat (flashrung compare "
+            f"--block-preheat-ms) says which holds")
+
+
 def target_impls(impls: Sequence[str]) -> list[str]:
     """The implementations the speed targets read: the product's dispatch and the Hopper kernel
     named directly (the portable kernels are not held to them)."""
@@ -169,7 +198,8 @@ def results_table(doc: dict) -> str:
         line = [row["label"]] + [_cell(res.get(i)) for i in impls] + [row.get("best_peer") or "-"]
         for o in ours:
             cmp = row.get("comparisons", {}).get(o, {}).get(row.get("best_peer") or "")
-            line.append(f"{cmp['margin']:.3f} [{cmp['lo']:.3f},{cmp['hi']:.3f}]" if cmp else "-")
+            line.append(f"{cmp['margin']:.3f}{ORDER_MARK if _order_dependent(row, o) else ''} "
+                        f"[{cmp['lo']:.3f},{cmp['hi']:.3f}]" if cmp else "-")
             pct = res.get(o, {}).get("percent_of_gemm_ceiling")
             line.append(f"{pct:.1f}%" if pct is not None else "-")
         if held:
@@ -183,6 +213,9 @@ def results_table(doc: dict) -> str:
     bound = host_bound_note(doc)
     if bound:
         out += "\n" + bound
+    order = order_note(doc, ours)
+    if order:
+        out += "\n" + order
     notes = reasons(doc)
     if notes:
         out += "\n\nnot measured:\n" + "\n".join(f"  {n}" for n in notes)

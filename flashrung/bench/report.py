@@ -91,9 +91,14 @@ def host_bound_note(doc: dict) -> str | None:
 ORDER_MARK = "~"
 
 
+def _best_peer_comparison(row: dict, impl: str) -> dict | None:
+    """The paired summary of ``impl`` over the row's best peer, if the row has one."""
+    return row.get("comparisons", {}).get(impl, {}).get(row.get("best_peer") or "") or None
+
+
 def _order_dependent(row: dict, impl: str) -> dict | None:
     """The comparison of ``impl`` with the row's best peer, where its halves disagree."""
-    cmp = row.get("comparisons", {}).get(impl, {}).get(row.get("best_peer") or "")
+    cmp = _best_peer_comparison(row, impl)
     return cmp if cmp and cmp.get("halves_agree") is False else None
 
 
@@ -197,8 +202,8 @@ def results_table(doc: dict) -> str:
         res = row["results"]
         line = [row["label"]] + [_cell(res.get(i)) for i in impls] + [row.get("best_peer") or "-"]
         for o in ours:
-            cmp = row.get("comparisons", {}).get(o, {}).get(row.get("best_peer") or "")
-            line.append(f"{cmp['margin']:.3f}{ORDER_MARK if _order_dependent(row, o) else ''} "
+            cmp = _best_peer_comparison(row, o)
+            line.append(f"{cmp['margin']:.3f}{ORDER_MARK if cmp.get('halves_agree') is False else ''} "
                         f"[{cmp['lo']:.3f},{cmp['hi']:.3f}]" if cmp else "-")
             pct = res.get(o, {}).get("percent_of_gemm_ceiling")
             line.append(f"{pct:.1f}%" if pct is not None else "-")

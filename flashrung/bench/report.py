@@ -6,14 +6,15 @@ ours is faster, with p10–p90) and its share of the GEMM ceiling measured in th
 a row has a speed target (``targets``), the target and what the product's kernel still needs to
 meet it, with a count of the rows met below the table. The FLOP convention heads the table;
 unsupported implementations show ``unsup`` / ``error`` in their cell and their reasons below,
-never a blank; a cell whose calls were host-bound carries a ``*`` and a footnote.
+never a blank; a cell whose calls were host-bound carries a ``*`` and a footnote. Below it, what
+each implementation's blocks inherited from the block before them (:mod:`~flashrung.bench.carryover`).
 """
 from __future__ import annotations
 
 import pathlib
 from typing import Iterable, Sequence
 
-from flashrung.bench import numerators, peers, targets, timing
+from flashrung.bench import carryover, numerators, peers, targets, timing
 from flashrung import jsonfile
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
@@ -153,6 +154,9 @@ def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
                      + _table(header, lines) + "\n" + targets.across_runs_summary(rows, impl))
     if not parts:
         raise ValueError("across runs: no row of these runs carries a target")
+    carried = carryover.text(docs, _short)
+    if carried:
+        parts.append(carried.replace("carryover:", "carryover, the runs pooled:", 1))
     runs = "\n".join(f"  run {n + 1}: {name}" for n, name in enumerate(names))
     return runs + "\n\n" + "\n\n".join(parts)
 
@@ -221,6 +225,9 @@ def results_table(doc: dict) -> str:
     order = order_note(doc, ours)
     if order:
         out += "\n" + order
+    carried = carryover.text([doc], _short)
+    if carried:
+        out += "\n\n" + carried
     notes = reasons(doc)
     if notes:
         out += "\n\nnot measured:\n" + "\n".join(f"  {n}" for n in notes)

@@ -1,0 +1,118 @@
+"""What a block inherits from the block before it: each implementation's time by its predecessor.
+
+The bench runs a row's implementations in blocks, back to back on one stream with no synchronisation
+between them, and the GPU's clock follows the power drawn over the last hundreds of milliseconds —
+longer than a block's preheat. The balanced design (``timing.balanced_orders``) puts every
+implementation right after every other equally often, so a carryover averages out of each row's
+ratio; it does not vanish from the single rounds, and with six rounds a row a large one decides a
+paired median. This module reads it back from a run's stored blocks.
+
+For each row, each implementation and each of its blocks but the row's first (which follows the
+previous row's work, its gate and warm-up): the block's median time divided by the median of that
+implementation's block medians in the row — 1.03 is a block 3% slower than the implementation's
+typical one there — keyed by the implementation whose block ran just before (the previous one in
+the round's order, or the previous round's last). Pooled over rows (and runs), the mean of those
+ratios by (implementation, predecessor) is the table :func:`text` prints; an implementation that
+slows whatever follows it reads as a column above 1, one slowed by a particular predecessor as a
+cell above its row's others.
+
+Derived from the stored timing, not a measurement of its own: which mechanism carries over (the
+clock the power left, L2 contents) is for ``flashrung sustain`` (per-block clock and power) to say.
+Pure: no GPU.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable, Mapping, Sequence
+
+# a predecessor's effect on one implementation is named below the table when its slowest cell is at
+# least this much (1%) above its fastest
+NOTABLE_SPREAD = 0.01
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def row_ratios(row: Mapping) -> dict[tuple[str, str], list[float]]:
+    """``{(impl, predecessor): [block median ÷ the impl's row median, …]}`` for one bench row, from
+    its ``round_orders`` and each implementation's ``blocks_ms``; empty where the row has no stored
+    blocks or rounds (a run before they were kept, an implementation that did not run)."""
+    orders = [tuple(o) for o in row.get("round_orders") or ()]
+    results = row.get("results") or {}
+    blocks = {impl: r.get("blocks_ms") for impl, r in results.items() if r.get("status") == "ok"}
+    if not orders or not blocks or any(not b or len(b) != len(orders) for b in blocks.values()):
+        return {}
+    if any(set(o) != set(blocks) for o in orders):
+        return {}
+    medians = {impl: [_median(block) for block in b] for impl, b in blocks.items()}
+    typical = {impl: _median(m) for impl, m in medians.items()}
+    sequence = [(r, impl) for r, order in enumerate(orders) for impl in order]
+    out: dict[tuple[str, str], list[float]] = {}
+    for (_, before), (r, impl) in zip(sequence, sequence[1:]):
+        value, base = medians[impl][r], typical[impl]
+        if base > 0 and math.isfinite(value):
+            out.setdefault((impl, before), []).append(value / base)
+    return out
+
+
+def pooled(docs: Iterable[Mapping]) -> dict[tuple[str, str], list[float]]:
+    """:func:`row_ratios` of every row of ``docs`` (bench runs), pooled by (impl, predecessor)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for doc in docs:
+        for row in doc.get("rows", []):
+            for key, values in row_ratios(row).items():
+                out.setdefault(key, []).extend(values)
+    return out
+
+
+def summary(docs: Iterable[Mapping]) -> dict:
+    """The pooled table as data: ``impls`` (in the runs' order), ``cells`` ``{impl: {predecessor:
+    {"mean", "n", "max"}}}`` and ``notable`` — per implementation whose cells differ by
+    :data:`NOTABLE_SPREAD` or more, its slowest and fastest predecessor with their means."""
+    docs = list(docs)
+    ratios = pooled(docs)
+    impls = list(dict.fromkeys(i for doc in docs for i in doc.get("impls", []) if any(k[0] == i for k in ratios)))
+    cells: dict[str, dict[str, dict]] = {}
+    for (impl, before), values in ratios.items():
+        cells.setdefault(impl, {})[before] = dict(mean=float(sum(values) / len(values)), n=len(values),
+                                                  max=float(max(values)))
+    notable = []
+    for impl in impls:
+        row = cells.get(impl, {})
+        if len(row) < 2:
+            continue
+        slow = max(row, key=lambda b: row[b]["mean"])
+        fast = min(row, key=lambda b: row[b]["mean"])
+        if row[slow]["mean"] >= (1 + NOTABLE_SPREAD) * row[fast]["mean"]:
+            notable.append(dict(impl=impl, slowest_after=slow, slow_mean=row[slow]["mean"], fastest_after=fast,
+                                fast_mean=row[fast]["mean"]))
+    return dict(impls=impls, cells=cells, notable=notable)
+
+
+def text(docs: Iterable[Mapping], short=lambda impl: impl) -> str | None:
+    """The carryover table (rows: the implementation timed; columns: the one whose block ran just
+    before; cells: mean block ÷ typical block, with the count of blocks), and a line per notable
+    implementation; None where no row stored its blocks and rounds."""
+    s = summary(docs)
+    if not s["cells"]:
+        return None
+    impls = s["impls"]
+    header = ["timed \\ after"] + [short(i) for i in impls]
+    lines = []
+    for impl in impls:
+        row = s["cells"].get(impl, {})
+        lines.append([short(impl)] + [f"{row[b]['mean']:.3f} ({row[b]['n']})" if b in row else "-" for b in impls])
+    widths = [max(len(h), *(len(ln[i]) for ln in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    out = ["carryover: each block's median ÷ its implementation's typical block in the row, by the block just "
+           "before it (mean over the rows' blocks, count in brackets; a row's first block left out)",
+           fmt(header), "  ".join("-" * w for w in widths)] + [fmt(ln) for ln in lines]
+    for n in s["notable"]:
+        out.append(f"  {short(n['impl'])} runs {100 * (n['slow_mean'] / n['fast_mean'] - 1):.1f}% slower after "
+                   f"{short(n['slowest_after'])} ({n['slow_mean']:.3f}) than after {short(n['fastest_after'])} "
+                   f"({n['fast_mean']:.3f})")
+    return "\n".join(out)

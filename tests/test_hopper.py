@@ -5048,9 +5048,11 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 # the frozen defaults whose companions changes 56-59 brought (config.FREEZE_ROW_MAX_BRINGS): FA4's
 # order at d128 non-causal S2048 and S3072 (change 59: two Q buffers, then one), S4096 (FA3's
 # named turns' range) and S6144, PV's wait ungated from S16384, d64 causal S2048 on the 192-row
-# tile (change 60; the two K/V loops there since change 58) and S3072 (frozen since change 58)
+# tile (change 60; the two K/V loops there since change 58) and S3072 (frozen since change 58); the
+# non-causal lengths from S1024 (change 61): d64's short 128-row tile and its 192-row tile below
+# S2048, d128 in FA4's order below S2048
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
-                   (64, True, 2048), (64, True, 3072)]
+                   (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024)]
 
 
 @pytest.mark.gpu

@@ -49,8 +49,8 @@ def test_a_block_slowed_by_its_predecessor_reads_above_its_other_cells(carried_d
         assert all(c["mean"] == pytest.approx(1.0) for c in s["cells"][impl].values())
     assert s["notable"] == [dict(impl="flashrung:portable", slowest_after="cudnn", slow_mean=after_cudnn,
                                  fastest_after="fa4", fast_mean=after_fa4)]
-    text = carryover.text([carried_doc])
-    assert "flashrung:portable runs 10.0% slower after cudnn" in text
+    text = report.carryover_table([carried_doc])
+    assert "fr:portable runs 10.0% slower after cudnn" in text
 
 
 def test_every_block_but_the_rows_first_is_counted_once_by_its_predecessor(carried_doc):
@@ -79,9 +79,9 @@ def test_the_report_prints_the_table_and_runs_pool_it(carried_doc):
 
 def test_rows_without_stored_blocks_give_no_table():
     # a run stored before blocks and orders were kept, or a row where an implementation did not run
-    assert carryover.text([{"impls": ["cudnn"], "rows": [{"results": {"cudnn": {"status": "ok", "ms": 1.0}}}]}]) is None
+    assert report.carryover_table([{"impls": ["cudnn"], "rows": [{"results": {"cudnn": {"status": "ok", "ms": 1.0}}}]}]) is None
     row = {"round_orders": [["a", "b"], ["b", "a"]],
            "results": {"a": {"status": "ok", "blocks_ms": [[1.0], [1.0]]},
                        "b": {"status": "unsupported", "reason": "declines"}}}
     assert carryover.row_ratios(row) == {}
-    assert carryover.text([{"impls": ["a", "b"], "rows": [row]}]) is None
+    assert report.carryover_table([{"impls": ["a", "b"], "rows": [row]}]) is None

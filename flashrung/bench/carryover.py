@@ -12,7 +12,8 @@ previous row's work, its gate and warm-up): the block's median time divided by t
 implementation's block medians in the row — 1.03 is a block 3% slower than the implementation's
 typical one there — keyed by the implementation whose block ran just before (the previous one in
 the round's order, or the previous round's last). Pooled over rows (and runs), the mean of those
-ratios by (implementation, predecessor) is the table :func:`text` prints; an implementation that
+ratios by (implementation, predecessor) is the table the bench report prints
+(``report.carryover_table``); an implementation that
 slows whatever follows it reads as a column above 1, one slowed by a particular predecessor as a
 cell above its row's others.
 
@@ -69,15 +70,14 @@ def pooled(docs: Iterable[Mapping]) -> dict[tuple[str, str], list[float]]:
 
 def summary(docs: Iterable[Mapping]) -> dict:
     """The pooled table as data: ``impls`` (in the runs' order), ``cells`` ``{impl: {predecessor:
-    {"mean", "n", "max"}}}`` and ``notable`` — per implementation whose cells differ by
+    {"mean", "n"}}}`` and ``notable`` — per implementation whose cells differ by
     :data:`NOTABLE_SPREAD` or more, its slowest and fastest predecessor with their means."""
     docs = list(docs)
     ratios = pooled(docs)
     impls = list(dict.fromkeys(i for doc in docs for i in doc.get("impls", []) if any(k[0] == i for k in ratios)))
     cells: dict[str, dict[str, dict]] = {}
     for (impl, before), values in ratios.items():
-        cells.setdefault(impl, {})[before] = dict(mean=float(sum(values) / len(values)), n=len(values),
-                                                  max=float(max(values)))
+        cells.setdefault(impl, {})[before] = dict(mean=float(sum(values) / len(values)), n=len(values))
     notable = []
     for impl in impls:
         row = cells.get(impl, {})
@@ -89,30 +89,3 @@ def summary(docs: Iterable[Mapping]) -> dict:
             notable.append(dict(impl=impl, slowest_after=slow, slow_mean=row[slow]["mean"], fastest_after=fast,
                                 fast_mean=row[fast]["mean"]))
     return dict(impls=impls, cells=cells, notable=notable)
-
-
-def text(docs: Iterable[Mapping], short=lambda impl: impl) -> str | None:
-    """The carryover table (rows: the implementation timed; columns: the one whose block ran just
-    before; cells: mean block ÷ typical block, with the count of blocks), and a line per notable
-    implementation; None where no row stored its blocks and rounds."""
-    s = summary(docs)
-    if not s["cells"]:
-        return None
-    impls = s["impls"]
-    header = ["timed \\ after"] + [short(i) for i in impls]
-    lines = []
-    for impl in impls:
-        row = s["cells"].get(impl, {})
-        lines.append([short(impl)] + [f"{row[b]['mean']:.3f} ({row[b]['n']})" if b in row else "-" for b in impls])
-    widths = [max(len(h), *(len(ln[i]) for ln in lines)) for i, h in enumerate(header)]
-
-    def fmt(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = ["carryover: each block's median ÷ its implementation's typical block in the row, by the block just "
-           "before it (mean over the rows' blocks, count in brackets; a row's first block left out)",
-           fmt(header), "  ".join("-" * w for w in widths)] + [fmt(ln) for ln in lines]
-    for n in s["notable"]:
-        out.append(f"  {short(n['impl'])} runs {100 * (n['slow_mean'] / n['fast_mean'] - 1):.1f}% slower after "
-                   f"{short(n['slowest_after'])} ({n['slow_mean']:.3f}) than after {short(n['fastest_after'])} "
-                   f"({n['fast_mean']:.3f})")
-    return "\n".join(out)

@@ -119,6 +119,29 @@ def order_note(doc: dict, impls: Sequence[str]) -> str | None:
             f"--block-preheat-ms) says which holds")
 
 
+def carryover_table(docs: Sequence[dict], title: str = "carryover") -> str | None:
+    """What each implementation's blocks inherited from the block before them (:mod:`carryover`):
+    rows the implementation timed, columns the one whose block ran just before, cells the mean block
+    ÷ typical block with the count of blocks; a line per implementation whose predecessors move it
+    by ``carryover.NOTABLE_SPREAD`` or more. None where no row stored its blocks and rounds."""
+    s = carryover.summary(docs)
+    if not s["cells"]:
+        return None
+    impls = s["impls"]
+    lines = []
+    for impl in impls:
+        row = s["cells"].get(impl, {})
+        lines.append([_short(impl)] + [f"{row[b]['mean']:.3f} ({row[b]['n']})" if b in row else "-" for b in impls])
+    out = [f"{title}: each block's median ÷ its implementation's typical block in the row, by the block just "
+           "before it (mean over the rows' blocks, count in brackets; a row's first block left out)",
+           _table(["timed \\ after"] + [_short(i) for i in impls], lines)]
+    for n in s["notable"]:
+        out.append(f"  {_short(n['impl'])} runs {100 * (n['slow_mean'] / n['fast_mean'] - 1):.1f}% slower after "
+                   f"{_short(n['slowest_after'])} ({n['slow_mean']:.3f}) than after {_short(n['fastest_after'])} "
+                   f"({n['fast_mean']:.3f})")
+    return "\n".join(out)
+
+
 def target_impls(impls: Sequence[str]) -> list[str]:
     """The implementations the speed targets read: the product's dispatch and the Hopper kernel
     named directly (the portable kernels are not held to them)."""
@@ -154,9 +177,9 @@ def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
                      + _table(header, lines) + "\n" + targets.across_runs_summary(rows, impl))
     if not parts:
         raise ValueError("across runs: no row of these runs carries a target")
-    carried = carryover.text(docs, _short)
+    carried = carryover_table(docs, "carryover, the runs pooled")
     if carried:
-        parts.append(carried.replace("carryover:", "carryover, the runs pooled:", 1))
+        parts.append(carried)
     runs = "\n".join(f"  run {n + 1}: {name}" for n, name in enumerate(names))
     return runs + "\n\n" + "\n\n".join(parts)
 
@@ -225,7 +248,7 @@ def results_table(doc: dict) -> str:
     order = order_note(doc, ours)
     if order:
         out += "\n" + order
-    carried = carryover.text([doc], _short)
+    carried = carryover_table([doc])
     if carried:
         out += "\n\n" + carried
     notes = reasons(doc)

@@ -483,6 +483,11 @@ def test_bench_gates_before_timing_and_times_no_kernel_that_failed(monkeypatch):
     assert list(causal) == ["cudnn", "flashrung"] and causal["cudnn"]["status"] == "ok"
     assert causal["flashrung"] == {"status": peers.GATE_FAILED, "reason": "not timed: FAIL flashrung causal=True"}
     assert [g["passed"] for g in doc["correctness"]] == [True, False]
+    # each gate names the rows it stands for: one gate line per family, both rows on it
+    assert [g["rows"] for g in doc["correctness"]] == [[r.label() for r in rows[:2]], [r.label() for r in rows[2:]]]
     assert report._cell(causal["flashrung"]) == "FAIL"
     table = report.results_table(doc)
     assert "FAIL" in table and "flashrung (gate failed, 2 rows" in table
+    gate_lines = [ln for ln in table.splitlines() if ln.startswith(("  PASS", "  FAIL"))]
+    assert len(gate_lines) == 2
+    assert all(" for B8 H16 S1024, B8 H16 S2048: " in ln for ln in gate_lines), gate_lines

@@ -257,8 +257,8 @@ def results_table(doc: dict) -> str:
     gates = doc.get("correctness") or []
     if gates:
         out += "\n\ncorrectness gate (flashrung kernels, reduced size, each on the build its rows time):\n" + "\n".join(
-            f"  {'PASS' if g['passed'] else 'FAIL'} {g['impl']} {g.get('mode', 'fwd')} {_gate_shape(g['config'])}: "
-            f"{g['text']}" for g in gates)
+            f"  {'PASS' if g['passed'] else 'FAIL'} {g['impl']} {g.get('mode', 'fwd')} {_gate_shape(g['config'])}"
+            f"{_gate_rows(g)}: {g['text']}" for g in gates)
     first = {}
     for row in doc["rows"]:
         for impl, r in row["results"].items():
@@ -270,6 +270,16 @@ def results_table(doc: dict) -> str:
     if "wall_s" in doc:
         out += f"\nwall time {doc['wall_s']:.1f} s"
     return out
+
+
+def _gate_rows(g: dict) -> str:
+    """Which timed rows a gate line stands for (their batch, heads and lengths; the shape before
+    it gives the rest), so lines of builds that differ only in schedule read as what they are.
+    Results written before the gate recorded its rows give none."""
+    rows = g.get("rows") or []
+    if not rows:
+        return ""
+    return " for " + ", ".join(" ".join(label.split()[:3]) for label in rows)
 
 
 def _gate_shape(c: dict) -> str:

@@ -373,6 +373,9 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
             for impl, key in gate_keys[row].items():
                 if key not in gates:
                     gates[key] = run_gate(impl, row, seed=seed, build=key[0])
+                # the rows a gate stands for: builds that differ in schedule alone gate alike, and
+                # the report says which rows each line covers rather than repeat a bare shape
+                gates[key].setdefault("rows", []).append(row.label())
     correctness = list(gates.values())
     out_rows = []
     bar = tqdm(total=len(rows), desc="bench", unit="row", disable=not progress, dynamic_ncols=True)

@@ -234,7 +234,8 @@ def register(subparsers) -> None:
     b.add_argument("--from-json", type=pathlib.Path, metavar="PATH", action="append",
                    help="re-render the table (and --plot) from a saved result (.json or .json.gz); no GPU needed. "
                         "Given more than once (runs of one suite): each row's reading in every run against its "
-                        "target, how many runs met it and what the median still needs")
+                        "target, how many runs met it and what the median still needs, and each implementation's "
+                        "rates run by run (did one move alone: a rebuilt peer, a new default)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--seed", type=int, default=0, help="input seed")
     b.set_defaults(func=cmd_bench)

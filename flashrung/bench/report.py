@@ -14,7 +14,7 @@ from __future__ import annotations
 import pathlib
 from typing import Iterable, Sequence
 
-from flashrung.bench import carryover, numerators, peers, targets, timing
+from flashrung.bench import carryover, drift, numerators, peers, targets, timing
 from flashrung import jsonfile
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
@@ -142,6 +142,21 @@ def carryover_table(docs: Sequence[dict], title: str = "carryover") -> str | Non
     return "\n".join(out)
 
 
+def drift_table(docs: Sequence[dict]) -> str | None:
+    """Each implementation's rates run by run (:mod:`drift`): a cell per run, the median over the rows
+    of the row's rate ÷ its median over the runs, with the least and the most. None below two runs
+    or where no implementation timed a row in every run."""
+    moved = drift.rates_by_run(docs)
+    if not moved:
+        return None
+    lines = [[_short(impl), str(d["rows"])] + [f"{r['median']:.3f} [{r['least']:.3f},{r['most']:.3f}]"
+                                                for r in d["runs"]]
+             for impl, d in moved.items()]
+    return ("rates by run: each row's TFLOP/s ÷ its median over the runs, the median over the rows "
+            "[least, most] — one implementation moving alone changed; all moving together is the machine\n"
+            + _table(["impl", "rows"] + [f"run {n + 1}" for n in range(len(docs))], lines))
+
+
 def target_impls(impls: Sequence[str]) -> list[str]:
     """The implementations the speed targets read: the product's dispatch and the Hopper kernel
     named directly (the portable kernels are not held to them)."""
@@ -177,6 +192,9 @@ def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
                      + _table(header, lines) + "\n" + targets.across_runs_summary(rows, impl))
     if not parts:
         raise ValueError("across runs: no row of these runs carries a target")
+    moved = drift_table(docs)
+    if moved:
+        parts.append(moved)
     carried = carryover_table(docs, "carryover, the runs pooled")
     if carried:
         parts.append(carried)

@@ -479,8 +479,9 @@ CENSUS_CONFIGS.append(("d64-full-exp-turns", 64, False, {"exp_turns": True}))
 CENSUS_CONFIGS.append(("d64-full-early-exps", 64, False, {"early_exp_quarters": 1}))
 # O's rescale in its own block ahead of the exponentials, in FA4's order on d64's three consumers
 CENSUS_CONFIGS.append(("d64-full-rescale-first", 64, False, {"rescale_before_exp": True}))
-# the row max frozen after an item's first tile (a measurement: no max, no rescale in the steady step)
-CENSUS_CONFIGS.append(("d64-full-freeze-row-max", 64, False, {"freeze_row_max": True}))
+# the row max frozen after an item's first tile (a measurement: no max, no rescale in the steady step),
+# its pingpong turn on mbarriers as the online default's (the frozen default's named turns: change 62)
+CENSUS_CONFIGS.append(("d64-full-freeze-row-max", 64, False, {"freeze_row_max": True, "named_turns": False}))
 # P for PV from shared memory, in FA3's order, on d64's three consumers (192-row tile, non-causal)
 CENSUS_CONFIGS.append(("d64-full-p-in-smem", 64, False, {"p_in_smem": True, "wait_pv_early": False}))
 # FA3's order with P in registers on d64's three consumers, S16k non-causal, as it runs at S8k-S32k
@@ -1883,7 +1884,8 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
     # past each row's first length, not one key before; never fp16 (its 16-bit P overflows where
     # ordinary scores rise 11 above the reference), d256 (0.998), a window, packed sequences or a
     # cap; the configuration with it otherwise the one without it and what it brings
-    # (config.FREEZE_ROW_MAX_BRINGS: FA4's order, two K/V loops, PV's wait ungated)
+    # (config.FREEZE_ROW_MAX_BRINGS: FA4's order, two K/V loops, PV's wait ungated; at d64
+    # non-causal the named turns but at S2048, config.FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN)
     for (d, causal), first in config.FREEZE_ROW_MAX_MIN_SEQLEN.items():
         for seqlen in (first - 1, first, 4 * first):
             bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
@@ -1893,6 +1895,9 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
             assert cfg.freeze_row_max == (seqlen >= first) and not plain.freeze_row_max, (d, causal, seqlen)
             brought = {name: value for name, value in config.FREEZE_ROW_MAX_BRINGS.items()
                        if cfg.freeze_row_max and getattr(plain, name) != value}
+            if cfg.freeze_row_max and any(a <= seqlen <= b for a, b in
+                                          config.FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN.get((d, causal), ())):
+                brought["named_turns"] = True      # change 62: the turn on named barriers
             if cfg.freeze_row_max and causal and config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN.get(d, 0) \
                     < seqlen <= config.SHORT_CAUSAL_MAX_SEQLEN.get(d, 0):
                 # the frozen step's short causal tile ends earlier (change 60): its tile, not the
@@ -1925,8 +1930,39 @@ def test_the_frozen_row_max_brings_what_was_priced_with_it():
     for seqlen in (1024, 2047):
         short = fwd.default_config(64, True, seqlen)
         assert not short.freeze_row_max and short.block_m == 128, seqlen
+    # change 62: at d64 non-causal the frozen step passes the pingpong turn on named barriers
+    # (config.FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN), the online step on mbarriers — and so does S2048's
+    # build, the pair with two Q buffers, where the named turns lost (0.9956 / 0.9979); d128
+    # non-causal keeps its own rule (named from S8k in FA4's order), d64 causal runs no such turn at S2k
+    for seqlen in (1024, 1536, 2047, 2048, 2049, 16384, 32768):
+        frozen, online = fwd.default_config(64, False, seqlen), fwd.default_config(64, False, seqlen, dtype=torch.float16)
+        assert frozen.freeze_row_max and frozen.pingpong and frozen.named_turns is (seqlen != 2048), seqlen
+        assert not online.named_turns, seqlen
+        assert {f.name for f in dataclasses.fields(frozen) if getattr(frozen, f.name) != getattr(online, f.name)} \
+            <= {"freeze_row_max", "named_turns", *config.FREEZE_ROW_MAX_BRINGS}, seqlen
+    for seqlen in (1024, 2048, 4096, 16384):
+        assert fwd.default_config(128, False, seqlen).named_turns \
+            is fwd.default_config(128, False, seqlen, dtype=torch.float16).named_turns, seqlen
     for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384), (64, False, 8192)):
         fwd.default_config(d, causal, seqlen).check(d)
+
+
+def test_the_pingpong_forced_off_takes_its_named_turns_with_it():
+    # replace_following: named barriers are a way of passing the pingpong's turn, so hopper.fwd@pingpong=false
+    # on a default that passes it so (d64's frozen step since change 62, d128 non-causal from S8k)
+    # builds a configuration check() accepts, without them; named with it, the value given stays
+    # (and check() refuses it by name)
+    for d, seqlen in ((64, 16384), (64, 1024), (128, 16384)):
+        cfg = fwd.default_config(d, False, seqlen)
+        assert cfg.pingpong and cfg.named_turns, (d, seqlen)
+        off = replace_following(cfg, d, pingpong=False)
+        assert not off.pingpong and not off.named_turns, (d, seqlen)
+        off.check(d)
+        problem = _problem(head_dim=d, head_dim_v=d, seqlen_q=seqlen, seqlen_k=seqlen, batch=max(1, 32768 // seqlen),
+                           heads_q=32, heads_kv=32)
+        assert not fwd.config_with(problem, {"pingpong": "false"}).named_turns, (d, seqlen)
+        with pytest.raises(ValueError, match="named_turns"):
+            replace_following(cfg, d, pingpong=False, named_turns=True).check(d)
 
 
 def test_the_frozen_row_max_waits_for_a_call_worth_its_launch():
@@ -5050,9 +5086,11 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 # named turns' range) and S6144, PV's wait ungated from S16384, d64 causal S2048 on the 192-row
 # tile (change 60; the two K/V loops there since change 58) and S3072 (frozen since change 58); the
 # non-causal lengths from S1024 (change 61): d64's short 128-row tile and its 192-row tile below
-# S2048, d128 in FA4's order below S2048
+# S2048, d128 in FA4's order below S2048; d64 non-causal's turn on named barriers (change 62) on
+# those two and S16384's pair, S2048's pair on mbarriers
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
-                   (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024)]
+                   (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024),
+                   (64, False, 2048), (64, False, 16384)]
 
 
 @pytest.mark.gpu

@@ -28,9 +28,10 @@ def barriers(spec):
 
 out = {spec.kernel: barriers(spec) for spec in ws_probe.census_specs()}
 # d64 non-causal's unpaired staggered kernel, the S3072 default before change 50 field for field (its
-# default pairs CTAs from 2k, with a 4-warp producer)
+# default pairs CTAs from 2k, with a 4-warp producer), its pingpong turn on mbarriers (the frozen
+# step's passes it on named barriers since change 62)
 unpaired = fwd.replace_following(fwd.default_config(64, False, 3072), 64, kv_multicast=False, asm_arrivals=False,
-                                 stagger_kv=True, stagger_subtract=True)
+                                 stagger_kv=True, stagger_subtract=True, named_turns=False)
 out["hopper.fwd"] = barriers(fwd.census_spec(unpaired, 64, False, torch.bfloat16))
 print(json.dumps(out))
 """

@@ -1504,7 +1504,8 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
     arrivals, ...), a default ``producer_unsynced`` for a second Q buffer or the multiply-high
     decode, and a default ``cross_head_pairs`` for the LPT order, unless the change names it too
     (then check() refuses). ``meet_before_pass`` follows the pairing, the skip of empty rows and the
-    pingpong, as ``select_config`` derives it; ``stagger_subtract`` follows ``stagger_kv``; the
+    pingpong, as ``select_config`` derives it, and ``named_turns`` the pingpong turned off;
+    ``stagger_subtract`` follows ``stagger_kv``; the
     split turned off takes its own K/V tile (``SPLIT_KV_TILE_KEYS``) with it."""
     out = dataclasses.replace(cfg, **changes)
     if changes.get("kv_multicast") and not cfg.kv_multicast:
@@ -1534,6 +1535,10 @@ def replace_following(cfg: HopperFwdConfig, head_dim: int, **changes) -> HopperF
         # every staggered sweep select_config builds wraps by compare and subtract (change 41): the
         # stagger forced on builds that sweep, forced off takes its wrap with it
         out = dataclasses.replace(out, stagger_subtract=out.stagger_kv)
+    if changes.get("pingpong") is False and out.named_turns and "named_turns" not in changes:
+        # the named barriers are a way of passing the pingpong's turn: the pingpong forced off a
+        # default that passes it so (d128 from S8k, d64's frozen step) leaves no turn to pass
+        out = dataclasses.replace(out, named_turns=False)
     if "meet_before_pass" not in changes and _MEET_DERIVED_FROM & set(changes):
         # the meeting follows the pairing as select_config derives it: the skip of empty rows or the
         # pingpong forced off a paired default leaves no turn to meet before; the pairing forced
@@ -1700,6 +1705,17 @@ FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
 # PV's wait no longer held behind a row max the frozen step does not take (change 56: d128
 # non-causal B2 H16 S16384 1.0669 / 1.0670)
 FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_pv_wait": False}
+# ... and, at d64 non-causal, the pingpong turn passed on named barriers (`named_turns`) instead of
+# its mbarriers (change 62), at these ranges of max(Sq, Sk). The frozen trip is short enough that its
+# loop top waits on the turn: the d64 S16k profile (H100, d7e1bed) spent 431 cycles a trip there
+# against FA4's 259, the K and V tiles already landed, most of it the turn's mbarrier retry. On the
+# online step the named turns lost at d64 (0.987); under the frozen one, paired on an H100 (bf16,
+# preheated 150 ms, both arms gated, flashrung compare --quick, t_noise 0.1%), one build a length:
+# B32 H32 S1024 (the 128-row tile) 1.0089 / 1.0020, B16 S1536 (the unpaired 192-row tile) 1.0338 /
+# 1.0327, B2 S16384 and B1 S32768 (the pair on one Q buffer, S2049 on) 1.0142 / 1.0150 and 1.0126 /
+# 1.0107. Not S2048's build, the pair with two Q buffers and the multiply-high decode: 0.9956 /
+# 0.9979 (B16 H32)
+FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN = {(64, False): ((1024, 2047), (2049, 1 << 62))}
 # ... and d64 causal's 192-row tile from S2048 (the short causal tile, SHORT_CAUSAL_MAX_SEQLEN,
 # up to S2047 only): on the online step that tile lost at S2048 (0.975, above), under the frozen one
 # it wins there — paired on an H100 (bf16, both arms gated on the build each times, flashrung
@@ -1726,13 +1742,15 @@ def call_flop(problem) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _frozen(cfg: HopperFwdConfig, head_dim: int) -> HopperFwdConfig:
+def _frozen(cfg: HopperFwdConfig, head_dim: int, named_turns: bool = False) -> HopperFwdConfig:
     """``cfg`` (``_select``'s, one object a schedule) with the frozen row max and what it brings
     where it differs (``FREEZE_ROW_MAX_BRINGS``). Cached, as the windowed, packed, capped and split
     rows are: ``replace_following``'s copies cost a call's host path about 30 µs (on this project's
     CPU: ``select_config`` of a frozen call 33–35 µs against the online call's 4–5), and a fresh
     configuration each call also costs ``fwd._plan``'s cache a field-by-field comparison"""
     brings = {name: value for name, value in FREEZE_ROW_MAX_BRINGS.items() if getattr(cfg, name) != value}
+    if named_turns and cfg.pingpong:
+        brings["named_turns"] = True
     return replace_following(cfg, head_dim, freeze_row_max=True, **brings)
 
 
@@ -1791,7 +1809,9 @@ def select_config(problem, frozen_step: bool = True) -> HopperFwdConfig:
                   gate_pv_wait, mask_first_always, kv_multicast, producer_unsynced, relay_release,
                   cross_head_pairs)
     if frozen:
-        cfg = _frozen(cfg, head_dim)
+        named = any(first <= seqlen <= last
+                    for first, last in FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN.get((head_dim, bool(problem.causal)), ()))
+        cfg = _frozen(cfg, head_dim, named)
     if problem.windowed:
         cfg = _windowed(cfg, head_dim)
     if problem.windowed and problem.causal and 0 <= problem.window_size[0] <= NARROW_WINDOW_MAX_LEFT.get(head_dim, -1):

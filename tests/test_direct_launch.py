@@ -142,7 +142,7 @@ def test_without_the_direct_launch_a_paired_launch_goes_through_triton(monkeypat
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(fwd, "combine_tail", lambda *a, **kw: None)
     monkeypatch.setattr(fwd, "_launch_barrier_offsets", lambda build, dtype, args, constexprs, grid: constexprs)
-    cfg = fwd.default_config(128, False, 4096, dtype=torch.float16)      # the online step: one launch
+    cfg = fwd.default_config(128, False, 4096, frozen_step=False)      # the online step: one launch
     assert cfg.kv_multicast
     q = torch.zeros(8, 4096, 2, 128, dtype=torch.bfloat16)
     lse = torch.zeros(8, 2, 4096)

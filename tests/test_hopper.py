@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import math
 import re
 import types
 
@@ -175,10 +176,10 @@ for label, d, causal, changes in json.loads(sys.argv[1]):
     # for d64 non-causal, whose 16k default paired its CTAs (kv_multicast) first: the 32k label is
     # the unpaired kernel the d64 levers below were built and priced on
     seqlen = changes.pop("_seqlen", 32768 if (d, causal) == (64, False) else 16384)
-    # the online step every label was built and priced on (fp16's default: no frozen reference, nor
-    # what it brings), unless a label names freeze_row_max: then bf16's default, the frozen step's
+    # the online step every label was built and priced on (no frozen reference, nor what it
+    # brings), unless a label names freeze_row_max: then the frozen step's default
     frozen = "freeze_row_max" in changes
-    cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail, dtype=torch.bfloat16 if frozen else torch.float16)
+    cfg = fwd.default_config(d, causal, seqlen, key_tail=key_tail, frozen_step=frozen)
     paired = changes.pop("_paired", False)
     if (d, causal) == (64, False) and seqlen == 32768 and not paired:
         # d64 non-causal pairs its CTAs at every length from 4k (change 47): unless "_paired" asks
@@ -1164,7 +1165,7 @@ def test_short_causal_tile_census(census):
     # frozen step's ends a length earlier): two consumer warpgroups at 240 registers, no local memory
     from flashrung.kernels.hopper.config import SHORT_CAUSAL_MAX_SEQLEN
 
-    cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64], dtype=torch.float16)
+    cfg = fwd.default_config(64, True, SHORT_CAUSAL_MAX_SEQLEN[64], frozen_step=False)
     changes = census["d64-causal-short"]["row"]["config"]
     assert (cfg.block_m, cfg.consumer_regs) == (changes["block_m"], changes["consumer_regs"]) == (128, 240)
     # the row sum reduced every step there (the deferred sum priced NULL on this tile)
@@ -1186,7 +1187,7 @@ def test_softmax_placement_in_sass(census, head_dim, causal):
     # come after PV(j-1)'s wait, where the other warpgroup's GEMMs (pingpong) cover them.
     entry = census[f"d{head_dim}-{'causal' if causal else 'full'}"]
     windows = entry["windows"]
-    # the label's build: the online step's default (fp16's), as the census script builds it
+    # the label's build: the online step's default, as the census script builds it
     cfg = types.SimpleNamespace(**entry["row"]["config"])
     per_tile = cfg.block_n * 64 // 128
     assert windows, "no wgmma wait(1): the overlapped schedule is missing"
@@ -1879,11 +1880,11 @@ def test_d64s_windowed_default_masks_where_the_window_cuts_except_in_a_pack(wind
         assert not any(getattr(other, name) for name in config.WINDOW_MASK_FIELDS)
 
 
-def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
-    # config.FREEZE_ROW_MAX_MIN_SEQLEN (changes 55, 57-59, paired from those lengths): bf16 at and
-    # past each row's first length, not one key before; never fp16 (its 16-bit P overflows where
-    # ordinary scores rise 11 above the reference), d256 (0.998), a window, packed sequences or a
-    # cap; the configuration with it otherwise the one without it and what it brings
+def test_the_frozen_row_max_is_the_default_from_its_lengths_in_both_dtypes():
+    # config.FREEZE_ROW_MAX_MIN_SEQLEN (changes 55, 57-59, paired from those lengths): at and past
+    # each row's first length, not one key before, in bf16 and fp16 alike (fp16's build raises its
+    # online row max by fp16_row_max_margin, a field of both); never d256 (0.998), a window, packed
+    # sequences or a cap; the configuration with it otherwise the online step's and what it brings
     # (config.FREEZE_ROW_MAX_BRINGS: FA4's order, two K/V loops, PV's wait ungated; at d64
     # non-causal the named turns but at S2048, config.FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN)
     for (d, causal), first in config.FREEZE_ROW_MAX_MIN_SEQLEN.items():
@@ -1891,8 +1892,9 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
             bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
                             batch=max(1, 32768 // seqlen), heads_q=32, heads_kv=32)
             fp16 = dataclasses.replace(bf16, dtype=torch.float16)
-            cfg, plain = select_config(bf16), select_config(fp16)
+            cfg, plain = select_config(bf16), select_config(bf16, frozen_step=False)
             assert cfg.freeze_row_max == (seqlen >= first) and not plain.freeze_row_max, (d, causal, seqlen)
+            assert select_config(fp16) == cfg, (d, causal, seqlen)
             brought = {name: value for name, value in config.FREEZE_ROW_MAX_BRINGS.items()
                        if cfg.freeze_row_max and getattr(plain, name) != value}
             if cfg.freeze_row_max and any(a <= seqlen <= b for a, b in
@@ -1906,21 +1908,35 @@ def test_the_frozen_row_max_is_bf16s_default_from_its_lengths():
             else:
                 assert cfg == dataclasses.replace(plain, freeze_row_max=cfg.freeze_row_max, **brought)
             for options in (dict(window_size=(256, -1 if not causal else 0)), dict(varlen=True), dict(softcap=30.0)):
-                assert not select_config(dataclasses.replace(bf16, **options)).freeze_row_max, (d, causal, options)
+                for problem in (bf16, fp16):
+                    assert not select_config(dataclasses.replace(problem, **options)).freeze_row_max, \
+                        (d, causal, options)
     for causal in (False, True):
         d256 = _problem(head_dim=256, head_dim_v=256, causal=causal, seqlen_q=16384, seqlen_k=16384)
         assert not select_config(d256).freeze_row_max
+
+
+def test_the_fp16_margin_is_checked_by_name():
+    # fp16_row_max_margin raises fp16's online row max (log2 units); at 14 or more the row max's own
+    # P would leave fp16's normal range, and a negative one would let the first tile's P exceed 1
+    cfg = fwd.default_config(64, False, 16384)
+    assert cfg.fp16_row_max_margin == 8.0
+    for bad in (-1.0, 14.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="fp16_row_max_margin"):
+            dataclasses.replace(cfg, fp16_row_max_margin=bad).check(64)
+    for good in (0.0, 13.5):
+        dataclasses.replace(cfg, fp16_row_max_margin=good).check(64)
 
 
 def test_the_frozen_row_max_brings_what_was_priced_with_it():
     # changes 56-60: at d128 non-causal S2048-8191 the frozen step runs FA4's order (the default
     # there was FA3's, which it cannot join), at d64 causal up to S2048 the two K/V loops (the
     # single one it cannot join), and from S16384 PV's wait ungated; the online step keeps its own
-    fa3 = fwd.default_config(128, False, 4096, dtype=torch.float16)
+    fa3 = fwd.default_config(128, False, 4096, frozen_step=False)
     assert not fa3.wait_pv_early and fwd.default_config(128, False, 4096).wait_pv_early
-    loop = fwd.default_config(64, True, 2048, dtype=torch.float16)
+    loop = fwd.default_config(64, True, 2048, frozen_step=False)
     assert loop.single_kv_loop and not fwd.default_config(64, True, 2048).single_kv_loop
-    gated = fwd.default_config(128, False, 16384, dtype=torch.float16)
+    gated = fwd.default_config(128, False, 16384, frozen_step=False)
     assert gated.gate_pv_wait and not fwd.default_config(128, False, 16384).gate_pv_wait
     # change 60: at d64 causal S2048 the frozen step runs the 192-row tile of the lengths past it
     # (config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN), the online step the short 128-row tile; a key
@@ -1935,14 +1951,15 @@ def test_the_frozen_row_max_brings_what_was_priced_with_it():
     # build, the pair with two Q buffers, where the named turns lost (0.9956 / 0.9979); d128
     # non-causal keeps its own rule (named from S8k in FA4's order), d64 causal runs no such turn at S2k
     for seqlen in (1024, 1536, 2047, 2048, 2049, 16384, 32768):
-        frozen, online = fwd.default_config(64, False, seqlen), fwd.default_config(64, False, seqlen, dtype=torch.float16)
+        frozen = fwd.default_config(64, False, seqlen)
+        online = fwd.default_config(64, False, seqlen, frozen_step=False)
         assert frozen.freeze_row_max and frozen.pingpong and frozen.named_turns is (seqlen != 2048), seqlen
         assert not online.named_turns, seqlen
         assert {f.name for f in dataclasses.fields(frozen) if getattr(frozen, f.name) != getattr(online, f.name)} \
             <= {"freeze_row_max", "named_turns", *config.FREEZE_ROW_MAX_BRINGS}, seqlen
     for seqlen in (1024, 2048, 4096, 16384):
         assert fwd.default_config(128, False, seqlen).named_turns \
-            is fwd.default_config(128, False, seqlen, dtype=torch.float16).named_turns, seqlen
+            is fwd.default_config(128, False, seqlen, frozen_step=False).named_turns, seqlen
     for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384), (64, False, 8192)):
         fwd.default_config(d, causal, seqlen).check(d)
 
@@ -2031,13 +2048,12 @@ def test_a_frozen_step_set_aside_takes_what_it_brought():
     # hopper.fwd@... on a frozen default: turned off, or set aside for a lever it cannot join (the
     # FMA pipe's exp2), the freeze leaves FA4's order, the two K/V loops and PV's wait ungated
     # behind (config.FREEZE_ROW_MAX_BRINGS): the overrides apply to the online step's default,
-    # whose order won there (FA3's at d128 non-causal S2048-8191, change 35), as on fp16
+    # whose order won there (FA3's at d128 non-causal S2048-8191, change 35)
     for d, causal, seqlen in ((128, False, 4096), (64, True, 2048), (128, False, 16384)):
         bf16 = _problem(head_dim=d, head_dim_v=d, causal=causal, seqlen_q=seqlen, seqlen_k=seqlen,
                         batch=max(1, 32768 // seqlen), heads_q=32, heads_kv=32)
         online = select_config(bf16, frozen_step=False)
-        assert select_config(bf16).freeze_row_max and online == select_config(
-            dataclasses.replace(bf16, dtype=torch.float16)), (d, causal, seqlen)
+        assert select_config(bf16).freeze_row_max and not online.freeze_row_max, (d, causal, seqlen)
         assert online != dataclasses.replace(select_config(bf16), freeze_row_max=False), (d, causal, seqlen)
         assert fwd.config_with(bf16, {"freeze_row_max": "false"}) == online
         assert fwd.config_with(bf16, {"exp2_fma_every": "16"}) == replace_following(online, d, exp2_fma_every=16)
@@ -2079,7 +2095,7 @@ def test_rescale_before_exp_needs_fa4s_order():
 
 
 def test_gate_pv_wait_needs_fa4s_order():
-    cfg = dataclasses.replace(fwd.default_config(128, False, 4096, dtype=torch.float16), gate_pv_wait=True)
+    cfg = dataclasses.replace(fwd.default_config(128, False, 4096, frozen_step=False), gate_pv_wait=True)
     assert not cfg.wait_pv_early
     with pytest.raises(ValueError, match="gate_pv_wait"):
         cfg.check(128)
@@ -2598,11 +2614,11 @@ def test_noncausal_d128_pingpong_follows_the_measured_rule(seqlen, fa4_order, na
     # at S6144, REVERT at S2048) and on mbarriers elsewhere; FA4's with named turns and the inline
     # arrivals from 8192 (config.FA4_ORDER_NONCAUSAL_MIN_SEQLEN, change 35: it lost at S4096); the
     # longer of Sq and Sk decides; the other head dims and d128 causal keep theirs
-    # the online step's rules (fp16's default; bf16's frozen step brings FA4's order and PV's wait
-    # ungated: test_the_frozen_row_max_brings_what_was_priced_with_it)
+    # the online step's rules (the frozen step brings FA4's order and PV's wait ungated:
+    # test_the_frozen_row_max_brings_what_was_priced_with_it)
     for sq, sk in ((seqlen, seqlen), (1, seqlen), (seqlen, 1)):
-        cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk,
-                                     dtype=torch.float16))
+        cfg = select_config(_problem(head_dim=128, head_dim_v=128, causal=False, seqlen_q=sq, seqlen_k=sk),
+                            frozen_step=False)
         assert cfg.pingpong, (sq, sk)
         assert cfg.wait_pv_early is fa4_order and cfg.named_turns is named, (sq, sk)
         assert not named or cfg.asm_arrivals, (sq, sk)
@@ -3083,8 +3099,8 @@ def test_a_capped_default_takes_the_exp2_split_only_where_it_was_priced():
                 want = 4 if (d, causal) == (128, False) else 0
                 assert cfg.exp2_fma_every == want, (d, causal, seqlen)
                 # a capped problem keeps the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated
-                # under a cap): the online step's default, fp16's, with the split exp2
-                online = select_config(dataclasses.replace(plain, dtype=torch.float16))
+                # under a cap): the online step's default, with the split exp2
+                online = select_config(plain, frozen_step=False)
                 assert cfg == replace_following(online, d, exp2_fma_every=want)
     band = _problem(head_dim=128, head_dim_v=128, softcap=30.0, window_size=(64, 64))
     assert select_config(band).exp2_fma_every == 0
@@ -3195,8 +3211,8 @@ def test_a_packed_default_leaves_the_split_tail_and_the_pairs_off():
                 assert config.packed_clashes(cfg) == [] and cfg.balanced == listed, (d, causal, seqlen)
                 cfg.check(d, 2)
                 # packed sequences keep the online rule (config.FREEZE_ROW_MAX_MIN_SEQLEN: ungated
-                # packed): the online step's default, fp16's
-                base = select_config(dataclasses.replace(plain, dtype=torch.float16))
+                # packed): the online step's default
+                base = select_config(plain, frozen_step=False)
                 expected = (replace_following(base, d, **{n: False for n in config.packed_clashes(base)})
                             if config.packed_clashes(base) else base)
                 if expected.persistent and causal and d in config.PACKED_CAUSAL_POOL_SHARE:
@@ -3289,9 +3305,8 @@ def test_a_windowed_default_leaves_the_levers_that_assume_whole_ranges_off():
                 cfg = select_config(windowed)
                 assert config.window_clashes(cfg) == [], (d, causal, seqlen)
                 cfg.check(d, 2)
-                # a window keeps the online rule (config.WINDOW_CLASHES): the online step's default,
-                # fp16's
-                base = select_config(dataclasses.replace(plain, dtype=torch.float16))
+                # a window keeps the online rule (config.WINDOW_CLASHES): the online step's default
+                base = select_config(plain, frozen_step=False)
                 # the staggered sweep runs with a window and stays off by default until priced; the
                 # window's masks where it cuts on at the head dims they were priced at
                 off = config.window_clashes(base) + (
@@ -3707,17 +3722,16 @@ def test_census_specs_cover_every_default():
 def test_census_lengths_reach_every_default_kernel():
     # every kernel a default builds, at any length up to 64k (each 1k step and its neighbours, where
     # the rules' edges lie), is one the census lengths build: a new rule range needs its length.
-    # Both dtypes' defaults: fp16's is the online step's (bf16's small calls too), bf16's the frozen
-    dtypes = (torch.float16, torch.bfloat16)
-    reached = {(fwd._census_kernel(fwd.default_config(d, c, s, dtype=t)), d, c)
-               for d in HEAD_DIMS for c in (False, True) for s in fwd._CENSUS_SEQLENS for t in dtypes}
+    # Both steps' defaults: the online step's (a call under the work threshold) and the frozen one's
+    reached = {(fwd._census_kernel(fwd.default_config(d, c, s, frozen_step=f)), d, c)
+               for d in HEAD_DIMS for c in (False, True) for s in fwd._CENSUS_SEQLENS for f in (False, True)}
     for d in HEAD_DIMS:
         for c in (False, True):
             for step in range(1, 65):
                 for s in (1024 * step - 1, 1024 * step, 1024 * step + 1):
-                    for t in dtypes:
-                        kernel = fwd._census_kernel(fwd.default_config(d, c, s, dtype=t))
-                        assert (kernel, d, c) in reached, (d, c, s, t)
+                    for f in (False, True):
+                        kernel = fwd._census_kernel(fwd.default_config(d, c, s, frozen_step=f))
+                        assert (kernel, d, c) in reached, (d, c, s, f)
 
 
 # --------------------------------------------------------------------------- gate (sm_90 GPU)
@@ -4831,9 +4845,9 @@ UNSYNCED_MBARRIER_TOKEN_SHAPES = [
 @on_hopper
 @pytest.mark.parametrize("shape", UNSYNCED_MBARRIER_TOKEN_SHAPES, ids=_shape_id)
 def test_gate_paired_default_on_the_mbarrier_token(shape):
-    # the online step's default (fp16's, and a bf16 call's under the frozen step's work threshold,
-    # as these are): bf16's suite-sized default here is the frozen step in FA4's order (change 57)
-    cfg = fwd.default_config(128, False, max(shape["seqlen_q"], shape["seqlen_k"]), dtype=torch.float16)
+    # the online step's default (a call's under the frozen step's work threshold, as these are): the
+    # suite-sized default here is the frozen step in FA4's order (change 57)
+    cfg = fwd.default_config(128, False, max(shape["seqlen_q"], shape["seqlen_k"]), frozen_step=False)
     assert cfg.kv_multicast and cfg.producer_unsynced and not cfg.named_turns and not cfg.wait_pv_early
     assert not cfg.freeze_row_max
     _gate_config(cfg, 128, False, shape)
@@ -5112,6 +5126,71 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
     assert result.passed and word.item() == 1, str(result)
     for _ in range(2):
         _assert_reruns_identical(*_seeded_qkv(2, seqlen, 8, head_dim), causal, cfg)
+
+
+# the frozen defaults as an fp16 call runs them (fp16_row_max_margin raising the online row max):
+# d64's short 128-row tile (S1024), its 192-row tile paired across heads (S16384), d64 causal's
+# two K/V loops on the 192-row tile (S2048), d128 in FA4's order (S2048) and its split tail with
+# PV's wait ungated (S16384), d128 causal's balanced lists (S16384)
+FROZEN_FP16_DEFAULTS = [(64, False, 1024), (64, False, 16384), (64, True, 2048), (128, False, 2048),
+                        (128, False, 16384), (128, True, 16384)]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("head_dim, causal, seqlen", FROZEN_FP16_DEFAULTS, ids=lambda v: str(v))
+def test_gate_frozen_defaults_in_fp16(head_dim, causal, seqlen):
+    # the gate in fp16 at the lever shapes on each default, its guard clear on the gate's inputs
+    # (what passes is the frozen steps' output, not the recompute's), reruns bit for bit
+    cfg = fwd.default_config(head_dim, causal, seqlen, dtype=torch.float16)
+    assert cfg.freeze_row_max and cfg.fp16_row_max_margin > 0
+    for shape in LEVER_GATE_SHAPES:
+        _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.float16, causal=causal,
+              **shape)
+    q, k, v = (t.half() for t in _seeded_qkv(2, seqlen, 8, head_dim))
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out, lse = fwd.forward(q, k, v, causal, head_dim ** -0.5, config=cfg, _guard=word)
+    assert word.item() == 0 and torch.isfinite(lse).all() and torch.isfinite(out).all()
+    for _ in range(2):
+        _assert_reruns_identical(q, k, v, causal, cfg)
+
+
+def _moderate_rise_inputs(head_dim, rise_log2, seqlen_q=1000, seqlen_k=4097, seed=0):
+    """fp16 q, k, v whose rows all score near 0 on every key but two late ones (the middle and
+    the third from last), which score ``rise_log2`` (log2 units) above the rest at the default
+    scale: q's rows are one direction ``u`` and a little noise, those two keys ``u`` scaled."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(head_dim, generator=g)
+    q = u + 0.05 * torch.randn(1, seqlen_q, 2, head_dim, generator=g)
+    k = 0.1 * torch.randn(1, seqlen_k, 2, head_dim, generator=g)
+    rise = rise_log2 * math.log(2.0) * head_dim ** 0.5
+    for pos in (seqlen_k // 2, seqlen_k - 3):
+        k[:, pos] = rise * u / u.dot(u)
+    v = torch.randn(1, seqlen_k, 2, head_dim, generator=g)
+    return [t.to("cuda", torch.float16) for t in (q, k, v)]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_fp16_margin_keeps_a_moderate_rise_off_the_guard(head_dim, causal):
+    # property: fp16's frozen P overflows its 16-bit operand at a rise of 16 log2 units above the
+    # reference; fp16_row_max_margin (8) moves that to 24. Two late keys 20 above every other score:
+    # with the margin the guard stays clear and the frozen steps' own output passes the gate; with
+    # no margin the same inputs trip it (the recompute keeps them exact) — the test's inputs reach
+    # the range the margin buys, or it tests nothing
+    from flashrung.gate import check_forward_inputs
+
+    q, k, v = _moderate_rise_inputs(head_dim, 20.0)
+    frozen = fwd.default_config(head_dim, causal, 4097, dtype=torch.float16)
+    assert frozen.freeze_row_max
+    for margin, trips in ((frozen.fp16_row_max_margin, 0), (0.0, 1)):
+        cfg = dataclasses.replace(frozen, fp16_row_max_margin=margin)
+        word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        result = check_forward_inputs(functools.partial(fwd.forward, config=cfg, _guard=word), q, k, v, causal)
+        assert result.passed, (margin, str(result))
+        assert word.item() == trips, margin
 
 
 @pytest.mark.gpu

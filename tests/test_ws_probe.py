@@ -75,7 +75,8 @@ def test_schedules_probe_reaches_every_synchronisation_mechanism():
     from flashrung.evidence import ws_probe
     from flashrung.kernels.hopper import fwd
 
-    configs = [fwd.default_config(d, causal, seqlen, dtype=dtype) for d, causal, seqlen, dtype in ws_probe.SCHEDULES]
+    configs = [fwd.default_config(d, causal, seqlen, frozen_step=frozen)
+               for d, causal, seqlen, frozen in ws_probe.SCHEDULES]
     assert len(set(configs)) == len(configs), "two schedules force the same configuration"
     for switch in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
                    "rescale_by_warp", "wait_pv_early", "kv_multicast", "freeze_row_max"):

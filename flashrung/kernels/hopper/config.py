@@ -542,11 +542,21 @@ class HopperFwdConfig:
     # max by more than P's range (2^128 in fp32; 2^16 for fp16's PV operand); its guard (fwd._flag_overflow)
     # tests each item's O and l finite at its end, marks a row that is not (NaN LSE, a guard word),
     # and portable.fwd.recompute_flagged rewrites such rows with the online softmax after the launch.
-    # The default of bf16 problems from FREEZE_ROW_MAX_MIN_SEQLEN (paired there, +4–13%). Needs FA4's
+    # The default from FREEZE_ROW_MAX_MIN_SEQLEN (bf16 paired there, +4–13%; fp16 with
+    # fp16_row_max_margin, FREEZE_ROW_MAX_DTYPES). Needs FA4's
     # overlapped order (wait_pv_early) without the levers that move the rescale or the max
     # (late_rescale, rescale_before_exp, early_exp_quarters, exp_turns, row_sum_by_mma,
     # staged_scores, single_kv_loop), MUFU's exp2 (exp2_fma_every=0) and no sliding window
     freeze_row_max: bool = False
+    # with freeze_row_max on an fp16 call: every online step's row max (the item's first tile, the
+    # masked steps) is raised by this many log2 units, so the frozen steps' P reach fp16's 2^16 only
+    # on a rise of 16 + margin above the reference instead of 16 (a key 11 natural units above the
+    # first tile's max, which ordinary scores reach, overflows without it: a guard trip and the
+    # recompute). The cost is P's low end: the first tile's P start at 2^-margin, so those under
+    # 2^(margin-14) of the row max fall in fp16's subnormals, each rounded by up to 2^(margin-25) of
+    # the max's P — at 8, 2^-17, under fp16's own rounding of the max (2^-12). Below 14, so the
+    # max's P stays a normal number. bf16 (fp32's range) takes no margin
+    fp16_row_max_margin: float = 8.0
     # an instrument, not a lever: every CTA's first work item stamps the SM clock at the events of
     # its first trace_steps overlapped K/V steps, per consumer warpgroup (hopper/trace.py; read
     # with fwd.traced_forward and `python -m flashrung.evidence.step_trace`). 0: no stamps, the
@@ -848,6 +858,10 @@ class HopperFwdConfig:
                              f"early_exp_quarters={self.early_exp_quarters}, exp_turns={self.exp_turns}, "
                              f"row_sum_by_mma={self.row_sum_by_mma}, staged_scores={self.staged_scores}, "
                              f"single_kv_loop={self.single_kv_loop}")
+        if not 0.0 <= self.fp16_row_max_margin < 14.0:
+            raise ValueError("fp16_row_max_margin raises an fp16 call's online row max by this many log2 units; it "
+                             "must be at least 0 and below 14 (fp16's P of the row max stays a normal number), "
+                             f"got {self.fp16_row_max_margin}")
         if self.freeze_row_max and self.exp2_fma_every:
             # the emulated exp2 clamps below but not above: past 2^128 its exponent field wraps to
             # a finite, wrong P where MUFU.EX2 gives inf, which the guard (fwd._flag_overflow) sees
@@ -1691,12 +1705,18 @@ def launches_causal(problem) -> bool:
 # causal S2k / 4k / 16k 1.043 / 1.076 / 1.103. Non-causal from S1024 since change 61, paired on an H100
 # (blocks preheated 150 ms; t_noise 0.1%): d64 S1024 on the short 128-row tile 1.0665 / 1.0589, S1536 on
 # the 192-row tile 1.0619 / 1.0588, d128 S1024 in FA4's order 1.0630 / 1.0462; below S1024 unpriced (an
-# item of one K/V tile has no steady step). Not d256 (non-causal S16k 0.998). bf16 only: fp16's P is a 16-bit
-# operand that overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above
-# the first tile's max, in natural units): the guard keeps such rows exact, but by a recompute on
-# the portable kernel; not with a window, packed sequences or a softcap (ungated or refused there)
+# item of one K/V tile has no steady step). Not d256 (non-causal S16k 0.998); not with a window, packed
+# sequences or a softcap (ungated or refused there)
 FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 2048}
-FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16",)
+# fp16 too since change 63, with its margin (fp16_row_max_margin): fp16's P is a 16-bit operand that
+# overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above the first
+# tile's max, in natural units); the guard kept such rows exact, but by a recompute on the portable
+# kernel, so fp16 ran the online step until the margin (8 log2 units) moved the overflow to a rise of
+# 24 (16.6 natural). Paired on an H100 (fp16, @freeze_row_max=false against the default, preheated
+# 150 ms, both arms gated, flashrung compare --quick, t_noise 0.1%): d64 non-causal B2 H32 S16384
+# 1.1014 / 1.0954, B32 S1024 1.0596 / 1.0612; d128 non-causal B2 H16 S16384 1.0905 / 1.0868, B16
+# S2048 1.0881 / 1.0689; causal S16384 d64 1.1125 / 1.1016, d128 1.0936 / 1.0840
+FREEZE_ROW_MAX_DTYPES = ("torch.bfloat16", "torch.float16")
 # What the frozen step brings where the default at its length differs (each paired on an H100, bf16,
 # both arms gated, flashrung compare --quick, t_noise 0.1%; docs/hopper.md, *What the frozen row max
 # brings*): FA4's order, which it needs, at d128 non-causal S2048–8191 (FA3's order there
@@ -1760,7 +1780,7 @@ def select_config(problem, frozen_step: bool = True) -> HopperFwdConfig:
     right side bounds a band, which the kernel runs on the causal schedule with its diagonal moved
     (``fwd._window_sides``): such a problem gets the causal default. ``frozen_step=False``: the online
     step's default even where the frozen row max would be taken (``FREEZE_ROW_MAX_MIN_SEQLEN``), without
-    what it brings — what an fp16 call of the same shape runs."""
+    what it brings — what a call under FREEZE_ROW_MAX_MIN_FLOP runs."""
     if launches_causal(problem) and not problem.causal:
         problem = dataclasses.replace(problem, causal=True)
     head_dim = kernel_head_dim(problem.head_dim, problem.head_dim_v)

@@ -8,12 +8,13 @@
     flashrung defaults --markdown                        the table as docs/hopper.md carries it
     flashrung defaults --json                            the ranges and their configurations
 
-``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)``; its dtype and its work
-(batch, heads) only for ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``, and
-d64 causal S2048's tile: ``config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN``; the ranges here are a
-suite-sized bf16 call's, and fp16 or a call under ``config.FREEZE_ROW_MAX_MIN_FLOP`` runs the online
-step's rows) — so the defaults are constant between the lengths its rules name (the module's
-``*_SEQLEN`` tables). This module lists those lengths, evaluates the selection once per range and
+``config.select_config`` reads a problem's head dim, mask and ``max(Sq, Sk)``; its work (batch,
+heads) only for ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``, and d64
+causal S2048's tile: ``config.FREEZE_ROW_MAX_SHORT_CAUSAL_MAX_SEQLEN``; the ranges here are a
+suite-sized call's, and a call under ``config.FREEZE_ROW_MAX_MIN_FLOP`` runs the online step's rows;
+fp16 and bf16 select alike, fp16's build raising its online row max by ``fp16_row_max_margin``) —
+so the defaults are constant between the lengths its rules name (the module's ``*_SEQLEN``
+tables). This module lists those lengths, evaluates the selection once per range and
 merges neighbours that select the same configuration: the ranges are exact at any length, not
 sampled (tests/test_hopper_defaults.py checks them against every length up to 70,000).
 
@@ -254,11 +255,10 @@ def register(subparsers) -> None:
         "defaults", help="which schedule hopper.fwd runs by default, by head dim, mask and length",
         description="The default configuration of hopper.fwd (config.select_config) as ranges of "
                     "max(Sq, Sk) per head dim and mask, or the whole configuration of one problem. "
-                    "These are a suite-sized bf16 call's (32k tokens a batch, 32 heads): the dtype and "
-                    "the call's work decide only freeze_row_max and what it brings "
-                    "(config.FREEZE_ROW_MAX_BRINGS; at d64 causal S2048 also the tile) — fp16, or a "
-                    "bf16 call under config.FREEZE_ROW_MAX_MIN_FLOP, runs the online step's order "
-                    "without it.")
+                    "These are a suite-sized call's (32k tokens a batch, 32 heads): the call's work "
+                    "decides only freeze_row_max and what it brings (config.FREEZE_ROW_MAX_BRINGS; at "
+                    "d64 causal S2048 also the tile) — a call under config.FREEZE_ROW_MAX_MIN_FLOP "
+                    "runs the online step's order without it. fp16 and bf16 select alike.")
     p.add_argument("--headdim", type=int, default=None,
                    help=f"one head dim (default: all compiled ones, {', '.join(map(str, C.SUPPORTED_HEAD_DIMS))}; "
                         f"any other multiple of {C.PADDED_HEAD_DIM_MULTIPLE} up to {C.SUPPORTED_HEAD_DIMS[-1]} "

@@ -68,10 +68,11 @@ Its lever is the FA3 schedule (seed 001, 0x02–0x05, 0x0B), built from Gluon's 
   length of d128 causal (``config.FAST_DIVIDE_MAX_SEQLEN``);
 * P's conversions for the next PV may be issued ahead of O's rescale (``convert_before_rescale``:
   measured, off);
-* the frozen row max (``freeze_row_max``, the bf16 default from ``config.FREEZE_ROW_MAX_MIN_SEQLEN``
+* the frozen row max (``freeze_row_max``, the default from ``config.FREEZE_ROW_MAX_MIN_SEQLEN``
   on calls of ``config.FREEZE_ROW_MAX_MIN_FLOP`` or more, with ``config.FREEZE_ROW_MAX_BRINGS``):
   an item's unmasked K/V steps keep the reference its first tile set — no row max, no ``alpha``, no O
-  rescale (``softmax.softmax_exp_frozen``) — and each item's end tests O and ``l`` finite
+  rescale (``softmax.softmax_exp_frozen``; in fp16 that reference raised by ``fp16_row_max_margin``,
+  head room for P's 16-bit operand) — and each item's end tests O and ``l`` finite
   (:func:`_flag_overflow`): a row a later score overflowed gets a NaN LSE and sets a guard word, and
   ``portable.fwd.recompute_flagged`` rewrites such rows with the online softmax after the launch;
 * the running row sum may be taken by the tensor pipe (``row_sum_by_mma``: beside each PV a
@@ -457,6 +458,7 @@ class _Schedule:
     ROW_SUM_BY_MMA: gl.constexpr  # the running sum is P times a tile of ones on the tensor pipe, beside PV
     P_IN_SMEM: gl.constexpr      # PV reads P from the consumer's shared buffer (p_bufs), not registers
     FREEZE_ROW_MAX: gl.constexpr  # unmasked steps keep the item's first row max: no max, no O rescale (guarded)
+    ROW_MAX_MARGIN: gl.constexpr  # log2 units every online row max is raised by (FREEZE_ROW_MAX in fp16); else 0
     STAGED_SCORES: gl.constexpr  # the first box's row max between the waits of QK's two boxes
     PV_GROUPS: gl.constexpr      # wgmma groups a PV issues: NUM_PARTS, one more with ROW_SUM_BY_MMA
     TRACE_STEPS: gl.constexpr    # K/V steps of each CTA's first item stamped with the SM clock (trace.py); 0: none
@@ -1195,7 +1197,7 @@ def _masked_row_max_by_halves(s, rows, kv_tile, unseen, seen, m_i, qk_scale_log2
     if unseen:
         s_a, s_b = _halves(s[0])
         t1, scale1, m_h = softmax_row_max((_mask_part(s_a, rows, kv_tile * c.KV_TILE, sz, c),), _rows_like(m_i, s_a),
-                                          qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+                                          qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE, c.ROW_MAX_MARGIN)
         t_a = t1[0]
         t_b = s_b
         m_new = gl.convert_layout(m_h, m_i.type.layout)
@@ -1203,13 +1205,14 @@ def _masked_row_max_by_halves(s, rows, kv_tile, unseen, seen, m_i, qk_scale_log2
         s_a, s_b = _halves(s[0])
         HALF: gl.constexpr = s_a.shape[1]
         t1, scale1, m_h = softmax_row_max((s_a, _mask_part(s_b, rows, kv_tile * c.KV_TILE + HALF, sz, c)),
-                                          _rows_like(m_i, s_a), qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+                                          _rows_like(m_i, s_a), qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE,
+                                          c.ROW_MAX_MARGIN)
         t_a = t1[0]
         t_b = t1[1]
         m_new = gl.convert_layout(m_h, m_i.type.layout)
     else:
         t2, scale2, m_new = softmax_row_max(_mask_tile(s, rows, kv_tile, sz, c), m_i, qk_scale_log2,
-                                            c.SCALE_POSITIVE, c.TREE_REDUCE)
+                                            c.SCALE_POSITIVE, c.TREE_REDUCE, c.ROW_MAX_MARGIN)
         t_a, t_b = _halves(t2[0])
     if c.SCALE_POSITIVE:
         scale = qk_scale_log2
@@ -1330,13 +1333,16 @@ def _sum_total(l_i, c):
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
                   EXP2_FMA_EVERY: gl.constexpr, TREE: gl.constexpr, BY_WARP: gl.constexpr = False,
-                  SUM: gl.constexpr = True):
-    """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha)."""
+                  SUM: gl.constexpr = True, MARGIN: gl.constexpr = 0.0):
+    """(p, alpha, m, l, rescale); ``rescale`` is meaningful only with a threshold (else it is alpha);
+    ``MARGIN`` as in :func:`softmax.softmax_row_max` (``c.ROW_MAX_MARGIN``)."""
     if RESCALE_THRESHOLD > 0:
         p, alpha, m_i, l_i, rescale = online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE,
-                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP, SUM)
+                                                              RESCALE_THRESHOLD, EXP2_FMA_EVERY, TREE, BY_WARP, SUM,
+                                                              MARGIN)
     else:
-        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE, SUM)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE, EXP2_FMA_EVERY, TREE, SUM,
+                                            MARGIN)
         rescale = alpha
     return p, alpha, m_i, l_i, rescale
 
@@ -1440,9 +1446,10 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
             m_new = m_i
         elif not HALVES:
             if STAGED:
-                t, scale, m_new = staged_row_max(s, m_first, m_i, qk_scale_log2, c.TREE_REDUCE)
+                t, scale, m_new = staged_row_max(s, m_first, m_i, qk_scale_log2, c.TREE_REDUCE, c.ROW_MAX_MARGIN)
             else:
-                t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE)
+                t, scale, m_new = softmax_row_max(s, m_i, qk_scale_log2, c.SCALE_POSITIVE, c.TREE_REDUCE,
+                                                  c.ROW_MAX_MARGIN)
             if c.RESCALE_THRESHOLD > 0:
                 m_new, retained = retained_max(m_new, m_i, c.RESCALE_THRESHOLD, c.RESCALE_BY_WARP)
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS, c.TRACE_WARPS)
@@ -1504,7 +1511,7 @@ def _overlapped_step(q, sh, sz, acc, p_op, m_i, l_i, alpha, rescale, rows, last_
         else:
             p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE,
                                                         c.RESCALE_THRESHOLD, c.EXP2_FMA_EVERY, c.TREE_REDUCE,
-                                                        c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA)
+                                                        c.RESCALE_BY_WARP, not c.ROW_SUM_BY_MMA, c.ROW_MAX_MARGIN)
         stamp(trace, rows, first_row, E_MID, c.TRACE_STEPS, c.TRACE_WARPS)
         # wait(0): PV(j-1) is done: its P registers and V slot are free, O may be rescaled. The
         # gated early wait keeps ptxas from hoisting this above the exp2 block (see pipeline.py).
@@ -1573,7 +1580,7 @@ def _attend_overlapped(q, sh, sz, acc, m_i, l_i, rows, last_row, kv_lo, kv_hi, n
         # O is still zero: its first rescale (by alpha = 0 or 1) is a no-op wherever it happens
         p, alpha, m_i, l_i, rescale = _softmax_step(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, c.RESCALE_THRESHOLD,
                                                     c.EXP2_FMA_EVERY, c.TREE_REDUCE, c.RESCALE_BY_WARP,
-                                                    not c.ROW_SUM_BY_MMA)
+                                                    not c.ROW_SUM_BY_MMA, c.ROW_MAX_MARGIN)
         p_op = _operands(p, sh, WG, c.PACK_P, c)
         # j counts from the item's first tile, so the unmasked loop is the same code for a whole
         # tile and a split (the census pins it)
@@ -1655,7 +1662,7 @@ def _serial_step(q, sh, sz, acc, m_i, l_i, rows, j, kv_lo, count, turn, qk_scale
     if MASK:
         s = _mask_tile(s, rows, kv_lo + j, sz, c, LOWER)
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, qk_scale_log2, c.SCALE_POSITIVE, 0, c.TREE_REDUCE,
-                                        not c.ROW_SUM_BY_MMA)
+                                        not c.ROW_SUM_BY_MMA, c.ROW_MAX_MARGIN)
     acc, l_i = _rescale_state(acc, l_i, alpha, alpha, o_layout, c)
     p_op = _operands(p, sh, WG, False, c)
     ready_wait(sh.v_ready_bars, idx, phase, c.V_READY_AT, c.HOIST_SMEM_BASE)
@@ -2086,6 +2093,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                      PRODUCER_WAIT_HINT_NS: gl.constexpr,
                      CARRY_RING_SLOT: gl.constexpr,
                      ROW_SUM_BY_MMA: gl.constexpr, P_IN_SMEM: gl.constexpr, FREEZE_ROW_MAX: gl.constexpr,
+                     FP16_ROW_MAX_MARGIN: gl.constexpr,
                      STAGED_SCORES: gl.constexpr, TRACE_STEPS: gl.constexpr,
                      TRACE_WARPS: gl.constexpr,
                      TRACE_ITEM: gl.constexpr, TRACE_TILES: gl.constexpr,
@@ -2108,6 +2116,9 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
     RELEASES_PER_SLOT: gl.constexpr = NUM_CONSUMERS * release_arrivals(THREAD_RELEASE) * (_CLUSTER_CTAS if PEER_RELEASE
                                                                                            else 1)
     dtype: gl.constexpr = q_desc.dtype
+    # the frozen reference's head room where P's operand is fp16 (config.fp16_row_max_margin); bf16
+    # has fp32's range and takes none
+    ROW_MAX_MARGIN: gl.constexpr = FP16_ROW_MAX_MARGIN if FREEZE_ROW_MAX and dtype == gl.float16 else 0.0
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_bufs = gl.allocate_shared_memory(dtype, [NUM_Q_STAGES * NUM_CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
@@ -2228,7 +2239,7 @@ def _attn_fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, q2_desc, o_desc, 
                   PRODUCER_WAIT_HINT_NS=PRODUCER_WAIT_HINT_NS,
                   CARRY_RING_SLOT=CARRY_RING_SLOT,
                   ROW_SUM_BY_MMA=ROW_SUM_BY_MMA, P_IN_SMEM=P_IN_SMEM, STAGED_SCORES=STAGED_SCORES,
-                  FREEZE_ROW_MAX=FREEZE_ROW_MAX,
+                  FREEZE_ROW_MAX=FREEZE_ROW_MAX, ROW_MAX_MARGIN=ROW_MAX_MARGIN,
                   PV_GROUPS=(2 if EXTRA_KEYS > 0 else 1) + (1 if ROW_SUM_BY_MMA else 0), TRACE_STEPS=TRACE_STEPS,
                   TRACE_WARPS=TRACE_WARPS, TRACE_ITEM=TRACE_ITEM, TRACE_TILES=TRACE_TILES,
                   K_EMPTY_AT=K_EMPTY_AT, V_EMPTY_AT=V_EMPTY_AT, TURN_AT=TURN_AT, K_READY_AT=K_READY_AT,
@@ -2339,6 +2350,7 @@ def _constexpr_items(cfg: HopperFwdConfig, head_dim: int, causal: bool, scale_po
         PRODUCER_WAIT_HINT_NS=cfg.producer_wait_hint_ns,
         CARRY_RING_SLOT=cfg.carry_ring_slot, ROW_SUM_BY_MMA=cfg.row_sum_by_mma, P_IN_SMEM=cfg.p_in_smem,
         STAGED_SCORES=cfg.staged_scores, FREEZE_ROW_MAX=cfg.freeze_row_max,
+        FP16_ROW_MAX_MARGIN=float(cfg.fp16_row_max_margin),
         TRACE_STEPS=cfg.trace_steps,
         TRACE_WARPS=cfg.trace_warps, TRACE_ITEM=cfg.trace_item, TRACE_TILES=cfg.trace_tiles,
         # -1: Gluon's own arrivals and waits; 0: an offset the launch fills in (barrier_offsets)
@@ -3310,7 +3322,7 @@ def overridden_config(problem, overrides: dict) -> HopperFwdConfig:
     fields they change carried along (``config.replace_following``); not yet checked. A default
     frozen row max turned off, or set aside for a forced lever it cannot join, takes what it
     brought (``config.FREEZE_ROW_MAX_BRINGS``) with it: the overrides then apply to the online
-    step's default, as on an fp16 call."""
+    step's default, as on a call under the work threshold."""
     from flashrung.dispatch import apply_overrides
 
     base = select_config(problem)
@@ -3348,11 +3360,12 @@ DEFAULT_CONFIG_HEADS = 32
 
 
 def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: bool = False,
-                   dtype: torch.dtype = torch.bfloat16) -> HopperFwdConfig:
+                   dtype: torch.dtype = torch.bfloat16, frozen_step: bool = True) -> HopperFwdConfig:
     """:func:`select_config` for a problem of this head dim, mask, sequence length and dtype (bf16
     unless given), of the benchmark suite's size (``DEFAULT_CONFIG_TOKENS`` a batch,
-    ``DEFAULT_CONFIG_HEADS`` heads). fp16, or a smaller call, gives the online step's default: the
-    configuration without ``freeze_row_max`` and what it brings (``config.FREEZE_ROW_MAX_BRINGS``).
+    ``DEFAULT_CONFIG_HEADS`` heads). ``frozen_step=False``, or a smaller call, gives the online
+    step's default: the configuration without ``freeze_row_max`` and what it brings
+    (``config.FREEZE_ROW_MAX_BRINGS``).
     The length picks the host-side grid (``persistent``) and, for short causal problems,
     d64's tile and d128's schedule (``config.SHORT_CAUSAL_MAX_SEQLEN``); the default length is a
     long one. ``key_tail``: a problem whose keys end one short of ``seqlen`` (its last K/V tile
@@ -3364,7 +3377,8 @@ def default_config(head_dim: int, causal: bool, seqlen: int = 16384, key_tail: b
     return select_config(Problem(batch=max(1, DEFAULT_CONFIG_TOKENS // seqlen), seqlen_q=seqlen,
                                  seqlen_k=seqlen - 1 if key_tail else seqlen, heads_q=DEFAULT_CONFIG_HEADS,
                                  heads_kv=DEFAULT_CONFIG_HEADS, head_dim=head_dim, head_dim_v=head_dim,
-                                 dtype=dtype, causal=causal, device_type="cuda", capability=(9, 0)))
+                                 dtype=dtype, causal=causal, device_type="cuda", capability=(9, 0)),
+                         frozen_step=frozen_step)
 
 
 # lengths that between them reach every compiled default (test_census_lengths_reach_every_default_kernel
@@ -3398,11 +3412,12 @@ def census_specs():
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
             for seqlen in _CENSUS_SEQLENS:
-                # fp16's default is the online step's, which bf16 runs too on a call under the work
-                # threshold; bf16's may be the frozen step's, which only bf16 runs
-                for default_dtype, dtypes in ((torch.float16, (torch.float16, torch.bfloat16)),
-                                              (torch.bfloat16, (torch.bfloat16,))):
-                    cfg = default_config(d, causal, seqlen, dtype=default_dtype)
+                # the online step's default (a call under the work threshold) and the frozen step's,
+                # where the length takes it: each built for both dtypes (fp16's frozen build raises
+                # its online row max by fp16_row_max_margin)
+                for frozen_step in (False, True):
+                    dtypes = (torch.float16, torch.bfloat16)
+                    cfg = default_config(d, causal, seqlen, frozen_step=frozen_step)
                     kernel = (_census_kernel(cfg), d, causal)
                     if kernel in seen:
                         continue
@@ -3413,7 +3428,7 @@ def census_specs():
                     # configuration of a problem with one
                     skips = (True, False) if cfg.kv_multicast and cfg.skip_empty_rows else (True,)
                     specs += [census_spec(dataclasses.replace(
-                                  default_config(d, causal, seqlen, key_tail, dtype=default_dtype) if key_tail
+                                  default_config(d, causal, seqlen, key_tail, frozen_step=frozen_step) if key_tail
                                   else cfg, skip_empty_rows=skip), d, causal, dtype, key_tail=key_tail)
                               for skip in skips for key_tail in tails for dtype in dtypes]
     return specs

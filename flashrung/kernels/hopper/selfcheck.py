@@ -49,12 +49,11 @@ def _cfg_dict(head_dim: int, causal: bool, **changes) -> dict:
 
 
 def _online(head_dim: int, causal: bool):
-    """The online step's default beside ``default_config(head_dim, causal)`` (fp16's): what a
-    change that sets the frozen row max aside applies to (:func:`_changed`)."""
-    import torch
+    """The online step's default beside ``default_config(head_dim, causal)``: what a change that
+    sets the frozen row max aside applies to (:func:`_changed`)."""
     from flashrung.kernels.hopper.fwd import default_config
 
-    return default_config(head_dim, causal, dtype=torch.float16)
+    return default_config(head_dim, causal, frozen_step=False)
 
 
 def _default(head_dim: int, causal: bool):

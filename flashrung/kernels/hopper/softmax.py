@@ -417,7 +417,8 @@ def _scaled(s, qk_scale_log2):
 
 
 @gluon.jit
-def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False):
+def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False,
+                    MARGIN: gl.constexpr = 0.0):
     """First phase of :func:`online_softmax`: the new running max (log2 domain).
 
     ``parts`` are the raw scores of one K/V tile: a tuple of one ``[rows, N]`` tensor, or of two
@@ -425,6 +426,11 @@ def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TRE
     first. Returns ``(t, c, m_new)``: the exponent of score ``i`` of part ``k`` is
     ``t[k][i]·c − m_new``. Split out so a schedule may wait for the previous PV between the max and
     the exponentials (FA4's order).
+
+    ``MARGIN`` (log2 units): the tile's max enters raised by it, ``m_new = max(m_i, max(t·c) +
+    MARGIN)``, so this step's P stay at or below 2^-MARGIN — head room for later steps that keep
+    the reference (the frozen row max) when P's operand is fp16, whose range ends at 2^16. Any
+    reference at or above the row's max gives the same softmax; only P's rounding moves.
     """
     if SCALE_POSITIVE:
         # max(s)·c == max(s·c) for c > 0: one multiply per row instead of one per score, and
@@ -439,6 +445,8 @@ def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TRE
             t = (_scaled(parts[0], qk_scale_log2),)
         m_tile = _parts_row_max(t, TREE)
         c = 1.0
+    if MARGIN != 0.0:
+        m_tile = m_tile + MARGIN
     return t, c, gl.maximum(m_i, m_tile)
 
 
@@ -450,11 +458,13 @@ def first_part_row_max(s0, qk_scale_log2, TREE: gl.constexpr = False):
 
 
 @gluon.jit
-def staged_row_max(parts, m_first, m_i, qk_scale_log2, TREE: gl.constexpr = False):
+def staged_row_max(parts, m_first, m_i, qk_scale_log2, TREE: gl.constexpr = False, MARGIN: gl.constexpr = 0.0):
     """:func:`softmax_row_max` of two parts (positive scale) given the first's
     :func:`first_part_row_max`: the same ``(t, c, m_new)``, bit for bit (a positive scale commutes
-    with the max and its rounding)."""
+    with the max and its rounding), ``MARGIN`` as there."""
     m_tile = gl.maximum(m_first, _to_rows_of(row_max(parts[1], TREE), parts[0]) * qk_scale_log2)
+    if MARGIN != 0.0:
+        m_tile = m_tile + MARGIN
     return parts, qk_scale_log2, gl.maximum(m_i, m_tile)
 
 
@@ -579,14 +589,15 @@ def softmax_exp_behind(t, c, m_new, l_i, alpha, partial, EXP2_FMA_EVERY: gl.cons
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP2_FMA_EVERY: gl.constexpr = 0,
-                   TREE: gl.constexpr = False, SUM: gl.constexpr = True):
+                   TREE: gl.constexpr = False, SUM: gl.constexpr = True, MARGIN: gl.constexpr = 0.0):
     """One online-softmax step on raw scores ``s`` (a tuple of parts, see :func:`softmax_row_max`).
 
     Returns ``p = exp2(s·c − m_new)`` (fp32, unnormalized, a tuple like ``s``), ``alpha =
     exp2(m_i − m_new)``, the new max and the new running sum. The caller rescales its output
     accumulator by ``alpha`` (and, without ``SUM``, the running sum it keeps beside it).
+    ``MARGIN``: :func:`softmax_row_max`'s.
     """
-    t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    t, c, m_new = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE, MARGIN)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
     return p, alpha, m_new, l_new
 
@@ -594,7 +605,7 @@ def online_softmax(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, EXP
 @gluon.jit
 def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, THRESHOLD: gl.constexpr,
                             EXP2_FMA_EVERY: gl.constexpr = 0, TREE: gl.constexpr = False,
-                            BY_WARP: gl.constexpr = False, SUM: gl.constexpr = True):
+                            BY_WARP: gl.constexpr = False, SUM: gl.constexpr = True, MARGIN: gl.constexpr = 0.0):
     """:func:`online_softmax` with a retained reference per row (FA4, seed 001 0x09), on the scores
     ``s`` of one K/V tile (a tuple of parts, as :func:`softmax_row_max` takes them).
 
@@ -604,8 +615,9 @@ def online_softmax_retained(s, m_i, l_i, qk_scale_log2, SCALE_POSITIVE: gl.const
     The decision per row needs nothing beyond the row max, so the exponentials never wait for the
     warpgroup-wide reduction; only the O rescale does. ``BY_WARP``: ``rescale`` is instead each
     row's warp's vote (:func:`warp_any`), for :func:`rescale_by_warp` — no reduction across warps.
+    ``MARGIN``: :func:`softmax_row_max`'s.
     """
-    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE)
+    t, c, m_cand = softmax_row_max(s, m_i, qk_scale_log2, SCALE_POSITIVE, TREE, MARGIN)
     m_new, rescale = retained_max(m_cand, m_i, THRESHOLD, BY_WARP)
     p, alpha, l_new = softmax_exp(t, c, m_i, m_new, l_i, EXP2_FMA_EVERY, TREE, SUM)
     return p, alpha, m_new, l_new, rescale

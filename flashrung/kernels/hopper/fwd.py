@@ -3013,7 +3013,7 @@ def cluster_occupancy(cfg: HopperFwdConfig, head_dim: int, dtype: torch.dtype = 
     (``cuOccupancyMaxActiveClusters`` on the compiled kernel): the persistent grid assumes one per
     two SMs."""
     if not cfg.kv_multicast:
-        raise ValueError(f"cluster_occupancy asks about kv_multicast's clusters; got kv_multicast=False")
+        raise ValueError("cluster_occupancy asks about kv_multicast's clusters; got kv_multicast=False")
     kernel = warmup(cfg, head_dim, False, dtype)
     if hasattr(kernel, "result"):
         kernel = kernel.result()

@@ -3409,6 +3409,7 @@ def census_specs():
     benchmark row), whose first tile is not masked (``_first_mask_on_need``); a paired one comes
     twice more, built for a launch with a pair past the sequence (``_skip_empty_rows``)."""
     specs, seen = [], set()
+    dtypes = (torch.float16, torch.bfloat16)
     for d in SUPPORTED_HEAD_DIMS:
         for causal in (False, True):
             for seqlen in _CENSUS_SEQLENS:
@@ -3416,7 +3417,6 @@ def census_specs():
                 # where the length takes it: each built for both dtypes (fp16's frozen build raises
                 # its online row max by fp16_row_max_margin)
                 for frozen_step in (False, True):
-                    dtypes = (torch.float16, torch.bfloat16)
                     cfg = default_config(d, causal, seqlen, frozen_step=frozen_step)
                     kernel = (_census_kernel(cfg), d, causal)
                     if kernel in seen:

@@ -417,6 +417,15 @@ def _scaled(s, qk_scale_log2):
 
 
 @gluon.jit
+def _raised_max(m_i, m_tile, MARGIN: gl.constexpr):
+    """The new running max from the tile's: ``max(m_i, m_tile + MARGIN)`` (:func:`softmax_row_max`'s
+    ``MARGIN``; 0 adds nothing to the build)."""
+    if MARGIN != 0.0:
+        m_tile = m_tile + MARGIN
+    return gl.maximum(m_i, m_tile)
+
+
+@gluon.jit
 def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TREE: gl.constexpr = False,
                     MARGIN: gl.constexpr = 0.0):
     """First phase of :func:`online_softmax`: the new running max (log2 domain).
@@ -445,9 +454,7 @@ def softmax_row_max(parts, m_i, qk_scale_log2, SCALE_POSITIVE: gl.constexpr, TRE
             t = (_scaled(parts[0], qk_scale_log2),)
         m_tile = _parts_row_max(t, TREE)
         c = 1.0
-    if MARGIN != 0.0:
-        m_tile = m_tile + MARGIN
-    return t, c, gl.maximum(m_i, m_tile)
+    return t, c, _raised_max(m_i, m_tile, MARGIN)
 
 
 @gluon.jit
@@ -463,9 +470,7 @@ def staged_row_max(parts, m_first, m_i, qk_scale_log2, TREE: gl.constexpr = Fals
     :func:`first_part_row_max`: the same ``(t, c, m_new)``, bit for bit (a positive scale commutes
     with the max and its rounding), ``MARGIN`` as there."""
     m_tile = gl.maximum(m_first, _to_rows_of(row_max(parts[1], TREE), parts[0]) * qk_scale_log2)
-    if MARGIN != 0.0:
-        m_tile = m_tile + MARGIN
-    return parts, qk_scale_log2, gl.maximum(m_i, m_tile)
+    return parts, qk_scale_log2, _raised_max(m_i, m_tile, MARGIN)
 
 
 @gluon.jit

@@ -5132,7 +5132,7 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
 # d64's short 128-row tile (S1024), its 192-row tile paired across heads (S16384), d64 causal's
 # two K/V loops on the 192-row tile (S2048), d128 in FA4's order (S2048) and its split tail with
 # PV's wait ungated (S16384), d128 causal's balanced lists (S16384)
-FROZEN_FP16_DEFAULTS = [(64, False, 1024), (64, False, 16384), (64, True, 2048), (128, False, 2048),
+FROZEN_FP16_DEFAULTS = [(64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048), (128, False, 2048),
                         (128, False, 16384), (128, True, 16384)]
 
 

@@ -1950,7 +1950,7 @@ def test_the_frozen_row_max_brings_what_was_priced_with_it():
     # (config.FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN), the online step on mbarriers — and so does S2048's
     # build, the pair with two Q buffers, where the named turns lost (0.9956 / 0.9979); d128
     # non-causal keeps its own rule (named from S8k in FA4's order), d64 causal runs no such turn at S2k
-    for seqlen in (1024, 1536, 2047, 2048, 2049, 16384, 32768):
+    for seqlen in (512, 1024, 1536, 2047, 2048, 2049, 16384, 32768):
         frozen = fwd.default_config(64, False, seqlen)
         online = fwd.default_config(64, False, seqlen, frozen_step=False)
         assert frozen.freeze_row_max and frozen.pingpong and frozen.named_turns is (seqlen != 2048), seqlen
@@ -5104,7 +5104,7 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 # those two and S16384's pair, S2048's pair on mbarriers
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
                    (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024),
-                   (64, False, 2048), (64, False, 16384)]
+                   (64, False, 512), (64, False, 2048), (64, False, 16384)]
 
 
 @pytest.mark.gpu
@@ -5132,7 +5132,7 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
 # d64's short 128-row tile (S1024), its 192-row tile paired across heads (S16384), d64 causal's
 # two K/V loops on the 192-row tile (S2048), d128 in FA4's order (S2048) and its split tail with
 # PV's wait ungated (S16384), d128 causal's balanced lists (S16384)
-FROZEN_FP16_DEFAULTS = [(64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048), (128, False, 2048),
+FROZEN_FP16_DEFAULTS = [(64, False, 512), (64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048), (128, False, 2048),
                         (128, False, 16384), (128, True, 16384)]
 
 

@@ -1705,9 +1705,13 @@ def launches_causal(problem) -> bool:
 # causal S2k / 4k / 16k 1.043 / 1.076 / 1.103. Non-causal from S1024 since change 61, paired on an H100
 # (blocks preheated 150 ms; t_noise 0.1%): d64 S1024 on the short 128-row tile 1.0665 / 1.0589, S1536 on
 # the 192-row tile 1.0619 / 1.0588, d128 S1024 in FA4's order 1.0630 / 1.0462; below S1024 unpriced (an
-# item of one K/V tile has no steady step). Not d256 (non-causal S16k 0.998); not with a window, packed
+# item of one K/V tile has no steady step). d64 non-causal from S512 since change 64, paired on an H100
+# (the same protocol, B64 H32, 137 GFLOP, the call size FREEZE_ROW_MAX_MIN_FLOP admits; the 128-row tile
+# of S1024): frozen over online 1.0338 / 1.0347, its named turns over that 1.0091 / 1.0094; d128
+# non-causal there NULL (B64 H16 S512 0.9987 / 1.0309, the frozen arm near host-bound, 0.89x), not
+# taken; below S512 unpriced. Not d256 (non-causal S16k 0.998); not with a window, packed
 # sequences or a softcap (ungated or refused there)
-FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 2048}
+FREEZE_ROW_MAX_MIN_SEQLEN = {(64, False): 512, (64, True): 2048, (128, False): 1024, (128, True): 2048}
 # fp16 too since change 63, with its margin (fp16_row_max_margin): fp16's P is a 16-bit operand that
 # overflows 2^16 above the reference, which ordinary scores reach (a later key 11 above the first
 # tile's max, in natural units); the guard kept such rows exact, but by a recompute on the portable
@@ -1731,11 +1735,12 @@ FREEZE_ROW_MAX_BRINGS = {"wait_pv_early": True, "single_kv_loop": False, "gate_p
 # against FA4's 259, the K and V tiles already landed, most of it the turn's mbarrier retry. On the
 # online step the named turns lost at d64 (0.987); under the frozen one, paired on an H100 (bf16,
 # preheated 150 ms, both arms gated, flashrung compare --quick, t_noise 0.1%), one build a length:
-# B32 H32 S1024 (the 128-row tile) 1.0089 / 1.0020, B16 S1536 (the unpaired 192-row tile) 1.0338 /
-# 1.0327, B2 S16384 and B1 S32768 (the pair on one Q buffer, S2049 on) 1.0142 / 1.0150 and 1.0126 /
-# 1.0107. Not S2048's build, the pair with two Q buffers and the multiply-high decode: 0.9956 /
-# 0.9979 (B16 H32)
-FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN = {(64, False): ((1024, 2047), (2049, 1 << 62))}
+# B32 H32 S1024 (the 128-row tile) 1.0089 / 1.0020 (B64 S512, change 64: 1.0091 / 1.0094), B16 S1536
+# (the unpaired 192-row tile) 1.0338 / 1.0327, B2 S16384 and B1 S32768 (the pair on one Q buffer,
+# S2049 on) 1.0142 / 1.0150 and 1.0126 / 1.0107. Not S2048's build, the pair with two Q buffers and
+# the multiply-high decode: 0.9956 / 0.9979 (B16 H32), again 1.0047 / 1.0012 (NULL; the second run's
+# halves disagreeing) — level there, where every other build gains 1-3%
+FREEZE_ROW_MAX_NAMED_TURNS_SEQLEN = {(64, False): ((512, 2047), (2049, 1 << 62))}
 # ... and d64 causal's 192-row tile from S2048 (the short causal tile, SHORT_CAUSAL_MAX_SEQLEN,
 # up to S2047 only): on the online step that tile lost at S2048 (0.975, above), under the frozen one
 # it wins there — paired on an H100 (bf16, both arms gated on the build each times, flashrung

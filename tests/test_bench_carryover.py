@@ -85,3 +85,40 @@ def test_rows_without_stored_blocks_give_no_table():
                        "b": {"status": "unsupported", "reason": "declines"}}}
     assert carryover.row_ratios(row) == {}
     assert report.carryover_table([{"impls": ["a", "b"], "rows": [row]}]) is None
+
+
+def _two_speed_row(ours_ms, peer_ms, ours="flashrung", peer="fa4"):
+    blocks = {ours: [[t, t * 1.001] for t in ours_ms], peer: [[t, t] for t in peer_ms]}
+    return {"label": "B2 H16 S16384 d128 bf16 full fwd", "best_peer": peer,
+            "results": {name: {"status": "ok", "blocks_ms": b} for name, b in blocks.items()}}
+
+
+def test_blocks_at_two_speeds_beside_a_steady_peer_are_named_with_their_rounds():
+    # the property (the H100's target row): ours alternates between two speeds by round while the
+    # peer's blocks hold, so the paired ratio of the slow rounds and of the others are two readings,
+    # and the median counts rounds; the slow rounds are named 1-based, each side's ratio its own
+    row = _two_speed_row([5.6, 6.4, 5.6, 6.4, 5.8, 5.6], [6.3, 6.35, 6.3, 6.35, 6.3, 6.3])
+    split = carryover.two_speeds(row, "flashrung", "fa4")
+    assert split["slow_rounds"] == [2, 4]
+    assert split["spread"] == pytest.approx(6.4 * 1.0005 / (5.6 * 1.0005) - 1)
+    assert split["ratios"]["slow"] == pytest.approx((6.35 / (6.4 * 1.0005),) * 2)
+    assert split["ratios"]["fast"][0] == pytest.approx(6.3 / (5.8 * 1.0005))
+    assert split["ratios"]["fast"][1] == pytest.approx(6.3 / (5.6 * 1.0005))
+    text = report.two_speeds_note({"rows": [row]}, ["flashrung"])
+    assert "flashrung at B2 H16 S16384 d128 bf16 full fwd: blocks 14.3% apart (fa4's 0.8%), in rounds 2, 4 0.992–0.992× fa4" \
+        in text and "flashrung sustain" in text
+
+
+def test_a_spread_the_peer_shares_or_a_small_one_is_not_two_speeds():
+    # the same clock state under both (the peer spread as much: the H200's seven-implementation
+    # suites) or a spread under TWO_SPEEDS_SPREAD is the row's ordinary noise, not named
+    shared = _two_speed_row([5.6, 6.4, 5.6, 6.4, 5.8, 5.6], [6.0, 6.8, 6.0, 6.8, 6.2, 6.0])
+    small = _two_speed_row([5.6, 5.9, 5.6, 5.9, 5.7, 5.6], [6.3] * 6)
+    for row in (shared, small):
+        assert carryover.two_speeds(row, "flashrung", "fa4") is None
+        assert report.two_speeds_note({"rows": [row]}, ["flashrung"]) is None
+    # an implementation that did not run, or rows without stored blocks, give nothing
+    missing = _two_speed_row([5.6, 6.4], [6.3, 6.3])
+    missing["results"]["fa4"] = {"status": "error"}
+    assert carryover.two_speeds(missing, "flashrung", "fa4") is None
+    assert carryover.two_speeds({"results": {}}, "flashrung", "fa4") is None

@@ -119,6 +119,28 @@ def order_note(doc: dict, impls: Sequence[str]) -> str | None:
             f"--block-preheat-ms) says which holds")
 
 
+def two_speeds_note(doc: dict, impls: Sequence[str]) -> str | None:
+    """The rows where one of ``impls`` ran at two speeds by round beside the row's best peer
+    (:func:`carryover.two_speeds`): its margin there is a count of rounds on each side."""
+    found = []
+    for row in doc["rows"]:
+        for impl in impls:
+            split = carryover.two_speeds(row, impl, row["best_peer"]) if row.get("best_peer") else None
+            if split is not None:
+                found.append(dict(split, row=row["label"]))
+    if not found:
+        return None
+    listed = "; ".join(
+        f"{_short(s['impl'])} at {s['row']}: blocks {100 * s['spread']:.1f}% apart ({s['peer']}'s "
+        f"{100 * s['peer_spread']:.1f}%), in round{'s' if len(s['slow_rounds']) > 1 else ''} "
+        f"{', '.join(map(str, s['slow_rounds']))} {s['ratios']['slow'][0]:.3f}–{s['ratios']['slow'][1]:.3f}× "
+        f"{s['peer']}, in the others {s['ratios']['fast'][0]:.3f}–{s['ratios']['fast'][1]:.3f}×"
+        for s in found[:3])
+    more = f"; {len(found) - 3} more" if len(found) > 3 else ""
+    return (f"two speeds: {listed}{more} — the median counts the rounds on each side; what each sustains "
+            f"at that row is for flashrung sustain to say")
+
+
 def carryover_table(docs: Sequence[dict], title: str = "carryover") -> str | None:
     """What each implementation's blocks inherited from the block before them (:mod:`carryover`):
     rows the implementation timed, columns the one whose block ran just before, cells the mean block
@@ -266,6 +288,9 @@ def results_table(doc: dict) -> str:
     order = order_note(doc, ours)
     if order:
         out += "\n" + order
+    speeds = two_speeds_note(doc, ours)
+    if speeds:
+        out += "\n" + speeds
     carried = carryover_table([doc])
     if carried:
         out += "\n\n" + carried

@@ -277,6 +277,20 @@ def test_order_reaches_the_bench_protocol_balanced_by_default(capsys):
     assert "--order" in capsys.readouterr().err
 
 
+def test_block_preheat_reaches_the_bench_protocol_and_the_suites_default_stays(capsys):
+    # the suite's protocol preheats 150 ms; a longer preheat (a GPU whose clock carries the previous
+    # block's state longer: the report's "two speeds") or none reaches the protocol as given, and a
+    # negative one is refused naming the flag
+    assert cli.bench_protocol(parse("bench")).block_preheat_ms == timing.BenchProtocol().block_preheat_ms == 150.0
+    assert cli.bench_protocol(parse("bench", "--block-preheat-ms", "1000")).block_preheat_ms == 1000.0
+    assert cli.bench_protocol(parse("bench", "--block-preheat-ms", "0")).block_preheat_ms == 0.0
+    quick = cli.bench_protocol(parse("bench", "--quick", "--block-preheat-ms", "500"))
+    assert quick == dataclasses.replace(timing.QUICK_BENCH, block_preheat_ms=500.0)
+    with pytest.raises(SystemExit):
+        parse("bench", "--block-preheat-ms", "-1")
+    assert "--block-preheat-ms" in capsys.readouterr().err
+
+
 def test_block_preheat_reaches_the_paired_protocol():
     # off by default (the A/A calibration was taken without it); given, it travels with the
     # protocol into the fresh-process worker's spec

@@ -227,6 +227,11 @@ def register(subparsers) -> None:
     b.add_argument("--order", choices=timing.ORDERS, default=None,
                    help="each round's order: balanced (default: every implementation in every position and right "
                         "after every other equally often) or halves (one fixed order, then reversed)")
+    b.add_argument("--block-preheat-ms", type=non_negative_float, metavar="MS",
+                   help=f"untimed calls of an implementation before each of its timed blocks, in ms (default "
+                        f"{timing.BenchProtocol().block_preheat_ms:g}, the suite's protocol); longer, for a GPU "
+                        "whose clock takes longer to leave the state the previous block left (a 'two speeds' "
+                        "line in the report)")
     b.add_argument("--no-gate", action="store_true", help="skip the correctness gate of flashrung kernels")
     b.add_argument("--flex-dynamic", action="store_true",
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
@@ -427,9 +432,12 @@ def cmd_bench(args) -> int:
 
 
 def bench_protocol(args) -> timing.BenchProtocol:
-    """The bench protocol: the default or ``--quick``'s, with ``--rounds`` and ``--order`` if given."""
+    """The bench protocol: the default or ``--quick``'s, with ``--rounds``, ``--order`` and
+    ``--block-preheat-ms`` if given (a preheat of 0 is given, and kept)."""
     base = timing.QUICK_BENCH if args.quick else timing.BenchProtocol()
     changes = {name: getattr(args, name) for name in ("rounds", "order") if getattr(args, name, None)}
+    if getattr(args, "block_preheat_ms", None) is not None:
+        changes["block_preheat_ms"] = args.block_preheat_ms
     return dataclasses.replace(base, **changes)
 
 

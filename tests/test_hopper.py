@@ -5101,7 +5101,8 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 # tile (change 60; the two K/V loops there since change 58) and S3072 (frozen since change 58); the
 # non-causal lengths from S1024 (change 61): d64's short 128-row tile and its 192-row tile below
 # S2048, d128 in FA4's order below S2048; d64 non-causal's turn on named barriers (change 62) on
-# those two and S16384's pair, S2048's pair on mbarriers
+# those two and S16384's pair, S2048's pair on mbarriers; from S512 (change 64) the short tile's
+# configuration, S1024's, named at its own length
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
                    (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024),
                    (64, False, 512), (64, False, 2048), (64, False, 16384)]
@@ -5129,11 +5130,12 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
 
 
 # the frozen defaults as an fp16 call runs them (fp16_row_max_margin raising the online row max):
-# d64's short 128-row tile (S1024), its 192-row tile paired across heads (S16384), d64 causal's
-# two K/V loops on the 192-row tile (S2048), d128 in FA4's order (S2048) and its split tail with
-# PV's wait ungated (S16384), d128 causal's balanced lists (S16384)
-FROZEN_FP16_DEFAULTS = [(64, False, 512), (64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048), (128, False, 2048),
-                        (128, False, 16384), (128, True, 16384)]
+# d64's short 128-row tile (S512 and S1024), its pair with two Q buffers on mbarrier turns (S2048)
+# and its 192-row tile paired across heads (S16384), d64 causal's two K/V loops on the 192-row tile
+# (S2048), d128 in FA4's order (S2048) and its split tail with PV's wait ungated (S16384), d128
+# causal's balanced lists (S16384)
+FROZEN_FP16_DEFAULTS = [(64, False, 512), (64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048),
+                        (128, False, 2048), (128, False, 16384), (128, True, 16384)]
 
 
 @pytest.mark.gpu

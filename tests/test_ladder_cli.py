@@ -344,7 +344,7 @@ class VirtualClock:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    from flashrung.bench import ceilings, peers, runner
+    from flashrung.bench import peers, runner
 
     clock = VirtualClock()
     scale = {"A": 1.0, "B": 20.0}

@@ -4,7 +4,7 @@ import torch
 
 from flashrung import gate
 from flashrung.kernels.portable import bwd, common, fwd
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE
 
 # (B, Sq, Sk, Hq, Hkv, D)           why it is here
 ODD = [

@@ -330,6 +330,15 @@ def sequence_index(row: Row, device=None):
     return torch.repeat_interleave(torch.arange(len(row.packed), dtype=torch.int32, device=device), lengths)
 
 
+def _softcap_score_mod(cap: float):
+    """FlexAttention's score_mod for flash-attn's softcap: ``cap · tanh(score / cap)``."""
+    import torch
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    return score_mod
+
+
 def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
     try:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -343,13 +352,7 @@ def _prepare_flex(row: Row, inputs: Inputs, options: PeerOptions) -> Prepared:
         rows_q, rows_k = inputs.q.shape[1], inputs.k.shape[1]
         block_mask = create_block_mask(mask_mod, None, None, rows_q, rows_k, device=inputs.q.device)
     gqa = row.heads_q != row.heads_kv
-    score_mod = None
-    if row.softcap:
-        import torch
-        cap = row.softcap
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return cap * torch.tanh(score / cap)
+    score_mod = _softcap_score_mod(row.softcap) if row.softcap else None
 
     def forward(q, k, v):
         out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,

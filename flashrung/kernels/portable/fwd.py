@@ -28,7 +28,7 @@ from flashrung.evidence.census import CensusSpec
 from flashrung.kernels.direct_launch import DirectLaunch, enabled_by_environment, specialization_key
 from flashrung.inputs import NO_WINDOW
 from flashrung.kernels.portable import common
-from flashrung.kernels.portable.common import (LN2, LOG2E, capped_scores, causal_kv_bounds, offset_index,
+from flashrung.kernels.portable.common import (LOG2E, capped_scores, causal_kv_bounds, offset_index,
                                                round_to, score_mask, sequence_span, softcap_factors,
                                                window_kv_bounds, window_sides)
 

@@ -43,6 +43,17 @@ def test_tiny_rows_end_to_end():
     assert doc["correctness"] and all(g["passed"] for g in doc["correctness"]), doc["correctness"]
     env = doc["manifest"]["environment"]
     assert env["gpu"] and env["sm_count"] > 0 and doc["manifest"]["clocks_end"]["source"]
+    # the clock beside each block (block_clocks): every timed block placed in order on the wall
+    # clock, inside the run, and most meeting a sample (a sampler that could not start says why)
+    clocks = doc["clocks"]
+    if "error" not in clocks:
+        placed = [(span, c) for row in doc["rows"] for r in row["results"].values() if r["status"] == "ok"
+                  for span, c in zip(r["blocks_span_s"], r["blocks_clock"])]
+        assert placed and all(a <= b <= c for (a, b, c), _ in placed)
+        first = min(span[0] for span, _ in placed)
+        assert clocks["series"][0][0] <= first and max(span[2] for span, _ in placed) <= clocks["series"][-1][0] + 1
+        assert clocks["blocks_without_sample"] <= len(placed) // 2, clocks["blocks_without_sample"]
+        assert all(c["mhz"] is None or 100 < c["mhz"] < 3000 for _, c in placed)
 
 
 def test_a_packed_row_end_to_end():

@@ -25,7 +25,8 @@ import math
 import pathlib
 import sys
 
-from flashrung.bench import calibration, manifest, numerators, peers, report, stats, suites, sustain, timing
+from flashrung.bench import (block_clocks, calibration, manifest, numerators, peers, report, stats, suites, sustain,
+                             timing)
 from flashrung.inputs import check_softcap
 from flashrung import jsonfile
 
@@ -177,6 +178,17 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
                             "GPU, the problem a stored reading ran")
 
 
+def _clock_sample_ms(text: str) -> int:
+    """A whole number of milliseconds ≥ 0 (0: no clock sampling)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--clock-sample-ms must be a whole number of ms ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--clock-sample-ms must be a whole number of ms ≥ 0, got {value}")
+    return value
+
+
 def _paired_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("paired protocol (defaults: seed 000's keep protocol)")
     d = timing.PairedProtocol()
@@ -232,6 +244,10 @@ def register(subparsers) -> None:
                         f"{timing.BenchProtocol().block_preheat_ms:g}, the suite's protocol); longer, for a GPU "
                         "whose clock takes longer to leave the state the previous block left (a 'two speeds' "
                         "line in the report)")
+    b.add_argument("--clock-sample-ms", type=_clock_sample_ms, default=block_clocks.SAMPLE_MS, metavar="MS",
+                   help=f"sample the SM clock and board power with nvidia-smi every MS through the rows and give each "
+                        f"timed block the clock it ran at (default {block_clocks.SAMPLE_MS}; 0: none). The report's "
+                        "'two speeds' line then says whether the slow rounds were slow in clock or in cycles")
     b.add_argument("--no-gate", action="store_true", help="skip the correctness gate of flashrung kernels")
     b.add_argument("--flex-dynamic", action="store_true",
                    help="compile FlexAttention once with dynamic shapes instead of once per shape (saves "
@@ -415,7 +431,8 @@ def cmd_bench(args) -> int:
           file=sys.stderr)
     doc = runner.run(rows, impls, protocol=protocol, causal_convention=args.causal_flops, gate=not args.no_gate,
                      suite=suite, progress=not args.no_progress, command=list(sys.argv),
-                     seed=args.seed, peer_options=peers.PeerOptions(flex_dynamic=args.flex_dynamic))
+                     seed=args.seed, peer_options=peers.PeerOptions(flex_dynamic=args.flex_dynamic),
+                     clock_sample_ms=args.clock_sample_ms)
     table = report.results_table(doc)
     if args.json == "-":
         print(table, file=sys.stderr)

@@ -12,9 +12,10 @@ each implementation's blocks inherited from the block before them (:mod:`~flashr
 from __future__ import annotations
 
 import pathlib
+import statistics
 from typing import Iterable, Sequence
 
-from flashrung.bench import carryover, drift, numerators, peers, targets, timing
+from flashrung.bench import block_clocks, carryover, drift, numerators, peers, targets, timing
 from flashrung import jsonfile
 
 SHORT = {"efficient": "effic", "flashrung": "flashrung"}
@@ -119,6 +120,39 @@ def order_note(doc: dict, impls: Sequence[str]) -> str | None:
             f"--block-preheat-ms) says which holds")
 
 
+def _split_clock_text(clock: dict) -> str:
+    """The clock beside a split's two sides (:func:`block_clocks.split_reading`)."""
+    share = clock["clock_share"]
+    reading = ("" if share is None else
+               f": the clock accounts for {100 * share:.0f}% of the time between them")
+    return f" (at {clock['mhz_slow']:.0f} MHz in the slow rounds, {clock['mhz_fast']:.0f} in the others{reading})"
+
+
+def clocks_line(doc: dict) -> str | None:
+    """One line on the clock the timed blocks met (the run's ``clocks``: nvidia-smi through the
+    rows, :mod:`block_clocks`): each implementation's range of block clocks over the run, or why
+    there are none. None for a run that sampled nothing."""
+    clocks = doc.get("clocks")
+    if not clocks:
+        return None
+    per_impl: dict[str, list[float]] = {}
+    for row in doc["rows"]:
+        for impl, r in row["results"].items():
+            per_impl.setdefault(impl, []).extend(c["mhz"] for c in r.get("blocks_clock") or () if c["mhz"] is not None)
+    ranges = "; ".join(f"{_short(impl)} {min(m):.0f}–{max(m):.0f} (median {statistics.median(m):.0f})"
+                       for impl, m in per_impl.items() if m)
+    line = (f"clocks: the timed blocks at {ranges} MHz (nvidia-smi every {clocks['sample_ms']} ms, "
+            f"{clocks.get('count', 0)} samples" if ranges else
+            f"clocks: no block has a clock (nvidia-smi every {clocks['sample_ms']} ms, "
+            f"{clocks.get('count', 0)} samples")
+    if clocks.get("blocks_without_sample"):
+        line += f"; {clocks['blocks_without_sample']} blocks without a sample"
+    line += ")"
+    if clocks.get("error"):
+        line += f"; the sampler: {clocks['error']}"
+    return line
+
+
 def two_speeds_note(doc: dict, impls: Sequence[str]) -> str | None:
     """The rows where one of ``impls`` ran at two speeds by round beside the row's best peer
     (:func:`carryover.two_speeds`): its margin there is a count of rounds on each side."""
@@ -127,7 +161,8 @@ def two_speeds_note(doc: dict, impls: Sequence[str]) -> str | None:
         for impl in impls:
             split = carryover.two_speeds(row, impl, row["best_peer"]) if row.get("best_peer") else None
             if split is not None:
-                found.append(dict(split, row=row["label"]))
+                clock = block_clocks.split_reading(row["results"][impl], split["slow_rounds"])
+                found.append(dict(split, row=row["label"], clock=clock))
     if not found:
         return None
     listed = "; ".join(
@@ -135,6 +170,7 @@ def two_speeds_note(doc: dict, impls: Sequence[str]) -> str | None:
         f"{100 * s['peer_spread']:.1f}%), in round{'s' if len(s['slow_rounds']) > 1 else ''} "
         f"{', '.join(map(str, s['slow_rounds']))} {s['ratios']['slow'][0]:.3f}–{s['ratios']['slow'][1]:.3f}× "
         f"{s['peer']}, in the others {s['ratios']['fast'][0]:.3f}–{s['ratios']['fast'][1]:.3f}×"
+        + (_split_clock_text(s["clock"]) if s["clock"] else "")
         for s in found[:3])
     more = f"; {len(found) - 3} more" if len(found) > 3 else ""
     return (f"two speeds: {listed}{more} — the median counts the rounds on each side; what each sustains "
@@ -291,6 +327,9 @@ def results_table(doc: dict) -> str:
     speeds = two_speeds_note(doc, ours)
     if speeds:
         out += "\n" + speeds
+    clocks = clocks_line(doc)
+    if clocks:
+        out += "\n" + clocks
     carried = carryover_table([doc])
     if carried:
         out += "\n\n" + carried

@@ -24,6 +24,7 @@ import itertools
 import time
 from typing import Callable, Sequence
 
+from flashrung.bench import block_clocks
 from flashrung.bench import ceilings as ceilings_mod
 from flashrung.bench import manifest as manifest_mod
 from flashrung.bench import numerators, peers, stats, timing
@@ -259,13 +260,15 @@ def output_agreement(row: Row, inputs: peers.Inputs, outs: dict) -> dict[str, di
 def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: timing.BenchProtocol,
              timer, causal_convention: str, on_impl: Callable[[str], None] = lambda s: None,
              peer_options: peers.PeerOptions = peers.PeerOptions(), *,
-             sync: Callable[[], None] = lambda: None, host_clock: Callable[[], float] = time.perf_counter) -> dict:
+             sync: Callable[[], None] = lambda: None, host_clock: Callable[[], float] = time.perf_counter,
+             spans: bool = False) -> dict:
     """Prepare, warm and time every implementation on one row; returns the row's results.
 
     After the timing, each implementation's host path is probed (``timing.host_path``: the host's
     time to issue back-to-back calls beside the events' time for them, ``sync`` emptying the queue
     first): a result whose calls were host-bound says so (``host_bound``), since its time per call
-    is then its entry point's, not its kernel's."""
+    is then its entry point's, not its kernel's. ``spans``: each block placed on the wall clock
+    (``blocks_span_s``), for the clock sampled beside the run (:mod:`block_clocks`)."""
     flops, convention = row.flops(causal_convention)
     results: dict[str, dict] = {}
     prepared: dict[str, peers.Prepared] = {}
@@ -302,7 +305,7 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
         on_impl("timing")
         orders = protocol.orders_for(list(prepared))
         inter = timing.interleave({i: p.fn for i, p in prepared.items()}, reps, len(orders), timer,
-                                  block_warmup=preheat, orders=orders)
+                                  block_warmup=preheat, orders=orders, spans=spans)
 
     for impl in list(prepared):
         times = inter.per_call(impl)
@@ -329,6 +332,9 @@ def time_row(row: Row, impls: Sequence[str], inputs: peers.Inputs, protocol: tim
             "warmup_calls": warm[impl].calls, "first_call_s": p.first_call_s, "note": p.note,
             "dispatch": p.dispatch, "host_path": probes[impl], "host_bound": timing.host_bound(probes[impl]),
         }
+        if inter.spans is not None:
+            # per round: where its preheat began, its timed calls began and its last call ended (s since the epoch)
+            results[impl]["blocks_span_s"] = [list(span) for span in inter.spans[impl]]
         if impl in agreement:
             results[impl]["agreement"] = agreement[impl]
 
@@ -353,8 +359,13 @@ def _group_by_shape(rows: Sequence[Row]):
 def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProtocol,
         causal_convention: str = numerators.FA_HALF, gate: bool = True, suite: str = "free",
         progress: bool = True, command: list[str] | None = None, seed: int = 0,
-        peer_options: peers.PeerOptions = peers.PeerOptions()) -> dict:
-    """Measure ``rows`` × ``impls`` on the current GPU; returns the results document."""
+        peer_options: peers.PeerOptions = peers.PeerOptions(),
+        clock_sample_ms: int = block_clocks.SAMPLE_MS) -> dict:
+    """Measure ``rows`` × ``impls`` on the current GPU; returns the results document.
+
+    ``clock_sample_ms``: nvidia-smi samples the SM clock and board power this often through the
+    rows, and each timed block gets the clock it ran at (``blocks_clock``; the document's
+    ``clocks``); 0 samples nothing."""
     import torch
     from tqdm import tqdm
 
@@ -378,6 +389,8 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
                 gates[key].setdefault("rows", []).append(row.label())
     correctness = list(gates.values())
     out_rows = []
+    sampler = (block_clocks.SuiteSampler(torch.cuda.current_device(), clock_sample_ms)
+               if clock_sample_ms and torch.cuda.is_available() else None)
     bar = tqdm(total=len(rows), desc="bench", unit="row", disable=not progress, dynamic_ncols=True)
     for _, group in _group_by_shape(rows):
         shape_row = dataclasses.replace(group[0], mode="bwd" if any(r.mode == "bwd" for r in group) else "fwd")
@@ -388,7 +401,9 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
             failed = {impl: g for impl, key in gate_keys[row].items() if (g := gates.get(key)) and not g["passed"]}
             result = time_row(row, [i for i in impls if i not in failed], inputs, protocol, timer, causal_convention,
                               on_impl=lambda s: bar.set_postfix_str(s, refresh=True), peer_options=peer_options,
-                              sync=torch.cuda.synchronize)
+                              sync=torch.cuda.synchronize, spans=sampler is not None and sampler.running)
+            if sampler is not None:
+                sampler.check()
             if failed:
                 # in the column order of the other rows, each untimed kernel says which check it failed
                 timed = result["results"]
@@ -405,6 +420,7 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
         del inputs
         torch.cuda.empty_cache()
     bar.close()
+    clocks = sampler.finish(out_rows) if sampler is not None else None
 
     manifest_mod.finish(manifest)
     order_text = ("implementations interleaved round-robin in a carryover-balanced design (each in every position "
@@ -419,5 +435,5 @@ def run(rows: Sequence[Row], impls: Sequence[str], *, protocol: timing.BenchProt
             "power/clock steady state); after each row, a host-path probe per implementation (host_path: host "
             "time to issue back-to-back calls beside their GPU time; host_bound when the host took at least "
             f"{timing.HOST_BOUND_SHARE:.0%} of it)",
-            "ceilings": ceilings, "rows": out_rows, "correctness": correctness, "manifest": manifest,
+            "ceilings": ceilings, "rows": out_rows, "correctness": correctness, "clocks": clocks, "manifest": manifest,
             "wall_s": time.perf_counter() - started}

@@ -39,9 +39,11 @@ class ClockTimer:
     counted where it ran.
     """
 
-    def __init__(self, now: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None):
+    def __init__(self, now: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None,
+                 wall: Callable[[], float] = time.time):
         self._now = now
         self._sync = sync or (lambda: None)
+        self._wall = wall
 
     def block(self, fn: Callable[[], Any], reps: int):
         times = []
@@ -57,6 +59,19 @@ class ClockTimer:
 
     def resolve(self, handle) -> list[float]:
         return list(handle)
+
+    # Marks place a block on the wall clock (:func:`interleave`'s ``spans``): an anchor read once,
+    # a mark where a block's preheat, its timed calls and its end fall
+    def anchor(self) -> tuple[float, float]:
+        self._sync()
+        return self._wall(), self._now()
+
+    def mark(self) -> float:
+        self._sync()
+        return self._now()
+
+    def seconds_between(self, earlier, later) -> float:
+        return later - earlier
 
 
 class CudaEventTimer:
@@ -77,6 +92,24 @@ class CudaEventTimer:
     def resolve(self, handle) -> list[float]:
         handle[-1].synchronize()
         return [a.elapsed_time(b) for a, b in zip(handle, handle[1:])]
+
+    def anchor(self):
+        """The wall time of an event recorded on an empty queue: the GPU reaches it as the host reads
+        the clock, so the events after it place themselves on the wall clock by their elapsed time."""
+        self._torch.cuda.synchronize()
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        return time.time(), event
+
+    def mark(self):
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds_between(self, earlier, later) -> float:
+        later.synchronize()
+        return earlier.elapsed_time(later) / 1e3
 
 
 def measure(timer, fn: Callable[[], Any], reps: int) -> list[float]:
@@ -282,6 +315,9 @@ class Interleaved:
     times: dict[str, list[list[float]]]
     reps: dict[str, int]
     orders: list[tuple[str, ...]]
+    # per implementation, per round: the wall time (seconds since the epoch) where the block's
+    # preheat began, its timed calls began and its last call ended; None unless asked for
+    spans: dict[str, list[tuple[float, float, float]]] | None = None
 
     def per_call(self, name: str) -> list[float]:
         return [t for block in self.times[name] for t in block]
@@ -297,12 +333,13 @@ class Interleaved:
 
 def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], rounds: int, timer, *,
                block_warmup: int | Mapping[str, int] = 0,
-               orders: Sequence[Sequence[str]] | None = None) -> Interleaved:
+               orders: Sequence[Sequence[str]] | None = None, spans: bool = False) -> Interleaved:
     """Round-robin blocks over ``fns``; times resolve after the last round (one synchronisation).
 
     ``block_warmup``: untimed calls before each block, one count for all or one per name.
     ``orders``: each round's order (``rounds`` of them, each naming every fn once); default: the
-    halves schedule."""
+    halves schedule. ``spans``: place every block on the wall clock (``Interleaved.spans``) with the
+    timer's marks, outside the timed calls, so a clock sampled beside the run can be read per block."""
     names = list(fns)
     if orders is None:
         orders = half_reversed_orders(names, rounds)
@@ -312,13 +349,24 @@ def interleave(fns: Mapping[str, Callable[[], Any]], reps: Mapping[str, int], ro
             raise ValueError(f"orders must give {rounds} rounds, each naming {names} once")
     warm = block_warmup if isinstance(block_warmup, Mapping) else {n: block_warmup for n in names}
     handles: dict[str, list] = {n: [] for n in names}
+    marks: dict[str, list] = {n: [] for n in names}
+    anchor = timer.anchor() if spans else None
     for order in orders:
         for name in order:
+            before = timer.mark() if spans else None
             for _ in range(warm.get(name, 0)):
                 fns[name]()
+            start = timer.mark() if spans else None
             handles[name].append(timer.block(fns[name], reps[name]))
+            if spans:
+                marks[name].append((before, start, timer.mark()))
     times = {n: [timer.resolve(h) for h in handles[n]] for n in names}
-    return Interleaved(times=times, reps=dict(reps), orders=orders)
+    placed = None
+    if spans:
+        wall, origin = anchor
+        placed = {n: [tuple(wall + timer.seconds_between(origin, m) for m in block) for block in marks[n]]
+                  for n in names}
+    return Interleaved(times=times, reps=dict(reps), orders=orders, spans=placed)
 
 
 PREHEAT_ESTIMATE_CALLS = 3     # calls per arm timed to size the preheat (arms are already warm)

@@ -3,10 +3,11 @@ the wall clock by the timer's marks, nvidia-smi's samples read per block, the sp
 speeds into clock and cycles, and a sampler that fails leaving the timings as they are. No GPU."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from flashrung.bench import block_clocks, carryover, report, runner, sustain, timing
-from flashrung.bench.cli import _clock_sample_ms
 
 
 class VirtualClock:
@@ -205,8 +206,14 @@ def test_time_row_stores_the_spans_only_when_asked(monkeypatch):
     assert result["results"]["sdpa"]["blocks_span_s"][0] == [1.0, 1.1, 1.2]
 
 
-def test_clock_sample_ms_takes_whole_milliseconds_from_zero():
-    assert _clock_sample_ms("0") == 0 and _clock_sample_ms("25") == 25
+def test_clock_sample_ms_takes_whole_milliseconds_from_zero(capsys):
+    from flashrung.bench import cli
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    assert parser.parse_args(["bench", "--clock-sample-ms", "0"]).clock_sample_ms == 0
+    assert parser.parse_args(["bench"]).clock_sample_ms == block_clocks.SAMPLE_MS
     for bad in ("-1", "2.5", "fast"):
-        with pytest.raises(Exception, match="--clock-sample-ms must be a whole number of ms ≥ 0"):
-            _clock_sample_ms(bad)
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "--clock-sample-ms", bad])
+        assert f"argument --clock-sample-ms: expected a whole number >= 0, got '{bad}'" in capsys.readouterr().err

@@ -33,14 +33,22 @@ from flashrung import jsonfile
 DEFAULT_PAIR_SHAPE = dict(batch=8, seqlen=4096, heads=16, headdim=128, dtype="bfloat16")
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "a whole number >= 0")
 
 
 def even_rounds(text: str) -> int:
@@ -178,17 +186,6 @@ def _shape_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
                             "GPU, the problem a stored reading ran")
 
 
-def _clock_sample_ms(text: str) -> int:
-    """A whole number of milliseconds ≥ 0 (0: no clock sampling)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--clock-sample-ms must be a whole number of ms ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--clock-sample-ms must be a whole number of ms ≥ 0, got {value}")
-    return value
-
-
 def _paired_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("paired protocol (defaults: seed 000's keep protocol)")
     d = timing.PairedProtocol()
@@ -244,7 +241,7 @@ def register(subparsers) -> None:
                         f"{timing.BenchProtocol().block_preheat_ms:g}, the suite's protocol); longer, for a GPU "
                         "whose clock takes longer to leave the state the previous block left (a 'two speeds' "
                         "line in the report)")
-    b.add_argument("--clock-sample-ms", type=_clock_sample_ms, default=block_clocks.SAMPLE_MS, metavar="MS",
+    b.add_argument("--clock-sample-ms", type=non_negative_int, default=block_clocks.SAMPLE_MS, metavar="MS",
                    help=f"sample the SM clock and board power with nvidia-smi every MS through the rows and give each "
                         f"timed block the clock it ran at (default {block_clocks.SAMPLE_MS}; 0: none). The report's "
                         "'two speeds' line then says whether the slow rounds were slow in clock or in cycles")

@@ -138,6 +138,9 @@ class _DyingSampler:
     def __init__(self, exe, gpu, sample_ms, lives=2, samples=()):
         self.lives, self.samples, self.stopped = lives, list(samples), 0
 
+    def wait_for_first_sample(self, timeout_s):
+        return True
+
     def check_alive(self):
         self.lives -= 1
         if self.lives < 0:

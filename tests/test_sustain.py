@@ -235,6 +235,28 @@ def test_sampler_reads_what_nvidia_smi_wrote(tmp_path):
     assert [(s.mhz, s.watts) for s in samples] == [(1980.0, 123.8), (1620.0, 689.5)] and skipped == 1
 
 
+def test_the_first_sample_is_waited_for_not_assumed(tmp_path):
+    # nvidia-smi can take a second to write its first line: the bench's sampler waits for it (the
+    # first row's blocks need samples around them), up to a limit, and says whether it came
+    exe = _fake_smi(tmp_path, """
+        import time
+        time.sleep(0.4)
+        print("2026/11/30 11:02:44.764, 1980, 123.80", flush=True)
+        time.sleep(60)
+    """)
+    sampler = sustain.Sampler(exe, "GPU-0000", 50)
+    try:
+        assert sampler.wait_for_first_sample(20.0)
+    finally:
+        samples, _ = sampler.stop()
+    assert [s.mhz for s in samples] == [1980.0]
+    silent = sustain.Sampler(_fake_smi(tmp_path, "import time\ntime.sleep(60)\n"), "GPU-0000", 50)
+    try:
+        assert not silent.wait_for_first_sample(0.3)
+    finally:
+        assert silent.stop() == ([], 0)
+
+
 def test_a_sampler_that_dies_says_why(tmp_path):
     exe = _fake_smi(tmp_path, """
         import sys

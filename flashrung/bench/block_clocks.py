@@ -26,6 +26,7 @@ from flashrung.bench import sustain
 
 SAMPLE_MS = sustain.SAMPLE_MS   # nvidia-smi's sampling period over the suite
 SOURCE = "nvidia-smi"
+FIRST_SAMPLE_TIMEOUT_S = 10.0   # how long the run waits for nvidia-smi's first sample before its rows
 
 
 def block_window(span: Sequence[float], sample_s: float) -> tuple[float, float]:
@@ -112,6 +113,10 @@ class SuiteSampler:
             return
         try:
             self._sampler = sustain.Sampler(exe, sustain.smi_id(device_index, sustain.smi_uuids(exe)), sample_ms)
+            # the first row's blocks need samples around them: wait for nvidia-smi's first line
+            # (its start can take a second), then a lead as sustain's
+            if not self._sampler.wait_for_first_sample(FIRST_SAMPLE_TIMEOUT_S):
+                self.error = f"nvidia-smi wrote no sample in its first {FIRST_SAMPLE_TIMEOUT_S:g} s"
             time.sleep(sustain.SAMPLER_LEAD_S)
             self._sampler.check_alive()
         except (sustain.SustainError, OSError, ValueError) as exc:

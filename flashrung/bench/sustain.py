@@ -319,6 +319,17 @@ class Sampler:
         self._err = open(os.path.join(self._dir.name, "smi.err"), "w+")
         self._proc = subprocess.Popen(self.command, stdout=self._out, stderr=self._err, text=True)
 
+    def wait_for_first_sample(self, timeout_s: float, poll_s: float = 0.02) -> bool:
+        """Wait until nvidia-smi has written a line (its start can take longer than a lead), at most
+        ``timeout_s``; whether it has."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if os.path.getsize(self._out.name) > 0:
+                return True
+            time.sleep(poll_s)
+        return os.path.getsize(self._out.name) > 0
+
     def check_alive(self) -> None:
         if self._proc.poll() is not None:
             self._err.seek(0)

@@ -158,3 +158,54 @@ def test_cli_reads_several_runs_and_refuses_a_plot_of_them(capsys, tmp_path):
     assert "run 3: " + paths[2] in out and "3/3" in out
     assert cli.main(["bench", "--from-json", paths[0], "--from-json", paths[1], "--plot", str(tmp_path / "x.png")]) == 2
     assert "--plot draws one run" in capsys.readouterr().err
+
+
+SUITE_7ADCF6B = RESULTS / "h100-fa4-fwd-7adcf6b-preheat1000.json.gz"
+
+
+def _parts_by_headdim(doc):
+    return [{**doc, "rows": [r for r in doc["rows"] if r["headdim"] == d]} for d in (128, 64)]
+
+
+def test_parts_of_one_suite_read_as_the_whole_run():
+    # the property: a suite timed in parts (disjoint rows, one protocol: --headdim 128, then 64)
+    # reads as the run that timed it whole — the same rows, cells and target count — and says
+    # which part each row came from (the stored H100 suite at 7adcf6b, split by head dim)
+    whole = jsonfile.read(SUITE_7ADCF6B)
+    joined = report.join_parts(_parts_by_headdim(whole), ["d128.json", "d64.json"])
+    assert [r["label"] for r in joined["rows"]] == [r["label"] for r in whole["rows"]]
+    assert targets.summary(joined, "flashrung") == targets.summary(whole, "flashrung")
+    assert targets.summary(joined, "flashrung").startswith("targets (flashrung): 24 of 24 rows met")
+    text, original = report.results_table(joined), report.results_table(whole)
+    assert "parts, each timed in its own run: d128.json (12 rows, GEMM 695.5 TFLOP/s); d64.json (12 rows, " \
+           "GEMM 695.5 TFLOP/s)" in text
+    table = [ln for ln in original.splitlines() if ln.startswith("B")]
+    assert table and all(ln in text.splitlines() for ln in table)
+    assert joined["wall_s"] == pytest.approx(2 * whole["wall_s"])
+
+
+def test_parts_that_share_a_row_or_a_protocol_apart_are_refused():
+    whole = jsonfile.read(SUITE_7ADCF6B)
+    d128, d64 = _parts_by_headdim(whole)
+    overlapping = {**d64, "rows": d64["rows"] + d128["rows"][:1]}
+    with pytest.raises(ValueError, match="b.json and a.json both hold B32 H16 S1024 d128"):
+        report.join_parts([d128, overlapping], ["a.json", "b.json"])
+    longer = {**d64, "protocol": {**d64["protocol"], "block_preheat_ms": 150.0}}
+    with pytest.raises(ValueError, match="b.json differs from a.json in protocol"):
+        report.join_parts([d128, longer], ["a.json", "b.json"])
+    fewer = {**d64, "impls": ["cudnn", "flashrung"]}
+    with pytest.raises(ValueError, match="in impls"):
+        report.join_parts([d128, fewer], ["a.json", "b.json"])
+
+
+def test_cli_reads_parts_as_one_run_and_plots_them(capsys, tmp_path):
+    from flashrung import cli
+    paths = []
+    for n, part in enumerate(_parts_by_headdim(jsonfile.read(SUITE_7ADCF6B))):
+        paths.append(str(tmp_path / f"part{n}.json"))
+        pathlib.Path(paths[-1]).write_text(json.dumps(part))
+    png = tmp_path / "joined.png"
+    assert cli.main(["bench", "--from-json", paths[0], "--from-json", paths[1], "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "targets (flashrung): 24 of 24 rows met" in out and f"{paths[0]} (12 rows" in out
+    assert png.exists() and png.stat().st_size > 0

@@ -253,7 +253,9 @@ def register(subparsers) -> None:
                    help="re-render the table (and --plot) from a saved result (.json or .json.gz); no GPU needed. "
                         "Given more than once (runs of one suite): each row's reading in every run against its "
                         "target, how many runs met it and what the median still needs, and each implementation's "
-                        "rates run by run (did one move alone: a rebuilt peer, a new default)")
+                        "rates run by run (did one move alone: a rebuilt peer, a new default). Given parts of one "
+                        "suite (runs of disjoint rows, e.g. --headdim 128 and --headdim 64 under one protocol): "
+                        "the parts as one run, one table and one reading of the targets (and --plot)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--seed", type=int, default=0, help="input seed")
     b.set_defaults(func=cmd_bench)
@@ -385,12 +387,21 @@ def gpu_available() -> tuple[bool, str]:
 
 def cmd_bench(args) -> int:
     if args.from_json and len(args.from_json) > 1:
-        if args.plot:
-            print("flashrung bench: --plot draws one run; give one --from-json with it", file=sys.stderr)
-            return 2
+        # runs of the same rows are read across runs; runs of disjoint rows of one suite, as one run
         try:
             docs = [jsonfile.read(p) for p in args.from_json]
-            print(report.runs_table(docs, [str(p) for p in args.from_json]))
+            names = [str(p) for p in args.from_json]
+            labels = [{row["label"] for row in doc["rows"]} for doc in docs]
+            if all(not (a & b) for n, a in enumerate(labels) for b in labels[n + 1:]):
+                doc = report.join_parts(docs, names)
+                print(report.results_table(doc))
+                _plot(doc, args)
+                return 0
+            if args.plot:
+                print("flashrung bench: --plot draws one run (or the parts of one); runs of the same rows are "
+                      "read as a table only", file=sys.stderr)
+                return 2
+            print(report.runs_table(docs, names))
         except (OSError, ValueError, KeyError) as exc:
             print(f"flashrung bench: {exc}", file=sys.stderr)
             return 2

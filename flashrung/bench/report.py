@@ -260,6 +260,64 @@ def runs_table(docs: Sequence[dict], names: Sequence[str]) -> str:
     return runs + "\n\n" + "\n\n".join(parts)
 
 
+# what a suite's parts must share to be read as one run (their rows aside)
+PART_FIELDS = ("suite", "impls", "causal_convention", "protocol")
+
+
+def join_parts(docs: Sequence[dict], names: Sequence[str]) -> dict:
+    """One document from runs that each timed a disjoint part of one suite's rows (``flashrung bench
+    --suite S --headdim 128``, then ``--headdim 64``: a suite too long for one sitting), in the order
+    given: the rows and gates of all, each part's ceilings, manifest and wall time under ``parts``
+    (a row's %ceil is its own part's), the clocks' counts summed. Raises ValueError naming the parts
+    where they differ in suite, implementations, FLOP convention or protocol, or share a row (runs of
+    the same rows are read across runs, :func:`runs_table`)."""
+    if len(docs) < 2:
+        raise ValueError(f"parts: expected at least two, got {len(docs)}")
+    first = docs[0]
+    for name, doc in zip(names[1:], docs[1:]):
+        for field in PART_FIELDS:
+            if doc.get(field) != first.get(field):
+                raise ValueError(f"parts: {name} differs from {names[0]} in {field} ({doc.get(field)!r} against "
+                                 f"{first.get(field)!r}); parts of one run share it")
+    seen: dict[str, str] = {}
+    for name, doc in zip(names, docs):
+        for row in doc["rows"]:
+            if row["label"] in seen:
+                raise ValueError(f"parts: {name} and {seen[row['label']]} both hold {row['label']}; parts of a "
+                                 "suite hold disjoint rows (runs of the same rows are read together as runs)")
+            seen[row["label"]] = name
+    clocks = [doc.get("clocks") for doc in docs]
+    joined_clocks = None
+    if all(clocks):
+        joined_clocks = {"source": clocks[0]["source"], "sample_ms": clocks[0]["sample_ms"],
+                         "count": sum(c.get("count", 0) for c in clocks),
+                         "blocks_without_sample": sum(c.get("blocks_without_sample", 0) for c in clocks)}
+        errors = [f"{name}: {c['error']}" for name, c in zip(names, clocks) if c.get("error")]
+        if errors:
+            joined_clocks["error"] = "; ".join(errors)
+    return {**{field: first.get(field) for field in PART_FIELDS}, "peer_options": first.get("peer_options"),
+            "timing": first.get("timing"), "ceilings": {},
+            "rows": [row for doc in docs for row in doc["rows"]],
+            "correctness": [g for doc in docs for g in doc.get("correctness") or []],
+            "clocks": joined_clocks, "manifest": first.get("manifest"),
+            "parts": [{"name": name, "rows": len(doc["rows"]), "ceilings": doc.get("ceilings") or {},
+                       "wall_s": doc.get("wall_s"), "manifest": doc.get("manifest")}
+                      for name, doc in zip(names, docs)],
+            "wall_s": sum(doc.get("wall_s") or 0.0 for doc in docs)}
+
+
+def parts_line(doc: dict) -> str | None:
+    """Where a document joins parts (:func:`join_parts`): each part's rows and its GEMM ceiling."""
+    parts = doc.get("parts")
+    if not parts:
+        return None
+
+    def gemm(p):
+        values = [f"{c['value']:.1f}" for k, c in p["ceilings"].items() if k.startswith("gemm:")]
+        return f", GEMM {'/'.join(values)} TFLOP/s" if values else ""
+    return "parts, each timed in its own run: " + "; ".join(f"{p['name']} ({p['rows']} rows{gemm(p)})" for p in parts)
+
+
 def rounds_line(doc: dict) -> str:
     """How the rows' rounds were ordered (a run stored before the balanced design has no ``order``:
     it ran the halves schedule), with the rounds a row took."""
@@ -295,6 +353,9 @@ def results_table(doc: dict) -> str:
     schedule = rounds_line(doc)
     if schedule:
         head.append(schedule)
+    joined = parts_line(doc)
+    if joined:
+        head.append(joined)
     header = ["row"] + [_short(i) for i in impls] + ["best peer"]
     for o in ours:
         header += [f"{_short(o)}/best [p10,p90]", f"{_short(o)} %ceil"]

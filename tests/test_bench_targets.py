@@ -196,6 +196,10 @@ def test_parts_that_share_a_row_or_a_protocol_apart_are_refused():
     fewer = {**d64, "impls": ["cudnn", "flashrung"]}
     with pytest.raises(ValueError, match="in impls"):
         report.join_parts([d128, fewer], ["a.json", "b.json"])
+    manifest = d64["manifest"]
+    elsewhere = {**d64, "manifest": {**manifest, "environment": {**manifest["environment"], "gpu": "NVIDIA H200"}}}
+    with pytest.raises(ValueError, match="b.json ran on NVIDIA H200, a.json on NVIDIA H100 80GB HBM3"):
+        report.join_parts([d128, elsewhere], ["a.json", "b.json"])
 
 
 def test_cli_reads_parts_as_one_run_and_plots_them(capsys, tmp_path):

@@ -269,7 +269,7 @@ def join_parts(docs: Sequence[dict], names: Sequence[str]) -> dict:
     --suite S --headdim 128``, then ``--headdim 64``: a suite too long for one sitting), in the order
     given: the rows and gates of all, each part's ceilings, manifest and wall time under ``parts``
     (a row's %ceil is its own part's), the clocks' counts summed. Raises ValueError naming the parts
-    where they differ in suite, implementations, FLOP convention or protocol, or share a row (runs of
+    where they differ in suite, implementations, FLOP convention, protocol or GPU, or share a row (runs of
     the same rows are read across runs, :func:`runs_table`)."""
     if len(docs) < 2:
         raise ValueError(f"parts: expected at least two, got {len(docs)}")
@@ -279,6 +279,12 @@ def join_parts(docs: Sequence[dict], names: Sequence[str]) -> dict:
             if doc.get(field) != first.get(field):
                 raise ValueError(f"parts: {name} differs from {names[0]} in {field} ({doc.get(field)!r} against "
                                  f"{first.get(field)!r}); parts of one run share it")
+    def gpu(doc):
+        return ((doc.get("manifest") or {}).get("environment") or {}).get("gpu")
+    for name, doc in zip(names[1:], docs[1:]):
+        if gpu(doc) != gpu(first):
+            raise ValueError(f"parts: {name} ran on {gpu(doc)}, {names[0]} on {gpu(first)}; parts of one run share "
+                             "their GPU")
     seen: dict[str, str] = {}
     for name, doc in zip(names, docs):
         for row in doc["rows"]:

@@ -2,7 +2,7 @@
 
 A block of the suite is a few tens of milliseconds of calls after its preheat. At the power limit
 the SM clock is not steady over such spans: under sustained attention an H100 at its 700 W cap
-swings about ±5% with a period near a second (``flashrung sustain``'s samples), and after a
+swings about ±7% with a period near a second (``flashrung sustain``'s samples), and after a
 heavier or lighter block it moves further for a few hundred milliseconds. A block's time then
 depends on the clock it happened to meet as much as on its cycles, and an implementation can read
 at two speeds by round (``carryover.two_speeds``). With the clock beside each block the report
@@ -13,7 +13,7 @@ at clocks apart as much are the clock's.
 :mod:`flashrung.bench.sustain`); :func:`timing.interleave` places each block on the wall clock
 (``spans``); each block's figures are the means of the samples within its timed calls, widened by
 half a sampling period on each side so that every block has one at the sampler's rate. Everything
-but :func:`start` is pure, and tested without a GPU.
+but :class:`SuiteSampler` is pure, and tested without a GPU.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def block_clock(span: Sequence[float], samples: Sequence[sustain.Sample], sample
     within = sustain.samples_within(samples, *block_window(span, sample_s))
     if not within:
         return {"mhz": None, "watts": None, "samples": 0}
-    return {"mhz": sum(s.mhz for s in within) / len(within), "watts": sum(s.watts for s in within) / len(within),
+    return {"mhz": statistics.fmean(s.mhz for s in within), "watts": statistics.fmean(s.watts for s in within),
             "samples": len(within)}
 
 
@@ -65,7 +65,7 @@ def rounds_mhz(result: Mapping, rounds: Sequence[int]) -> float | None:
     None without ``blocks_clock`` or a sampled block among them."""
     clocks = result.get("blocks_clock") or []
     mhz = [clocks[r - 1]["mhz"] for r in rounds if 0 < r <= len(clocks) and clocks[r - 1]["mhz"] is not None]
-    return sum(mhz) / len(mhz) if mhz else None
+    return statistics.fmean(mhz) if mhz else None
 
 
 def split_reading(result: Mapping, slow_rounds: Sequence[int]) -> dict | None:
@@ -82,8 +82,7 @@ def split_reading(result: Mapping, slow_rounds: Sequence[int]) -> dict | None:
         return None
 
     def mean_median(side):
-        medians = [statistics.median(blocks[r - 1]) for r in side if blocks[r - 1]]
-        return sum(medians) / len(medians)
+        return statistics.fmean(statistics.median(blocks[r - 1]) for r in side if blocks[r - 1])
     ms_slow, ms_fast = mean_median(slow_rounds), mean_median(fast_rounds)
     time_apart = ms_slow / ms_fast - 1
     share = (mhz_fast / mhz_slow - 1) / time_apart if time_apart > 0 else None

@@ -274,14 +274,14 @@ def join_parts(docs: Sequence[dict], names: Sequence[str]) -> dict:
     if len(docs) < 2:
         raise ValueError(f"parts: expected at least two, got {len(docs)}")
     first = docs[0]
+
+    def gpu(doc):
+        return ((doc.get("manifest") or {}).get("environment") or {}).get("gpu")
     for name, doc in zip(names[1:], docs[1:]):
         for field in PART_FIELDS:
             if doc.get(field) != first.get(field):
                 raise ValueError(f"parts: {name} differs from {names[0]} in {field} ({doc.get(field)!r} against "
                                  f"{first.get(field)!r}); parts of one run share it")
-    def gpu(doc):
-        return ((doc.get("manifest") or {}).get("environment") or {}).get("gpu")
-    for name, doc in zip(names[1:], docs[1:]):
         if gpu(doc) != gpu(first):
             raise ValueError(f"parts: {name} ran on {gpu(doc)}, {names[0]} on {gpu(first)}; parts of one run share "
                              "their GPU")

@@ -97,8 +97,7 @@ class CudaEventTimer:
         """The wall time of an event recorded on an empty queue: the GPU reaches it as the host reads
         the clock, so the events after it place themselves on the wall clock by their elapsed time."""
         self._torch.cuda.synchronize()
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        event = self.mark()
         event.synchronize()
         return time.time(), event
 

@@ -30,6 +30,7 @@ import argparse
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -37,6 +38,9 @@ from triton.experimental.gluon import language as gl
 from flashrung.evidence import census
 from flashrung.kernels.hopper.multicast import encode_tiled_map
 from flashrung.kernels.hopper.pipeline import allocation_offsets
+
+if TYPE_CHECKING:  # the probe's CPU path (the census) runs without touching torch
+    import torch
 
 CLUSTER_CTAS = 2
 PAIR_MASK = (1 << CLUSTER_CTAS) - 1      # the copy lands in both CTAs of the pair

@@ -70,23 +70,78 @@ def test_probe_cli_rejects_unknown_probe():
 
 
 def test_schedules_probe_reaches_every_synchronisation_mechanism():
-    # the sanitizer probe of the long rows' schedules claims to cover every mechanism the defaults
+    # the sanitizer probe of the defaults' schedules claims to cover every mechanism the defaults
     # synchronise with; a default that moves off one of them must not silently leave it unchecked
     from flashrung.evidence import ws_probe
     from flashrung.kernels.hopper import fwd
 
-    configs = [fwd.default_config(d, causal, seqlen, frozen_step=frozen)
-               for d, causal, seqlen, frozen in ws_probe.SCHEDULES]
-    assert len(set(configs)) == len(configs), "two schedules force the same configuration"
+    schedules = ws_probe.default_schedules()
+    configs = [fwd.default_config(d, causal, seqlen, key_tail=tail, frozen_step=frozen)
+               for d, causal, seqlen, tail, frozen in schedules]
+    assert len(set(zip((s[:2] for s in schedules), configs))) == len(configs), "two schedules force one configuration"
     for switch in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
-                   "rescale_by_warp", "wait_pv_early", "kv_multicast", "freeze_row_max"):
+                   "rescale_by_warp", "wait_pv_early", "kv_multicast", "producer_unsynced", "single_kv_loop",
+                   "freeze_row_max"):
         assert any(getattr(cfg, switch) for cfg in configs), switch
+        assert not all(getattr(cfg, switch) for cfg in configs), switch
     assert {cfg.num_q_stages for cfg in configs} == {1, 2}
     assert {cfg.block_m for cfg in configs} == {128, 192}
-    assert {d for d, _, _, _ in ws_probe.SCHEDULES} == {64, 128, 256}
+    assert {d for d, *_ in schedules} == {64, 128, 256}
     # split tail in both of d128's named orders: FA3's (4k) and FA4's with PV's gated wait (16k)
     split = [cfg for cfg in configs if cfg.split_tail]
     assert {cfg.wait_pv_early for cfg in split} == {False, True}
+    # the target row's own schedule (d128 non-causal S16k, the frozen step) is probed as it runs
+    target = fwd.default_config(128, False, 16384)
+    assert target.freeze_row_max and target in configs
+
+
+def test_every_default_a_call_can_get_is_a_probed_schedule():
+    # the probe's schedules come from default_config's suite-sized problems; a call of another batch,
+    # head count, GQA group, Sq != Sk or dtype must land on one of them, or its schedule would reach
+    # users without having run under the sanitizers
+    import random
+
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.evidence import ws_probe
+    from flashrung.kernels.hopper import fwd
+
+    probed = {(d, causal, fwd.default_config(d, causal, seqlen, key_tail=tail, frozen_step=frozen))
+              for d, causal, seqlen, tail, frozen in ws_probe.default_schedules()}
+    rng = random.Random(20261208)
+    checked = 0
+    while checked < 3000:
+        head_dim, causal = rng.choice(ws_probe.SCHEDULE_HEAD_DIMS), rng.random() < 0.5
+        seqlen_q = rng.choice((rng.randint(1, 5000), rng.randint(1, 70000)))
+        seqlen_k = seqlen_q if rng.random() < 0.6 else rng.choice((rng.randint(1, 5000), rng.randint(1, 70000)))
+        heads_kv = rng.choice((1, 2, 4, 8, 16, 32))
+        heads_q, batch = heads_kv * rng.choice((1, 2, 4, 8)), rng.randint(1, 64)
+        if batch * max(seqlen_q, seqlen_k) * heads_q > 2 ** 28:
+            continue
+        dtype = rng.choice((torch.bfloat16, torch.float16))
+        problem = Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                          head_dim=head_dim, head_dim_v=head_dim, dtype=dtype, causal=causal, device_type="cuda",
+                          capability=(9, 0))
+        assert (head_dim, causal, fwd.select_config(problem)) in probed, problem
+        checked += 1
+
+
+def test_schedule_shards_partition_the_schedules(capsys):
+    from flashrung.evidence import ws_probe
+
+    schedules = ws_probe.default_schedules()
+    shards = [ws_probe.shard(schedules, f"{i}/5") for i in range(1, 6)]
+    assert sorted(s for part in shards for s in part) == sorted(schedules)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    for bad in ("0/5", "6/5", "3", "a/b"):
+        with pytest.raises(ValueError, match="I/N"):
+            ws_probe.shard(schedules, bad)
+    # listed without a GPU, one line a schedule of the shard
+    assert ws_probe.main(["hopper-fwd-schedules", "--list", "--shard", "2/5"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == len(shards[1])
+    with pytest.raises(SystemExit):
+        ws_probe.main(["hopper-fwd", "--shard", "1/2"])
 
 
 def test_schedules_probe_needs_a_gpu(monkeypatch, capsys):

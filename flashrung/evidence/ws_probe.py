@@ -13,11 +13,14 @@ barrier). These kernels tell whether the report belongs to ``hopper.fwd`` or to 
   partition with its own shared buffer and a barrier of its own (a store, then a load by other
   threads); no mbarrier, TMA or wgmma.
 * ``hopper-fwd`` — ``hopper.fwd`` itself at B1 S300 Hq2 Hkv1 d64 bf16, non-causal then causal.
-* ``hopper-fwd-schedules`` — ``hopper.fwd`` at B1 S300 Hq2 Hkv1 bf16 under each distinct default
-  schedule of the longer rows (:data:`SCHEDULES`: the inline-PTX arrivals and named turns, the
-  split tail and its merge, PV's gated wait, two Q buffers, staggered sweeps, the balanced lists,
-  K/V multicast across clusters of two CTAs,
-  each head dim's tile), each forced onto the small problem so the sanitizer's cost stays small.
+* ``hopper-fwd-schedules`` — ``hopper.fwd`` at B1 S300 Hq2 Hkv1 bf16 under every distinct default
+  configuration (:func:`default_schedules`: each head dim and mask at every length from 128 to 64k,
+  the last key tile whole or partial, the frozen row max's step and the online one — the inline-PTX
+  arrivals and named turns, the split tail and its merge, PV's gated wait, one or two Q buffers,
+  staggered sweeps, the balanced lists, K/V multicast across clusters of two CTAs, the frozen step's
+  guard and recompute, each head dim's tiles), each forced onto the small problem so the
+  sanitizer's cost stays small. ``--shard I/N`` runs every N-th of them from the I-th (1-based), so
+  that N processes under the sanitizer share the work; ``--list`` prints them without a GPU.
 
 Run under the sanitizer on a GPU, e.g.
 ``compute-sanitizer --tool racecheck python -m flashrung.evidence.ws_probe hopper-shaped``.
@@ -33,21 +36,48 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
-# (head_dim, causal, length whose default schedule is forced): between them every synchronisation
-# mechanism the defaults compile — d64's 192-row tile with two Q buffers as a pair of CTAs
-# multicasting K/V with Gluon's producer (2k), with the unsynced producer (16k), and causal on the
-# balanced lists with staggered sweeps (3k), d64's short-causal tile on the balanced lists (1k);
-# d128 non-causal's split tail in FA3's named order with the inline arrivals (4k) and in
-# FA4's with PV's gated wait (16k); d128 causal's named turns with two Q buffers (2k) and with each
-# warp's rescale (16k); d256's inline arrivals on the plain grid and its balanced causal grid (8k).
-# Each the online step's default (what a call below the frozen row max's work threshold runs), and
-# two frozen defaults: d128 non-causal S4k in FA4's order with named turns and d64 causal's 192-row
-# tile unstaggered with two K/V loops (2k, change 60) — the guard's store and the recompute beside
-# them. The last field: the frozen step's default (True) or the online step's
-SCHEDULES = tuple((d, causal, seqlen, False) for d, causal, seqlen in (
-    (64, False, 2048), (64, True, 3072), (64, False, 16384), (64, True, 1024), (128, False, 4096),
-    (128, False, 16384), (128, True, 2048), (128, True, 16384), (256, False, 8192), (256, True, 8192))) + (
-    (128, False, 4096, True), (64, True, 2048, True))
+# every default configuration a call of hopper.fwd can get (select_config without overrides) is
+# the default of one (head dim, mask, length, key tail, step) on this grid: the lengths every
+# SCHEDULE_LENGTH_STEP tokens (the rules' thresholds are multiples of it), the last key tile whole or
+# one key short. tests/test_ws_probe.py checks that random problems — batch, GQA, Sq != Sk, both
+# dtypes — land on one of them, so a new default cannot escape the sanitizers unprobed
+SCHEDULE_HEAD_DIMS = (64, 128, 256)
+SCHEDULE_LENGTH_STEP = 128
+SCHEDULE_MAX_LENGTH = 65536
+
+
+def default_schedules() -> tuple[tuple[int, bool, int, bool, bool], ...]:
+    """``(head_dim, causal, seqlen, key_tail, frozen_step)`` of each distinct default
+    configuration of ``hopper.fwd``, the first reached in the order head dim, mask, length, key
+    tail, step — so each is forced from its shortest length. The probe runs them on bf16 inputs; an
+    fp16 call gets the same configurations (its frozen step raises the online row max by the
+    configuration's margin: a number, not a synchronisation). CPU only, about 0.1 s."""
+    from flashrung.kernels.hopper import fwd
+
+    found: dict = {}
+    for head_dim in SCHEDULE_HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in range(SCHEDULE_LENGTH_STEP, SCHEDULE_MAX_LENGTH + 1, SCHEDULE_LENGTH_STEP):
+                for key_tail in (False, True):
+                    for frozen_step in (False, True):
+                        cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen_step)
+                        found.setdefault((head_dim, causal, cfg), (head_dim, causal, seqlen, key_tail, frozen_step))
+    return tuple(found.values())
+
+
+def shard(schedules: tuple, spec: str | None) -> tuple:
+    """Every N-th of ``schedules`` from the I-th for ``spec`` = ``"I/N"`` (1 <= I <= N), all for None."""
+    if spec is None:
+        return schedules
+    try:
+        index, count = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be I/N with integers 1 <= I <= N, got {spec!r}") from None
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard must be I/N with integers 1 <= I <= N, got {spec!r}")
+    return schedules[index - 1::count]
+
+
 PROBE_SEQLEN = 300                             # partial query and key tiles at every tile shape
 PROBE_MAX_ERR = 2e-2                           # bf16 outputs against the fp32 reference
 VECTOR = 128                                   # elements each partition writes
@@ -109,15 +139,20 @@ def _max_err(out, q, k, v, causal: bool, scale: float) -> float:
     return (out.float().to(ref.device) - ref).abs().max().item()
 
 
-def _schedule_outputs_right(schedules=SCHEDULES) -> bool:
+def _schedule_name(head_dim: int, causal: bool, seqlen: int, key_tail: bool) -> str:
+    keys = f"S{seqlen}" + (f"/Sk{seqlen - 1}" if key_tail else "")
+    return f"d{head_dim} {'causal' if causal else 'non-causal'} {keys}"
+
+
+def _schedule_outputs_right(schedules: tuple) -> bool:
     """``hopper.fwd`` under each schedule at B1 S300 Hq2 Hkv1 bf16, against an fp32 reference
     computed on the CPU (so the sanitizer sees only hopper.fwd's launches); prints one line each."""
     from flashrung.kernels.hopper import fwd
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     ok = True
-    for head_dim, causal, seqlen, frozen_step in schedules:
-        cfg = fwd.default_config(head_dim, causal, seqlen, frozen_step=frozen_step)
+    for head_dim, causal, seqlen, key_tail, frozen_step in schedules:
+        cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen_step)
         q = torch.randn(1, PROBE_SEQLEN, 2, head_dim, generator=gen).to(torch.bfloat16)
         k, v = (torch.randn(1, PROBE_SEQLEN, 1, head_dim, generator=gen).to(torch.bfloat16) for _ in range(2))
         scale = head_dim ** -0.5
@@ -130,16 +165,17 @@ def _schedule_outputs_right(schedules=SCHEDULES) -> bool:
                                 "kv_multicast", "producer_unsynced", "relay_release", "cross_head_pairs",
                                 "freeze_row_max")
               if getattr(cfg, name)]
-        print(f"d{head_dim} {'causal' if causal else 'non-causal'} S{seqlen}'s schedule ({cfg.block_m}x{cfg.block_n}, "
+        print(f"{_schedule_name(head_dim, causal, seqlen, key_tail)}'s schedule ({cfg.block_m}x{cfg.block_n}, "
               f"q_stages={cfg.num_q_stages}{', ' if on else ''}{', '.join(on)}): max |err| {err:.2e} "
               f"{'ok' if right else 'WRONG'}", flush=True)
     return ok
 
 
-def run(probe: str) -> bool:
-    """Launch ``probe`` on the current GPU; True if its output is right."""
+def run(probe: str, schedule_shard: str | None = None) -> bool:
+    """Launch ``probe`` on the current GPU; True if its output is right. ``schedule_shard``: the
+    ``hopper-fwd-schedules`` probe's share (:func:`shard`)."""
     if probe == "hopper-fwd-schedules":
-        return _schedule_outputs_right()
+        return _schedule_outputs_right(shard(default_schedules(), schedule_shard))
     if probe == "hopper-fwd":
         from flashrung.kernels.hopper import fwd
 
@@ -163,12 +199,27 @@ def run(probe: str) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("probe", choices=PROBES)
+    parser.add_argument("--shard", metavar="I/N", default=None,
+                        help="hopper-fwd-schedules: every N-th schedule from the I-th (1-based), for N processes")
+    parser.add_argument("--list", action="store_true",
+                        help="hopper-fwd-schedules: print the schedules (of this shard) and exit; no GPU needed")
     args = parser.parse_args(argv)
+    if (args.shard is not None or args.list) and args.probe != "hopper-fwd-schedules":
+        parser.error("--shard and --list belong to the hopper-fwd-schedules probe")
+    try:
+        schedules = shard(default_schedules(), args.shard) if args.probe == "hopper-fwd-schedules" else ()
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.list:
+        for head_dim, causal, seqlen, key_tail, frozen_step in schedules:
+            print(f"{_schedule_name(head_dim, causal, seqlen, key_tail)}, {'frozen' if frozen_step else 'online'} step")
+        return 0
     if not torch.cuda.is_available():
         print("ws_probe needs a CUDA GPU (sm_90)", file=sys.stderr)
         return 2
-    ok = run(args.probe)
-    print(f"ws_probe {args.probe}: {'output correct' if ok else 'OUTPUT WRONG'}")
+    ok = run(args.probe, args.shard)
+    what = args.probe + (f" (shard {args.shard}, {len(schedules)} schedules)" if args.shard else "")
+    print(f"ws_probe {what}: {'output correct' if ok else 'OUTPUT WRONG'}")
     return 0 if ok else 1
 
 

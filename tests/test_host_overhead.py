@@ -27,3 +27,19 @@ def test_rows_time_every_layer_of_flashrungs_path():
     # the public call and the kernel's forward per mask, and on Hopper the same forward through
     # JITFunction.run (what the direct launch saves)
     assert len(mine) in (4, 6) and all(math.isfinite(us) and us > 0 for us in mine.values())
+
+
+@pytest.mark.gpu
+def test_frozen_rows_price_the_frozen_step_in_parts():
+    # below the work threshold the default is the online step; --frozen adds the frozen step given,
+    # forced through the public call, and its recompute alone, for every mask at d64 and d128
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the frozen row max is hopper.fwd's (sm_90)")
+    for head_dim in (64, 128):
+        rows = dict(host_overhead.rows(1, 128, 1, head_dim, calls=5, frozen=True))
+        for mask in ("causal", "full"):
+            parts = [name for name in rows if name.endswith(f"({mask})") and
+                     ("frozen step given" in name or "freeze_row_max=true" in name or "recompute_flagged" in name)]
+            assert len(parts) == 3 and all(math.isfinite(rows[n]) and rows[n] > 0 for n in parts), rows

@@ -11,7 +11,10 @@ where the time goes; cuDNN (through SDPA) and FA4 (when
 call. Needs a CUDA GPU; numbers are host-CPU specific (compare rows of one run, not across
 machines).
 
-``python -m flashrung.evidence.host_overhead [--headdim 128] [--calls 400] [--profile out.txt]``
+``--frozen`` adds the frozen row max's host price in parts where the default is the online step
+(:func:`frozen_rows`).
+
+``python -m flashrung.evidence.host_overhead [--headdim 128] [--calls 400] [--frozen] [--profile out.txt]``
 """
 from __future__ import annotations
 
@@ -39,7 +42,35 @@ def per_call_us(fn, calls: int, warmup: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
-def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list[tuple[str, float]]:
+def frozen_rows(module, kernel: str, problem, q, k, v, causal: bool, scale: float, calls: int,
+                mask: str) -> list[tuple[str, float]]:
+    """The frozen row max's host price in parts, at a call below its work threshold (where the
+    default is the online step): the kernel's ``forward`` with the frozen step given as its
+    configuration, the public call forcing it by ``impl="hopper.fwd@freeze_row_max=true,..."`` (a
+    compare's arm, with what the frozen step brings: ``config.FREEZE_ROW_MAX_BRINGS``), and the guard's recompute launched alone on a clear word (what the frozen call adds to
+    the online one's launches). The online ``forward`` row beside them is the baseline."""
+    import flashrung
+    from flashrung.kernels.hopper.config import FREEZE_ROW_MAX_BRINGS
+    from flashrung.kernels.portable.fwd import recompute_flagged
+
+    # the frozen step as a default takes it: with what it brings (FA4's order, two K/V loops), so
+    # that every head dim and mask can force it
+    overrides = {"freeze_row_max": "true", **{key: str(value).lower() for key, value in FREEZE_ROW_MAX_BRINGS.items()}}
+    frozen = module.config_with(problem, overrides)
+    impl = f"{kernel}@" + ",".join(f"{key}={value}" for key, value in overrides.items())
+    out = [(f"{kernel} forward, frozen step given ({mask})",
+            per_call_us(lambda: module.forward(q, k, v, causal, scale, frozen), calls)),
+           (f"flashrung.attention, impl=...@freeze_row_max=true ({mask})",
+            per_call_us(lambda: flashrung.attention(q, k, v, causal=causal, impl=impl), calls))]
+    o, lse = module.forward(q, k, v, causal, scale, frozen)
+    guard = module.guard_word(q.device.index)
+    out.append((f"recompute_flagged alone, guard clear ({mask})",
+                per_call_us(lambda: recompute_flagged(guard, q, k, v, o, lse, causal, scale, reset=True), calls)))
+    return out
+
+
+def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int,
+         frozen: bool = False) -> list[tuple[str, float]]:
     import flashrung
     from flashrung import dispatch
 
@@ -70,6 +101,8 @@ def rows(batch: int, seqlen: int, heads: int, head_dim: int, calls: int) -> list
             online = module.select_config(problem, frozen_step=False)
             out.append((f"{chosen.kernel} forward, freeze_row_max off ({mask})",
                         per_call_us(lambda: module.forward(q, k, v, causal, scale, online), calls)))
+        elif frozen and hasattr(module, "guard_word"):
+            out += frozen_rows(module, chosen.kernel, problem, q, k, v, causal, scale, calls, mask)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -116,6 +149,9 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=1)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=400, help="timed calls per row (default 400)")
+    ap.add_argument("--frozen", action="store_true",
+                    help="on Hopper, also the frozen row max's host price in parts (its forward given the frozen "
+                         "step, the public call forcing it, its recompute launched alone) where the default is online")
     ap.add_argument("--profile", metavar="PATH", help="also write a cProfile of flashrung.attention to PATH")
     args = ap.parse_args(argv)
     for name in ("batch", "seqlen", "heads", "headdim", "calls"):
@@ -127,7 +163,7 @@ def main(argv=None) -> int:
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
     print(f"host time per call, B{args.batch} S{args.seqlen} H{args.heads} d{args.headdim} bf16, "
           f"{args.calls} back-to-back calls on {torch.cuda.get_device_name()}")
-    for name, us in rows(*shape, args.calls):
+    for name, us in rows(*shape, args.calls, frozen=args.frozen):
         print(f"  {name:44s} {us:8.1f} µs")
     if args.profile:
         with open(args.profile, "w") as fh:

@@ -150,3 +150,63 @@ def test_schedules_probe_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(ws_probe.torch.cuda, "is_available", lambda: False)
     assert ws_probe.main(["hopper-fwd-schedules"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_every_feature_call_lands_on_a_probed_feature_schedule():
+    # packed sequences, windows, softcap and MLA's head dims select configurations of their own; the
+    # features probe claims them all: random such calls (batch, GQA, Sq != Sk, any width, both dtypes)
+    # must each find theirs among its schedules
+    import random
+
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.evidence import ws_probe
+    from flashrung.kernels.hopper import fwd
+
+    schedules = ws_probe.feature_schedules()
+    assert {s[0] for s in schedules} == set(ws_probe.FEATURE_KINDS)
+    probed = set()
+    for kind, d, dv, causal, seqlen, packed, window, softcap, frozen in schedules:
+        cfg = fwd.select_config(ws_probe._suite_problem(d, dv, causal, seqlen, packed, window, softcap),
+                                frozen_step=frozen)
+        probed.add((kind, d, dv, causal, packed, window != (-1, -1), softcap > 0, cfg))
+    assert len(probed) == len(schedules), "two feature schedules force one configuration"
+    rng = random.Random(20261208)
+    checked = 0
+    while checked < 2000:
+        kind, causal = rng.choice(ws_probe.FEATURE_KINDS), rng.random() < 0.5
+        d, dv = ws_probe.MLA_HEAD_DIMS if kind == "mla" else (rng.choice(ws_probe.SCHEDULE_HEAD_DIMS),) * 2
+        packed = kind == "packed" or (kind == "mla" and rng.random() < 0.5)
+        seqlen_q = rng.choice((rng.randint(1, 5000), rng.randint(1, 70000)))
+        seqlen_k = seqlen_q if packed or rng.random() < 0.6 else rng.randint(1, 70000)
+        heads_kv = rng.choice((1, 2, 4, 8, 16))
+        heads_q, batch = heads_kv * rng.choice((1, 2, 4, 8)), rng.randint(1, 64)
+        if batch * max(seqlen_q, seqlen_k) * heads_q > 2 ** 28:
+            continue
+        window = (-1, -1)
+        if kind == "window":
+            left = rng.randint(0, 20000)
+            window = (left, 0 if causal else rng.choice((-1, 0, rng.randint(0, 20000))))
+        softcap = rng.uniform(5.0, 50.0) if kind == "softcap" else 0.0
+        problem = Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                          head_dim=d, head_dim_v=dv, dtype=rng.choice((torch.bfloat16, torch.float16)), causal=causal,
+                          device_type="cuda", capability=(9, 0), window_size=window, softcap=softcap, varlen=packed)
+        key = (kind, d, dv, causal, packed, window != (-1, -1), softcap > 0, fwd.select_config(problem))
+        assert key in probed, problem
+        checked += 1
+
+
+def test_feature_probe_calls_are_small_and_cut_where_the_feature_acts(capsys):
+    from flashrung.evidence import ws_probe
+
+    schedules = ws_probe.feature_schedules()
+    for schedule in schedules:
+        call = ws_probe.feature_probe_call(schedule)
+        packed, window = schedule[5], call["window_size"]
+        assert call["lengths"] == (ws_probe.PACKED_PROBE_LENGTHS if packed else (ws_probe.PROBE_SEQLEN,))
+        # a window narrower than the probe's rows, so its masks cut inside the call
+        assert window == (-1, -1) or (window[0] < ws_probe.PROBE_SEQLEN and window[1] < ws_probe.PROBE_SEQLEN)
+        assert (window == (-1, -1)) == (schedule[6] == (-1, -1))
+    assert ws_probe.main(["hopper-fwd-features", "--list", "--shard", "3/8"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == len(ws_probe.shard(schedules, "3/8"))

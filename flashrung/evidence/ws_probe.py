@@ -21,6 +21,11 @@ barrier). These kernels tell whether the report belongs to ``hopper.fwd`` or to 
   guard and recompute, each head dim's tiles), each forced onto the small problem so the
   sanitizer's cost stays small. ``--shard I/N`` runs every N-th of them from the I-th (1-based), so
   that N processes under the sanitizer share the work; ``--list`` prints them without a GPU.
+* ``hopper-fwd-features`` — the same for the configurations of calls with a feature the dense
+  defaults do not have (:func:`feature_schedules`: packed sequences, sliding windows, softcap,
+  MLA's 192/128 head dims, dense and packed), each forced onto a small call with that feature:
+  three packed sequences of 300, 129 and 17 rows; S300 under a window narrowed to cut there (the
+  configuration, not the width, is what is probed); S300 capped at 30; MLA at S300 and packed.
 
 Run under the sanitizer on a GPU, e.g.
 ``compute-sanitizer --tool racecheck python -m flashrung.evidence.ws_probe hopper-shaped``.
@@ -35,7 +40,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules")
+PROBES = ("minimal", "hopper-shaped", "hopper-fwd", "hopper-fwd-schedules", "hopper-fwd-features")
+SCHEDULE_PROBES = ("hopper-fwd-schedules", "hopper-fwd-features")
 # every default configuration a call of hopper.fwd can get (select_config without overrides) is
 # the default of one (head dim, mask, length, key tail, step) on this grid: the lengths every
 # SCHEDULE_LENGTH_STEP tokens (the rules' thresholds are multiples of it), the last key tile whole or
@@ -63,6 +69,96 @@ def default_schedules() -> tuple[tuple[int, bool, int, bool, bool], ...]:
                         cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen_step)
                         found.setdefault((head_dim, causal, cfg), (head_dim, causal, seqlen, key_tail, frozen_step))
     return tuple(found.values())
+
+
+# the features whose calls select configurations of their own (config._packed, _windowed, _capped,
+# MLA's split head dims), each enumerated as default_schedules is, on a suite-sized call; window
+# widths on a grid that reaches every width rule (narrow windows' tile, masks where the window cuts)
+FEATURE_KINDS = ("packed", "window", "softcap", "mla")
+FEATURE_WINDOW_LEFTS = (0, 64, 128, 256, 512, 1024, 2048, 3584, 4096, 8192, 16384)
+FEATURE_SOFTCAP = 30.0
+FEATURE_LENGTH_STEP = 512
+MLA_HEAD_DIMS = (192, 128)
+PACKED_PROBE_LENGTHS = (300, 129, 17)      # a whole tile and partial ones, a sequence shorter than a tile
+WINDOW_PROBE_WIDTHS = (96, 64)              # the most of left / right a window keeps at S300, so it cuts
+
+
+def _feature_variants(kind: str, causal: bool) -> list[tuple[bool, tuple[int, int], float]]:
+    """``(packed, window_size, softcap)`` of the calls of ``kind`` enumerated at each length."""
+    if kind == "packed":
+        return [(True, (-1, -1), 0.0)]
+    if kind == "softcap":
+        return [(False, (-1, -1), FEATURE_SOFTCAP)]
+    if kind == "mla":
+        return [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0)]
+    return [(False, (left, right), 0.0) for left in FEATURE_WINDOW_LEFTS
+            for right in ((-1, 0) if causal else (-1, 0, left))]
+
+
+def _suite_problem(head_dim: int, head_dim_v: int, causal: bool, seqlen: int, packed: bool,
+                   window: tuple[int, int], softcap: float):
+    """A suite-sized call (``fwd.default_config``'s tokens and heads) with these features."""
+    import torch
+
+    from flashrung.dispatch import Problem
+    from flashrung.kernels.hopper import fwd
+
+    return Problem(batch=max(1, fwd.DEFAULT_CONFIG_TOKENS // seqlen), seqlen_q=seqlen, seqlen_k=seqlen,
+                   heads_q=fwd.DEFAULT_CONFIG_HEADS, heads_kv=fwd.DEFAULT_CONFIG_HEADS, head_dim=head_dim,
+                   head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal, device_type="cuda",
+                   capability=(9, 0), window_size=window, softcap=softcap, varlen=packed)
+
+
+def feature_schedules() -> tuple:
+    """``(kind, head_dim, head_dim_v, causal, seqlen, packed, window_size, softcap, frozen_step)`` of
+    each distinct configuration a call with one of :data:`FEATURE_KINDS` selects (head dims 64 /
+    128 / 256, MLA's 192 / 128; lengths every :data:`FEATURE_LENGTH_STEP` to 64k; both steps),
+    the first reached. CPU only, under a second."""
+    from flashrung.kernels.hopper import fwd
+
+    found: dict = {}
+    for kind in FEATURE_KINDS:
+        dims = (MLA_HEAD_DIMS,) if kind == "mla" else tuple((d, d) for d in SCHEDULE_HEAD_DIMS)
+        for head_dim, head_dim_v in dims:
+            for causal in (False, True):
+                for seqlen in range(FEATURE_LENGTH_STEP, SCHEDULE_MAX_LENGTH + 1, FEATURE_LENGTH_STEP):
+                    for packed, window, softcap in _feature_variants(kind, causal):
+                        problem = _suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap)
+                        for frozen_step in (False, True):
+                            cfg = fwd.select_config(problem, frozen_step=frozen_step)
+                            key = (kind, head_dim, head_dim_v, causal, packed, window != (-1, -1), softcap > 0, cfg)
+                            found.setdefault(key, (kind, head_dim, head_dim_v, causal, seqlen, packed, window,
+                                                   softcap, frozen_step))
+    return tuple(found.values())
+
+
+def feature_probe_call(schedule) -> dict:
+    """The small call a feature schedule is forced onto: ``{"lengths", "window_size", "softcap"}``
+    (``lengths``: the packed sequences' rows, or the one dense length)."""
+    kind, _, _, causal, _, packed, window, softcap, _ = schedule
+    if window != (-1, -1):
+        left, right = window
+        window = (min(left, WINDOW_PROBE_WIDTHS[0]), right if right <= 0 else min(right, WINDOW_PROBE_WIDTHS[1]))
+    return {"lengths": PACKED_PROBE_LENGTHS if packed else (PROBE_SEQLEN,), "window_size": window,
+            "softcap": softcap}
+
+
+def schedules_of(probe: str) -> tuple:
+    """The schedules a schedule probe forces: :func:`default_schedules` or :func:`feature_schedules`."""
+    return default_schedules() if probe == "hopper-fwd-schedules" else feature_schedules()
+
+
+def describe(probe: str, schedule) -> str:
+    """One line naming a schedule of ``probe`` (``--list``, the probe's output)."""
+    if probe == "hopper-fwd-schedules":
+        head_dim, causal, seqlen, key_tail, frozen_step = schedule
+        return f"{_schedule_name(head_dim, causal, seqlen, key_tail)}, {'frozen' if frozen_step else 'online'} step"
+    kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen_step = schedule
+    dims = f"d{head_dim}" if head_dim == head_dim_v else f"d{head_dim}/{head_dim_v}"
+    what = ", ".join(filter(None, ("packed" if packed else "", f"window {window}" if window != (-1, -1) else "",
+                                   f"softcap {softcap:g}" if softcap else "")))
+    return (f"{kind}: {dims} {'causal' if causal else 'non-causal'} S{seqlen}{', ' + what if what else ''}, "
+            f"{'frozen' if frozen_step else 'online'} step")
 
 
 def shard(schedules: tuple, spec: str | None) -> tuple:
@@ -161,21 +257,64 @@ def _schedule_outputs_right(schedules: tuple) -> bool:
         err = _max_err(out, q, k, v, causal, scale)
         right = err < PROBE_MAX_ERR
         ok &= right
-        on = [name for name in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
-                                "kv_multicast", "producer_unsynced", "relay_release", "cross_head_pairs",
-                                "freeze_row_max")
-              if getattr(cfg, name)]
-        print(f"{_schedule_name(head_dim, causal, seqlen, key_tail)}'s schedule ({cfg.block_m}x{cfg.block_n}, "
-              f"q_stages={cfg.num_q_stages}{', ' if on else ''}{', '.join(on)}): max |err| {err:.2e} "
-              f"{'ok' if right else 'WRONG'}", flush=True)
+        print(f"{_schedule_name(head_dim, causal, seqlen, key_tail)}'s schedule ({_config_line(cfg)}): "
+              f"max |err| {err:.2e} {'ok' if right else 'WRONG'}", flush=True)
+    return ok
+
+
+def _config_line(cfg) -> str:
+    on = [name for name in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
+                            "kv_multicast", "producer_unsynced", "relay_release", "cross_head_pairs", "handout_table",
+                            "freeze_row_max")
+          if getattr(cfg, name)]
+    return f"{cfg.block_m}x{cfg.block_n}, q_stages={cfg.num_q_stages}{', ' if on else ''}{', '.join(on)}"
+
+
+def _feature_outputs_right(schedules: tuple) -> bool:
+    """``hopper.fwd`` under each feature schedule, forced onto its small call (bf16, Hq2 Hkv1),
+    against the fp64 oracle on the CPU, sequence by sequence; prints one line each."""
+    import itertools
+
+    from flashrung import reference
+    from flashrung.kernels.hopper import fwd
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ok = True
+    for schedule in schedules:
+        kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen_step = schedule
+        cfg = fwd.select_config(_suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap),
+                                frozen_step=frozen_step)
+        call = feature_probe_call(schedule)
+        lengths = call["lengths"]
+        bounds = [0, *itertools.accumulate(lengths)]
+        rows = bounds[-1]
+        q = torch.randn(1, rows, 2, head_dim, generator=gen).to(torch.bfloat16)
+        k = torch.randn(1, rows, 1, head_dim, generator=gen).to(torch.bfloat16)
+        v = torch.randn(1, rows, 1, head_dim_v, generator=gen).to(torch.bfloat16)
+        scale = head_dim ** -0.5
+        kwargs = {"window_size": call["window_size"], "softcap": call["softcap"]}
+        if packed:
+            offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+            kwargs.update(cu_seqlens=(offsets, offsets), max_seqlens=(max(lengths), max(lengths)))
+        out, _ = fwd.forward(q.cuda(), k.cuda(), v.cuda(), causal, scale, config=cfg, **kwargs)
+        torch.cuda.synchronize()
+        ref = torch.cat([reference.oracle(q[:, a:b], k[:, a:b], v[:, a:b], causal, scale, call["window_size"],
+                                          call["softcap"])[0] for a, b in zip(bounds, bounds[1:])], dim=1)
+        err = (out.float().cpu() - ref.float()).abs().max().item()
+        right = err < PROBE_MAX_ERR
+        ok &= right
+        print(f"{describe('hopper-fwd-features', schedule)} on {call}'s schedule ({_config_line(cfg)}): "
+              f"max |err| {err:.2e} {'ok' if right else 'WRONG'}", flush=True)
     return ok
 
 
 def run(probe: str, schedule_shard: str | None = None) -> bool:
-    """Launch ``probe`` on the current GPU; True if its output is right. ``schedule_shard``: the
-    ``hopper-fwd-schedules`` probe's share (:func:`shard`)."""
+    """Launch ``probe`` on the current GPU; True if its output is right. ``schedule_shard``: a
+    schedule probe's share (:func:`shard`)."""
     if probe == "hopper-fwd-schedules":
         return _schedule_outputs_right(shard(default_schedules(), schedule_shard))
+    if probe == "hopper-fwd-features":
+        return _feature_outputs_right(shard(feature_schedules(), schedule_shard))
     if probe == "hopper-fwd":
         from flashrung.kernels.hopper import fwd
 
@@ -200,19 +339,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("probe", choices=PROBES)
     parser.add_argument("--shard", metavar="I/N", default=None,
-                        help="hopper-fwd-schedules: every N-th schedule from the I-th (1-based), for N processes")
+                        help="a schedule probe: every N-th schedule from the I-th (1-based), for N processes")
     parser.add_argument("--list", action="store_true",
-                        help="hopper-fwd-schedules: print the schedules (of this shard) and exit; no GPU needed")
+                        help="a schedule probe: print the schedules (of this shard) and exit; no GPU needed")
     args = parser.parse_args(argv)
-    if (args.shard is not None or args.list) and args.probe != "hopper-fwd-schedules":
-        parser.error("--shard and --list belong to the hopper-fwd-schedules probe")
+    if (args.shard is not None or args.list) and args.probe not in SCHEDULE_PROBES:
+        parser.error(f"--shard and --list belong to the schedule probes ({', '.join(SCHEDULE_PROBES)})")
     try:
-        schedules = shard(default_schedules(), args.shard) if args.probe == "hopper-fwd-schedules" else ()
+        schedules = shard(schedules_of(args.probe), args.shard) if args.probe in SCHEDULE_PROBES else ()
     except ValueError as exc:
         parser.error(str(exc))
     if args.list:
-        for head_dim, causal, seqlen, key_tail, frozen_step in schedules:
-            print(f"{_schedule_name(head_dim, causal, seqlen, key_tail)}, {'frozen' if frozen_step else 'online'} step")
+        for schedule in schedules:
+            print(describe(args.probe, schedule))
         return 0
     if not torch.cuda.is_available():
         print("ws_probe needs a CUDA GPU (sm_90)", file=sys.stderr)

@@ -5102,10 +5102,29 @@ def test_gate_freeze_row_max(head_dim, shape, causal):
 # non-causal lengths from S1024 (change 61): d64's short 128-row tile and its 192-row tile below
 # S2048, d128 in FA4's order below S2048; d64 non-causal's turn on named barriers (change 62) on
 # those two and S16384's pair, S2048's pair on mbarriers; from S512 (change 64) the short tile's
-# configuration, S1024's, named at its own length
+# configuration, S1024's, named at its own length; and four the list had missed, found when the
+# sanitizer probe counted every default (ws_probe.default_schedules): d64 causal from S4.6k on one Q
+# buffer (S8192), d128 non-causal S8192 (PV's wait still gated there), d128 causal's balanced
+# lists with two Q buffers (S2048) and with each warp's rescale (S16384) —
+# test_frozen_defaults_list_reaches_every_frozen_default keeps the list whole
 FROZEN_DEFAULTS = [(128, False, 2048), (128, False, 3072), (128, False, 4096), (128, False, 6144), (128, False, 16384),
                    (64, True, 2048), (64, True, 3072), (64, False, 1024), (64, False, 1536), (128, False, 1024),
-                   (64, False, 512), (64, False, 2048), (64, False, 16384)]
+                   (64, False, 512), (64, False, 2048), (64, False, 16384),
+                   (64, True, 8192), (128, False, 8192), (128, True, 2048), (128, True, 16384)]
+
+
+def test_frozen_defaults_list_reaches_every_frozen_default():
+    # the GPU gate of the frozen defaults as they run claims every one of them: a frozen default a
+    # rule adds at some length must join FROZEN_DEFAULTS, or it reaches users gated only through
+    # the switches it is made of
+    from flashrung.evidence import ws_probe
+
+    listed = {(d, c, fwd.default_config(d, c, s)) for d, c, s in FROZEN_DEFAULTS}
+    assert all(cfg.freeze_row_max for _, _, cfg in listed)
+    for d, c, seqlen, key_tail, frozen in ws_probe.default_schedules():
+        cfg = fwd.default_config(d, c, seqlen, key_tail=key_tail, frozen_step=frozen)
+        if cfg.freeze_row_max:
+            assert (d, c, cfg) in listed, (d, c, seqlen)
 
 
 @pytest.mark.gpu

@@ -5119,12 +5119,13 @@ def test_frozen_defaults_list_reaches_every_frozen_default():
     # the switches it is made of
     from flashrung.evidence import ws_probe
 
-    listed = {(d, c, fwd.default_config(d, c, s)) for d, c, s in FROZEN_DEFAULTS}
-    assert all(cfg.freeze_row_max for _, _, cfg in listed)
-    for d, c, seqlen, key_tail, frozen in ws_probe.default_schedules():
-        cfg = fwd.default_config(d, c, seqlen, key_tail=key_tail, frozen_step=frozen)
-        if cfg.freeze_row_max:
-            assert (d, c, cfg) in listed, (d, c, seqlen)
+    for dtype, lengths in ((torch.bfloat16, FROZEN_DEFAULTS), (torch.float16, FROZEN_FP16_DEFAULTS)):
+        listed = {(d, c, fwd.default_config(d, c, s, dtype=dtype)) for d, c, s in lengths}
+        assert all(cfg.freeze_row_max for _, _, cfg in listed), dtype
+        for d, c, seqlen, key_tail, frozen in ws_probe.default_schedules():
+            cfg = fwd.default_config(d, c, seqlen, key_tail=key_tail, dtype=dtype, frozen_step=frozen)
+            if cfg.freeze_row_max:
+                assert (d, c, cfg) in listed, (dtype, d, c, seqlen)
 
 
 @pytest.mark.gpu
@@ -5152,9 +5153,12 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
 # d64's short 128-row tile (S512 and S1024), its pair with two Q buffers on mbarrier turns (S2048)
 # and its 192-row tile paired across heads (S16384), d64 causal's two K/V loops on the 192-row tile
 # (S2048), d128 in FA4's order (S2048) and its split tail with PV's wait ungated (S16384), d128
-# causal's balanced lists (S16384)
+# causal's balanced lists (S16384); and, since the count of every default, the other eight frozen
+# configurations, so that fp16 gates each as bf16 does (FROZEN_DEFAULTS' lengths, one per configuration)
 FROZEN_FP16_DEFAULTS = [(64, False, 512), (64, False, 1024), (64, False, 2048), (64, False, 16384), (64, True, 2048),
-                        (128, False, 2048), (128, False, 16384), (128, True, 16384)]
+                        (128, False, 2048), (128, False, 16384), (128, True, 16384),
+                        (64, False, 1536), (64, True, 3072), (64, True, 8192), (128, False, 3072), (128, False, 4096),
+                        (128, False, 6144), (128, False, 8192), (128, True, 2048)]
 
 
 @pytest.mark.gpu

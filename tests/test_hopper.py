@@ -5149,6 +5149,72 @@ def test_gate_frozen_defaults_with_what_they_bring(head_dim, causal, seqlen):
         _assert_reruns_identical(*_seeded_qkv(2, seqlen, 8, head_dim), causal, cfg)
 
 
+def _schedule_id(schedule) -> str:
+    """A test id of a ws_probe schedule: a dense default's or a feature configuration's."""
+    if len(schedule) == 5:
+        head_dim, causal, seqlen, key_tail, frozen = schedule
+        return (f"d{head_dim}-{'causal' if causal else 'full'}-S{seqlen}{'-keytail' if key_tail else ''}-"
+                f"{'frozen' if frozen else 'online'}")
+    kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen = schedule
+    dims = f"d{head_dim}" + (f"v{head_dim_v}" if head_dim_v != head_dim else "")
+    extra = (f"-w{window[0]}_{window[1]}" if window != (-1, -1) else "") + (f"-cap{softcap:g}" if softcap else "")
+    return (f"{kind}-{dims}-{'causal' if causal else 'full'}-S{seqlen}{'-packed' if packed else ''}{extra}-"
+            f"{'frozen' if frozen else 'online'}")
+
+
+def _probe_schedules(name):
+    from flashrung.evidence import ws_probe
+
+    return ws_probe.default_schedules() if name == "defaults" else ws_probe.feature_schedules()
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("schedule", _probe_schedules("defaults"), ids=_schedule_id)
+def test_gate_every_default_configuration(schedule):
+    # every distinct configuration a call can get (ws_probe.default_schedules: the one the sanitizer
+    # probe forces), gated as it runs at the lever shapes (GQA, key tails, Sq != Sk, one row) — not
+    # only through the switch tests of its parts
+    head_dim, causal, seqlen, key_tail, frozen = schedule
+    cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen)
+    for shape in LEVER_GATE_SHAPES:
+        _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
+              **shape)
+
+
+# the packs every feature configuration with packed sequences is gated on: three sequences of the
+# sanitizer probe's lengths, and one with Sq != Sk in each sequence and an empty one
+FEATURE_GATE_PACKS = [((300, 129, 17), (300, 129, 17)), ((300, 129, 0, 17), (511, 129, 3, 17))]
+FEATURE_GATE_SHAPES = [dict(batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2),
+                       dict(batch=1, seqlen_q=333, seqlen_k=4097, heads_q=2, heads_kv=2)]
+
+
+@pytest.mark.gpu
+@on_hopper
+@pytest.mark.parametrize("schedule", _probe_schedules("features"), ids=_schedule_id)
+def test_gate_every_feature_configuration(schedule):
+    # every configuration a packed, windowed, capped or MLA call selects (ws_probe.feature_schedules),
+    # gated as it runs: packs sequence by sequence against references run on each alone, dense calls
+    # at two odd shapes, each at the feature's own window and cap
+    from flashrung import gate
+    from flashrung.evidence import ws_probe
+
+    kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen = schedule
+    cfg = fwd.select_config(ws_probe._suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap),
+                            frozen_step=frozen)
+    forward = functools.partial(fwd.forward, config=cfg)
+    if packed:
+        for lens_q, lens_k in FEATURE_GATE_PACKS:
+            case = gate.Case(len(lens_q), max(lens_q), max(lens_k), 8, 2, head_dim, torch.bfloat16, causal,
+                             head_dim_v=head_dim_v, window_size=window, softcap=softcap, varlen=(lens_q, lens_k))
+            result = gate.check_varlen(forward, None, case, "cuda", kernel=fwd.KERNEL_NAME)
+            assert result.passed, str(result)
+        return
+    for shape in FEATURE_GATE_SHAPES:
+        _gate(forward, head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.bfloat16, causal=causal,
+              window_size=window, softcap=softcap, **shape)
+
+
 # the frozen defaults as an fp16 call runs them (fp16_row_max_margin raising the online row max):
 # d64's short 128-row tile (S512 and S1024), its pair with two Q buffers on mbarrier turns (S2048)
 # and its 192-row tile paired across heads (S16384), d64 causal's two K/V loops on the 192-row tile

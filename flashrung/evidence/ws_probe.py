@@ -98,8 +98,6 @@ def _feature_variants(kind: str, causal: bool) -> list[tuple[bool, tuple[int, in
 def _suite_problem(head_dim: int, head_dim_v: int, causal: bool, seqlen: int, packed: bool,
                    window: tuple[int, int], softcap: float):
     """A suite-sized call (``fwd.default_config``'s tokens and heads) with these features."""
-    import torch
-
     from flashrung.dispatch import Problem
     from flashrung.kernels.hopper import fwd
 
@@ -135,7 +133,7 @@ def feature_schedules() -> tuple:
 def feature_probe_call(schedule) -> dict:
     """The small call a feature schedule is forced onto: ``{"lengths", "window_size", "softcap"}``
     (``lengths``: the packed sequences' rows, or the one dense length)."""
-    kind, _, _, causal, _, packed, window, softcap, _ = schedule
+    _, _, _, _, _, packed, window, softcap, _ = schedule
     if window != (-1, -1):
         left, right = window
         window = (min(left, WINDOW_PROBE_WIDTHS[0]), right if right <= 0 else min(right, WINDOW_PROBE_WIDTHS[1]))

@@ -5122,10 +5122,10 @@ def test_frozen_defaults_list_reaches_every_frozen_default():
     for dtype, lengths in ((torch.bfloat16, FROZEN_DEFAULTS), (torch.float16, FROZEN_FP16_DEFAULTS)):
         listed = {(d, c, fwd.default_config(d, c, s, dtype=dtype)) for d, c, s in lengths}
         assert all(cfg.freeze_row_max for _, _, cfg in listed), dtype
-        for d, c, seqlen, key_tail, frozen in ws_probe.default_schedules():
-            cfg = fwd.default_config(d, c, seqlen, key_tail=key_tail, dtype=dtype, frozen_step=frozen)
+        for probed in ws_probe.default_schedules():
+            cfg = ws_probe.schedule_config(probed, dtype)
             if cfg.freeze_row_max:
-                assert (d, c, cfg) in listed, (dtype, d, c, seqlen)
+                assert (*probed[:2], cfg) in listed, (dtype, probed)
 
 
 @pytest.mark.gpu
@@ -5175,8 +5175,10 @@ def test_gate_every_default_configuration(schedule):
     # every distinct configuration a call can get (ws_probe.default_schedules: the one the sanitizer
     # probe forces), gated as it runs at the lever shapes (GQA, key tails, Sq != Sk, one row) — not
     # only through the switch tests of its parts
-    head_dim, causal, seqlen, key_tail, frozen = schedule
-    cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen)
+    from flashrung.evidence import ws_probe
+
+    head_dim, causal = schedule[:2]
+    cfg = ws_probe.schedule_config(schedule)
     for shape in LEVER_GATE_SHAPES:
         _gate(functools.partial(fwd.forward, config=cfg), head_dim=head_dim, dtype=torch.bfloat16, causal=causal,
               **shape)
@@ -5199,9 +5201,8 @@ def test_gate_every_feature_configuration(schedule):
     from flashrung import gate
     from flashrung.evidence import ws_probe
 
-    kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen = schedule
-    cfg = fwd.select_config(ws_probe._suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap),
-                            frozen_step=frozen)
+    _, head_dim, head_dim_v, causal, _, packed, window, softcap, _ = schedule
+    cfg = ws_probe.schedule_config(schedule)
     forward = functools.partial(fwd.forward, config=cfg)
     if packed:
         for lens_q, lens_k in FEATURE_GATE_PACKS:

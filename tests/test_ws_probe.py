@@ -76,8 +76,7 @@ def test_schedules_probe_reaches_every_synchronisation_mechanism():
     from flashrung.kernels.hopper import fwd
 
     schedules = ws_probe.default_schedules()
-    configs = [fwd.default_config(d, causal, seqlen, key_tail=tail, frozen_step=frozen)
-               for d, causal, seqlen, tail, frozen in schedules]
+    configs = [ws_probe.schedule_config(schedule) for schedule in schedules]
     assert len(set(zip((s[:2] for s in schedules), configs))) == len(configs), "two schedules force one configuration"
     for switch in ("named_turns", "asm_arrivals", "split_tail", "gate_pv_wait", "balanced", "stagger_kv",
                    "rescale_by_warp", "wait_pv_early", "kv_multicast", "producer_unsynced", "single_kv_loop",
@@ -107,8 +106,7 @@ def test_every_default_a_call_can_get_is_a_probed_schedule():
     from flashrung.evidence import ws_probe
     from flashrung.kernels.hopper import fwd
 
-    probed = {(d, causal, fwd.default_config(d, causal, seqlen, key_tail=tail, frozen_step=frozen))
-              for d, causal, seqlen, tail, frozen in ws_probe.default_schedules()}
+    probed = {(schedule[0], schedule[1], ws_probe.schedule_config(schedule)) for schedule in ws_probe.default_schedules()}
     rng = random.Random(20261208)
     checked = 0
     while checked < 3000:
@@ -167,10 +165,9 @@ def test_every_feature_call_lands_on_a_probed_feature_schedule():
     schedules = ws_probe.feature_schedules()
     assert {s[0] for s in schedules} == set(ws_probe.FEATURE_KINDS)
     probed = set()
-    for kind, d, dv, causal, seqlen, packed, window, softcap, frozen in schedules:
-        cfg = fwd.select_config(ws_probe._suite_problem(d, dv, causal, seqlen, packed, window, softcap),
-                                frozen_step=frozen)
-        probed.add((kind, d, dv, causal, packed, window != (-1, -1), softcap > 0, cfg))
+    for schedule in schedules:
+        kind, d, dv, causal, _, packed, window, softcap, _ = schedule
+        probed.add((kind, d, dv, causal, packed, window != (-1, -1), softcap > 0, ws_probe.schedule_config(schedule)))
     assert len(probed) == len(schedules), "two feature schedules force one configuration"
     rng = random.Random(20261208)
     checked = 0

@@ -65,8 +65,10 @@ class Run:
         out = []
         if self.summary_errors is None:
             out.append("no summary (the run was cut short)")
-        if self.outputs_wrong or self.probe_verdict == "OUTPUT WRONG":
-            out.append(f"{self.outputs_wrong or 'the probe'}'s output wrong")
+        if self.outputs_wrong:
+            out.append(f"{self.outputs_wrong} schedule(s)' output wrong")
+        elif self.probe_verdict == "OUTPUT WRONG":
+            out.append("the probe's output wrong")
         if self.probe_verdict is None:
             out.append("no probe verdict")
         _, other = self.classify(dispatch_lines)

@@ -34,6 +34,7 @@ Each probe checks its own output and exits non-zero if it is wrong.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -141,6 +142,21 @@ def feature_probe_call(schedule) -> dict:
             "softcap": softcap}
 
 
+def schedule_config(schedule, dtype=None):
+    """The configuration a schedule of :func:`default_schedules` or :func:`feature_schedules` names
+    (``dtype``: bf16 unless given; a default's fp16 configuration carries fp16's margin)."""
+    from flashrung.kernels.hopper import fwd
+
+    dtype = torch.bfloat16 if dtype is None else dtype
+    if len(schedule) == 5:
+        head_dim, causal, seqlen, key_tail, frozen_step = schedule
+        return fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, dtype=dtype, frozen_step=frozen_step)
+    _, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen_step = schedule
+    problem = dataclasses.replace(_suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap),
+                                  dtype=dtype)
+    return fwd.select_config(problem, frozen_step=frozen_step)
+
+
 def schedules_of(probe: str) -> tuple:
     """The schedules a schedule probe forces: :func:`default_schedules` or :func:`feature_schedules`."""
     return default_schedules() if probe == "hopper-fwd-schedules" else feature_schedules()
@@ -245,8 +261,9 @@ def _schedule_outputs_right(schedules: tuple) -> bool:
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     ok = True
-    for head_dim, causal, seqlen, key_tail, frozen_step in schedules:
-        cfg = fwd.default_config(head_dim, causal, seqlen, key_tail=key_tail, frozen_step=frozen_step)
+    for schedule in schedules:
+        head_dim, causal, seqlen, key_tail, _ = schedule
+        cfg = schedule_config(schedule)
         q = torch.randn(1, PROBE_SEQLEN, 2, head_dim, generator=gen).to(torch.bfloat16)
         k, v = (torch.randn(1, PROBE_SEQLEN, 1, head_dim, generator=gen).to(torch.bfloat16) for _ in range(2))
         scale = head_dim ** -0.5
@@ -279,9 +296,8 @@ def _feature_outputs_right(schedules: tuple) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(0)
     ok = True
     for schedule in schedules:
-        kind, head_dim, head_dim_v, causal, seqlen, packed, window, softcap, frozen_step = schedule
-        cfg = fwd.select_config(_suite_problem(head_dim, head_dim_v, causal, seqlen, packed, window, softcap),
-                                frozen_step=frozen_step)
+        _, head_dim, head_dim_v, causal, _, packed, _, _, _ = schedule
+        cfg = schedule_config(schedule)
         call = feature_probe_call(schedule)
         lengths = call["lengths"]
         bounds = [0, *itertools.accumulate(lengths)]
@@ -309,10 +325,9 @@ def _feature_outputs_right(schedules: tuple) -> bool:
 def run(probe: str, schedule_shard: str | None = None) -> bool:
     """Launch ``probe`` on the current GPU; True if its output is right. ``schedule_shard``: a
     schedule probe's share (:func:`shard`)."""
-    if probe == "hopper-fwd-schedules":
-        return _schedule_outputs_right(shard(default_schedules(), schedule_shard))
-    if probe == "hopper-fwd-features":
-        return _feature_outputs_right(shard(feature_schedules(), schedule_shard))
+    if probe in SCHEDULE_PROBES:
+        outputs_right = _schedule_outputs_right if probe == "hopper-fwd-schedules" else _feature_outputs_right
+        return outputs_right(shard(schedules_of(probe), schedule_shard))
     if probe == "hopper-fwd":
         from flashrung.kernels.hopper import fwd
 
